@@ -1,0 +1,190 @@
+"""`StepBatch`: one verify step of one rank, as columns over the batch.
+
+A step travels through dspark-obs as numpy arrays shaped `[bs]` and
+`[bs, gamma]`, never as a Python object per request: every consumer (run store,
+aggregates, estimator) works on whole columns, so the cost of a step does not
+grow with a per-request interpreter loop.
+
+Field names follow SGLang's `DecodeStepRecord` / `ReqDetail` where SGLang has
+the field. Step fields SGLang leaves unset hold its own sentinels (`-1` for
+integers, `None` for optional values) so that a record converts back exactly.
+Per-request values that a source cannot know hold `-1` (integers) or NaN
+(floats); `greedy` is 1, 0, or -1 where the source does not say (SGLang's
+dumps carry no sampling parameters). Whole per-request matrices a source lacks
+are `None`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+MODES = ("static", "compact", "cap-accept")
+
+#: Per-request columns shaped `[bs]`, with their numpy dtype.
+REQUEST_COLUMNS: dict[str, type] = {
+    "rid": object,
+    "workload": object,
+    "req_pool_index": np.int64,
+    "prefix_len": np.int64,
+    "verify_len": np.int64,
+    "correct_drafts": np.int64,
+    "acc_len": np.int64,
+    "cap_trim": np.int64,
+    "bonus_token": np.int64,
+    "greedy": np.int8,
+    "temperature": np.float64,
+    "shadow_ceiling": np.int64,
+    "bonus_logprob": np.float64,
+}
+
+#: Per-request columns shaped `[bs, gamma]`; optional (a source may lack them).
+MATRIX_COLUMNS: dict[str, type] = {
+    "draft_tokens": np.int64,
+    "confidence": np.float64,
+    "survival": np.float64,
+    "confidence_logits": np.float64,
+    "draft_logprobs": np.float64,
+    "target_logprobs": np.float64,
+}
+
+#: Step scalars that are `int` with SGLang's `-1` meaning "not recorded".
+STEP_INT_FIELDS = (
+    "bs",
+    "num_running_reqs",
+    "num_verify_tokens",
+    "verify_tokens_local",
+    "verify_tokens_dp_synced",
+    "verify_tokens_graph_key",
+)
+#: Step scalars that are optional (`None` meaning "not recorded").
+STEP_OPTIONAL_INT_FIELDS = ("budget", "lag_steps")
+STEP_OPTIONAL_FLOAT_FIELDS = (
+    "predicted_step_ms",
+    "predicted_theta",
+    "step_cpu_ms",
+    "step_gpu_ms",
+    "draft_gpu_ms",
+    "target_verify_gpu_ms",
+)
+
+
+@dataclass(eq=False)
+class StepBatch:
+    """One verify step of one rank.
+
+    `has_reqs` is False when the source recorded only step-level components
+    (SGLang without the `reqs` dump component); the per-request arrays are then
+    empty while `bs` still says how many requests ran.
+    """
+
+    forward_ct: int
+    gamma: int
+    mode: str = ""
+    rank: int = 0
+    bs: int = -1
+    budget: int | None = None
+    lag_steps: int | None = None
+    num_running_reqs: int = -1
+    num_verify_tokens: int = -1
+    verify_tokens_local: int = -1
+    verify_tokens_dp_synced: int = -1
+    verify_tokens_graph_key: int = -1
+    predicted_step_ms: float | None = None
+    predicted_theta: float | None = None
+    step_cpu_ms: float | None = None
+    step_gpu_ms: float | None = None
+    draft_gpu_ms: float | None = None
+    target_verify_gpu_ms: float | None = None
+    has_reqs: bool = True
+    # per request, [bs]
+    rid: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
+    workload: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
+    req_pool_index: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    prefix_len: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    verify_len: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    correct_drafts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    acc_len: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    cap_trim: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    bonus_token: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    greedy: np.ndarray = field(default_factory=lambda: np.empty(0, np.int8))
+    temperature: np.ndarray = field(default_factory=lambda: np.empty(0, np.float64))
+    shadow_ceiling: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    bonus_logprob: np.ndarray = field(default_factory=lambda: np.empty(0, np.float64))
+    # per request, [bs, gamma]; None when the source lacks them
+    draft_tokens: np.ndarray | None = None
+    confidence: np.ndarray | None = None
+    survival: np.ndarray | None = None
+    confidence_logits: np.ndarray | None = None
+    draft_logprobs: np.ndarray | None = None
+    target_logprobs: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode and self.mode not in MODES:
+            raise ValueError(f"unknown verify mode {self.mode!r}; expected one of {MODES}")
+
+    @property
+    def num_reqs(self) -> int:
+        """Rows actually present (0 when the source had no `reqs`)."""
+        return len(self.prefix_len)
+
+    @property
+    def window(self) -> np.ndarray:
+        """Drafts verified per request: SGLang's `verify_len` counts the anchor."""
+        return self.verify_len - 1
+
+    @property
+    def ceiling(self) -> np.ndarray:
+        """Drafts full-block verification accepts, where the mode reveals it.
+
+        static verifies the whole block, so its accepted count is the ceiling;
+        cap-accept reports what it accepted past the window in `cap_trim`;
+        compact censors it (-1).
+        """
+        if self.mode == "static":
+            return self.correct_drafts.copy()
+        if self.mode == "cap-accept":
+            return self.correct_drafts + self.cap_trim
+        return np.full(self.num_reqs, -1, dtype=np.int64)
+
+    def validate(self) -> None:
+        """Raise ValueError when columns disagree in shape or break DSpark's invariants."""
+        n = self.num_reqs
+        for name in REQUEST_COLUMNS:
+            col = getattr(self, name)
+            if col.shape != (n,):
+                raise ValueError(f"column {name} has shape {col.shape}, expected ({n},)")
+        for name in MATRIX_COLUMNS:
+            mat = getattr(self, name)
+            if mat is not None and mat.shape != (n, self.gamma):
+                raise ValueError(f"column {name} has shape {mat.shape}, expected ({n}, {self.gamma})")
+        if self.has_reqs and self.bs not in (-1, n):
+            raise ValueError(f"bs={self.bs} but {n} request rows")
+        if n:
+            w = self.window
+            if (w < 0).any() or (w > self.gamma).any():
+                raise ValueError(f"window outside 0..gamma={self.gamma}")
+            if (self.correct_drafts < 0).any() or (self.correct_drafts > w).any():
+                raise ValueError("correct_drafts outside 0..window")
+            if (self.cap_trim < 0).any() or (self.correct_drafts + self.cap_trim > self.gamma).any():
+                raise ValueError("cap_trim outside 0..gamma-correct_drafts")
+
+
+def empty_request_columns(n: int, gamma: int) -> dict[str, np.ndarray]:
+    """Default-filled per-request columns for `n` rows (unknowns as -1 / NaN)."""
+    cols: dict[str, np.ndarray] = {}
+    for name, dtype in REQUEST_COLUMNS.items():
+        if dtype is object:
+            cols[name] = np.full(n, None, dtype=object)
+        elif dtype is np.float64:
+            cols[name] = np.full(n, np.nan)
+        else:
+            cols[name] = np.full(n, -1, dtype=dtype)
+    return cols
+
+
+def step_field_names() -> list[str]:
+    """Scalar (per-step) field names of `StepBatch`, in declaration order."""
+    skip = set(REQUEST_COLUMNS) | set(MATRIX_COLUMNS) | {"has_reqs"}
+    return [f.name for f in fields(StepBatch) if f.name not in skip]

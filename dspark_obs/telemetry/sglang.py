@@ -1,0 +1,263 @@
+"""Exact conversion between SGLang's `dspark_info_record` JSON and `StepBatch`.
+
+The wire types mirror SGLang 0.5.23's `DecodeStepRecord` and `ReqDetail`
+(msgspec structs with `omit_defaults`), field for field and in the same order,
+so that decoding validates types the way the server encodes them and encoding
+a batch back reproduces the server's JSON byte for byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import msgspec
+import numpy as np
+
+from .batch import (
+    MODES,
+    STEP_INT_FIELDS,
+    STEP_OPTIONAL_FLOAT_FIELDS,
+    STEP_OPTIONAL_INT_FIELDS,
+    StepBatch,
+    empty_request_columns,
+)
+
+#: Record components SGLang can dump (`SGLANG_DSPARK_DEBUG_DUMP`).
+COMPONENTS = (
+    "core",
+    "step_cpu_time",
+    "step_gpu_time",
+    "draft_gpu_time",
+    "target_verify_gpu_time",
+    "reqs",
+)
+
+
+class ReqDetail(msgspec.Struct, omit_defaults=True):
+    req_pool_index: int
+    prefix_len: int
+    verify_len: int
+    acc_len: int
+    correct_drafts: int
+    cap_trim: int
+    bonus_token: int
+    draft_tokens: list[int]
+    rid: str | None = None
+    confidence: list[float] | None = None
+    survival: list[float] | None = None
+
+
+class DecodeStepRecord(msgspec.Struct, omit_defaults=True):
+    forward_ct: int
+    bs: int = -1
+    mode: str = ""
+    budget: int | None = None
+    lag_steps: int | None = None
+    num_running_reqs: int = -1
+    num_verify_tokens: int = -1
+    verify_tokens_local: int = -1
+    verify_tokens_dp_synced: int = -1
+    verify_tokens_graph_key: int = -1
+    predicted_step_ms: float | None = None
+    predicted_theta: float | None = None
+    step_cpu_ms: float | None = None
+    step_gpu_ms: float | None = None
+    draft_gpu_ms: float | None = None
+    target_verify_gpu_ms: float | None = None
+    reqs: list[ReqDetail] | None = None
+
+
+class InfoRecord(msgspec.Struct):
+    """The `dspark_info_record` object of one DP rank."""
+
+    mode: str
+    gamma: int
+    verify_num_draft_tokens: int
+    components: list[str]
+    records: list[DecodeStepRecord]
+    simulate_acc_len: int | None = None
+
+
+class SGLangFormatError(ValueError):
+    """A payload that does not follow SGLang's documented record shape."""
+
+
+WorkloadOf = Callable[[np.ndarray], np.ndarray]
+
+
+def _no_workload(rids: np.ndarray) -> np.ndarray:
+    return np.full(len(rids), "other", dtype=object)
+
+
+def decode_info_record(payload: bytes | str | dict) -> InfoRecord:
+    """Parse one rank's `dspark_info_record` (JSON text or an already-decoded dict)."""
+    try:
+        if isinstance(payload, dict):
+            return msgspec.convert(payload, InfoRecord)
+        return msgspec.json.decode(payload, type=InfoRecord)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise SGLangFormatError(f"not a dspark_info_record: {exc}") from exc
+
+
+def record_to_batch(
+    rec: DecodeStepRecord,
+    *,
+    gamma: int,
+    mode: str,
+    rank: int = 0,
+    workload_of: WorkloadOf = _no_workload,
+) -> StepBatch:
+    """One SGLang step record as a `StepBatch`.
+
+    `mode` is the envelope's mode; a record's own `mode` wins where present.
+    SGLang dumps carry no sampling parameters, so `greedy` is -1 and
+    `temperature` NaN; no log-probabilities either.
+    """
+    step_mode = rec.mode or mode
+    if step_mode not in MODES:
+        raise SGLangFormatError(f"forward_ct {rec.forward_ct}: unknown mode {step_mode!r}")
+    scalars = {name: getattr(rec, name) for name in (*STEP_INT_FIELDS, *STEP_OPTIONAL_INT_FIELDS)}
+    scalars.update({name: getattr(rec, name) for name in STEP_OPTIONAL_FLOAT_FIELDS})
+    reqs = rec.reqs
+    if reqs is None:
+        return StepBatch(forward_ct=rec.forward_ct, gamma=gamma, mode=step_mode, rank=rank,
+                         has_reqs=False, **scalars)
+    n = len(reqs)
+    cols = empty_request_columns(n, gamma)
+    for name in ("req_pool_index", "prefix_len", "verify_len", "acc_len", "correct_drafts",
+                 "cap_trim", "bonus_token"):
+        cols[name] = np.fromiter((getattr(r, name) for r in reqs), dtype=np.int64, count=n)
+    cols["rid"] = np.array([r.rid for r in reqs] + [None], dtype=object)[:n]
+    if n and all(r.rid is not None for r in reqs):
+        cols["workload"] = workload_of(cols["rid"])
+    else:
+        cols["workload"] = np.full(n, "other", dtype=object)
+    matrices: dict[str, np.ndarray | None] = {}
+    try:
+        matrices["draft_tokens"] = np.array([r.draft_tokens for r in reqs], dtype=np.int64).reshape(
+            n, gamma
+        )
+        for name in ("confidence", "survival"):
+            present = [getattr(r, name) is not None for r in reqs]
+            if n and all(present):
+                matrices[name] = np.array([getattr(r, name) for r in reqs], dtype=np.float64).reshape(
+                    n, gamma
+                )
+            elif any(present):
+                raise SGLangFormatError(f"forward_ct {rec.forward_ct}: {name} on some reqs only")
+            else:
+                matrices[name] = None
+    except ValueError as exc:
+        if isinstance(exc, SGLangFormatError):
+            raise
+        raise SGLangFormatError(
+            f"forward_ct {rec.forward_ct}: per-position lists are not {gamma} long"
+        ) from exc
+    batch = StepBatch(forward_ct=rec.forward_ct, gamma=gamma, mode=step_mode, rank=rank,
+                      **scalars, **cols, **matrices)
+    try:
+        batch.validate()
+    except ValueError as exc:
+        raise SGLangFormatError(f"forward_ct {rec.forward_ct}: {exc}") from exc
+    return batch
+
+
+def info_record_to_batches(
+    payload: bytes | str | dict | InfoRecord,
+    *,
+    rank: int = 0,
+    workload_of: WorkloadOf = _no_workload,
+) -> list[StepBatch]:
+    """Every step record of one rank's `dspark_info_record`, in server order."""
+    info = payload if isinstance(payload, InfoRecord) else decode_info_record(payload)
+    return [
+        record_to_batch(rec, gamma=info.gamma, mode=info.mode, rank=rank, workload_of=workload_of)
+        for rec in info.records
+    ]
+
+
+def batch_to_record(batch: StepBatch, *, step_mode: bool = True) -> DecodeStepRecord:
+    """A `StepBatch` as SGLang's step record (the fields SGLang knows, nothing else).
+
+    `step_mode=False` leaves the record's `mode` unset, as SGLang does when the
+    `core` component is off.
+    """
+    reqs = None
+    if batch.has_reqs:
+        draft = batch.draft_tokens
+        if draft is None:
+            raise ValueError("SGLang's reqs records need draft_tokens")
+        ints = {name: getattr(batch, name).tolist() for name in (
+            "req_pool_index", "prefix_len", "verify_len", "acc_len", "correct_drafts",
+            "cap_trim", "bonus_token")}
+        draft_rows = draft.tolist()
+        conf = None if batch.confidence is None else batch.confidence.tolist()
+        surv = None if batch.survival is None else batch.survival.tolist()
+        rids = batch.rid.tolist()
+        reqs = [
+            ReqDetail(
+                req_pool_index=ints["req_pool_index"][i],
+                prefix_len=ints["prefix_len"][i],
+                verify_len=ints["verify_len"][i],
+                acc_len=ints["acc_len"][i],
+                correct_drafts=ints["correct_drafts"][i],
+                cap_trim=ints["cap_trim"][i],
+                bonus_token=ints["bonus_token"][i],
+                draft_tokens=draft_rows[i],
+                rid=rids[i],
+                confidence=None if conf is None else conf[i],
+                survival=None if surv is None else surv[i],
+            )
+            for i in range(batch.num_reqs)
+        ]
+    return DecodeStepRecord(
+        forward_ct=int(batch.forward_ct),
+        bs=int(batch.bs),
+        mode=batch.mode if step_mode else "",
+        budget=None if batch.budget is None else int(batch.budget),
+        lag_steps=None if batch.lag_steps is None else int(batch.lag_steps),
+        num_running_reqs=int(batch.num_running_reqs),
+        num_verify_tokens=int(batch.num_verify_tokens),
+        verify_tokens_local=int(batch.verify_tokens_local),
+        verify_tokens_dp_synced=int(batch.verify_tokens_dp_synced),
+        verify_tokens_graph_key=int(batch.verify_tokens_graph_key),
+        **{name: _float_or_none(getattr(batch, name)) for name in STEP_OPTIONAL_FLOAT_FIELDS},
+        reqs=reqs,
+    )
+
+
+def _float_or_none(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def batches_to_info_record(
+    batches: Sequence[StepBatch] | Iterable[StepBatch],
+    *,
+    mode: str,
+    gamma: int,
+    components: Sequence[str] = ("core", "reqs"),
+    simulate_acc_len: int | None = None,
+) -> dict:
+    """Steps of one rank as the `dspark_info_record` object `GET /server_info` returns."""
+    unknown = set(components) - set(COMPONENTS)
+    if unknown:
+        raise ValueError(f"unknown record components {sorted(unknown)}; valid: {COMPONENTS}")
+    with_core = "core" in components
+    records = [batch_to_record(b, step_mode=with_core) for b in batches]
+    return {
+        "mode": mode,
+        "gamma": gamma,
+        "verify_num_draft_tokens": gamma + 1,
+        "components": sorted(components),
+        "simulate_acc_len": simulate_acc_len,
+        "records": msgspec.to_builtins(records),
+    }
+
+
+def server_info_ranks(payload: bytes | str | dict) -> list[dict | None]:
+    """The `dspark_info_record` of each DP rank in a `GET /server_info` answer (None where absent)."""
+    data = msgspec.json.decode(payload) if isinstance(payload, (bytes, str)) else payload
+    states = data.get("internal_states") if isinstance(data, dict) else None
+    if not isinstance(states, list):
+        raise SGLangFormatError("server_info has no internal_states list")
+    return [s.get("dspark_info_record") if isinstance(s, dict) else None for s in states]
