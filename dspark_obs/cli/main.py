@@ -1,0 +1,51 @@
+"""`dspark-obs`: one entry point, one subcommand per job.
+
+Every subcommand registers its own arguments and handler; this module only
+dispatches and turns failures into a one-line message and exit status 2
+(with the traceback only under `--debug`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import demo_cmd, run_cmd, sts_cmd, summary_cmd
+from .errors import CliError
+
+COMMANDS = (run_cmd, summary_cmd, demo_cmd, sts_cmd)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="dspark-obs",
+        description="Observability and acceptance-ceiling analytics for DSpark speculative "
+        "decoding on SGLang.",
+    )
+    parser.add_argument("--version", action="version", version=f"dspark-obs {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in COMMANDS:
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        print("dspark-obs: interrupted", file=sys.stderr)
+        return 130
+    except (CliError, ValueError, OSError) as exc:
+        if args.debug:
+            raise
+        print(f"dspark-obs {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

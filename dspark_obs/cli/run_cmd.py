@@ -1,0 +1,196 @@
+"""`dspark-obs run`: drive the reference runtime and write a run directory."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from .. import __version__
+from ..calibration import StsCalibration, load_sts, save_sts
+from ..runtime.config import RuntimeConfig
+from ..runtime.cost_table import load_cost_table
+from ..runtime.engine import DSparkRuntime
+from ..runtime.language import parse_workload
+from ..runtime.sts_warmup import warmup_sts
+from ..store import RunWriter, open_run
+from .errors import CliError
+from .progress import step_progress
+from .summary_cmd import print_summary
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def add_runtime_arguments(p: argparse.ArgumentParser, *, steps_per_level: int,
+                          concurrency: str, mode: str = "compact") -> None:
+    g = p.add_argument_group("runtime")
+    g.add_argument("--seed", type=int, default=0, help="one seed fixes traffic and tokens (default 0)")
+    g.add_argument("--gamma", type=int, default=7, help="drafted tokens per block (default 7)")
+    g.add_argument("--vocab-size", type=int, default=128, help="synthetic vocabulary (default 128)")
+    g.add_argument("--mode", choices=("static", "compact", "cap-accept"), default=mode,
+                   help=f"verify mode, as SGLANG_RAGGED_VERIFY_MODE (default {mode})")
+    g.add_argument("--shadow", choices=("cap-accept",), default=None,
+                   help="run a cap-accept twin in lockstep and record its ceiling (compact only)")
+    g.add_argument("--shadow-fraction", type=float, default=1.0,
+                   help="fraction of requests given a shadow twin (default 1.0)")
+    g.add_argument("--workloads", default="gsm8k,arena,poetry",
+                   help="comma list of NAME, NAME=PRESET or NAME=PEAK; presets gsm8k, arena, "
+                   "poetry (easy to hard) (default gsm8k,arena,poetry)")
+    g.add_argument("--mix", type=_float_list, default=None,
+                   help="relative arrival weight per workload (default equal)")
+    g.add_argument("--concurrency", type=_int_list, default=_int_list(concurrency),
+                   help=f"concurrency levels swept in order (default {concurrency})")
+    g.add_argument("--steps-per-level", type=int, default=steps_per_level,
+                   help=f"verify steps at each concurrency level (default {steps_per_level})")
+    g.add_argument("--greedy-fraction", type=float, default=0.5,
+                   help="share of greedy requests; the rest sample (default 0.5)")
+    g.add_argument("--temperature", type=float, default=0.8,
+                   help="sampling temperature of non-greedy requests (default 0.8)")
+    g.add_argument("--max-new-tokens", type=int, default=1024,
+                   help="cap on generated tokens per request (default 1024)")
+    g.add_argument("--cost-table", type=Path, default=None,
+                   help="additive SPS cost table, SGLang's JSON form (default: built-in H200-like)")
+    g.add_argument("--step-noise", type=float, default=0.03,
+                   help="log-normal noise of simulated step times (default 0.03)")
+    g.add_argument("--sts", default="auto",
+                   help="confidence calibration: 'auto' (fit on a warm-up cap-accept run), "
+                   "'none' (raw confidence), or an STS JSON file (default auto)")
+    g.add_argument("--sts-warmup-steps", type=int, default=150,
+                   help="steps of the STS warm-up run (default 150)")
+
+
+def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
+    try:
+        workloads = [parse_workload(s) for s in args.workloads.split(",") if s.strip()]
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    mix = args.mix if args.mix is not None else [1.0] * len(workloads)
+    config = RuntimeConfig(
+        seed=args.seed,
+        gamma=args.gamma,
+        vocab_size=args.vocab_size,
+        mode=args.mode,
+        shadow=args.shadow,
+        shadow_fraction=args.shadow_fraction,
+        workloads=workloads,
+        mix=mix,
+        concurrency=args.concurrency,
+        steps_per_level=args.steps_per_level,
+        greedy_fraction=args.greedy_fraction,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        step_noise=args.step_noise,
+    )
+    if args.cost_table is not None:
+        config.cost_table = load_cost_table(args.cost_table)
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return config
+
+
+def resolve_sts(args: argparse.Namespace, config: RuntimeConfig) -> StsCalibration | None:
+    if args.sts == "none":
+        return None
+    if args.sts == "auto":
+        if args.sts_warmup_steps < 1:
+            raise CliError("--sts-warmup-steps must be >= 1")
+        return warmup_sts(config, args.sts_warmup_steps)
+    cal = load_sts(args.sts)
+    if len(cal.temperatures) != config.gamma:
+        raise CliError(f"{args.sts}: {len(cal.temperatures)} temperatures for gamma={config.gamma}")
+    return cal
+
+
+def default_run_dir(mode: str) -> Path:
+    return Path("runs") / f"{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{mode}"
+
+
+def build_manifest(config: RuntimeConfig, sts: StsCalibration | None) -> dict:
+    return {
+        "format": 1,
+        "source": "runtime",
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "versions": {
+            "dspark_obs": __version__,
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "polars": pl.__version__,
+        },
+        "seed": config.seed,
+        "gamma": config.gamma,
+        "mode": config.mode,
+        "shadow": config.shadow,
+        "workloads": [w.name for w in config.workloads],
+        "timing": "simulated",
+        "cost_table": config.manifest()["cost_table"],
+        "sts": None if sts is None else {
+            "temperatures": sts.temperatures,
+            "ece_before": sts.ece_before,
+            "ece_after": sts.ece_after,
+            "num_samples": sts.num_samples,
+        },
+        "config": config.manifest(),
+    }
+
+
+def execute(config: RuntimeConfig, out: Path, sts: StsCalibration | None, *,
+            show_progress: bool = True) -> Path:
+    """Run the runtime to completion into `out`; return the run directory."""
+    if sts is not None:
+        config.sts_temperatures = list(sts.temperatures)
+    runtime = DSparkRuntime(config)
+    start = time.perf_counter()
+    with RunWriter(out, build_manifest(config, sts)) as writer:
+        if sts is not None:
+            save_sts(sts, out / "sts.json")
+        with step_progress(runtime.total_steps, f"{config.mode} run", show_progress) as advance:
+            for batch in runtime.run():
+                writer.append(batch)
+                advance(batch)
+        writer.close({
+            "wall_seconds": round(time.perf_counter() - start, 3),
+            "requests_arrived": runtime.arrived,
+            "requests_finished": runtime.finished,
+        })
+    return out
+
+
+def handle(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    out = args.out or default_run_dir(config.mode)
+    if (out / "run.json").exists():
+        raise CliError(f"{out} already holds a run; choose another --out")
+    sts = resolve_sts(args, config)
+    execute(config, out, sts, show_progress=not args.quiet)
+    print_summary(open_run(out), as_json=args.json)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run the reference DSpark runtime and write a run directory",
+                       description="Run the embedded reference DSpark runtime (no GPU, no SGLang) "
+                       "over a concurrency sweep and write a run directory (Parquet + run.json).")
+    p.add_argument("--out", type=Path, default=None, help="run directory (default runs/TIME-MODE)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_runtime_arguments(p, steps_per_level=200, concurrency="1,8,32,64,128,256")
+    p.set_defaults(handler=handle)

@@ -1,0 +1,72 @@
+"""Everything that defines a reference-runtime run; recorded whole in the run manifest."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ..telemetry.batch import MODES
+from .cost_table import DEFAULT_CAPTURE_TIERS, AdditiveCostTable, default_cost_table
+from .drafter import DrafterConfig
+from .language import PRESETS, WorkloadProfile
+
+
+@dataclass
+class RuntimeConfig:
+    seed: int = 0
+    gamma: int = 7
+    vocab_size: int = 128
+    mode: str = "compact"
+    shadow: str | None = None
+    shadow_fraction: float = 1.0
+    workloads: list[WorkloadProfile] = field(default_factory=lambda: list(PRESETS.values()))
+    mix: list[float] = field(default_factory=lambda: [1.0, 1.0, 1.0])
+    concurrency: list[int] = field(default_factory=lambda: [1, 8, 32, 64, 128, 256])
+    steps_per_level: int = 200
+    greedy_fraction: float = 0.5
+    temperature: float = 0.8
+    max_new_tokens: int = 1024
+    step_noise: float = 0.03
+    cost_table: AdditiveCostTable = field(default_factory=default_cost_table)
+    sts_temperatures: list[float] | None = None
+    capture_tiers: tuple[int, ...] = DEFAULT_CAPTURE_TIERS
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.shadow not in (None, "cap-accept"):
+            raise ValueError("the only shadow is cap-accept")
+        if self.shadow and self.mode != "compact":
+            raise ValueError("a cap-accept shadow only makes sense beside a compact run")
+        if not 0.0 < self.shadow_fraction <= 1.0:
+            raise ValueError("shadow fraction must be within (0, 1]")
+        if not 1 <= self.gamma <= 64:
+            raise ValueError("gamma must be within 1..64")
+        if self.vocab_size < 4:
+            raise ValueError("vocabulary must have at least 4 tokens")
+        if not self.workloads:
+            raise ValueError("at least one workload is needed")
+        names = [w.name for w in self.workloads]
+        if len(set(names)) != len(names):
+            raise ValueError(f"workload names repeat: {names}")
+        if len(self.mix) != len(self.workloads):
+            raise ValueError(f"{len(self.mix)} mix weights for {len(self.workloads)} workloads")
+        if not self.concurrency or min(self.concurrency) < 1 or max(self.concurrency) > 4096:
+            raise ValueError("concurrency levels must be within 1..4096")
+        if self.steps_per_level < 1:
+            raise ValueError("steps per level must be >= 1")
+        if self.max_new_tokens < 1:
+            raise ValueError("max new tokens must be >= 1")
+        if self.step_noise < 0:
+            raise ValueError("step noise must be >= 0")
+        if self.sts_temperatures is not None and (
+            len(self.sts_temperatures) != self.gamma or min(self.sts_temperatures) <= 0
+        ):
+            raise ValueError(f"STS needs {self.gamma} positive temperatures (one per position)")
+
+    def manifest(self) -> dict:
+        """JSON-ready description of the run's configuration."""
+        d = asdict(self)
+        d["cost_table"] = {k: getattr(self.cost_table, k) for k in self.cost_table.__struct_fields__}
+        d["capture_tiers"] = list(self.capture_tiers)
+        return d

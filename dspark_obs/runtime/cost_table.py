@@ -1,0 +1,97 @@
+"""The additive step-cost table the scheduler sizes budgets with (SGLang's SPS form).
+
+`T(bs, K) = bias + alpha(bs) + theta(bs + K)`: alpha is the per-request part
+(draft pass, attention) that trimming cannot reduce; theta the verify-token
+part that it can. The JSON form is SGLang's `SpsAdditiveCostTable`, in seconds,
+so a table fitted on a real server drives the reference runtime unchanged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+
+class AdditiveCostTable(msgspec.Struct, frozen=True):
+    bias_seconds: float
+    bs_probes: list[int]
+    alpha_seconds: list[float]
+    m_probes: list[int]
+    theta_seconds: list[float]
+
+    def __post_init__(self) -> None:
+        for name, probes, values in (
+            ("bs", self.bs_probes, self.alpha_seconds),
+            ("m", self.m_probes, self.theta_seconds),
+        ):
+            if not probes:
+                raise ValueError(f"cost table: {name}_probes is empty")
+            if list(probes) != sorted(set(probes)):
+                raise ValueError(f"cost table: {name}_probes must be strictly increasing")
+            if len(probes) != len(values):
+                raise ValueError(f"cost table: {name}_probes and its values differ in length")
+            if not all(np.isfinite(values)) or min(values) < 0:
+                raise ValueError(f"cost table: {name} values must be finite and >= 0")
+        if not np.isfinite(self.bias_seconds) or self.bias_seconds <= 0:
+            raise ValueError("cost table: bias_seconds must be > 0")
+
+    def step_seconds(self, bs: np.ndarray | int, extra_tokens: np.ndarray | int) -> np.ndarray:
+        """Predicted step time; vectorised over `extra_tokens` (and `bs`).
+
+        Linear interpolation between probes, clamped at the ends (np.interp's
+        own behaviour), exactly as SGLang evaluates the table.
+        """
+        bs = np.asarray(bs, dtype=np.float64)
+        m = bs + np.asarray(extra_tokens, dtype=np.float64)
+        return (
+            self.bias_seconds
+            + np.interp(bs, self.bs_probes, self.alpha_seconds)
+            + np.interp(m, self.m_probes, self.theta_seconds)
+        )
+
+    def alpha(self, bs: float) -> float:
+        return float(np.interp(bs, self.bs_probes, self.alpha_seconds))
+
+    def theta(self, m: float) -> float:
+        return float(np.interp(m, self.m_probes, self.theta_seconds))
+
+    def to_json(self) -> str:
+        return msgspec.json.encode(self).decode()
+
+
+def load_cost_table(path: str | Path) -> AdditiveCostTable:
+    try:
+        return msgspec.json.decode(Path(path).read_bytes(), type=AdditiveCostTable)
+    except FileNotFoundError as exc:
+        raise ValueError(f"cost table {path}: no such file") from exc
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+        raise ValueError(f"cost table {path}: {exc}") from exc
+
+
+def default_cost_table() -> AdditiveCostTable:
+    """An H200-like shape: verify is memory-bound (flat) to ~256 tokens, then compute-bound.
+
+    That knee is what makes trimming pay only under load (the article's figure 3).
+    """
+    return AdditiveCostTable(
+        bias_seconds=0.0020,
+        bs_probes=[1, 8, 32, 64, 128, 256],
+        alpha_seconds=[0.0005, 0.0006, 0.0010, 0.0015, 0.0025, 0.0045],
+        m_probes=[1, 64, 128, 256, 512, 1024, 2048],
+        theta_seconds=[0.0050, 0.0051, 0.0053, 0.0060, 0.0090, 0.0160, 0.0300],
+    )
+
+
+#: Token counts with a captured verify graph; packed verify tokens round up to one.
+DEFAULT_CAPTURE_TIERS = (
+    1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
+    320, 384, 448, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2304,
+)
+
+
+def round_to_tier(tokens: int, tiers: tuple[int, ...] = DEFAULT_CAPTURE_TIERS) -> int:
+    """Smallest captured tier holding `tokens` (the count itself past the largest tier)."""
+    i = int(np.searchsorted(tiers, tokens))
+    return tiers[i] if i < len(tiers) else int(tokens)

@@ -1,0 +1,266 @@
+"""The reference DSpark runtime: draft, score, schedule, verify, commit, one step at a time.
+
+State lives in arrays over request slots, and each step is a handful of numpy
+operations over the batch with one loop over the gamma block positions (the
+drafter is semi-autoregressive, so position j needs draft j-1).
+
+Modes follow SGLang: `static` verifies the whole block; `compact` verifies only
+the scheduled window; `cap-accept` verifies the whole block but commits only up
+to the window. Acceptance at a position depends only on the positions before
+it, so the accept chain is computed over the whole block once and each mode
+reads it up to its own verify length: verifying a window and truncating a full
+verification give the same tokens, which is the property cap-accept relies on.
+A `--shadow cap-accept` twin reads the same chain to the end: the ceiling a
+cap-accept server with the same seed would report for that request-step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..telemetry.batch import StepBatch
+from .acceptance import accept_probability, leading_run, log_softmax, residual, sample
+from .config import RuntimeConfig
+from .cost_table import round_to_tier
+from .drafter import BlockDrafter
+from .hashing import uniform
+from .language import EOS_TOKEN, SyntheticTarget
+from .scheduler import schedule
+from .traffic import Traffic
+
+_TAG_DRAFT = 41
+_TAG_ACCEPT = 42
+_TAG_BONUS = 43
+_TAG_SHADOW = 44
+_TAG_LEN = 45
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+class DSparkRuntime:
+    def __init__(self, config: RuntimeConfig) -> None:
+        config.validate()
+        self.config = c = config
+        self.gamma = c.gamma
+        self.target = SyntheticTarget(c.workloads, c.vocab_size, c.seed)
+        self.drafter = BlockDrafter(c.drafter, c.gamma, c.vocab_size, c.seed ^ 0x5EED)
+        self.traffic = Traffic(
+            seed=c.seed,
+            mix_weights=c.mix,
+            greedy_fraction=c.greedy_fraction,
+            temperature=c.temperature,
+            prompt_lens=np.array([w.prompt_len for w in c.workloads]),
+            vocab_size=c.vocab_size,
+        )
+        self.sts = np.ones(c.gamma) if c.sts_temperatures is None else np.asarray(c.sts_temperatures)
+        self.names = np.array([w.name for w in c.workloads], dtype=object)
+        self.seed = np.uint64(c.seed)
+        self.timing_rng = np.random.default_rng(c.seed)
+        cap = max(c.concurrency)
+        self.active = np.zeros(cap, dtype=bool)
+        self.salt = np.zeros(cap, dtype=np.uint64)
+        self.workload = np.zeros(cap, dtype=np.int64)
+        self.greedy = np.zeros(cap, dtype=bool)
+        self.temperature = np.ones(cap)
+        self.prefix = np.zeros(cap, dtype=np.int64)
+        self.prev2 = np.zeros(cap, dtype=np.int64)
+        self.prev1 = np.zeros(cap, dtype=np.int64)
+        self.generated = np.zeros(cap, dtype=np.int64)
+        self.max_new = np.zeros(cap, dtype=np.int64)
+        self.shadowed = np.zeros(cap, dtype=bool)
+        self.rid = np.full(cap, None, dtype=object)
+        self.arrived = 0
+        self.finished = 0
+        self.forward_ct = 0
+
+    @property
+    def total_steps(self) -> int:
+        return self.config.steps_per_level * len(self.config.concurrency)
+
+    def run(self) -> Iterator[StepBatch]:
+        """Every step of the concurrency sweep, in order."""
+        for level in self.config.concurrency:
+            for _ in range(self.config.steps_per_level):
+                yield self.step(level)
+
+    def _admit(self, level: int) -> None:
+        free = np.flatnonzero(~self.active)
+        n = min(level - int(self.active.sum()), len(free))
+        if n <= 0:
+            return
+        slots = free[:n]
+        new = self.traffic.arrivals(self.arrived, n)
+        self.arrived += n
+        self.active[slots] = True
+        self.salt[slots] = new.salt
+        self.workload[slots] = new.workload
+        self.greedy[slots] = new.greedy
+        self.temperature[slots] = new.temperature
+        self.prefix[slots] = new.prompt_len
+        self.prev2[slots] = new.prev2
+        self.prev1[slots] = new.prev1
+        self.generated[slots] = 0
+        cap = self.config.max_new_tokens
+        self.max_new[slots] = np.maximum(1, (cap * uniform(new.salt, _TAG_LEN)).astype(np.int64) + 1)
+        self.max_new[slots] = np.minimum(self.max_new[slots], cap)
+        self.shadowed[slots] = uniform(new.salt, _TAG_SHADOW) < self.config.shadow_fraction
+        names = self.names[new.workload]
+        self.rid[slots] = [f"{w}-{i}" for w, i in zip(names, new.index.tolist(), strict=True)]
+
+    def _draft_and_verify(self, salt, wl, prefix, prev2, prev1, greedy, temp):
+        """Draft one block per row and run the full accept chain against the target."""
+        b, g, v = len(salt), self.gamma, self.config.vocab_size
+        rows = np.arange(b)
+        draft = np.empty((b, g), dtype=np.int64)
+        q_lp = np.empty((b, g))
+        p_lp = np.empty((b, g))
+        accepted = np.empty((b, g), dtype=bool)
+        accept_prob = np.empty((b, g))
+        p_all = np.empty((b, g + 1, v))
+        q_all = np.empty((b, g, v))
+        c2, c1, prev_draft = prev2, prev1, prev1
+        for j in range(g):
+            pos = prefix + j
+            lt = self.target.logits(self.target.context_key(salt, pos, c2, c1), wl)
+            ld = self.drafter.logits(lt, salt, pos, prev1, prev_draft, j)
+            lp, lq = log_softmax(lt, temp), log_softmax(ld, temp)
+            p, q = np.exp(lp), np.exp(lq)
+            d = np.where(greedy, ld.argmax(axis=1), sample(q, uniform(self.seed, salt, prefix, j, _TAG_DRAFT)))
+            draft[:, j] = d
+            q_lp[:, j], p_lp[:, j] = lq[rows, d], lp[rows, d]
+            ap = accept_probability(p_lp[:, j], q_lp[:, j])
+            u = uniform(self.seed, salt, prefix, j, _TAG_ACCEPT)
+            accepted[:, j] = np.where(greedy, d == lt.argmax(axis=1), u < ap)
+            accept_prob[:, j] = np.where(greedy, p[rows, d], ap)
+            p_all[:, j], q_all[:, j] = p, q
+            c2, c1, prev_draft = c1, d, d
+        lt = self.target.logits(self.target.context_key(salt, prefix + g, c2, c1), wl)
+        p_all[:, g] = np.exp(log_softmax(lt, temp))
+        return draft, q_lp, p_lp, accepted, accept_prob, p_all, q_all
+
+    def step(self, level: int) -> StepBatch:
+        c, g = self.config, self.gamma
+        self._admit(level)
+        slots = np.flatnonzero(self.active)
+        b = len(slots)
+        rows = np.arange(b)
+        salt, wl, prefix = self.salt[slots], self.workload[slots], self.prefix[slots]
+        greedy, temp = self.greedy[slots], self.temperature[slots]
+        draft, q_lp, p_lp, acc, acc_prob, p_all, q_all = self._draft_and_verify(
+            salt, wl, prefix, self.prev2[slots], self.prev1[slots], greedy, temp
+        )
+        conf_logits = self.drafter.confidence_logits(acc_prob, salt, prefix)
+        confidence = _sigmoid(conf_logits / self.sts[None, :])
+        survival = np.cumprod(confidence, axis=1)
+
+        if c.mode == "static":
+            windows = np.full(b, g, dtype=np.int64)
+            budget = predicted = theta = None
+        else:
+            plan = schedule(survival, c.cost_table)
+            windows = plan.windows
+            budget, predicted, theta = plan.budget, plan.predicted_seconds * 1e3, plan.objective
+        chain = leading_run(acc)
+        accepted = np.minimum(chain, windows)
+        rejected_inside = accepted < windows
+        at = (rows, accepted)
+        bonus_dist = p_all[at]
+        if rejected_inside.any():
+            bonus_dist[rejected_inside] = residual(
+                p_all[at][rejected_inside], q_all[rows[rejected_inside], accepted[rejected_inside]]
+            )
+        bonus = np.where(
+            greedy,
+            p_all[at].argmax(axis=1),
+            sample(bonus_dist, uniform(self.seed, salt, prefix, _TAG_BONUS)),
+        )
+        bonus_logprob = np.log(p_all[rows, accepted, bonus])
+
+        verify_full = c.mode != "compact"
+        verified = np.full(b, g) if verify_full else windows
+        target_lp = np.where(np.arange(g)[None, :] < verified[:, None], p_lp, np.nan)
+        cap_trim = chain - accepted if c.mode == "cap-accept" else np.zeros(b, dtype=np.int64)
+        shadow = np.where(self.shadowed[slots], chain, -1) if c.shadow else np.full(b, -1)
+
+        batch = StepBatch(
+            forward_ct=self.forward_ct,
+            gamma=g,
+            mode=c.mode,
+            rank=0,
+            bs=b,
+            budget=budget,
+            lag_steps=0,
+            num_running_reqs=b,
+            predicted_step_ms=predicted,
+            predicted_theta=theta,
+            rid=self.rid[slots].copy(),
+            workload=self.names[wl],
+            req_pool_index=slots.astype(np.int64),
+            prefix_len=prefix.copy(),
+            verify_len=windows + 1,
+            correct_drafts=accepted,
+            acc_len=accepted + 1,
+            cap_trim=cap_trim,
+            bonus_token=bonus,
+            greedy=greedy.astype(np.int8),
+            temperature=np.where(greedy, 0.0, temp),
+            shadow_ceiling=shadow.astype(np.int64),
+            bonus_logprob=bonus_logprob,
+            draft_tokens=draft,
+            confidence=confidence,
+            survival=survival,
+            confidence_logits=conf_logits,
+            draft_logprobs=q_lp,
+            target_logprobs=target_lp,
+        )
+        self._time(batch, b, int(verified.sum()))
+        self._commit(slots, draft, accepted, bonus)
+        self.forward_ct += 1
+        return batch
+
+    def _time(self, batch: StepBatch, bs: int, extra_tokens: int) -> None:
+        """Simulated timings: the cost table at the packed, tier-rounded size, with noise."""
+        c = self.config
+        tokens = bs + extra_tokens
+        tier = round_to_tier(tokens, c.capture_tiers)
+        batch.verify_tokens_local = tokens
+        batch.num_verify_tokens = tier
+        batch.verify_tokens_graph_key = tier
+        n = np.exp(c.step_noise * self.timing_rng.standard_normal(3))
+        table = c.cost_table
+        draft_s = table.alpha(bs) * n[0]
+        verify_s = table.theta(tier) * n[1]
+        gpu_s = (table.bias_seconds + table.alpha(bs) + table.theta(tier)) * n[2]
+        batch.draft_gpu_ms = draft_s * 1e3
+        batch.target_verify_gpu_ms = verify_s * 1e3
+        batch.step_gpu_ms = gpu_s * 1e3
+        batch.step_cpu_ms = gpu_s * 1e3 + 0.05
+
+    def _commit(self, slots, draft, accepted, bonus) -> None:
+        b, g = draft.shape
+        rows = np.arange(b)
+        committed = np.concatenate([draft, np.zeros((b, 1), dtype=np.int64)], axis=1)
+        committed[rows, accepted] = bonus
+        valid = np.arange(g + 1)[None, :] <= accepted[:, None]
+        eos = ((committed == EOS_TOKEN) & valid).any(axis=1)
+        last2 = np.where(accepted >= 1, draft[rows, np.maximum(accepted - 1, 0)], self.prev1[slots])
+        self.prev2[slots] = last2
+        self.prev1[slots] = bonus
+        self.prefix[slots] += accepted + 1
+        self.generated[slots] += accepted + 1
+        done = eos | (self.generated[slots] >= self.max_new[slots])
+        self.active[slots[done]] = False
+        self.finished += int(done.sum())
+
+
+def committed_tokens(batch: StepBatch) -> list[list[int]]:
+    """Tokens each request committed in a step (accepted drafts, then the bonus)."""
+    a = batch.correct_drafts
+    return [
+        [*batch.draft_tokens[i, : a[i]].tolist(), int(batch.bonus_token[i])]
+        for i in range(batch.num_reqs)
+    ]

@@ -1,0 +1,100 @@
+"""The target: a seeded synthetic language whose next-token distribution is exact.
+
+The logits at a position are a pure function of (request salt, position, the
+two previous tokens), so the target's distribution is known exactly wherever
+the runtime needs it and costs one hash per vocabulary entry. A workload sets
+how peaked those distributions are, which is what makes gsm8k-like traffic easy
+to draft and poetry-like traffic hard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .hashing import mix, normal, uniform
+
+EOS_TOKEN = 0
+
+_TAG_LOGIT = 11
+_TAG_SCALE = 12
+_TAG_PEAK = 13
+_TAG_EOS = 14
+_TAG_PEAK_TOKEN = 15
+
+
+@dataclass(frozen=True)
+class WorkloadProfile:
+    """How predictable a workload's text is.
+
+    `peak` lifts one token per context above the rest (in units of the logit
+    scale): large for reasoning traces that copy and compute, small for verse.
+    `mean_output_len` sets the EOS rate.
+    """
+
+    name: str
+    peak: float
+    scale: float = 1.6
+    mean_output_len: float = 160.0
+    prompt_len: int = 256
+
+
+#: The article's three example workloads, from easy to hard to draft.
+PRESETS: dict[str, WorkloadProfile] = {
+    "gsm8k": WorkloadProfile("gsm8k", peak=7.0, mean_output_len=180.0),
+    "arena": WorkloadProfile("arena", peak=4.5, mean_output_len=240.0),
+    "poetry": WorkloadProfile("poetry", peak=2.6, mean_output_len=120.0),
+}
+
+
+def parse_workload(spec: str) -> WorkloadProfile:
+    """`NAME` (a preset), `NAME=PRESET` (a preset renamed) or `NAME=PEAK` (a number)."""
+    name, _, rhs = spec.partition("=")
+    name = name.strip()
+    if not name:
+        raise ValueError(f"workload {spec!r}: empty name")
+    rhs = rhs.strip() or name
+    if rhs in PRESETS:
+        base = PRESETS[rhs]
+        return WorkloadProfile(name, base.peak, base.scale, base.mean_output_len, base.prompt_len)
+    try:
+        peak = float(rhs)
+    except ValueError:
+        raise ValueError(
+            f"workload {spec!r}: {rhs!r} is neither a preset ({', '.join(PRESETS)}) nor a number"
+        ) from None
+    if not np.isfinite(peak) or peak < 0:
+        raise ValueError(f"workload {spec!r}: peak must be a finite number >= 0")
+    return WorkloadProfile(name, peak)
+
+
+class SyntheticTarget:
+    """Exact next-token logits of the synthetic language, vectorised over rows."""
+
+    def __init__(self, workloads: list[WorkloadProfile], vocab_size: int, seed: int) -> None:
+        if vocab_size < 4:
+            raise ValueError("vocab_size must be at least 4")
+        self.vocab_size = vocab_size
+        self.seed = np.uint64(seed)
+        self.peak = np.array([w.peak for w in workloads])
+        self.scale = np.array([w.scale for w in workloads])
+        self.eos_rate = np.array([1.0 / max(w.mean_output_len, 1.0) for w in workloads])
+        self._vocab = np.arange(vocab_size, dtype=np.uint64)[None, :]
+
+    def context_key(self, salt: np.ndarray, pos: np.ndarray, prev2: np.ndarray,
+                    prev1: np.ndarray) -> np.ndarray:
+        return mix(self.seed, salt, pos, prev2, prev1)
+
+    def logits(self, key: np.ndarray, workload: np.ndarray) -> np.ndarray:
+        """`[rows, vocab]` logits at the contexts `key` (uint64 `[rows]`)."""
+        k = key[:, None]
+        scale = self.scale[workload] * np.exp(0.35 * normal(key, _TAG_SCALE))
+        out = normal(k, self._vocab, _TAG_LOGIT) * scale[:, None]
+        rows = np.arange(len(key))
+        peak_token = 1 + (mix(key, _TAG_PEAK_TOKEN) % np.uint64(self.vocab_size - 1)).astype(np.int64)
+        peak = self.peak[workload] * (0.5 + uniform(key, _TAG_PEAK))
+        out[rows, peak_token] += peak * scale
+        ends = uniform(key, _TAG_EOS) < self.eos_rate[workload]
+        out[:, EOS_TOKEN] = np.where(ends, out.max(axis=1) + 3.0, out[:, EOS_TOKEN] - 4.0)
+        return out

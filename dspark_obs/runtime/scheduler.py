@@ -1,0 +1,43 @@
+"""The confidence scheduler: one total verify budget per step, split by survival.
+
+Survival S[b, j] (running product of calibrated confidence) is the chance that
+request b's draft j and everything before it is accepted, so verifying it is
+worth S[b, j] expected tokens. The step's budget K is the number of extra
+verify tokens that maximises expected committed tokens per second,
+`(bs + sum of the K largest survivals) / T(bs, K)`, and those K slots go to the
+highest survivals. Survival never rises along a block, so the chosen slots form
+a prefix of every request's block: windows are contiguous by construction (ties
+broken towards earlier positions keep that true).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cost_table import AdditiveCostTable
+
+
+@dataclass(frozen=True)
+class Schedule:
+    windows: np.ndarray  # [bs] drafts to verify per request
+    budget: int  # K, extra verify tokens beyond one anchor per request
+    predicted_seconds: float  # T(bs, K)
+    objective: float  # (bs + sum of chosen survivals) / T(bs, K), tokens/s
+
+
+def schedule(survival: np.ndarray, table: AdditiveCostTable) -> Schedule:
+    bs, gamma = survival.shape
+    if bs == 0:
+        return Schedule(np.zeros(0, np.int64), 0, 0.0, 0.0)
+    flat = survival.reshape(-1)
+    position = np.tile(np.arange(gamma), bs)
+    order = np.lexsort((position, -flat))
+    gains = np.concatenate(([0.0], np.cumsum(flat[order])))
+    ks = np.arange(len(gains))
+    seconds = table.step_seconds(bs, ks)
+    objective = (bs + gains) / seconds
+    k = int(np.argmax(objective))
+    windows = np.bincount(order[:k] // gamma, minlength=bs).astype(np.int64)
+    return Schedule(windows, k, float(seconds[k]), float(objective[k]))

@@ -1,0 +1,42 @@
+"""Fit STS for the runtime's confidence head before a run, as an operator would.
+
+SGLang fits STS offline from confidence logits collected where the whole block
+is verified (labels need the full accept chain). The warm-up does the same on
+separate traffic (another seed, so the fitted run is held out): a short
+cap-accept run, its raw confidence logits and ceilings, one temperature per
+position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from ..calibration import StsCalibration, fit_sts, prefix_labels
+from .config import RuntimeConfig
+from .engine import DSparkRuntime
+
+WARMUP_SEED_OFFSET = 1_000_003
+
+
+def warmup_sts(config: RuntimeConfig, steps: int, concurrency: int = 32) -> StsCalibration:
+    warm = replace(
+        config,
+        seed=config.seed + WARMUP_SEED_OFFSET,
+        mode="cap-accept",
+        shadow=None,
+        concurrency=[concurrency],
+        steps_per_level=steps,
+        sts_temperatures=None,
+    )
+    logits, ceilings, accepted, windows = [], [], [], []
+    for batch in DSparkRuntime(warm).run():
+        logits.append(batch.confidence_logits)
+        ceilings.append(batch.ceiling)
+        accepted.append(batch.correct_drafts)
+        windows.append(batch.window)
+    labels, labelled = prefix_labels(
+        np.concatenate(accepted), np.concatenate(windows), np.concatenate(ceilings), config.gamma
+    )
+    return fit_sts(np.concatenate(logits), labels, labelled, dataset="dspark-obs runtime warm-up")
