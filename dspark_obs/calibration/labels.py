@@ -32,7 +32,7 @@ def prefix_labels(
     labels = j < reach[:, None]
     # A censored row is silent only past a fully accepted window.
     settled = observed | (accepted < window)
-    labelled = np.ones_like(labels)
+    labelled = settled[:, None] | (j < accepted[:, None])
     return labels, labelled
 
 

@@ -28,9 +28,9 @@ _TAG_CONF_NOISE = 22
 class DrafterConfig:
     fidelity: float = 0.97
     decay: float = 0.965
-    confidence_slope: float = 1.8
-    confidence_slope_growth: float = 0.12
-    confidence_bias: float = 0.25
+    confidence_slope: float = 2.4
+    confidence_slope_growth: float = 0.15
+    confidence_bias: float = 0.0
     confidence_noise: float = 0.35
 
 
@@ -51,6 +51,18 @@ class BlockDrafter:
         key = mix(self.seed, salt, pos, anchor, prev_draft, j)
         noise = normal(key[:, None], self._vocab, _TAG_DRAFT_NOISE)
         return rho * target_logits + np.sqrt(1.0 - rho * rho) * spread * noise
+
+    @staticmethod
+    def greedy_accept_signal(target_prob: np.ndarray) -> np.ndarray:
+        """Calibrated chance that a greedy draft is the target's argmax, from p(draft).
+
+        A token holding a fair share of the target's mass is usually its
+        argmax; this logistic map was fitted on the runtime's own greedy blocks
+        so that the head's underlying signal is calibrated and the miscalibration
+        left for STS is the slope it applies.
+        """
+        p = np.clip(target_prob, 1e-6, 1.0 - 1e-6)
+        return 1.0 / (1.0 + np.exp(-(1.7 * (np.log(p) - np.log1p(-p)) + 4.5)))
 
     def confidence_logits(self, accept_prob: np.ndarray, salt: np.ndarray,
                           pos: np.ndarray) -> np.ndarray:

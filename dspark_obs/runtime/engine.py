@@ -135,7 +135,7 @@ class DSparkRuntime:
             ap = accept_probability(p_lp[:, j], q_lp[:, j])
             u = uniform(self.seed, salt, prefix, j, _TAG_ACCEPT)
             accepted[:, j] = np.where(greedy, d == lt.argmax(axis=1), u < ap)
-            accept_prob[:, j] = np.where(greedy, p[rows, d], ap)
+            accept_prob[:, j] = np.where(greedy, self.drafter.greedy_accept_signal(p[rows, d]), ap)
             p_all[:, j], q_all[:, j] = p, q
             c2, c1, prev_draft = c1, d, d
         lt = self.target.logits(self.target.context_key(salt, prefix + g, c2, c1), wl)

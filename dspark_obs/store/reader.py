@@ -1,0 +1,142 @@
+"""Open a run directory and read its tables lazily, or as `StepBatch`es again.
+
+Readers only ever see finished parts: the writer publishes a part by atomic
+rename, and everything here matches `part-NNNNNN.parquet` exactly, so the
+`.tmp` file of a flush in progress (or of a writer that crashed mid-flush) is
+never read. A run may be read while it is still being written; `complete`
+in the manifest says whether the writer finished.
+
+The writer publishes a flush's `requests` part before its `steps` part, so a
+`steps` row never exists without its request rows. A `requests` part without
+its `steps` part is what an interrupted flush leaves behind; it is ignored here
+(and removed when the writer resumes), so `steps()` and `requests()` always
+describe the same steps.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from ..telemetry.batch import StepBatch
+from .errors import RunStoreError
+from .tables import REQUESTS, STEPS, frames_to_batches
+
+MANIFEST = "run.json"
+_PART_RE = re.compile(r"^part-(\d{6,})\.parquet$")
+_TABLE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
+
+
+def part_name(number: int) -> str:
+    """File name of part `number` (zero-padded so names also sort in shell globs)."""
+    return f"part-{number:06d}.parquet"
+
+
+def check_table_name(table: str) -> str:
+    """Table names become directory names, so they may not climb out of the run."""
+    if not isinstance(table, str) or not _TABLE_RE.match(table):
+        raise RunStoreError(f"invalid table name {table!r}")
+    return table
+
+
+def list_parts(table_dir: Path) -> list[tuple[int, Path]]:
+    """Published parts of one table, by part number; `.tmp` leftovers excluded."""
+    if not table_dir.is_dir():
+        return []
+    found = []
+    for entry in table_dir.iterdir():
+        m = _PART_RE.match(entry.name)
+        if m and entry.is_file():
+            found.append((int(m.group(1)), entry))
+    found.sort()
+    return found
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The parsed `run.json`, or a RunStoreError naming the file."""
+    if not path.is_file():
+        raise RunStoreError(f"{path}: missing run manifest (not a run directory?)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunStoreError(f"{path}: corrupt run manifest: {exc}") from exc
+    if not isinstance(manifest, dict):
+        raise RunStoreError(f"{path}: run manifest is not a JSON object")
+    return manifest
+
+
+@dataclass(frozen=True, eq=False)
+class Run:
+    """A run directory opened for reading; cheap to create, reads nothing until asked."""
+
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def complete(self) -> bool:
+        """Whether the writer closed cleanly (False while writing or after a crash)."""
+        return bool(self.manifest.get("complete", False))
+
+    def tables(self) -> list[str]:
+        """Tables that have at least one published part."""
+        return sorted(
+            d.name for d in self.path.iterdir() if d.is_dir() and self._part_list(d.name)
+        )
+
+    def _part_list(self, table: str) -> list[tuple[int, Path]]:
+        parts = list_parts(self.path / check_table_name(table))
+        if table == REQUESTS:
+            committed = {n for n, _ in list_parts(self.path / STEPS)}
+            parts = [(n, p) for n, p in parts if n in committed]
+        return parts
+
+    def parts(self, table: str) -> list[Path]:
+        """Published part files of `table`, in part order."""
+        return [p for _, p in self._part_list(table)]
+
+    def scan(self, table: str) -> pl.LazyFrame:
+        """All parts of `table` as one lazy frame, so queries push down into Parquet."""
+        files = self.parts(table)
+        if not files:
+            raise RunStoreError(f"{self.path / table}: table {table!r} has no parts")
+        return pl.scan_parquet([str(f) for f in files], glob=False)
+
+    def steps(self) -> pl.LazyFrame:
+        return self.scan(STEPS)
+
+    def requests(self) -> pl.LazyFrame:
+        return self.scan(REQUESTS)
+
+    def batches(self) -> Iterator[StepBatch]:
+        """Every step as a `StepBatch`, in write order, holding one part in memory at a time."""
+        steps = self._part_list(STEPS)
+        if not steps:
+            raise RunStoreError(f"{self.path / STEPS}: table 'steps' has no parts")
+        for number, steps_path in steps:
+            req_path = self.path / REQUESTS / part_name(number)
+            try:
+                steps_df = pl.read_parquet(steps_path)
+                requests_df = pl.read_parquet(req_path) if req_path.is_file() else None
+            except (OSError, pl.exceptions.PolarsError) as exc:
+                raise RunStoreError(f"{steps_path}: unreadable part: {exc}") from exc
+            if requests_df is None and steps_df["has_reqs"].any():
+                raise RunStoreError(f"{req_path}: missing, but its steps part has request rows")
+            try:
+                batches = frames_to_batches(steps_df, requests_df)
+            except RunStoreError as exc:
+                raise RunStoreError(f"{steps_path}: {exc}") from exc
+            yield from batches
+
+
+def open_run(run_dir: str | Path) -> Run:
+    """Open `run_dir` for reading; fails early, naming the path, when it is not a run."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise RunStoreError(f"{path}: run directory does not exist")
+    return Run(path=path, manifest=read_manifest(path / MANIFEST))
