@@ -58,7 +58,10 @@ def test_compact_trims_and_cap_accept_reports_the_trim(lockstep):
 
 def test_shadow_ceiling_equals_cap_accept_ceiling(lockstep):
     shadow = _rows(lockstep["compact"], "shadow_ceiling")
-    cap = {k: (v[0] + v[1],) for k, v in _rows(lockstep["cap-accept"], "correct_drafts", "cap_trim").items()}
+    cap = {
+        k: (v[0] + v[1],)
+        for k, v in _rows(lockstep["cap-accept"], "correct_drafts", "cap_trim").items()
+    }
     assert shadow.keys() == cap.keys()
     assert shadow == cap
 
@@ -100,9 +103,14 @@ def test_greedy_acceptance_is_argmax_matching():
     from dspark_obs.runtime.hashing import mix
     from dspark_obs.runtime.traffic import Traffic
 
-    traffic = Traffic(seed=7, mix_weights=cfg.mix, greedy_fraction=1.0, temperature=0.8,
-                      prompt_lens=np.array([w.prompt_len for w in cfg.workloads]),
-                      vocab_size=cfg.vocab_size)
+    traffic = Traffic(
+        seed=7,
+        mix_weights=cfg.mix,
+        greedy_fraction=1.0,
+        temperature=0.8,
+        prompt_lens=np.array([w.prompt_len for w in cfg.workloads]),
+        vocab_size=cfg.vocab_size,
+    )
     history = {}
     checked = 0
     for b in batches:
@@ -116,19 +124,23 @@ def test_greedy_acceptance_is_argmax_matching():
             toks = list(history[rid])
             run = 0
             for j in range(b.gamma):
-                key = target.context_key(salt, np.array([b.prefix_len[i] + j]),
-                                         np.array([toks[-2]]), np.array([toks[-1]]))
+                key = target.context_key(
+                    salt,
+                    np.array([b.prefix_len[i] + j]),
+                    np.array([toks[-2]]),
+                    np.array([toks[-1]]),
+                )
                 best = int(target.logits(key, wl).argmax())
                 if best != b.draft_tokens[i, j]:
                     break
                 run += 1
                 toks.append(best)
             assert b.correct_drafts[i] == run
-            key = target.context_key(salt, np.array([b.prefix_len[i] + run]),
-                                     np.array([toks[-2]]), np.array([toks[-1]]))
+            key = target.context_key(
+                salt, np.array([b.prefix_len[i] + run]), np.array([toks[-2]]), np.array([toks[-1]])
+            )
             assert b.bonus_token[i] == int(target.logits(key, wl).argmax())
-            history[rid] = toks[: 2 + run][-2:] + [int(b.bonus_token[i])]
-            history[rid] = history[rid][-2:]
+            history[rid] = [*toks, int(b.bonus_token[i])][-2:]
             checked += 1
     assert checked > 200
 
@@ -144,7 +156,9 @@ def test_ceiling_orders_workloads_by_difficulty():
 
 
 def test_requests_finish_at_eos_or_length():
-    rt = DSparkRuntime(RuntimeConfig(seed=3, concurrency=[16], steps_per_level=200, max_new_tokens=64))
+    rt = DSparkRuntime(
+        RuntimeConfig(seed=3, concurrency=[16], steps_per_level=200, max_new_tokens=64)
+    )
     eos_seen = 0
     for b in rt.run():
         assert (b.acc_len == b.correct_drafts + 1).all()

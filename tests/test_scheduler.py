@@ -28,11 +28,15 @@ def _brute_force(survival: np.ndarray, table: AdditiveCostTable) -> float:
     return best
 
 
-survivals = st.integers(1, 3).flatmap(
-    lambda bs: st.lists(
-        st.lists(st.floats(0.05, 1.0), min_size=3, max_size=3), min_size=bs, max_size=bs
+survivals = (
+    st.integers(1, 3)
+    .flatmap(
+        lambda bs: st.lists(
+            st.lists(st.floats(0.05, 1.0), min_size=3, max_size=3), min_size=bs, max_size=bs
+        )
     )
-).map(lambda rows: np.cumprod(np.asarray(rows), axis=1))
+    .map(lambda rows: np.cumprod(np.asarray(rows), axis=1))
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -60,7 +64,7 @@ def test_budget_per_request_falls_with_batch_size():
     for bs in (1, 8, 64, 256):
         conf = rng.uniform(0.55, 0.98, size=(bs, 7))
         per_request.append(schedule(np.cumprod(conf, axis=1), table).budget / bs)
-    assert all(a >= b for a, b in zip(per_request, per_request[1:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(per_request))
     assert per_request[0] > per_request[-1]
 
 

@@ -47,7 +47,9 @@ def _entry_aggs() -> list[pl.Expr]:
         known.sum().alias("ceiling_rows"),
         pl.col("correct_drafts").filter(known).sum().alias("_acc_known"),
         pl.col("known_ceiling").sum().alias("_ceiling_sum"),
-        (pl.col("known_ceiling") - pl.col("correct_drafts")).clip(lower_bound=0).sum()
+        (pl.col("known_ceiling") - pl.col("correct_drafts"))
+        .clip(lower_bound=0)
+        .sum()
         .alias("trimmed_tokens"),
         pl.col("verify_len").mean().alias("mean_verify_tokens"),
         pl.col("acc_len").sum().alias("committed_tokens"),
@@ -64,9 +66,7 @@ def _finish(row: dict, seconds: float | None) -> dict:
     row["ceiling_source"] = "observed" if observed else ("shadow" if shadow else None)
     if not row["ceiling_rows"]:
         row["trimmed_tokens"] = None
-    row["throughput_tokens_per_s"] = (
-        row["committed_tokens"] / seconds if seconds else None
-    )
+    row["throughput_tokens_per_s"] = row["committed_tokens"] / seconds if seconds else None
     return {k: row[k] for k in ENTRY_KEYS}
 
 
@@ -74,19 +74,21 @@ def summarize(run: Run) -> dict:
     """The summary object `dspark-obs summary --json` prints."""
     req = run.requests().with_columns(_known_ceiling())
     steps = run.steps()
-    step_stats = steps.select(
-        pl.len().alias("steps"),
-        pl.col("step_gpu_ms").sum().alias("gpu_ms"),
-        pl.col("step_gpu_ms").is_not_null().sum().alias("timed"),
-        pl.col("num_verify_tokens").mean().alias("verify_tokens_per_step"),
-        pl.col("budget").mean().alias("mean_budget"),
-        pl.col("bs").mean().alias("mean_bs"),
-    ).collect().row(0, named=True)
+    step_stats = (
+        steps.select(
+            pl.len().alias("steps"),
+            pl.col("step_gpu_ms").sum().alias("gpu_ms"),
+            pl.col("step_gpu_ms").is_not_null().sum().alias("timed"),
+            pl.col("num_verify_tokens").mean().alias("verify_tokens_per_step"),
+            pl.col("budget").mean().alias("mean_budget"),
+            pl.col("bs").mean().alias("mean_bs"),
+        )
+        .collect()
+        .row(0, named=True)
+    )
     seconds = step_stats["gpu_ms"] / 1e3 if step_stats["timed"] else None
 
-    per_workload = (
-        req.group_by("workload").agg(_entry_aggs()).sort("workload").collect().to_dicts()
-    )
+    per_workload = req.group_by("workload").agg(_entry_aggs()).sort("workload").collect().to_dicts()
     overall = req.select(_entry_aggs()).collect().row(0, named=True)
     overall_entry = _finish(overall, seconds)
     overall_entry["steps"] = step_stats["steps"]

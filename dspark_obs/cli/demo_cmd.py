@@ -32,11 +32,13 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="mixed-workload compact run with a cap-accept shadow, "
-                       "then its summary",
-                       description="Run the embedded runtime in compact mode with a cap-accept "
-                       "shadow over a mixed workload and a concurrency sweep, then print the "
-                       "summary. Needs no GPU and no SGLang.")
+    p = sub.add_parser(
+        "demo",
+        help="mixed-workload compact run with a cap-accept shadow, then its summary",
+        description="Run the embedded runtime in compact mode with a cap-accept "
+        "shadow over a mixed workload and a concurrency sweep, then print the "
+        "summary. Needs no GPU and no SGLang.",
+    )
     p.add_argument("--out", type=Path, default=None, help="run directory (default runs/TIME-demo)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -12,8 +12,9 @@ from ..telemetry import StepBatch
 
 
 @contextmanager
-def step_progress(total: int, label: str, enabled: bool = True
-                  ) -> Iterator[Callable[[StepBatch], None]]:
+def step_progress(
+    total: int, label: str, enabled: bool = True
+) -> Iterator[Callable[[StepBatch], None]]:
     """Yield `advance(batch)`; shows steps done, batch size and committed tokens."""
     if not enabled:
         yield lambda batch: None

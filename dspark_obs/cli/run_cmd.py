@@ -28,52 +28,113 @@ def _int_list(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
 
 
 def _float_list(text: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
 
 
-def add_runtime_arguments(p: argparse.ArgumentParser, *, steps_per_level: int,
-                          concurrency: str, mode: str = "compact") -> None:
+def add_runtime_arguments(
+    p: argparse.ArgumentParser, *, steps_per_level: int, concurrency: str, mode: str = "compact"
+) -> None:
     g = p.add_argument_group("runtime")
-    g.add_argument("--seed", type=int, default=0, help="one seed fixes traffic and tokens (default 0)")
+    g.add_argument(
+        "--seed", type=int, default=0, help="one seed fixes traffic and tokens (default 0)"
+    )
     g.add_argument("--gamma", type=int, default=7, help="drafted tokens per block (default 7)")
     g.add_argument("--vocab-size", type=int, default=128, help="synthetic vocabulary (default 128)")
-    g.add_argument("--mode", choices=("static", "compact", "cap-accept"), default=mode,
-                   help=f"verify mode, as SGLANG_RAGGED_VERIFY_MODE (default {mode})")
-    g.add_argument("--shadow", choices=("cap-accept",), default=None,
-                   help="run a cap-accept twin in lockstep and record its ceiling (compact only)")
-    g.add_argument("--shadow-fraction", type=float, default=1.0,
-                   help="fraction of requests given a shadow twin (default 1.0)")
-    g.add_argument("--workloads", default="gsm8k,arena,poetry",
-                   help="comma list of NAME, NAME=PRESET or NAME=PEAK; presets gsm8k, arena, "
-                   "poetry (easy to hard) (default gsm8k,arena,poetry)")
-    g.add_argument("--mix", type=_float_list, default=None,
-                   help="relative arrival weight per workload (default equal)")
-    g.add_argument("--concurrency", type=_int_list, default=_int_list(concurrency),
-                   help=f"concurrency levels swept in order (default {concurrency})")
-    g.add_argument("--steps-per-level", type=int, default=steps_per_level,
-                   help=f"verify steps at each concurrency level (default {steps_per_level})")
-    g.add_argument("--greedy-fraction", type=float, default=0.5,
-                   help="share of greedy requests; the rest sample (default 0.5)")
-    g.add_argument("--temperature", type=float, default=0.8,
-                   help="sampling temperature of non-greedy requests (default 0.8)")
-    g.add_argument("--max-new-tokens", type=int, default=1024,
-                   help="cap on generated tokens per request (default 1024)")
-    g.add_argument("--cost-table", type=Path, default=None,
-                   help="additive SPS cost table, SGLang's JSON form (default: built-in H200-like)")
-    g.add_argument("--step-noise", type=float, default=0.03,
-                   help="log-normal noise of simulated step times (default 0.03)")
-    g.add_argument("--sts", default="auto",
-                   help="confidence calibration: 'auto' (fit on a warm-up cap-accept run), "
-                   "'none' (raw confidence), or an STS JSON file (default auto)")
-    g.add_argument("--sts-warmup-steps", type=int, default=150,
-                   help="steps of the STS warm-up run (default 150)")
+    g.add_argument(
+        "--mode",
+        choices=("static", "compact", "cap-accept"),
+        default=mode,
+        help=f"verify mode, as SGLANG_RAGGED_VERIFY_MODE (default {mode})",
+    )
+    g.add_argument(
+        "--shadow",
+        choices=("cap-accept",),
+        default=None,
+        help="run a cap-accept twin in lockstep and record its ceiling (compact only)",
+    )
+    g.add_argument(
+        "--shadow-fraction",
+        type=float,
+        default=1.0,
+        help="fraction of requests given a shadow twin (default 1.0)",
+    )
+    g.add_argument(
+        "--workloads",
+        default="gsm8k,arena,poetry",
+        help="comma list of NAME, NAME=PRESET or NAME=PEAK; presets gsm8k, arena, "
+        "poetry (easy to hard) (default gsm8k,arena,poetry)",
+    )
+    g.add_argument(
+        "--mix",
+        type=_float_list,
+        default=None,
+        help="relative arrival weight per workload (default equal)",
+    )
+    g.add_argument(
+        "--concurrency",
+        type=_int_list,
+        default=_int_list(concurrency),
+        help=f"concurrency levels swept in order (default {concurrency})",
+    )
+    g.add_argument(
+        "--steps-per-level",
+        type=int,
+        default=steps_per_level,
+        help=f"verify steps at each concurrency level (default {steps_per_level})",
+    )
+    g.add_argument(
+        "--greedy-fraction",
+        type=float,
+        default=0.5,
+        help="share of greedy requests; the rest sample (default 0.5)",
+    )
+    g.add_argument(
+        "--temperature",
+        type=float,
+        default=0.8,
+        help="sampling temperature of non-greedy requests (default 0.8)",
+    )
+    g.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=1024,
+        help="cap on generated tokens per request (default 1024)",
+    )
+    g.add_argument(
+        "--cost-table",
+        type=Path,
+        default=None,
+        help="additive SPS cost table, SGLang's JSON form (default: built-in H200-like)",
+    )
+    g.add_argument(
+        "--step-noise",
+        type=float,
+        default=0.03,
+        help="log-normal noise of simulated step times (default 0.03)",
+    )
+    g.add_argument(
+        "--sts",
+        default="auto",
+        help="confidence calibration: 'auto' (fit on a warm-up cap-accept run), "
+        "'none' (raw confidence), or an STS JSON file (default auto)",
+    )
+    g.add_argument(
+        "--sts-warmup-steps",
+        type=int,
+        default=150,
+        help="steps of the STS warm-up run (default 150)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
@@ -142,7 +203,9 @@ def build_manifest(config: RuntimeConfig, sts: StsCalibration | None) -> dict:
         "workloads": [w.name for w in config.workloads],
         "timing": "simulated",
         "cost_table": config.manifest()["cost_table"],
-        "sts": None if sts is None else {
+        "sts": None
+        if sts is None
+        else {
             "temperatures": sts.temperatures,
             "ece_before": sts.ece_before,
             "ece_after": sts.ece_after,
@@ -152,8 +215,9 @@ def build_manifest(config: RuntimeConfig, sts: StsCalibration | None) -> dict:
     }
 
 
-def execute(config: RuntimeConfig, out: Path, sts: StsCalibration | None, *,
-            show_progress: bool = True) -> Path:
+def execute(
+    config: RuntimeConfig, out: Path, sts: StsCalibration | None, *, show_progress: bool = True
+) -> Path:
     """Run the runtime to completion into `out`; return the run directory."""
     if sts is not None:
         config.sts_temperatures = list(sts.temperatures)
@@ -166,11 +230,13 @@ def execute(config: RuntimeConfig, out: Path, sts: StsCalibration | None, *,
             for batch in runtime.run():
                 writer.append(batch)
                 advance(batch)
-        writer.close({
-            "wall_seconds": round(time.perf_counter() - start, 3),
-            "requests_arrived": runtime.arrived,
-            "requests_finished": runtime.finished,
-        })
+        writer.close(
+            {
+                "wall_seconds": round(time.perf_counter() - start, 3),
+                "requests_arrived": runtime.arrived,
+                "requests_finished": runtime.finished,
+            }
+        )
     return out
 
 
@@ -186,9 +252,12 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run the reference DSpark runtime and write a run directory",
-                       description="Run the embedded reference DSpark runtime (no GPU, no SGLang) "
-                       "over a concurrency sweep and write a run directory (Parquet + run.json).")
+    p = sub.add_parser(
+        "run",
+        help="run the reference DSpark runtime and write a run directory",
+        description="Run the embedded reference DSpark runtime (no GPU, no SGLang) "
+        "over a concurrency sweep and write a run directory (Parquet + run.json).",
+    )
     p.add_argument("--out", type=Path, default=None, help="run directory (default runs/TIME-MODE)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -28,7 +28,9 @@ def handle_fit(args: argparse.Namespace) -> int:
         run.requests()
         .filter(pl.col("confidence_logits").is_not_null())
         .select(
-            "confidence_logits", "correct_drafts", "window",
+            "confidence_logits",
+            "correct_drafts",
+            "window",
             pl.coalesce("ceiling", "shadow_ceiling", pl.lit(-1)).alias("ceiling"),
         )
         .collect()
@@ -41,8 +43,9 @@ def handle_fit(args: argparse.Namespace) -> int:
     )
     cal = fit_sts(logits, labels, labelled, num_bins=args.bins, dataset=str(args.run_dir))
     save_sts(cal, args.out)
-    table = Table(title=f"STS fit over {cal.num_samples:,} request-steps -> {args.out}",
-                  title_justify="left")
+    table = Table(
+        title=f"STS fit over {cal.num_samples:,} request-steps -> {args.out}", title_justify="left"
+    )
     for col in ("position", "temperature", "ECE before", "ECE after"):
         table.add_column(col, justify="right")
     for j, (t, before, after) in enumerate(
@@ -56,10 +59,13 @@ def handle_fit(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sts", help="confidence calibration (STS) tools")
     sts_sub = p.add_subparsers(dest="sts_command", required=True, metavar="SUBCOMMAND")
-    fit = sts_sub.add_parser("fit", help="fit per-position STS temperatures from a run directory",
-                             description="Fit one temperature per block position (grid 0.1..10, "
-                             "41 log-spaced points) minimising the ECE of the running survival; "
-                             "writes SGLang's STS JSON.")
+    fit = sts_sub.add_parser(
+        "fit",
+        help="fit per-position STS temperatures from a run directory",
+        description="Fit one temperature per block position (grid 0.1..10, "
+        "41 log-spaced points) minimising the ECE of the running survival; "
+        "writes SGLang's STS JSON.",
+    )
     fit.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     fit.add_argument("--out", type=Path, required=True, help="STS JSON to write")
     fit.add_argument("--bins", type=int, default=15, help="equal-width ECE bins (default 15)")

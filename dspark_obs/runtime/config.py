@@ -67,6 +67,8 @@ class RuntimeConfig:
     def manifest(self) -> dict:
         """JSON-ready description of the run's configuration."""
         d = asdict(self)
-        d["cost_table"] = {k: getattr(self.cost_table, k) for k in self.cost_table.__struct_fields__}
+        d["cost_table"] = {
+            k: getattr(self.cost_table, k) for k in self.cost_table.__struct_fields__
+        }
         d["capture_tiers"] = list(self.capture_tiers)
         return d

@@ -44,8 +44,15 @@ class BlockDrafter:
         self.rho = np.clip(config.fidelity * config.decay**j, 0.0, 1.0)
         self.slope = config.confidence_slope + config.confidence_slope_growth * j
 
-    def logits(self, target_logits: np.ndarray, salt: np.ndarray, pos: np.ndarray,
-               anchor: np.ndarray, prev_draft: np.ndarray, j: int) -> np.ndarray:
+    def logits(
+        self,
+        target_logits: np.ndarray,
+        salt: np.ndarray,
+        pos: np.ndarray,
+        anchor: np.ndarray,
+        prev_draft: np.ndarray,
+        j: int,
+    ) -> np.ndarray:
         rho = self.rho[j]
         spread = target_logits.std(axis=1, keepdims=True)
         key = mix(self.seed, salt, pos, anchor, prev_draft, j)
@@ -64,8 +71,9 @@ class BlockDrafter:
         p = np.clip(target_prob, 1e-6, 1.0 - 1e-6)
         return 1.0 / (1.0 + np.exp(-(1.7 * (np.log(p) - np.log1p(-p)) + 4.5)))
 
-    def confidence_logits(self, accept_prob: np.ndarray, salt: np.ndarray,
-                          pos: np.ndarray) -> np.ndarray:
+    def confidence_logits(
+        self, accept_prob: np.ndarray, salt: np.ndarray, pos: np.ndarray
+    ) -> np.ndarray:
         """Raw confidence logits `[rows, gamma]` from each position's acceptance probability."""
         p = np.clip(accept_prob, 1e-4, 1.0 - 1e-4)
         true_logit = np.log(p) - np.log1p(-p)

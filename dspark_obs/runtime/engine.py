@@ -56,7 +56,9 @@ class DSparkRuntime:
             prompt_lens=np.array([w.prompt_len for w in c.workloads]),
             vocab_size=c.vocab_size,
         )
-        self.sts = np.ones(c.gamma) if c.sts_temperatures is None else np.asarray(c.sts_temperatures)
+        self.sts = (
+            np.ones(c.gamma) if c.sts_temperatures is None else np.asarray(c.sts_temperatures)
+        )
         self.names = np.array([w.name for w in c.workloads], dtype=object)
         self.seed = np.uint64(c.seed)
         self.timing_rng = np.random.default_rng(c.seed)
@@ -105,7 +107,9 @@ class DSparkRuntime:
         self.prev1[slots] = new.prev1
         self.generated[slots] = 0
         cap = self.config.max_new_tokens
-        self.max_new[slots] = np.maximum(1, (cap * uniform(new.salt, _TAG_LEN)).astype(np.int64) + 1)
+        self.max_new[slots] = np.maximum(
+            1, (cap * uniform(new.salt, _TAG_LEN)).astype(np.int64) + 1
+        )
         self.max_new[slots] = np.minimum(self.max_new[slots], cap)
         self.shadowed[slots] = uniform(new.salt, _TAG_SHADOW) < self.config.shadow_fraction
         names = self.names[new.workload]
@@ -129,7 +133,11 @@ class DSparkRuntime:
             ld = self.drafter.logits(lt, salt, pos, prev1, prev_draft, j)
             lp, lq = log_softmax(lt, temp), log_softmax(ld, temp)
             p, q = np.exp(lp), np.exp(lq)
-            d = np.where(greedy, ld.argmax(axis=1), sample(q, uniform(self.seed, salt, prefix, j, _TAG_DRAFT)))
+            d = np.where(
+                greedy,
+                ld.argmax(axis=1),
+                sample(q, uniform(self.seed, salt, prefix, j, _TAG_DRAFT)),
+            )
             draft[:, j] = d
             q_lp[:, j], p_lp[:, j] = lq[rows, d], lp[rows, d]
             ap = accept_probability(p_lp[:, j], q_lp[:, j])

@@ -51,7 +51,9 @@ def normal(*keys: np.ndarray | int) -> np.ndarray:
     """
     h = mix(*keys)
     total = (
-        (h & _MASK16) + ((h >> np.uint64(16)) & _MASK16)
-        + ((h >> np.uint64(32)) & _MASK16) + (h >> np.uint64(48))
+        (h & _MASK16)
+        + ((h >> np.uint64(16)) & _MASK16)
+        + ((h >> np.uint64(32)) & _MASK16)
+        + (h >> np.uint64(48))
     ).astype(np.float64)
     return (total * (1.0 / 65536.0) - 2.0) * 1.7320508075688772

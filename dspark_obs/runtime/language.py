@@ -82,8 +82,9 @@ class SyntheticTarget:
         self.eos_rate = np.array([1.0 / max(w.mean_output_len, 1.0) for w in workloads])
         self._vocab = np.arange(vocab_size, dtype=np.uint64)[None, :]
 
-    def context_key(self, salt: np.ndarray, pos: np.ndarray, prev2: np.ndarray,
-                    prev1: np.ndarray) -> np.ndarray:
+    def context_key(
+        self, salt: np.ndarray, pos: np.ndarray, prev2: np.ndarray, prev1: np.ndarray
+    ) -> np.ndarray:
         return mix(self.seed, salt, pos, prev2, prev1)
 
     def logits(self, key: np.ndarray, workload: np.ndarray) -> np.ndarray:
@@ -92,7 +93,9 @@ class SyntheticTarget:
         scale = self.scale[workload] * np.exp(0.35 * normal(key, _TAG_SCALE))
         out = normal(k, self._vocab, _TAG_LOGIT) * scale[:, None]
         rows = np.arange(len(key))
-        peak_token = 1 + (mix(key, _TAG_PEAK_TOKEN) % np.uint64(self.vocab_size - 1)).astype(np.int64)
+        peak_token = 1 + (mix(key, _TAG_PEAK_TOKEN) % np.uint64(self.vocab_size - 1)).astype(
+            np.int64
+        )
         peak = self.peak[workload] * (0.5 + uniform(key, _TAG_PEAK))
         out[rows, peak_token] += peak * scale
         ends = uniform(key, _TAG_EOS) < self.eos_rate[workload]

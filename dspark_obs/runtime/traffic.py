@@ -35,8 +35,16 @@ class NewRequests:
 
 
 class Traffic:
-    def __init__(self, *, seed: int, mix_weights: list[float], greedy_fraction: float,
-                 temperature: float, prompt_lens: np.ndarray, vocab_size: int) -> None:
+    def __init__(
+        self,
+        *,
+        seed: int,
+        mix_weights: list[float],
+        greedy_fraction: float,
+        temperature: float,
+        prompt_lens: np.ndarray,
+        vocab_size: int,
+    ) -> None:
         w = np.asarray(mix_weights, dtype=np.float64)
         if len(w) == 0 or (w < 0).any() or w.sum() <= 0 or not np.isfinite(w).all():
             raise ValueError("workload mix weights must be >= 0 with a positive sum")

@@ -85,9 +85,7 @@ class Run:
 
     def tables(self) -> list[str]:
         """Tables that have at least one published part."""
-        return sorted(
-            d.name for d in self.path.iterdir() if d.is_dir() and self._part_list(d.name)
-        )
+        return sorted(d.name for d in self.path.iterdir() if d.is_dir() and self._part_list(d.name))
 
     def _part_list(self, table: str) -> list[tuple[int, Path]]:
         parts = list_parts(self.path / check_table_name(table))

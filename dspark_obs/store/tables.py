@@ -160,7 +160,9 @@ def requests_frame(batches: Sequence[StepBatch], gamma: int | None = None) -> pl
     for name, dtype in REQUEST_COLUMNS.items():
         arr = np.concatenate([getattr(b, name) for b in rows], dtype=dtype)
         if dtype is object:
-            cols[name] = pl.Series(name, arr, dtype=pl.String)
+            # polars infers an object array's type from its first element, so a
+            # leading None defeats it; a list of the same references does not
+            cols[name] = pl.Series(name, arr.tolist(), dtype=pl.String, strict=True)
         else:
             cols[name] = pl.Series(name, arr)
     cols["ceiling"] = pl.Series("ceiling", np.concatenate([b.ceiling for b in rows]), pl.Int64)
@@ -186,11 +188,15 @@ def requests_frame(batches: Sequence[StepBatch], gamma: int | None = None) -> pl
     exprs = [
         pl.when(greedy < 0).then(None).otherwise(greedy != 0).alias("greedy"),
         *(pl.col(c).fill_nan(None) for c in _NULL_IF_NAN),
-        *(pl.when(pl.col(c) == -1).then(None).otherwise(pl.col(c)).alias(c)
-          for c in (*_NULL_IF_MINUS_ONE, "ceiling")),
+        *(
+            pl.when(pl.col(c) == -1).then(None).otherwise(pl.col(c)).alias(c)
+            for c in (*_NULL_IF_MINUS_ONE, "ceiling")
+        ),
         (pl.col("verify_len") - 1).alias("window"),
-        *(pl.when(pl.col(f"__null_{c}")).then(None).otherwise(pl.col(c)).alias(c)
-          for c in matrix_null),
+        *(
+            pl.when(pl.col(f"__null_{c}")).then(None).otherwise(pl.col(c)).alias(c)
+            for c in matrix_null
+        ),
     ]
     return df.with_columns(exprs).select(schema.names()).cast(dict(schema))
 

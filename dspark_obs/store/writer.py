@@ -219,9 +219,7 @@ class RunWriter:
     def _due(self) -> bool:
         if len(self._batches) >= self._flush_steps:
             return True
-        return self._oldest is not None and (
-            time.monotonic() - self._oldest >= self._flush_seconds
-        )
+        return self._oldest is not None and (time.monotonic() - self._oldest >= self._flush_seconds)
 
     # -- input ---------------------------------------------------------------------
 
@@ -244,7 +242,8 @@ class RunWriter:
                 raise RunStoreError(f"{where}: column {name} is not an array of shape ({n},)")
         for name in MATRIX_COLUMNS:
             mat = getattr(batch, name)
-            if mat is not None and (not isinstance(mat, np.ndarray) or mat.shape != (n, batch.gamma)):
+            shape = (n, batch.gamma)
+            if mat is not None and (not isinstance(mat, np.ndarray) or mat.shape != shape):
                 raise RunStoreError(f"{where}: column {name} is not None nor ({n}, {batch.gamma})")
         key = (int(batch.rank), int(batch.forward_ct))
         if key in self._batch_keys:
@@ -298,8 +297,13 @@ class RunWriter:
                 reason = f"{type(exc).__name__}: {exc}"
                 if reason not in self._warned:
                     self._warned.add(reason)
-                    log.warning("%s: dropping step rank=%s forward_ct=%s: %s",
-                                self._path, b.rank, b.forward_ct, reason)
+                    log.warning(
+                        "%s: dropping step rank=%s forward_ct=%s: %s",
+                        self._path,
+                        b.rank,
+                        b.forward_ct,
+                        reason,
+                    )
             else:
                 good.append(b)
         self._batches = good  # a retried flush must not count the culprits twice

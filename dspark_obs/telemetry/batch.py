@@ -158,7 +158,9 @@ class StepBatch:
         for name in MATRIX_COLUMNS:
             mat = getattr(self, name)
             if mat is not None and mat.shape != (n, self.gamma):
-                raise ValueError(f"column {name} has shape {mat.shape}, expected ({n}, {self.gamma})")
+                raise ValueError(
+                    f"column {name} has shape {mat.shape}, expected ({n}, {self.gamma})"
+                )
         if self.has_reqs and self.bs not in (-1, n):
             raise ValueError(f"bs={self.bs} but {n} request rows")
         if n:
@@ -167,7 +169,9 @@ class StepBatch:
                 raise ValueError(f"window outside 0..gamma={self.gamma}")
             if (self.correct_drafts < 0).any() or (self.correct_drafts > w).any():
                 raise ValueError("correct_drafts outside 0..window")
-            if (self.cap_trim < 0).any() or (self.correct_drafts + self.cap_trim > self.gamma).any():
+            if (self.cap_trim < 0).any() or (
+                self.correct_drafts + self.cap_trim > self.gamma
+            ).any():
                 raise ValueError("cap_trim outside 0..gamma-correct_drafts")
 
 

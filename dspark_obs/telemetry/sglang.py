@@ -120,12 +120,25 @@ def record_to_batch(
     scalars.update({name: getattr(rec, name) for name in STEP_OPTIONAL_FLOAT_FIELDS})
     reqs = rec.reqs
     if reqs is None:
-        return StepBatch(forward_ct=rec.forward_ct, gamma=gamma, mode=step_mode, rank=rank,
-                         has_reqs=False, **scalars)
+        return StepBatch(
+            forward_ct=rec.forward_ct,
+            gamma=gamma,
+            mode=step_mode,
+            rank=rank,
+            has_reqs=False,
+            **scalars,
+        )
     n = len(reqs)
     cols = empty_request_columns(n, gamma)
-    for name in ("req_pool_index", "prefix_len", "verify_len", "acc_len", "correct_drafts",
-                 "cap_trim", "bonus_token"):
+    for name in (
+        "req_pool_index",
+        "prefix_len",
+        "verify_len",
+        "acc_len",
+        "correct_drafts",
+        "cap_trim",
+        "bonus_token",
+    ):
         cols[name] = np.fromiter((getattr(r, name) for r in reqs), dtype=np.int64, count=n)
     cols["rid"] = np.array([r.rid for r in reqs] + [None], dtype=object)[:n]
     if n and all(r.rid is not None for r in reqs):
@@ -140,9 +153,9 @@ def record_to_batch(
         for name in ("confidence", "survival"):
             present = [getattr(r, name) is not None for r in reqs]
             if n and all(present):
-                matrices[name] = np.array([getattr(r, name) for r in reqs], dtype=np.float64).reshape(
-                    n, gamma
-                )
+                matrices[name] = np.array(
+                    [getattr(r, name) for r in reqs], dtype=np.float64
+                ).reshape(n, gamma)
             elif any(present):
                 raise SGLangFormatError(f"forward_ct {rec.forward_ct}: {name} on some reqs only")
             else:
@@ -153,8 +166,15 @@ def record_to_batch(
         raise SGLangFormatError(
             f"forward_ct {rec.forward_ct}: per-position lists are not {gamma} long"
         ) from exc
-    batch = StepBatch(forward_ct=rec.forward_ct, gamma=gamma, mode=step_mode, rank=rank,
-                      **scalars, **cols, **matrices)
+    batch = StepBatch(
+        forward_ct=rec.forward_ct,
+        gamma=gamma,
+        mode=step_mode,
+        rank=rank,
+        **scalars,
+        **cols,
+        **matrices,
+    )
     try:
         batch.validate()
     except ValueError as exc:
@@ -187,9 +207,18 @@ def batch_to_record(batch: StepBatch, *, step_mode: bool = True) -> DecodeStepRe
         draft = batch.draft_tokens
         if draft is None:
             raise ValueError("SGLang's reqs records need draft_tokens")
-        ints = {name: getattr(batch, name).tolist() for name in (
-            "req_pool_index", "prefix_len", "verify_len", "acc_len", "correct_drafts",
-            "cap_trim", "bonus_token")}
+        ints = {
+            name: getattr(batch, name).tolist()
+            for name in (
+                "req_pool_index",
+                "prefix_len",
+                "verify_len",
+                "acc_len",
+                "correct_drafts",
+                "cap_trim",
+                "bonus_token",
+            )
+        }
         draft_rows = draft.tolist()
         conf = None if batch.confidence is None else batch.confidence.tolist()
         surv = None if batch.survival is None else batch.survival.tolist()
@@ -255,7 +284,7 @@ def batches_to_info_record(
 
 
 def server_info_ranks(payload: bytes | str | dict) -> list[dict | None]:
-    """The `dspark_info_record` of each DP rank in a `GET /server_info` answer (None where absent)."""
+    """Each DP rank's `dspark_info_record` in a `GET /server_info` answer (None if absent)."""
     data = msgspec.json.decode(payload) if isinstance(payload, (bytes, str)) else payload
     states = data.get("internal_states") if isinstance(data, dict) else None
     if not isinstance(states, list):

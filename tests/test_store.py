@@ -1,0 +1,510 @@
+"""The run store must hand every consumer exactly what the producer appended.
+
+Numbers are checked against totals computed straight from the numpy batches,
+through three independent readers (polars, pandas/pyarrow, DuckDB), and the
+full batches -> Parquet -> batches round trip is compared field by field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import fields
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import polars as pl
+import pytest
+
+from dspark_obs.store import Run, RunStoreError, RunWriter, open_run
+from dspark_obs.store.tables import batches_to_frames, frames_to_batches, requests_schema
+from dspark_obs.telemetry.batch import (
+    MATRIX_COLUMNS,
+    MODES,
+    REQUEST_COLUMNS,
+    StepBatch,
+)
+
+GAMMA = 7
+
+
+def make_batch(
+    rng: np.random.Generator,
+    forward_ct: int,
+    *,
+    rank: int = 0,
+    mode: str = "compact",
+    bs: int = 4,
+    has_reqs: bool = True,
+    missing: frozenset[str] = frozenset(),
+    gamma: int = GAMMA,
+) -> StepBatch:
+    """A valid random step; `missing` names matrices the 'source' did not record."""
+    n = bs if has_reqs else 0
+    verify_len = rng.integers(1, gamma + 2, n)
+    window = verify_len - 1
+    correct = (rng.random(n) * (window + 1)).astype(np.int64)
+    if mode == "cap-accept":
+        cap_trim = (rng.random(n) * (gamma - correct + 1)).astype(np.int64)
+    else:
+        cap_trim = np.zeros(n, np.int64)
+    temperature = rng.choice([0.0, 0.7, 1.0, np.nan], n)
+    bonus_lp = np.where(rng.random(n) < 0.3, np.nan, -rng.random(n))
+    shadow = np.where(rng.random(n) < 0.5, -1, rng.integers(0, gamma + 1, n))
+    rid = np.array([f"r{forward_ct}-{i}" if i % 5 else None for i in range(n)], dtype=object)
+    workload = np.array(
+        [["gsm8k", "arena-hard", "poetry", None][i % 4] for i in range(n)], dtype=object
+    )
+    opt = rng.random() < 0.5
+    b = StepBatch(
+        forward_ct=forward_ct,
+        gamma=gamma,
+        mode=mode,
+        rank=rank,
+        bs=bs if rng.random() < 0.8 else -1,
+        budget=int(rng.integers(0, 64)) if opt else None,
+        lag_steps=int(rng.integers(0, 3)) if opt else None,
+        num_running_reqs=bs,
+        num_verify_tokens=int(verify_len.sum()),
+        verify_tokens_local=int(verify_len.sum()),
+        predicted_step_ms=float(rng.random() * 20) if opt else None,
+        predicted_theta=float(rng.random()) if rng.random() < 0.5 else None,
+        step_cpu_ms=float(rng.random()),
+        step_gpu_ms=None,
+        draft_gpu_ms=float(rng.random()) if opt else None,
+        has_reqs=has_reqs,
+        rid=rid,
+        workload=workload,
+        req_pool_index=rng.integers(0, 512, n),
+        prefix_len=rng.integers(10, 4000, n),
+        verify_len=verify_len,
+        correct_drafts=correct,
+        acc_len=correct + 1,
+        cap_trim=cap_trim,
+        bonus_token=rng.integers(0, 150_000, n),
+        greedy=rng.integers(-1, 2, n).astype(np.int8),
+        temperature=temperature,
+        shadow_ceiling=shadow,
+        bonus_logprob=bonus_lp,
+    )
+    for name, dtype in MATRIX_COLUMNS.items():
+        if name in missing or n == 0:  # no rows: on disk nothing tells empty from missing
+            continue
+        if dtype is np.int64:
+            mat = rng.integers(0, 150_000, (n, gamma))
+        else:
+            mat = rng.random((n, gamma))
+            mat[rng.random((n, gamma)) < 0.05] = np.nan  # recorded NaN, distinct from null
+        setattr(b, name, mat)
+    b.validate()
+    return b
+
+
+def make_batches(seed: int = 0, steps: int = 40) -> list[StepBatch]:
+    """A mixed run: two ranks, all modes, step-only records, zero-row steps, missing matrices."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(steps):
+        kind = i % 10
+        missing = frozenset(n for n in MATRIX_COLUMNS if rng.random() < 0.3)
+        if kind == 3:  # a step the source recorded without its requests
+            b = make_batch(rng, i // 2, rank=i % 2, bs=int(rng.integers(0, 9)), has_reqs=False)
+        elif kind == 7:  # a step that really had no requests
+            b = make_batch(rng, i // 2, rank=i % 2, bs=0, missing=frozenset(MATRIX_COLUMNS))
+        else:
+            b = make_batch(
+                rng,
+                i // 2,
+                rank=i % 2,
+                mode=MODES[i % 3],
+                bs=int(rng.integers(1, 33)),
+                missing=missing,
+            )
+        out.append(b)
+    return out
+
+
+def assert_batches_equal(got: list[StepBatch], want: list[StepBatch]) -> None:
+    """Field-by-field equality, dtype included, NaN equal to NaN."""
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        for f in fields(StepBatch):
+            a, b = getattr(g, f.name), getattr(w, f.name)
+            where = f"batch {i} (forward_ct={w.forward_ct}) field {f.name}"
+            if isinstance(b, np.ndarray):
+                assert isinstance(a, np.ndarray), where
+                assert a.dtype == b.dtype, f"{where}: {a.dtype} != {b.dtype}"
+                assert a.shape == b.shape, where
+                if b.dtype == object:
+                    assert a.tolist() == b.tolist(), where
+                else:
+                    assert np.array_equal(a, b, equal_nan=b.dtype.kind == "f"), where
+            elif b is None:
+                assert a is None, f"{where}: {a!r} is not None"
+            elif isinstance(b, float) and np.isnan(b):
+                assert isinstance(a, float) and np.isnan(a), where
+            else:
+                assert type(a) is type(b) and a == b, f"{where}: {a!r} != {b!r}"
+
+
+def totals(batches: list[StepBatch]) -> dict[str, int]:
+    """The independent answer every reader must reproduce."""
+    return {
+        "request_steps": sum(b.num_reqs for b in batches),
+        "correct_drafts": int(sum(b.correct_drafts.sum() for b in batches)),
+        "greedy_null": int(sum((b.greedy == -1).sum() for b in batches)),
+        "shadow_null": int(sum((b.shadow_ceiling == -1).sum() for b in batches)),
+        "window": int(sum((b.verify_len - 1).sum() for b in batches)),
+        "ceiling": int(sum(np.where(b.ceiling >= 0, b.ceiling, 0).sum() for b in batches)),
+        "draft_null": sum(b.num_reqs for b in batches if b.draft_tokens is None),
+        "draft_sum": int(sum(b.draft_tokens.sum() for b in batches if b.draft_tokens is not None)),
+    }
+
+
+def write_run(path: Path, batches: list[StepBatch], **kw) -> None:
+    with RunWriter(path, {"gamma": GAMMA, "mode": "mixed"}, flush_steps=6, **kw) as w:
+        for b in batches:
+            w.append(b)
+
+
+# -- tables -------------------------------------------------------------------------
+
+
+def test_frames_use_nulls_not_sentinels():
+    batches = make_batches(1)
+    steps, reqs = batches_to_frames(batches)
+    t = totals(batches)
+    assert steps.height == len(batches)
+    assert steps.columns[:5] == ["rank", "forward_ct", "mode", "gamma", "has_reqs"]
+    assert steps["budget"].null_count() == sum(b.budget is None for b in batches)
+    assert steps["step_gpu_ms"].null_count() == len(batches)
+    assert reqs.height == t["request_steps"]
+    assert reqs.schema == requests_schema(GAMMA)
+    assert reqs.schema["draft_tokens"] == pl.Array(pl.Int64, GAMMA)
+    assert reqs.schema["greedy"] == pl.Boolean
+    assert reqs["greedy"].null_count() == t["greedy_null"]
+    assert reqs["shadow_ceiling"].null_count() == t["shadow_null"]
+    assert reqs["temperature"].null_count() == sum(np.isnan(b.temperature).sum() for b in batches)
+    assert reqs["temperature"].is_nan().sum() == 0
+    assert reqs["window"].sum() == t["window"]
+    # compact censors the ceiling: null there, observed elsewhere
+    compact_rows = sum(b.num_reqs for b in batches if b.mode == "compact")
+    assert reqs["ceiling"].null_count() == compact_rows
+    assert reqs["ceiling"].sum() == t["ceiling"]
+    # a missing matrix is null rows, and a recorded NaN stays NaN inside the array
+    assert reqs["draft_tokens"].null_count() == t["draft_null"]
+    assert reqs["draft_tokens"].explode().drop_nulls().sum() == t["draft_sum"]
+    conf_nans = sum(np.isnan(b.confidence).sum() for b in batches if b.confidence is not None)
+    assert conf_nans > 0
+    assert reqs["confidence"].explode().is_nan().sum() == conf_nans
+
+
+def test_frames_round_trip_in_memory():
+    batches = make_batches(2)
+    steps, reqs = batches_to_frames(batches)
+    assert_batches_equal(frames_to_batches(steps, reqs), batches)
+
+
+def test_round_trip_regroups_interleaved_request_rows():
+    """Other writers (a DuckDB export, a sort) may interleave steps; regrouping must not care."""
+    batches = make_batches(3)
+    steps, reqs = batches_to_frames(batches)
+    perm = np.random.default_rng(0).permutation(reqs.height)
+    interleaved = (
+        reqs.with_columns(pos=pl.Series(perm))
+        # rows of one step keep their relative order, steps are mixed together
+        .with_columns(pl.col("pos").sort().over(["rank", "forward_ct"]))
+        .sort("pos")
+        .drop("pos")
+    )
+    assert not interleaved["forward_ct"].equals(reqs["forward_ct"])
+    assert_batches_equal(frames_to_batches(steps, interleaved), batches)
+
+
+def test_orphan_request_rows_are_an_error():
+    batches = make_batches(4, steps=6)
+    steps, reqs = batches_to_frames(batches)
+    with pytest.raises(RunStoreError, match="no matching step"):
+        frames_to_batches(steps.head(1), reqs)
+
+
+# -- writer + readers ---------------------------------------------------------------
+
+
+def test_written_run_reads_back_through_polars_pandas_duckdb(tmp_path):
+    run = tmp_path / "run"
+    batches = make_batches(5, steps=50)
+    write_run(run, batches)
+    t = totals(batches)
+
+    steps_parts = sorted((run / "steps").glob("part-*.parquet"))
+    req_parts = sorted((run / "requests").glob("part-*.parquet"))
+    assert len(steps_parts) == len(req_parts) == -(-len(batches) // 6)  # ceil
+    assert not list(run.rglob("*.tmp"))
+
+    manifest = json.loads((run / "run.json").read_text())
+    assert manifest["complete"] is True
+    assert manifest["gamma"] == GAMMA and manifest["mode"] == "mixed"
+    assert manifest["steps"] == len(batches)
+    assert manifest["request_steps"] == t["request_steps"]
+    assert manifest["parts"] == len(steps_parts)
+
+    # polars, straight from the files
+    reqs = pl.scan_parquet(str(run / "requests" / "*.parquet")).collect()
+    assert reqs.height == t["request_steps"]
+    assert reqs["correct_drafts"].sum() == t["correct_drafts"]
+    assert reqs["greedy"].null_count() == t["greedy_null"]
+    assert reqs["draft_tokens"].null_count() == t["draft_null"]
+    assert pl.scan_parquet(str(run / "steps" / "*.parquet")).collect().height == len(batches)
+
+    # pandas via pyarrow
+    pdf = pd.read_parquet(run / "requests")
+    assert len(pdf) == t["request_steps"]
+    assert int(pdf["correct_drafts"].sum()) == t["correct_drafts"]
+    assert int(pdf["shadow_ceiling"].isna().sum()) == t["shadow_null"]
+    assert int(pdf["draft_tokens"].isna().sum()) == t["draft_null"]
+
+    # duckdb
+    count, total = duckdb.sql(
+        f"select count(*), sum(correct_drafts) from '{run}/requests/*.parquet'"
+    ).fetchall()[0]
+    assert (count, int(total)) == (t["request_steps"], t["correct_drafts"])
+    (null_greedy,) = duckdb.sql(
+        f"select count(*) from '{run}/requests/*.parquet' where greedy is null"
+    ).fetchall()[0]
+    assert null_greedy == t["greedy_null"]
+
+    # our reader
+    r = open_run(run)
+    assert isinstance(r, Run) and r.complete and r.path == run
+    assert (
+        r.requests().select(pl.col("correct_drafts").sum()).collect().item() == t["correct_drafts"]
+    )
+    assert r.steps().select(pl.len()).collect().item() == len(batches)
+    assert r.tables() == ["requests", "steps"]
+
+
+def test_full_round_trip_through_parquet(tmp_path):
+    run = tmp_path / "run"
+    batches = make_batches(6, steps=60)
+    write_run(run, batches)
+    assert_batches_equal(list(open_run(run).batches()), batches)
+
+
+def test_second_writer_refuses_then_resumes_numbering(tmp_path):
+    run = tmp_path / "run"
+    first, second = make_batches(7, steps=20), make_batches(8, steps=20)
+    for b in second:  # later steps of the same run
+        b.forward_ct += 1000
+    write_run(run, first)
+    before = sorted(p.name for p in (run / "steps").glob("part-*.parquet"))
+    assert before[-1] == "part-000003.parquet"
+
+    with pytest.raises(RunStoreError, match="already holds a run"):
+        RunWriter(run, {"gamma": GAMMA})
+    assert sorted(p.name for p in (run / "steps").glob("part-*.parquet")) == before
+
+    write_run(run, second, resume=True)
+    after = sorted(p.name for p in (run / "steps").glob("part-*.parquet"))
+    assert after[: len(before)] == before
+    assert after[len(before)] == "part-000004.parquet"
+    assert after[-1] == "part-000007.parquet"
+
+    manifest = json.loads((run / "run.json").read_text())
+    assert manifest["complete"] is True
+    assert manifest["steps"] == 40
+    assert manifest["request_steps"] == totals(first + second)["request_steps"]
+    assert manifest["parts"] == 8
+    assert_batches_equal(list(open_run(run).batches()), first + second)
+
+
+def test_resume_discards_debris_of_a_crashed_flush(tmp_path):
+    run = tmp_path / "run"
+    batches = make_batches(9, steps=12)
+    write_run(run, batches)
+    # a flush that died after publishing requests but before steps, plus a half file
+    (run / "requests" / "part-000002.parquet").write_bytes(
+        (run / "requests" / "part-000000.parquet").read_bytes()
+    )
+    (run / "steps" / "part-000002.parquet.tmp").write_bytes(b"PAR1 half a file")
+    r = open_run(run)
+    assert r.requests().select(pl.len()).collect().item() == totals(batches)["request_steps"]
+    assert_batches_equal(list(r.batches()), batches)
+
+    with RunWriter(run, {}, resume=True) as w:
+        assert w.counts["steps"] == len(batches)
+    assert not list(run.rglob("*.tmp"))
+    assert not (run / "requests" / "part-000002.parquet").exists()
+
+
+def test_reader_ignores_stray_tmp_part(tmp_path):
+    run = tmp_path / "run"
+    batches = make_batches(10, steps=20)
+    write_run(run, batches)
+    for table in ("steps", "requests"):
+        (run / table / "part-999999.parquet.tmp").write_bytes(b"not parquet at all")
+    r = open_run(run)
+    assert r.steps().select(pl.len()).collect().item() == len(batches)
+    assert (
+        r.requests().select(pl.col("correct_drafts").sum()).collect().item()
+        == totals(batches)["correct_drafts"]
+    )
+    assert_batches_equal(list(r.batches()), batches)
+    count, _ = duckdb.sql(
+        f"select count(*), sum(correct_drafts) from '{run}/requests/*.parquet'"
+    ).fetchall()[0]
+    assert count == totals(batches)["request_steps"]
+
+
+def test_time_bound_flushes_without_reaching_step_bound(tmp_path):
+    run = tmp_path / "run"
+    batches = make_batches(11, steps=5)
+    with RunWriter(run, {"gamma": GAMMA}, flush_steps=1000, flush_seconds=0.0) as w:
+        for i, b in enumerate(batches):
+            w.append(b)
+            assert w.buffered_steps == 0
+            assert len(list((run / "steps").glob("part-*.parquet"))) == i + 1
+            # readable while still being written, and marked incomplete
+            assert open_run(run).complete is False
+    assert json.loads((run / "run.json").read_text())["parts"] == 5
+
+
+def test_exception_flushes_but_leaves_run_incomplete(tmp_path):
+    run = tmp_path / "run"
+    batches = make_batches(12, steps=9)
+    with pytest.raises(RuntimeError, match="producer died"):
+        with RunWriter(run, {"gamma": GAMMA}, flush_steps=100) as w:
+            for b in batches:
+                w.append(b)
+            raise RuntimeError("producer died")
+    manifest = json.loads((run / "run.json").read_text())
+    assert manifest["complete"] is False
+    assert manifest["steps"] == len(batches)
+    assert_batches_equal(list(open_run(run).batches()), batches)
+
+
+def test_extra_table_and_close_manifest(tmp_path):
+    run = tmp_path / "run"
+    batches = make_batches(13, steps=10)
+    est = pl.DataFrame({"rid": ["a", "b", "c"], "lo": [1.0, 2.0, 3.0], "hi": [2.0, 3.0, 4.0]})
+    w = RunWriter(run, {"gamma": GAMMA}, flush_steps=4)
+    for b in batches:
+        w.append(b)
+    w.write_rows("estimates", est.head(2))
+    w.write_rows("estimates", est.tail(1))
+    with pytest.raises(RunStoreError, match="schema"):
+        w.write_rows("estimates", est.select("rid"))
+    with pytest.raises(RunStoreError):
+        w.write_rows("steps", est)
+    with pytest.raises(RunStoreError):
+        w.write_rows("../escape", est)
+    w.close({"workloads": ["gsm8k"], "note": "done"})
+    w.close()  # idempotent
+    with pytest.raises(RunStoreError, match="closed"):
+        w.append(batches[0])
+
+    r = open_run(run)
+    assert r.manifest["workloads"] == ["gsm8k"] and r.manifest["complete"] is True
+    assert r.scan("estimates").collect().equals(est)
+    assert r.tables() == ["estimates", "requests", "steps"]
+
+
+def test_append_refuses_bad_batches_without_losing_the_buffer(tmp_path):
+    run = tmp_path / "run"
+    rng = np.random.default_rng(14)
+    good = [make_batch(rng, i) for i in range(3)]
+    with RunWriter(run, {"gamma": GAMMA}, flush_steps=100) as w:
+        w.append(good[0])
+        with pytest.raises(RunStoreError, match="gamma"):
+            w.append(make_batch(rng, 50, gamma=5))
+        bad = make_batch(rng, 51)
+        bad.correct_drafts = bad.correct_drafts[:-1]
+        with pytest.raises(RunStoreError, match="correct_drafts"):
+            w.append(bad)
+        w.append(good[1])
+        w.append(good[2])
+    assert_batches_equal(list(open_run(run).batches()), good)
+
+
+def test_unconvertible_batch_is_dropped_and_counted(tmp_path):
+    run = tmp_path / "run"
+    rng = np.random.default_rng(15)
+    batches = [make_batch(rng, i) for i in range(4)]
+    batches[2].rid = np.array([1, 2, 3, 4], dtype=object)  # not strings
+    with RunWriter(run, {"gamma": GAMMA}, flush_steps=100) as w:
+        for b in batches:
+            w.append(b)
+    manifest = json.loads((run / "run.json").read_text())
+    assert manifest["dropped_steps"] == 1 and manifest["steps"] == 3
+    assert_batches_equal(list(open_run(run).batches()), [batches[i] for i in (0, 1, 3)])
+
+
+def test_repeated_step_key_goes_to_next_part(tmp_path):
+    run = tmp_path / "run"
+    rng = np.random.default_rng(16)
+    a, b = make_batch(rng, 5), make_batch(rng, 5)
+    with RunWriter(run, {"gamma": GAMMA}, flush_steps=100) as w:
+        w.append(a)
+        w.append(b)
+    assert len(open_run(run).parts("steps")) == 2
+    assert_batches_equal(list(open_run(run).batches()), [a, b])
+
+
+def test_open_run_errors_name_the_path(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(RunStoreError, match=str(missing)):
+        open_run(missing)
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(RunStoreError, match="missing run manifest"):
+        open_run(empty)
+
+    (empty / "run.json").write_text("{not json")
+    with pytest.raises(RunStoreError, match="corrupt"):
+        open_run(empty)
+    (empty / "run.json").write_text("[1, 2]")
+    with pytest.raises(RunStoreError, match="not a JSON object"):
+        open_run(empty)
+
+    run = tmp_path / "run"
+    RunWriter(run, {"gamma": GAMMA}).close()
+    r = open_run(run)
+    assert r.manifest["steps"] == 0
+    with pytest.raises(RunStoreError, match="no parts") as err:
+        r.steps()
+    assert str(run / "steps") in str(err.value)
+    with pytest.raises(RunStoreError, match="no parts"):
+        r.scan("estimates")
+    assert isinstance(err.value, ValueError)
+
+
+def test_writer_refuses_parts_without_manifest(tmp_path):
+    run = tmp_path / "run"
+    write_run(run, make_batches(17, steps=4))
+    os.remove(run / "run.json")
+    with pytest.raises(RunStoreError, match=r"no run\.json"):
+        RunWriter(run, {})
+
+
+def test_step_only_run_has_empty_requests_table(tmp_path):
+    run = tmp_path / "run"
+    rng = np.random.default_rng(18)
+    batches = [make_batch(rng, i, bs=8, has_reqs=False) for i in range(5)]
+    write_run(run, batches)
+    r = open_run(run)
+    assert r.requests().collect().height == 0
+    assert r.requests().collect_schema() == requests_schema(GAMMA)
+    assert_batches_equal(list(r.batches()), batches)
+
+
+@pytest.mark.parametrize("name", sorted(REQUEST_COLUMNS))
+def test_restored_request_dtypes(name):
+    batches = make_batches(19, steps=10)
+    back = frames_to_batches(*batches_to_frames(batches))
+    for b in back:
+        if b.num_reqs:
+            want = np.dtype(REQUEST_COLUMNS[name])
+            assert getattr(b, name).dtype == want
