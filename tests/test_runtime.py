@@ -5,9 +5,11 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
+from dspark_obs.calibration import apply_sts, position_metrics
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime, committed_tokens
 from dspark_obs.runtime.language import EOS_TOKEN, SyntheticTarget
+from dspark_obs.runtime.sts_warmup import warmup_sts
 
 
 def _run(**kw):
@@ -164,3 +166,57 @@ def test_requests_finish_at_eos_or_length():
         assert (b.acc_len == b.correct_drafts + 1).all()
         eos_seen += sum(EOS_TOKEN in t for t in committed_tokens(b))
     assert rt.finished > 16 and eos_seen > 0
+
+
+@pytest.fixture(scope="module")
+def calibrated_compact():
+    config = RuntimeConfig(
+        seed=11, mode="compact", shadow="cap-accept", concurrency=[8, 128], steps_per_level=60
+    )
+    config.sts_temperatures = warmup_sts(config, 120).temperatures
+    return list(DSparkRuntime(config).run())
+
+
+def test_compact_windows_shrink_with_difficulty(calibrated_compact):
+    windows = defaultdict(list)
+    for b in calibrated_compact:
+        for w, n in zip(b.workload, b.window, strict=True):
+            windows[w].append(n)
+    means = {w: np.mean(v) for w, v in windows.items()}
+    assert means["gsm8k"] > means["arena"] > means["poetry"]
+
+
+def test_budget_per_request_falls_as_concurrency_rises(calibrated_compact):
+    low = [b.budget / b.bs for b in calibrated_compact if b.bs == 8]
+    high = [b.budget / b.bs for b in calibrated_compact if b.bs == 128]
+    assert len(low) == len(high) == 60
+    assert np.mean(high) < np.mean(low) - 1.0
+
+
+def test_compact_utilisation_against_the_lockstep_ceiling_is_high(calibrated_compact):
+    """Utilisation = accepted / shadow ceiling, per workload (article: 0.88-0.97)."""
+    acc, ceil = defaultdict(int), defaultdict(int)
+    for b in calibrated_compact:
+        assert (b.shadow_ceiling >= b.correct_drafts).all()
+        for w, a, c in zip(b.workload, b.correct_drafts, b.shadow_ceiling, strict=True):
+            acc[w] += a
+            ceil[w] += c
+    util = {w: acc[w] / ceil[w] for w in acc}
+    assert all(u > 0.85 for u in util.values()), util
+    assert sum(acc.values()) / sum(ceil.values()) > 0.9
+
+
+def test_sts_lowers_ece_on_held_out_data():
+    """Fit on the warm-up traffic, score on a different seed's cap-accept run."""
+    config = RuntimeConfig(seed=5, mode="cap-accept", concurrency=[32], steps_per_level=120)
+    cal = warmup_sts(config, 150)
+    held_out = list(DSparkRuntime(config).run())
+    logits = np.concatenate([b.confidence_logits for b in held_out])
+    ceiling = np.concatenate([b.ceiling for b in held_out])
+    labels = np.arange(config.gamma)[None, :] < ceiling[:, None]
+    _, raw_survival = apply_sts(logits, [1.0] * config.gamma)
+    _, fitted_survival = apply_sts(logits, cal.temperatures)
+    before = [m["ece"] for m in position_metrics(raw_survival, labels)]
+    after = [m["ece"] for m in position_metrics(fitted_survival, labels)]
+    assert all(a < b for a, b in zip(after, before, strict=True)), (before, after)
+    assert np.mean(after) < 0.6 * np.mean(before)

@@ -1,0 +1,55 @@
+"""Shared fixtures: small stored runs made once per session by the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SMALL_RUN = [
+    "--concurrency",
+    "4,32",
+    "--steps-per-level",
+    "60",
+    "--sts-warmup-steps",
+    "60",
+    "--max-new-tokens",
+    "200",
+    "--quiet",
+]
+
+
+def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run `dspark-obs` as a user would: a separate process, real argv, real exit status."""
+    env = {**os.environ, "COLUMNS": "160"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dspark_obs", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"dspark-obs {' '.join(args)} -> {proc.returncode}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def compact_run(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("runs") / "compact"
+    proc = cli(
+        "run",
+        "--mode",
+        "compact",
+        "--shadow",
+        "cap-accept",
+        "--out",
+        str(out),
+        "--json",
+        *SMALL_RUN,
+    )
+    return out, json.loads(proc.stdout)

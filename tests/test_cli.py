@@ -1,0 +1,162 @@
+"""The CLI as a user drives it: real subprocesses, real run directories, real Parquet."""
+
+import json
+
+import duckdb
+import numpy as np
+import polars as pl
+import pytest
+
+from dspark_obs.calibration import load_sts
+
+from .conftest import SMALL_RUN, cli
+
+
+def test_run_writes_a_complete_run_dir(compact_run):
+    out, summary = compact_run
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["complete"] is True
+    assert manifest["mode"] == "compact" and manifest["shadow"] == "cap-accept"
+    assert manifest["timing"] == "simulated" and manifest["gamma"] == 7
+    assert manifest["workloads"] == ["gsm8k", "arena", "poetry"]
+    assert len(manifest["sts"]["temperatures"]) == 7
+    assert set(manifest["cost_table"]) == {
+        "bias_seconds",
+        "bs_probes",
+        "alpha_seconds",
+        "m_probes",
+        "theta_seconds",
+    }
+    assert manifest["steps"] == 120 == summary["overall"]["steps"]
+    assert load_sts(out / "sts.json").temperatures == manifest["sts"]["temperatures"]
+
+
+def test_summary_json_equals_an_independent_sql_computation(compact_run):
+    out, summary = compact_run
+    again = json.loads(cli("summary", str(out), "--json").stdout)
+    assert again == summary
+    q = duckdb.sql(f"""
+        select workload, count(*) n, avg(verify_len - 1) w, avg(correct_drafts) a,
+               avg(acc_len) c, avg(shadow_ceiling) ceil,
+               sum(correct_drafts) / sum(shadow_ceiling) util, sum(acc_len) tokens
+        from '{out}/requests/*.parquet' group by workload
+    """).fetchall()
+    seconds = duckdb.sql(f"select sum(step_gpu_ms) / 1000 from '{out}/steps/*.parquet'").fetchall()[
+        0
+    ][0]
+    assert {r[0] for r in q} == set(summary["workloads"])
+    for name, n, w, a, c, ceil, util, tokens in q:
+        e = summary["workloads"][name]
+        assert e["request_steps"] == n
+        assert e["mean_window"] == pytest.approx(w)
+        assert e["mean_accepted"] == pytest.approx(a)
+        assert e["mean_committed"] == pytest.approx(c)
+        assert e["mean_ceiling"] == pytest.approx(ceil)
+        assert e["utilisation"] == pytest.approx(util)
+        assert e["ceiling_source"] == "shadow"
+        assert e["throughput_tokens_per_s"] == pytest.approx(tokens / seconds)
+    steps = pl.read_parquet(out / "steps" / "*.parquet")
+    assert summary["overall"]["verify_tokens_per_step"] == pytest.approx(
+        steps["num_verify_tokens"].mean()
+    )
+    for row in summary["load"]:
+        sel = steps.filter(pl.col("bs") == row["bs"])
+        assert row["budget_per_request"] == pytest.approx((sel["budget"] / sel["bs"]).mean())
+
+
+def test_summary_table_is_readable(compact_run):
+    out, _ = compact_run
+    text = cli("summary", str(out)).stdout
+    for word in (
+        "gsm8k",
+        "arena",
+        "poetry",
+        "overall",
+        "window",
+        "ceiling",
+        "util",
+        "budget per request",
+    ):
+        assert word in text
+
+
+def test_static_and_cap_accept_report_observed_ceilings(tmp_path):
+    for mode in ("static", "cap-accept"):
+        s = json.loads(
+            cli("run", "--mode", mode, "--out", str(tmp_path / mode), "--json", *SMALL_RUN).stdout
+        )
+        assert s["overall"]["ceiling_source"] == "observed"
+        if mode == "static":
+            assert s["overall"]["mean_window"] == 7
+            assert s["overall"]["utilisation"] == 1.0
+
+
+def test_sts_fit_from_a_run_and_run_with_it(compact_run, tmp_path):
+    out, _ = compact_run
+    sts = tmp_path / "sts.json"
+    proc = cli("sts", "fit", str(out), "--out", str(sts))
+    assert "ECE before" in proc.stdout
+    cal = load_sts(sts)
+    assert len(cal.temperatures) == 7 and all(t > 0 for t in cal.temperatures)
+    assert np.mean(cal.ece_after) < np.mean(cal.ece_before)
+    s = json.loads(
+        cli("run", "--sts", str(sts), "--out", str(tmp_path / "again"), "--json", *SMALL_RUN).stdout
+    )
+    manifest = json.loads((tmp_path / "again" / "run.json").read_text())
+    assert manifest["sts"]["temperatures"] == cal.temperatures
+    assert s["overall"]["request_steps"] > 0
+
+
+def test_demo_runs_and_prints_the_summary(tmp_path):
+    proc = cli(
+        "demo",
+        "--out",
+        str(tmp_path / "demo"),
+        "--concurrency",
+        "8,64",
+        "--steps-per-level",
+        "40",
+        "--quiet",
+    )
+    assert "cap-accept shadow" in proc.stdout and "utilisation" in proc.stdout
+    assert (tmp_path / "demo" / "run.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["summary", "/nonexistent/run"], "/nonexistent/run"),
+        (["run", "--workloads", "gsm8k,limericks"], "neither a preset"),
+        (["run", "--mode", "compact", "--shadow", "cap-accept", "--gamma", "0"], "gamma"),
+        (["run", "--mode", "static", "--shadow", "cap-accept"], "compact"),
+        (["run", "--mix", "1,2"], "mix weights"),
+        (["run", "--sts", "/nonexistent/sts.json"], "sts.json"),
+        (["run", "--cost-table", "/nonexistent/table.json"], "table.json"),
+        (["run", "--temperature", "-1"], "temperature"),
+    ],
+)
+def test_bad_input_gives_a_clear_error_and_exit_2(args, message, tmp_path):
+    proc = (
+        cli(*args, "--out", str(tmp_path / "x"), check=False)
+        if args[0] == "run"
+        else cli(*args, check=False)
+    )
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_refuses_to_overwrite_a_run(compact_run):
+    out, _ = compact_run
+    proc = cli("run", "--out", str(out), *SMALL_RUN, check=False)
+    assert proc.returncode == 2 and "already holds a run" in proc.stderr
+
+
+def test_bad_cost_table_is_rejected(tmp_path):
+    bad = tmp_path / "t.json"
+    bad.write_text(
+        '{"bias_seconds": 0.001, "bs_probes": [4, 1], "alpha_seconds": [0, 0], '
+        '"m_probes": [1], "theta_seconds": [0.1]}'
+    )
+    proc = cli("run", "--cost-table", str(bad), "--out", str(tmp_path / "r"), check=False)
+    assert proc.returncode == 2 and "strictly increasing" in proc.stderr
