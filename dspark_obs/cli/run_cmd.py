@@ -124,6 +124,17 @@ def add_runtime_arguments(
         help="log-normal noise of simulated step times (default 0.03)",
     )
     g.add_argument(
+        "--target",
+        choices=("synthetic", "torch"),
+        default="synthetic",
+        help="target model: the hash-defined synthetic language, or a torch network whose "
+        "verify forward is timed each step (measured timing; needs the torch extra)",
+    )
+    g.add_argument("--torch-hidden", type=int, default=512, help="torch target width (default 512)")
+    g.add_argument(
+        "--device", default=None, help="torch device (default cuda if present, else cpu)"
+    )
+    g.add_argument(
         "--sts",
         default="auto",
         help="confidence calibration: 'auto' (fit on a warm-up cap-accept run), "
@@ -158,6 +169,9 @@ def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
         temperature=args.temperature,
         max_new_tokens=args.max_new_tokens,
         step_noise=args.step_noise,
+        target=args.target,
+        torch_hidden=args.torch_hidden,
+        device=args.device,
     )
     if args.cost_table is not None:
         config.cost_table = load_cost_table(args.cost_table)
@@ -201,7 +215,8 @@ def build_manifest(config: RuntimeConfig, sts: StsCalibration | None) -> dict:
         "mode": config.mode,
         "shadow": config.shadow,
         "workloads": [w.name for w in config.workloads],
-        "timing": "simulated",
+        "timing": config.timing,
+        "target": config.target,
         "cost_table": config.manifest()["cost_table"],
         "sts": None
         if sts is None

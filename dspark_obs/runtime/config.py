@@ -30,8 +30,20 @@ class RuntimeConfig:
     sts_temperatures: list[float] | None = None
     capture_tiers: tuple[int, ...] = DEFAULT_CAPTURE_TIERS
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    target: str = "synthetic"
+    torch_hidden: int = 512
+    device: str | None = None
+
+    @property
+    def timing(self) -> str:
+        """How step times are obtained, as recorded in the run manifest."""
+        return "measured" if self.target == "torch" else "simulated"
 
     def validate(self) -> None:
+        if self.target not in ("synthetic", "torch"):
+            raise ValueError(f"target must be synthetic or torch, got {self.target!r}")
+        if self.torch_hidden < 8:
+            raise ValueError("torch hidden size must be >= 8")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.shadow not in (None, "cap-accept"):

@@ -16,6 +16,7 @@ cap-accept server with the same seed would report for that request-step.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -37,6 +38,20 @@ _TAG_SHADOW = 44
 _TAG_LEN = 45
 
 
+def make_target(config: RuntimeConfig) -> SyntheticTarget:
+    if config.target == "torch":
+        from .torch_target import TorchTarget
+
+        return TorchTarget(
+            config.workloads,
+            config.vocab_size,
+            config.seed,
+            hidden=config.torch_hidden,
+            device=config.device,
+        )
+    return SyntheticTarget(config.workloads, config.vocab_size, config.seed)
+
+
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))
 
@@ -46,7 +61,7 @@ class DSparkRuntime:
         config.validate()
         self.config = c = config
         self.gamma = c.gamma
-        self.target = SyntheticTarget(c.workloads, c.vocab_size, c.seed)
+        self.target = make_target(c)
         self.drafter = BlockDrafter(c.drafter, c.gamma, c.vocab_size, c.seed ^ 0x5EED)
         self.traffic = Traffic(
             seed=c.seed,
@@ -126,10 +141,12 @@ class DSparkRuntime:
         accept_prob = np.empty((b, g))
         p_all = np.empty((b, g + 1, v))
         q_all = np.empty((b, g, v))
+        ctx = np.empty((3, b, g + 1), dtype=np.int64)
         c2, c1, prev_draft = prev2, prev1, prev1
         for j in range(g):
             pos = prefix + j
-            lt = self.target.logits(self.target.context_key(salt, pos, c2, c1), wl)
+            ctx[:, :, j] = pos, c2, c1
+            lt = self.target.logits_at(salt, pos, c2, c1, wl)
             ld = self.drafter.logits(lt, salt, pos, prev1, prev_draft, j)
             lp, lq = log_softmax(lt, temp), log_softmax(ld, temp)
             p, q = np.exp(lp), np.exp(lq)
@@ -146,9 +163,10 @@ class DSparkRuntime:
             accept_prob[:, j] = np.where(greedy, self.drafter.greedy_accept_signal(p[rows, d]), ap)
             p_all[:, j], q_all[:, j] = p, q
             c2, c1, prev_draft = c1, d, d
-        lt = self.target.logits(self.target.context_key(salt, prefix + g, c2, c1), wl)
+        ctx[:, :, g] = prefix + g, c2, c1
+        lt = self.target.logits_at(salt, prefix + g, c2, c1, wl)
         p_all[:, g] = np.exp(log_softmax(lt, temp))
-        return draft, q_lp, p_lp, accepted, accept_prob, p_all, q_all
+        return draft, q_lp, p_lp, accepted, accept_prob, p_all, q_all, ctx
 
     def step(self, level: int) -> StepBatch:
         c, g = self.config, self.gamma
@@ -158,7 +176,8 @@ class DSparkRuntime:
         rows = np.arange(b)
         salt, wl, prefix = self.salt[slots], self.workload[slots], self.prefix[slots]
         greedy, temp = self.greedy[slots], self.temperature[slots]
-        draft, q_lp, p_lp, acc, acc_prob, p_all, q_all = self._draft_and_verify(
+        start = time.perf_counter()
+        draft, q_lp, p_lp, acc, acc_prob, p_all, q_all, ctx = self._draft_and_verify(
             salt, wl, prefix, self.prev2[slots], self.prev1[slots], greedy, temp
         )
         conf_logits = self.drafter.confidence_logits(acc_prob, salt, prefix)
@@ -225,26 +244,41 @@ class DSparkRuntime:
             draft_logprobs=q_lp,
             target_logprobs=target_lp,
         )
-        self._time(batch, b, int(verified.sum()))
+        draft_seconds = time.perf_counter() - start
+        self._time(batch, salt, ctx, verified, draft_seconds, start)
         self._commit(slots, draft, accepted, bonus)
         self.forward_ct += 1
         return batch
 
-    def _time(self, batch: StepBatch, bs: int, extra_tokens: int) -> None:
-        """Simulated timings: the cost table at the packed, tier-rounded size, with noise."""
+    def _time(self, batch, salt, ctx, verified, draft_seconds, start) -> None:
+        """Step timings: measured on a torch target, else the cost table with noise.
+
+        Either way the verify size is the packed tokens (anchor plus window per
+        request) rounded up to the captured tier.
+        """
         c = self.config
-        tokens = bs + extra_tokens
+        bs = len(salt)
+        tokens = bs + int(verified.sum())
         tier = round_to_tier(tokens, c.capture_tiers)
         batch.verify_tokens_local = tokens
         batch.num_verify_tokens = tier
         batch.verify_tokens_graph_key = tier
-        n = np.exp(c.step_noise * self.timing_rng.standard_normal(3))
         table = c.cost_table
-        draft_s = table.alpha(bs) * n[0]
-        verify_s = table.theta(tier) * n[1]
+        if getattr(self.target, "measured", False):
+            keep = np.arange(self.gamma + 1)[None, :] <= verified[:, None]
+            rows = np.broadcast_to(salt[:, None], keep.shape)[keep]
+            verify_s = self.target.timed_verify(
+                rows, ctx[0][keep], ctx[1][keep], ctx[2][keep], tier
+            )
+            batch.draft_gpu_ms = draft_seconds * 1e3
+            batch.target_verify_gpu_ms = verify_s * 1e3
+            batch.step_gpu_ms = (draft_seconds + verify_s) * 1e3
+            batch.step_cpu_ms = (time.perf_counter() - start) * 1e3
+            return
+        n = np.exp(c.step_noise * self.timing_rng.standard_normal(3))
         gpu_s = (table.bias_seconds + table.alpha(bs) + table.theta(tier)) * n[2]
-        batch.draft_gpu_ms = draft_s * 1e3
-        batch.target_verify_gpu_ms = verify_s * 1e3
+        batch.draft_gpu_ms = table.alpha(bs) * n[0] * 1e3
+        batch.target_verify_gpu_ms = table.theta(tier) * n[1] * 1e3
         batch.step_gpu_ms = gpu_s * 1e3
         batch.step_cpu_ms = gpu_s * 1e3 + 0.05
 

@@ -89,9 +89,27 @@ class SyntheticTarget:
 
     def logits(self, key: np.ndarray, workload: np.ndarray) -> np.ndarray:
         """`[rows, vocab]` logits at the contexts `key` (uint64 `[rows]`)."""
-        k = key[:, None]
+        return self.shape(key, normal(key[:, None], self._vocab, _TAG_LOGIT), workload)
+
+    def logits_at(
+        self,
+        salt: np.ndarray,
+        pos: np.ndarray,
+        prev2: np.ndarray,
+        prev1: np.ndarray,
+        workload: np.ndarray,
+    ) -> np.ndarray:
+        return self.logits(self.context_key(salt, pos, prev2, prev1), workload)
+
+    def shape(self, key: np.ndarray, base: np.ndarray, workload: np.ndarray) -> np.ndarray:
+        """Turn unit-scale base logits into the workload's language: scale, peak token, EOS.
+
+        The base term is where targets differ (a hash here, a network in the
+        torch target); the workload's difficulty lives entirely in this shaping,
+        so both targets order workloads the same way.
+        """
         scale = self.scale[workload] * np.exp(0.35 * normal(key, _TAG_SCALE))
-        out = normal(k, self._vocab, _TAG_LOGIT) * scale[:, None]
+        out = base * scale[:, None]
         rows = np.arange(len(key))
         peak_token = 1 + (mix(key, _TAG_PEAK_TOKEN) % np.uint64(self.vocab_size - 1)).astype(
             np.int64
