@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from dspark_obs.runtime.config import RuntimeConfig  # noqa: E402
-from dspark_obs.runtime.engine import DSparkRuntime, committed_tokens  # noqa: E402
+from dspark_obs.runtime.config import RuntimeConfig
+from dspark_obs.runtime.engine import DSparkRuntime, committed_tokens
 
 
 def _run(mode: str, **kw):
