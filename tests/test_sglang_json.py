@@ -22,7 +22,7 @@ from dspark_obs.telemetry.sglang import (
     server_info_ranks,
 )
 
-SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "samples"
+SAMPLES = Path(__file__).parent / "data" / "sglang"
 SAMPLE_FILES = ["server_info.compact.greedy.json", "server_info.compact.sampled.json"]
 
 
