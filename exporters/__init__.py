@@ -1,4 +1,7 @@
-"""Publishing what dspark-obs measures: the Prometheus exporter and its HTTP server.
+"""Prometheus exporter for dspark-obs: the HTTP(S) side that serves any prometheus_client
+registry, with optional TLS, mTLS and basic auth configured the exporter-toolkit way."""
 
-Installed as `dspark_obs.exporters`.
-"""
+from .http_server import MetricsServer
+from .web_config import TLSServerConfig, WebConfig, hash_password, load_web_config
+
+__all__ = ["MetricsServer", "TLSServerConfig", "WebConfig", "hash_password", "load_web_config"]
