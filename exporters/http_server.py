@@ -1,4 +1,4 @@
-"""HTTP(S) endpoint that serves a prometheus_client registry behind optional TLS and basic auth.
+"""HTTP(S) endpoint that serves /metrics behind optional TLS and basic auth.
 
 prometheus_client's own `start_http_server` cannot do basic auth, performs TLS handshakes on the
 accepting thread (one silent client stalls every scrape) and prints to stderr on every error, so
@@ -255,18 +255,22 @@ class MetricsServer:
 
     def __init__(
         self,
-        registry: Collector,
+        registry: Collector | None = None,
         host: str = "127.0.0.1",
         port: int = 9464,
         web_config: WebConfig | str | os.PathLike | None = None,
+        metrics_app: App | None = None,
     ):
+        """Serve `registry` through prometheus_client, or any WSGI `metrics_app` at /metrics."""
+        if (registry is None) == (metrics_app is None):
+            raise ValueError("give exactly one of registry and metrics_app")
         if isinstance(web_config, (str, os.PathLike)):
             web_config = load_web_config(web_config)
         self.web_config = web_config or WebConfig()
         self.host, self.port = host, port
         tls = self.web_config.tls
         self._ssl_context = tls.ssl_context() if tls is not None else None
-        app: App = _router(make_wsgi_app(registry))
+        app: App = _router(metrics_app or make_wsgi_app(registry))
         if self.web_config.basic_auth_users:
             if tls is None:
                 log.warning("basic auth is configured without TLS: passwords cross the network")

@@ -43,7 +43,7 @@ def _coarse_bins(
     return count, pred_sum, target_sum
 
 
-def _ece_from_bins(count: np.ndarray, pred_sum: np.ndarray, target_sum: np.ndarray) -> np.ndarray:
+def ece_from_bins(count: np.ndarray, pred_sum: np.ndarray, target_sum: np.ndarray) -> np.ndarray:
     """SGLang's reduction, kept in one place so every ECE here agrees bit for bit."""
     denom = np.maximum(count, 1)
     err = np.abs(pred_sum / denom - target_sum / denom) * count
@@ -63,7 +63,7 @@ def ece_rows(probs: np.ndarray, targets: np.ndarray, num_bins: int = 15) -> np.n
     flat = (np.arange(k, dtype=np.int64)[:, None] * num_bins + _bin_index(probs, num_bins)).ravel()
     count, pred_sum, target_sum = _coarse_bins(flat, probs.ravel(), targets.ravel(), k * num_bins)
     shape = (k, num_bins)
-    return _ece_from_bins(count.reshape(shape), pred_sum.reshape(shape), target_sum.reshape(shape))
+    return ece_from_bins(count.reshape(shape), pred_sum.reshape(shape), target_sum.reshape(shape))
 
 
 def expected_calibration_error(pred: np.ndarray, labels: np.ndarray, num_bins: int = 15) -> float:
@@ -80,7 +80,7 @@ def brier_score(pred: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean((pred - np.asarray(labels, dtype=np.float64).reshape(-1)) ** 2))
 
 
-def _auroc_from_hist(pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
+def auroc_from_hist(pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
     pos = pos.astype(np.float64)
     neg = neg.astype(np.float64)
     neg_before = np.cumsum(neg, axis=-1) - neg
@@ -97,7 +97,7 @@ def histogram_auroc(pred: np.ndarray, labels: np.ndarray, num_bins: int = 1024) 
     idx = _bin_index(probs, num_bins)
     pos = np.bincount(idx[labels], minlength=num_bins)
     neg = np.bincount(idx[~labels], minlength=num_bins)
-    return float(_auroc_from_hist(pos, neg))
+    return float(auroc_from_hist(pos, neg))
 
 
 def position_metrics(
@@ -191,8 +191,8 @@ class CalibrationAccumulator:
     def compute(self) -> list[dict]:
         """Per position: position, ece, brier, auroc, pred_mean, target_mean, count."""
         total = self.count.sum(axis=1)
-        ece = _ece_from_bins(self.count, self.pred_sum, self.target_sum)
-        auroc = _auroc_from_hist(self.fine_pos, self.fine_neg)
+        ece = ece_from_bins(self.count, self.pred_sum, self.target_sum)
+        auroc = auroc_from_hist(self.fine_pos, self.fine_neg)
         with np.errstate(invalid="ignore", divide="ignore"):
             brier = self.sq_err_sum / total
             pred_mean = self.pred_sum.sum(axis=1) / total

@@ -75,6 +75,7 @@ class DSparkRuntime:
             np.ones(c.gamma) if c.sts_temperatures is None else np.asarray(c.sts_temperatures)
         )
         self.names = np.array([w.name for w in c.workloads], dtype=object)
+        self.workload_names = tuple(self.names.tolist())
         self.seed = np.uint64(c.seed)
         self.timing_rng = np.random.default_rng(c.seed)
         cap = max(c.concurrency)
@@ -226,6 +227,8 @@ class DSparkRuntime:
             predicted_theta=theta,
             rid=self.rid[slots].copy(),
             workload=self.names[wl],
+            workload_codes=wl.copy(),
+            workload_names=self.workload_names,
             req_pool_index=slots.astype(np.int64),
             prefix_len=prefix.copy(),
             verify_len=windows + 1,

@@ -70,6 +70,14 @@ STEP_OPTIONAL_FLOAT_FIELDS = (
 )
 
 
+class InvalidBatch(ValueError):
+    """A step that breaks the telemetry model; `reason` is a short label for counting."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 @dataclass(eq=False)
 class StepBatch:
     """One verify step of one rank.
@@ -112,6 +120,11 @@ class StepBatch:
     temperature: np.ndarray = field(default_factory=lambda: np.empty(0, np.float64))
     shadow_ceiling: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     bonus_logprob: np.ndarray = field(default_factory=lambda: np.empty(0, np.float64))
+    # optional categorical form of `workload` (workload == workload_names[workload_codes]),
+    # filled by sources that know their categories so that consumers can group
+    # rows without a dictionary lookup per request
+    workload_codes: np.ndarray | None = None
+    workload_names: tuple[str, ...] | None = None
     # per request, [bs, gamma]; None when the source lacks them
     draft_tokens: np.ndarray | None = None
     confidence: np.ndarray | None = None
@@ -149,30 +162,44 @@ class StepBatch:
         return np.full(self.num_reqs, -1, dtype=np.int64)
 
     def validate(self) -> None:
-        """Raise ValueError when columns disagree in shape or break DSpark's invariants."""
+        """Raise InvalidBatch when columns disagree in shape or break DSpark's invariants."""
         n = self.num_reqs
         for name in REQUEST_COLUMNS:
             col = getattr(self, name)
             if col.shape != (n,):
-                raise ValueError(f"column {name} has shape {col.shape}, expected ({n},)")
+                raise InvalidBatch(
+                    "malformed", f"column {name} has shape {col.shape}, expected ({n},)"
+                )
         for name in MATRIX_COLUMNS:
             mat = getattr(self, name)
             if mat is not None and mat.shape != (n, self.gamma):
-                raise ValueError(
-                    f"column {name} has shape {mat.shape}, expected ({n}, {self.gamma})"
+                raise InvalidBatch(
+                    "malformed",
+                    f"column {name} has shape {mat.shape}, expected ({n}, {self.gamma})",
                 )
         if self.has_reqs and self.bs not in (-1, n):
-            raise ValueError(f"bs={self.bs} but {n} request rows")
+            raise InvalidBatch("malformed", f"bs={self.bs} but {n} request rows")
         if n:
             w = self.window
             if (w < 0).any() or (w > self.gamma).any():
-                raise ValueError(f"window outside 0..gamma={self.gamma}")
+                raise InvalidBatch("window_out_of_range", f"window outside 0..gamma={self.gamma}")
             if (self.correct_drafts < 0).any() or (self.correct_drafts > w).any():
-                raise ValueError("correct_drafts outside 0..window")
+                raise InvalidBatch("accepted_out_of_range", "correct_drafts outside 0..window")
             if (self.cap_trim < 0).any() or (
                 self.correct_drafts + self.cap_trim > self.gamma
             ).any():
-                raise ValueError("cap_trim outside 0..gamma-correct_drafts")
+                raise InvalidBatch(
+                    "cap_trim_out_of_range", "cap_trim outside 0..gamma-correct_drafts"
+                )
+            if (self.acc_len < 0).any() or (self.acc_len > self.gamma + 1).any():
+                raise InvalidBatch("committed_out_of_range", "acc_len outside 0..gamma+1")
+            shadow = self.shadow_ceiling
+            if (shadow < -1).any() or (shadow > self.gamma).any():
+                raise InvalidBatch("ceiling_out_of_range", "shadow_ceiling outside -1..gamma")
+            for name in ("confidence", "survival"):
+                mat = getattr(self, name)
+                if mat is not None and ((mat < 0) | (mat > 1)).any():
+                    raise InvalidBatch("probability_out_of_range", f"{name} outside [0, 1]")
 
 
 def empty_request_columns(n: int, gamma: int) -> dict[str, np.ndarray]:
@@ -190,5 +217,13 @@ def empty_request_columns(n: int, gamma: int) -> dict[str, np.ndarray]:
 
 def step_field_names() -> list[str]:
     """Scalar (per-step) field names of `StepBatch`, in declaration order."""
-    skip = set(REQUEST_COLUMNS) | set(MATRIX_COLUMNS) | {"has_reqs"}
+    skip = (
+        set(REQUEST_COLUMNS)
+        | set(MATRIX_COLUMNS)
+        | {
+            "has_reqs",
+            "workload_codes",
+            "workload_names",
+        }
+    )
     return [f.name for f in fields(StepBatch) if f.name not in skip]

@@ -1,0 +1,191 @@
+"""`Aggregates`: everything the exporter publishes, updated from StepBatches.
+
+Batches are queued and folded in together once enough rows are waiting (or
+when someone reads), so numpy's per-call overhead is paid per flush, not per
+step: the per-step cost is then the per-element work alone. Reading takes a
+consistent snapshot under a lock, so a scrape never sees half a flush and does
+no more than reduce fixed-size histograms.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..telemetry import StepBatch
+from .confidence import ConfidenceAggregate
+from .cost_model import DEFAULT_BS_PROBES, DEFAULT_M_PROBES, CostModelAggregate, Refit
+from .groups import GroupIndex
+from .steps import StepAggregate
+from .tokens import TokenAggregate, TokenRows
+
+
+@dataclass
+class Snapshot:
+    """Plain arrays for one scrape; `total` since start, `window` over the last N steps."""
+
+    gamma: int
+    window_steps: int
+    groups: list[tuple[str, str, int]]  # request groups: (workload, mode, rank)
+    step_groups: list[tuple[str, int]]  # step groups: (mode, rank)
+    tokens: dict[str, np.ndarray]
+    steps: dict[str, np.ndarray]
+    confidence: dict[str, dict[str, np.ndarray]]
+    reliability: dict[str, np.ndarray]
+    cost: dict[str, dict[str, np.ndarray]]
+    refits: list[Refit | None]
+    ingest: dict[str, int] = field(default_factory=dict)
+    overflow_rows: int = 0
+
+
+def _f(x) -> float:
+    return np.nan if x is None else float(x)
+
+
+class Aggregates:
+    def __init__(
+        self,
+        gamma: int,
+        *,
+        workload_cap: int = 16,
+        window_steps: int = 1024,
+        blocks: int = 8,
+        flush_rows: int = 4096,
+        cost_probes: tuple | None = None,
+    ) -> None:
+        self.gamma = gamma
+        self.flush_rows = flush_rows
+        self.index = GroupIndex(workload_cap)
+        self.step_groups: dict[tuple[str, int], int] = {}
+        self.tokens = TokenAggregate(gamma, window_steps, blocks)
+        self.confidence = ConfidenceAggregate(gamma, window_steps, blocks)
+        self.steps = StepAggregate(window_steps, blocks)
+        bs_probes, m_probes = cost_probes or (DEFAULT_BS_PROBES, DEFAULT_M_PROBES)
+        self.cost = CostModelAggregate(window_steps, blocks, bs_probes, m_probes)
+        self.window_steps = self.tokens.sums.window_steps
+        self._pending: list[StepBatch] = []
+        self._pending_rows = 0
+        self._lock = threading.Lock()
+
+    def update(self, batch: StepBatch) -> None:
+        """Queue one validated step; fold the queue in when it is large enough."""
+        if batch.gamma != self.gamma:
+            raise ValueError(f"gamma {batch.gamma} != {self.gamma}")
+        with self._lock:
+            self._pending.append(batch)
+            self._pending_rows += batch.num_reqs + 1
+            if self._pending_rows >= self.flush_rows:
+                self._fold()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._fold()
+
+    def _step_group(self, mode: str, rank: int) -> int:
+        key = (mode, int(rank))
+        gid = self.step_groups.get(key)
+        if gid is None:
+            gid = self.step_groups[key] = len(self.step_groups)
+        return gid
+
+    def _fold(self) -> None:
+        batches, self._pending, self._pending_rows = self._pending, [], 0
+        if not batches:
+            return
+        with_reqs = [b for b in batches if b.num_reqs]
+        if with_reqs:
+            group = np.concatenate([self.index.rows(b) for b in with_reqs])
+            n_groups = len(self.index.groups)
+            self.tokens.sums.ensure_groups(n_groups)
+            self.confidence.ensure_groups(n_groups)
+            window = np.concatenate([b.window for b in with_reqs])
+            accepted = np.concatenate([b.correct_drafts for b in with_reqs])
+            ceiling = np.concatenate([b.ceiling for b in with_reqs])
+            shadow = np.concatenate([b.shadow_ceiling for b in with_reqs])
+            self.tokens.update(
+                TokenRows(
+                    group=group,
+                    window=window,
+                    accepted=accepted,
+                    committed=np.concatenate([b.acc_len for b in with_reqs]),
+                    ceiling=ceiling,
+                    shadow=shadow,
+                )
+            )
+            scored = [i for i, b in enumerate(with_reqs) if b.survival is not None]
+            if scored:
+                if len(scored) < len(with_reqs):
+                    keep = np.concatenate(
+                        [np.full(b.num_reqs, b.survival is not None) for b in with_reqs]
+                    )
+                else:
+                    keep = slice(None)
+                known = np.where(ceiling >= 0, ceiling, shadow)
+                self.confidence.update(
+                    group[keep],
+                    np.concatenate([with_reqs[i].survival for i in scored]),
+                    accepted[keep],
+                    window[keep],
+                    known[keep],
+                )
+        sgroup = np.array([self._step_group(b.mode, b.rank) for b in batches], dtype=np.int64)
+        n_sg = len(self.step_groups)
+        self.steps.sums.ensure_groups(n_sg)
+        self.cost.ensure_groups(n_sg)
+        bs = np.array([b.bs if b.bs >= 0 else b.num_reqs for b in batches], dtype=np.float64)
+        verify = np.array([b.num_verify_tokens for b in batches], dtype=np.float64)
+        verify[verify < 0] = np.nan
+        tier = np.array([b.verify_tokens_graph_key for b in batches], dtype=np.float64)
+        tier[tier < 0] = np.nan
+        self.steps.update(
+            sgroup,
+            {
+                "batch_size": bs,
+                "budget": np.array([_f(b.budget) for b in batches]),
+                "verify_tokens": verify,
+                "graph_tier": tier,
+            },
+        )
+        measured = (
+            np.array(
+                [_f(b.step_gpu_ms if b.step_gpu_ms is not None else b.step_cpu_ms) for b in batches]
+            )
+            / 1e3
+        )
+        predicted = np.array([_f(b.predicted_step_ms) for b in batches]) / 1e3
+        tokens = np.where(np.isfinite(verify), verify, bs).astype(np.int64)
+        self.cost.update(sgroup, bs.astype(np.int64), tokens, predicted, measured)
+        for sums in (self.tokens.sums, self.steps.sums, self.cost.errors):
+            sums.advance(len(batches))
+        self.confidence.advance(len(batches))
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            self._fold()
+            conf = self.confidence
+            return Snapshot(
+                gamma=self.gamma,
+                window_steps=self.window_steps,
+                groups=list(self.index.groups),
+                step_groups=list(self.step_groups),
+                tokens={
+                    "total": self.tokens.sums.total.copy(),
+                    "window": self.tokens.sums.window(),
+                },
+                steps={"total": self.steps.sums.total.copy(), "window": self.steps.sums.window()},
+                confidence={
+                    "total": conf.metrics(conf.counts.total, conf.pred.total, conf.pred_sq.total),
+                    "window": conf.metrics(
+                        conf.counts.window(), conf.pred.window(), conf.pred_sq.window()[:, :]
+                    ),
+                },
+                reliability=conf.reliability(conf.counts.total, conf.pred.total),
+                cost={
+                    "total": self.cost.error_metrics(self.cost.errors.total),
+                    "window": self.cost.error_metrics(self.cost.errors.window()),
+                },
+                refits=list(self.cost.refits),
+                overflow_rows=self.index.overflow_rows,
+            )

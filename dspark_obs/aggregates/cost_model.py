@@ -1,0 +1,149 @@
+"""Does the step-cost table predict reality? Errors live, and a refit from what was measured.
+
+Each step that carries both the scheduler's prediction and a measured step time
+adds to error sums (absolute, signed, relative). The relative error also goes
+into a log-spaced histogram so a median is available without keeping steps.
+
+The refit is SGLang's: ordinary least squares of the additive model
+`T = bias + alpha(bs) + theta(M)` over (bs, M-bin) cells of measured step
+times, M binned by 64, alpha and theta piecewise linear between probes. Cells
+keep count, sum and sum of squares, so R^2 and RMS are exact per step, not per
+cell, and memory grows with distinct cells, not with steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .window import WindowedSums
+
+M_BIN = 64
+REL_BUCKETS = np.logspace(-4, 1, 81)  # relative-error bucket upper bounds, 15% apart
+_ERR_COLUMNS = ("n", "predicted", "measured", "abs_error", "error", "sq_error", "rel_error")
+
+DEFAULT_BS_PROBES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+DEFAULT_M_PROBES = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def hat_basis(x: np.ndarray, probes: np.ndarray) -> np.ndarray:
+    """Piecewise-linear interpolation weights of each x over the probes (clamped at the ends)."""
+    eye = np.eye(len(probes))
+    return np.stack([np.interp(x, probes, eye[k]) for k in range(len(probes))], axis=1)
+
+
+@dataclass
+class Refit:
+    r2: float
+    rms_seconds: float
+    steps: int
+    cells: int
+    coef: np.ndarray  # [bias, alpha at bs probes..., theta at M probes...] (min-norm split)
+
+
+class CostModelAggregate:
+    def __init__(
+        self,
+        window_steps: int,
+        blocks: int,
+        bs_probes=DEFAULT_BS_PROBES,
+        m_probes=DEFAULT_M_PROBES,
+        refit_every: int = 256,
+    ) -> None:
+        self.errors = WindowedSums(len(_ERR_COLUMNS) + len(REL_BUCKETS) + 1, window_steps, blocks)
+        self.bs_probes = np.asarray(bs_probes, dtype=np.float64)
+        self.m_probes = np.asarray(m_probes, dtype=np.float64)
+        self.refit_every = refit_every
+        self.cells: list[dict[tuple[int, int], np.ndarray]] = []
+        self.refits: list[Refit | None] = []
+        self._since_refit: list[int] = []
+
+    def ensure_groups(self, n: int) -> None:
+        self.errors.ensure_groups(n)
+        while len(self.cells) < n:
+            self.cells.append({})
+            self.refits.append(None)
+            self._since_refit.append(0)
+
+    def update(
+        self,
+        group: np.ndarray,
+        bs: np.ndarray,
+        tokens: np.ndarray,
+        predicted_s: np.ndarray,
+        measured_s: np.ndarray,
+    ) -> None:
+        """Per step: group, batch size, verify tokens, predicted, measured seconds (NaN: absent)."""
+        both = np.isfinite(predicted_s) & np.isfinite(measured_s) & (measured_s > 0)
+        if both.any():
+            g, p, m = group[both], predicted_s[both], measured_s[both]
+            err = m - p
+            rel = np.abs(err) / m
+            width = self.errors.width
+            cols = np.arange(len(_ERR_COLUMNS))
+            index = (g[:, None] * width + cols[None, :]).ravel()
+            values = np.stack([np.ones_like(p), p, m, np.abs(err), err, err**2, rel], axis=1)
+            bucket = len(_ERR_COLUMNS) + np.searchsorted(REL_BUCKETS, rel, side="left")
+            self.errors.add_flat(
+                np.concatenate([index, g * width + bucket]),
+                np.concatenate([values.ravel(), np.ones(len(g))]),
+            )
+        timed = np.isfinite(measured_s) & (measured_s > 0) & (tokens > 0) & (bs > 0)
+        for gi, b, t, y in zip(
+            group[timed].tolist(),
+            bs[timed].tolist(),
+            tokens[timed].tolist(),
+            measured_s[timed].tolist(),
+            strict=True,
+        ):
+            cell = self.cells[gi].get((b, t // M_BIN))
+            if cell is None:
+                cell = self.cells[gi][(b, t // M_BIN)] = np.zeros(3)
+            cell += (1.0, y, y * y)
+            self._since_refit[gi] += 1
+        for gi in set(group[timed].tolist()):
+            if self._since_refit[gi] >= self.refit_every or self.refits[gi] is None:
+                self.refits[gi] = self.refit(gi)
+                self._since_refit[gi] = 0
+
+    def refit(self, gi: int) -> Refit | None:
+        cells = self.cells[gi]
+        if len(cells) < 2:
+            return None
+        keys = np.array(list(cells), dtype=np.float64)
+        stats = np.array(list(cells.values()))
+        n, s, ss = stats[:, 0], stats[:, 1], stats[:, 2]
+        bs = keys[:, 0]
+        m = (keys[:, 1] + 0.5) * M_BIN
+        design = np.hstack(
+            [np.ones((len(n), 1)), hat_basis(bs, self.bs_probes), hat_basis(m, self.m_probes)]
+        )
+        w = np.sqrt(n)[:, None]
+        coef, *_ = np.linalg.lstsq(design * w, (s / n) * w[:, 0], rcond=None)
+        pred = design @ coef
+        sse = float((ss - 2 * pred * s + n * pred**2).sum())
+        total = n.sum()
+        sst = float(ss.sum() - s.sum() ** 2 / total)
+        r2 = 1.0 - sse / sst if sst > 0 else float("nan")
+        return Refit(r2, float(np.sqrt(max(sse, 0.0) / total)), int(total), len(n), coef)
+
+    def error_metrics(self, table: np.ndarray) -> dict[str, np.ndarray]:
+        """Mean predicted and measured, MAE, bias, mean and median relative error per group."""
+        k = {name: table[:, i] for i, name in enumerate(_ERR_COLUMNS)}
+        n = k["n"]
+        hist = table[:, len(_ERR_COLUMNS) :]
+        cum = np.cumsum(hist, axis=1)
+        median_idx = np.argmax(cum >= (n / 2)[:, None], axis=1)
+        edges = np.concatenate([REL_BUCKETS, [np.inf]])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return {
+                "steps": n,
+                "predicted_mean": k["predicted"] / n,
+                "measured_mean": k["measured"] / n,
+                "abs_error_mean": k["abs_error"] / n,
+                "bias": k["error"] / n,
+                "rms_error": np.sqrt(k["sq_error"] / n),
+                "rel_error_mean": k["rel_error"] / n,
+                "rel_error_median": np.where(n > 0, edges[median_idx], np.nan),
+            }

@@ -1,0 +1,68 @@
+"""Label groups: which (workload, mode, rank) a request-step counts under.
+
+Workload names come from traffic, so their number is not ours to choose: the
+first `workload_cap` names seen keep their own group, every later one is
+counted under `other`. That bounds both memory and Prometheus series however
+many names a source invents.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..telemetry import StepBatch
+
+OTHER = "other"
+
+
+class GroupIndex:
+    def __init__(self, workload_cap: int = 16) -> None:
+        if workload_cap < 1:
+            raise ValueError("workload cap must be >= 1")
+        self.workload_cap = workload_cap
+        self.workloads: dict[str, int] = {}
+        self.groups: list[tuple[str, str, int]] = []  # group id -> (workload, mode, rank)
+        self._ids: dict[tuple[str, str, int], int] = {}
+        self._lut: dict[tuple, np.ndarray] = {}
+        self.is_other = np.zeros(0, dtype=bool)
+        self.overflow_rows = 0
+        self.overflow_names: set[str] = set()
+
+    def _workload(self, name: str) -> str:
+        if name in self.workloads or name == OTHER:
+            return name
+        if len(self.workloads) < self.workload_cap:
+            self.workloads[name] = len(self.workloads)
+            return name
+        if len(self.overflow_names) < 1024:
+            self.overflow_names.add(name)
+        return OTHER
+
+    def group(self, workload: str, mode: str, rank: int) -> int:
+        key = (self._workload(workload), mode, int(rank))
+        gid = self._ids.get(key)
+        if gid is None:
+            gid = self._ids[key] = len(self.groups)
+            self.groups.append(key)
+            self.is_other = np.append(self.is_other, key[0] == OTHER)
+        return gid
+
+    def rows(self, batch: StepBatch) -> np.ndarray:
+        """Group id of every request row: a table lookup when the batch has workload codes."""
+        if batch.workload_codes is not None and batch.workload_names is not None:
+            key = (batch.mode, batch.rank, batch.workload_names)
+            lut = self._lut.get(key)
+            if lut is None:
+                lut = np.array(
+                    [self.group(w, batch.mode, batch.rank) for w in batch.workload_names],
+                    dtype=np.int64,
+                )
+                self._lut[key] = lut
+            gids = lut[batch.workload_codes]
+        else:
+            names, inverse = np.unique(batch.workload.astype(str), return_inverse=True)
+            lut = np.array([self.group(w, batch.mode, batch.rank) for w in names], dtype=np.int64)
+            gids = lut[inverse.reshape(-1)]
+        if self.overflow_names:
+            self.overflow_rows += int(np.count_nonzero(self.is_other[gids]))
+        return gids

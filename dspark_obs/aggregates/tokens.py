@@ -1,0 +1,71 @@
+"""Token accounting per group: windows, accepted, committed and ceiling distributions.
+
+Everything is an integer histogram over 0..gamma(+1), so means, sums, trimmed
+tokens and utilisation all follow exactly from the histograms, and Prometheus
+gets integer-bucket histograms without a second pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .window import WindowedSums
+
+#: Histograms kept per group, in column order, with their value range (gamma + extra).
+HISTOGRAMS = (
+    ("window", 1),  # drafts verified, 0..gamma
+    ("accepted", 1),  # drafts accepted, 0..gamma
+    ("committed", 2),  # tokens committed (accepted + bonus), 0..gamma+1
+    ("ceiling_observed", 1),  # ceiling from static / cap-accept rows
+    ("ceiling_shadow", 1),  # ceiling from a cap-accept shadow twin
+    ("accepted_known", 1),  # accepted, on rows whose ceiling is known
+)
+
+
+@dataclass
+class TokenRows:
+    """Concatenated request rows of several steps, as the token aggregate needs them."""
+
+    group: np.ndarray
+    window: np.ndarray
+    accepted: np.ndarray
+    committed: np.ndarray
+    ceiling: np.ndarray  # observed ceiling or -1
+    shadow: np.ndarray  # shadow twin's ceiling or -1
+
+
+def histogram_slices(gamma: int) -> dict[str, slice]:
+    """Column range of each histogram in a group's row."""
+    out, col = {}, 0
+    for name, extra in HISTOGRAMS:
+        out[name] = slice(col, col + gamma + extra)
+        col += gamma + extra
+    return out
+
+
+class TokenAggregate:
+    def __init__(self, gamma: int, window_steps: int, blocks: int) -> None:
+        self.gamma = gamma
+        self.slices = histogram_slices(gamma)
+        width = max(s.stop for s in self.slices.values())
+        self.sums = WindowedSums(width, window_steps, blocks, dtype=np.int64)
+
+    def update(self, rows: TokenRows) -> None:
+        base = rows.group * self.sums.width
+        o = {name: (sl.start,) for name, sl in self.slices.items()}
+        observed = rows.ceiling >= 0
+        shadow = rows.shadow >= 0
+        known = observed | shadow
+        index = np.concatenate(
+            [
+                base + o["window"][0] + rows.window,
+                base + o["accepted"][0] + rows.accepted,
+                base + o["committed"][0] + np.minimum(rows.committed, self.gamma + 1),
+                (base + o["ceiling_observed"][0] + rows.ceiling)[observed],
+                (base + o["ceiling_shadow"][0] + rows.shadow)[shadow & ~observed],
+                (base + o["accepted_known"][0] + rows.accepted)[known],
+            ]
+        )
+        self.sums.add_flat(index)

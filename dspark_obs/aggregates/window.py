@@ -1,0 +1,63 @@
+"""Sums kept two ways at once: since start, and over the last N steps.
+
+Prometheus derives rates from counters itself, but ratios such as ECE or
+utilisation cannot be recovered from rates of their parts, so they are also
+published over a sliding window. The window is a ring of blocks: adding goes to
+the current block, the window is the sum of the ring, and when a block fills
+the oldest is cleared. Memory is blocks x groups x width, whatever the run length.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class WindowedSums:
+    def __init__(
+        self, width: int, window_steps: int = 1024, blocks: int = 8, dtype: type = np.float64
+    ) -> None:
+        if width < 1 or window_steps < 1 or blocks < 1:
+            raise ValueError("width, window_steps and blocks must be >= 1")
+        self.width = width
+        self.blocks = blocks
+        self.block_steps = max(1, -(-window_steps // blocks))
+        self.window_steps = self.block_steps * blocks
+        self.total = np.zeros((0, width), dtype=dtype)
+        self.ring = np.zeros((blocks, 0, width), dtype=dtype)
+        self._current = 0
+        self._steps_in_block = 0
+
+    @property
+    def groups(self) -> int:
+        return self.total.shape[0]
+
+    def ensure_groups(self, n: int) -> None:
+        grow = n - self.groups
+        if grow > 0:
+            self.total = np.concatenate(
+                [self.total, np.zeros((grow, self.width), self.total.dtype)]
+            )
+            pad = np.zeros((self.blocks, grow, self.width), self.ring.dtype)
+            self.ring = np.concatenate([self.ring, pad], axis=1)
+
+    def add(self, delta: np.ndarray) -> None:
+        """Add a `[groups, width]` array (groups as of the last `ensure_groups`)."""
+        self.total += delta
+        self.ring[self._current] += delta
+
+    def add_flat(self, index: np.ndarray, weights: np.ndarray | None = None) -> None:
+        """Add weights (or ones) at flat positions `group * width + column`."""
+        size = self.groups * self.width
+        delta = np.bincount(index, weights=weights, minlength=size)
+        self.add(delta.reshape(self.groups, self.width).astype(self.total.dtype, copy=False))
+
+    def advance(self, steps: int) -> None:
+        """Account for `steps` more steps; rotate blocks as they fill."""
+        self._steps_in_block += steps
+        while self._steps_in_block >= self.block_steps:
+            self._steps_in_block -= self.block_steps
+            self._current = (self._current + 1) % self.blocks
+            self.ring[self._current] = 0
+
+    def window(self) -> np.ndarray:
+        return self.ring.sum(axis=0)

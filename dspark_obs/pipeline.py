@@ -1,0 +1,90 @@
+"""The pipeline: every source's StepBatches pass one gate into the aggregates and the store.
+
+A long-running service must never die on bad input, and must not silently drop
+it either: a batch that breaks the telemetry model is rejected, counted per
+source and reason (`dspark_ingest_errors_total`), logged once per reason, and
+processing continues. Accepted batches reach the aggregates and, when a run
+store is open, the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+
+from .aggregates import Aggregates
+from .store import RunWriter
+from .telemetry import StepBatch
+from .telemetry.batch import InvalidBatch
+
+log = logging.getLogger(__name__)
+
+
+class IngestStats:
+    """Per-source counters, shared by the pipeline and whoever renders them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.records: dict[str, int] = defaultdict(int)
+        self.errors: dict[tuple[str, str], int] = defaultdict(int)
+        self.up: dict[str, int] = {}
+
+    def record(self, source: str, n: int = 1) -> None:
+        with self._lock:
+            self.records[source] += n
+
+    def error(self, source: str, reason: str, message: str) -> None:
+        with self._lock:
+            first = (source, reason) not in self.errors
+            self.errors[(source, reason)] += 1
+        if first:
+            log.warning(
+                "source %s: rejected a step (%s): %s; further ones are only counted",
+                source,
+                reason,
+                message,
+            )
+
+    def set_up(self, source: str, up: bool) -> None:
+        with self._lock:
+            self.up[source] = int(up)
+
+    def snapshot(self) -> tuple[dict[str, int], dict[tuple[str, str], int], dict[str, int]]:
+        with self._lock:
+            return dict(self.records), dict(self.errors), dict(self.up)
+
+
+class Pipeline:
+    def __init__(
+        self,
+        aggregates: Aggregates,
+        writer: RunWriter | None = None,
+        stats: IngestStats | None = None,
+    ) -> None:
+        self.aggregates = aggregates
+        self.writer = writer
+        self.stats = stats or IngestStats()
+
+    def ingest(self, batch: StepBatch, source: str = "runtime") -> bool:
+        """Validate and fold in one step; False (counted, logged once) when rejected."""
+        try:
+            if batch.gamma != self.aggregates.gamma:
+                raise InvalidBatch(
+                    "gamma_mismatch",
+                    f"gamma {batch.gamma}, this pipeline runs gamma {self.aggregates.gamma}",
+                )
+            batch.validate()
+        except InvalidBatch as exc:
+            self.stats.error(source, exc.reason, str(exc))
+            return False
+        self.aggregates.update(batch)
+        if self.writer is not None:
+            self.writer.append(batch)
+        self.stats.record(source)
+        return True
+
+    def close(self, extra_manifest: dict | None = None) -> None:
+        self.aggregates.flush()
+        if self.writer is not None:
+            self.writer.close(extra_manifest)

@@ -1,0 +1,266 @@
+"""Every metric the exporter publishes: name, type, labels and help, in one table.
+
+The renderer writes headers from this table and the metrics reference in the
+docs is generated from it, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REQ = ("workload", "mode", "rank")
+POS = ("workload", "mode", "rank", "position")
+STEP = ("mode", "rank")
+SRC = ("source",)
+
+CALIBRATION_ROWS = (
+    "Rows: request-steps whose prefix label is known at that position: all positions where the "
+    "ceiling is known (static, cap-accept, shadow twin); in compact alone, accepted positions "
+    "and every position from the first rejection on, never positions past a fully accepted "
+    "window."
+)
+SLIDING = "over the last {window} steps (a ring of 8 blocks)"
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    kind: str  # counter | gauge | histogram
+    labels: tuple[str, ...]
+    help: str
+
+
+CATALOG: tuple[Metric, ...] = (
+    # tokens per request-step
+    Metric(
+        "dspark_request_steps_total",
+        "counter",
+        REQ,
+        "Request-steps seen: one request in one verify step.",
+    ),
+    Metric(
+        "dspark_window_tokens",
+        "histogram",
+        REQ,
+        "Drafts verified per request-step (SGLang verify_len - 1); integer buckets 0..gamma.",
+    ),
+    Metric(
+        "dspark_accepted_tokens",
+        "histogram",
+        REQ,
+        "Drafts the target accepted per request-step (SGLang correct_drafts); buckets 0..gamma.",
+    ),
+    Metric(
+        "dspark_committed_tokens",
+        "histogram",
+        REQ,
+        "Tokens committed per request-step (SGLang acc_len: accepted drafts plus the bonus); "
+        "buckets 0..gamma+1.",
+    ),
+    Metric(
+        "dspark_ceiling_tokens",
+        "histogram",
+        (*REQ, "source"),
+        "Drafts full-block verification accepts per request-step, where known: "
+        "source=observed from static and cap-accept rows, source=shadow from a cap-accept "
+        "twin of a compact request; buckets 0..gamma.",
+    ),
+    Metric(
+        "dspark_trimmed_draft_tokens_total",
+        "counter",
+        REQ,
+        "Drafted tokens left unverified by trimming (gamma - window per request-step).",
+    ),
+    Metric(
+        "dspark_trim_loss_tokens_total",
+        "counter",
+        REQ,
+        "Tokens full verification would have accepted beyond the window (ceiling - accepted), "
+        "on request-steps whose ceiling is known.",
+    ),
+    Metric(
+        "dspark_utilisation_ratio",
+        "gauge",
+        REQ,
+        "Accepted / ceiling " + SLIDING + ", over request-steps whose ceiling is known; "
+        "1 means trimming lost nothing.",
+    ),
+    Metric(
+        "dspark_utilisation_cumulative_ratio",
+        "gauge",
+        REQ,
+        "Accepted / ceiling since start, over request-steps whose ceiling is known.",
+    ),
+    Metric("dspark_window_mean_tokens", "gauge", REQ, "Mean drafts verified " + SLIDING + "."),
+    Metric("dspark_accepted_mean_tokens", "gauge", REQ, "Mean drafts accepted " + SLIDING + "."),
+    Metric(
+        "dspark_ceiling_mean_tokens",
+        "gauge",
+        REQ,
+        "Mean ceiling " + SLIDING + ", over request-steps whose ceiling is known.",
+    ),
+    # load per step
+    Metric("dspark_steps_total", "counter", STEP, "Verify steps seen."),
+    Metric("dspark_batch_size", "histogram", STEP, "Requests per verify step."),
+    Metric(
+        "dspark_budget_tokens",
+        "histogram",
+        STEP,
+        "Scheduler budget per step: extra verify tokens beyond one anchor per request (K); "
+        "steps without a budget (static mode) are not counted.",
+    ),
+    Metric(
+        "dspark_verify_tokens",
+        "histogram",
+        STEP,
+        "Tokens in the verify forward per step, after rounding up to the captured graph tier "
+        "(SGLang num_verify_tokens).",
+    ),
+    Metric(
+        "dspark_graph_tier_tokens",
+        "histogram",
+        STEP,
+        "Captured graph tier replayed per step (SGLang verify_tokens_graph_key).",
+    ),
+    # cost model
+    Metric(
+        "dspark_cost_model_steps_total",
+        "counter",
+        STEP,
+        "Steps with both a cost-table prediction and a measured step time.",
+    ),
+    Metric(
+        "dspark_step_predicted_seconds_total",
+        "counter",
+        STEP,
+        "Sum of the cost table's predicted step times T(bs, K).",
+    ),
+    Metric(
+        "dspark_step_measured_seconds_total",
+        "counter",
+        STEP,
+        "Sum of measured step times (step_gpu_ms, else step_cpu_ms) of those steps.",
+    ),
+    Metric(
+        "dspark_cost_model_abs_error_seconds_total",
+        "counter",
+        STEP,
+        "Sum of |measured - predicted| step time.",
+    ),
+    Metric(
+        "dspark_step_predicted_seconds", "gauge", STEP, "Mean predicted step time " + SLIDING + "."
+    ),
+    Metric(
+        "dspark_step_measured_seconds", "gauge", STEP, "Mean measured step time " + SLIDING + "."
+    ),
+    Metric(
+        "dspark_cost_model_abs_error_seconds",
+        "gauge",
+        STEP,
+        "Mean |measured - predicted| step time " + SLIDING + ".",
+    ),
+    Metric(
+        "dspark_cost_model_bias_seconds",
+        "gauge",
+        STEP,
+        "Mean (measured - predicted) step time " + SLIDING + "; positive: the table is optimistic.",
+    ),
+    Metric(
+        "dspark_cost_model_relative_error_ratio",
+        "gauge",
+        STEP,
+        "Median |measured - predicted| / measured " + SLIDING + " (upper edge of a "
+        "log-spaced bucket, 15% resolution).",
+    ),
+    Metric(
+        "dspark_cost_model_refit_r2",
+        "gauge",
+        STEP,
+        "R^2 of the additive table T = bias + alpha(bs) + theta(M) refitted online by least "
+        "squares over (bs, M-bin of 64) cells of measured step times, since start.",
+    ),
+    Metric(
+        "dspark_cost_model_refit_rms_seconds",
+        "gauge",
+        STEP,
+        "RMS residual of that refit, per step.",
+    ),
+    Metric("dspark_cost_model_refit_steps", "gauge", STEP, "Measured steps behind that refit."),
+    # confidence calibration
+    Metric(
+        "dspark_confidence_labelled_total",
+        "counter",
+        POS,
+        "Labelled request-step positions behind the calibration metrics. " + CALIBRATION_ROWS,
+    ),
+    Metric(
+        "dspark_confidence_ece",
+        "gauge",
+        POS,
+        "Expected calibration error of survival at this position " + SLIDING + ": 15 "
+        "equal-width bins on [0, 1], |mean predicted - observed| weighted by rows. "
+        + CALIBRATION_ROWS,
+    ),
+    Metric(
+        "dspark_confidence_ece_cumulative",
+        "gauge",
+        POS,
+        "Expected calibration error since start (15 equal-width bins). " + CALIBRATION_ROWS,
+    ),
+    Metric(
+        "dspark_confidence_brier",
+        "gauge",
+        POS,
+        "Brier score of survival " + SLIDING + ". " + CALIBRATION_ROWS,
+    ),
+    Metric(
+        "dspark_confidence_auroc",
+        "gauge",
+        POS,
+        "AUROC of survival against the prefix label " + SLIDING + ", from a 1,020-bin "
+        "histogram. " + CALIBRATION_ROWS,
+    ),
+    Metric(
+        "dspark_confidence_predicted_mean",
+        "gauge",
+        POS,
+        "Mean predicted survival " + SLIDING + ". " + CALIBRATION_ROWS,
+    ),
+    Metric(
+        "dspark_confidence_observed_mean",
+        "gauge",
+        POS,
+        "Observed share of accepted prefixes " + SLIDING + ". " + CALIBRATION_ROWS,
+    ),
+    Metric(
+        "dspark_confidence_survival",
+        "histogram",
+        POS,
+        "Predicted survival since start, in the 15 equal-width ECE bins (reliability "
+        "denominator). " + CALIBRATION_ROWS,
+    ),
+    Metric(
+        "dspark_confidence_accepted_survival",
+        "histogram",
+        POS,
+        "Predicted survival of rows whose prefix was accepted, same bins (reliability "
+        "numerator: observed rate per bin = this bucket / dspark_confidence_survival bucket).",
+    ),
+    # ingest
+    Metric("dspark_ingest_records_total", "counter", SRC, "Step records accepted from a source."),
+    Metric(
+        "dspark_ingest_errors_total",
+        "counter",
+        (*SRC, "reason"),
+        "Step records rejected, by reason; processing continues.",
+    ),
+    Metric("dspark_source_up", "gauge", SRC, "1 while the source delivers, 0 when it fails."),
+    Metric(
+        "dspark_workload_overflow_total",
+        "counter",
+        (),
+        'Request-steps counted under workload="other" because the workload cap was reached.',
+    ),
+)
+
+BY_NAME = {m.name: m for m in CATALOG}

@@ -1,0 +1,111 @@
+"""Prometheus text exposition (format 0.0.4), written straight from arrays.
+
+prometheus_client builds a Python object per sample and formats each one; at
+the exporter's scale (thousands of per-position series) that costs far more
+than the 10 ms a scrape may take. Here label sets are strings built once per
+series, values come from numpy arrays, and a family is one list comprehension.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def label_string(names: Sequence[str], values: Sequence[object]) -> str:
+    return ",".join(f'{n}="{escape(str(v))}"' for n, v in zip(names, values, strict=True))
+
+
+def _fmt(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(v)
+
+
+def _values(values: np.ndarray) -> list[str]:
+    if values.dtype.kind in "iu":
+        return [str(v) for v in values.tolist()]
+    if np.isfinite(values).all():
+        return [repr(v) for v in values.tolist()]
+    return [_fmt(v) for v in values.tolist()]
+
+
+class Writer:
+    """Accumulates families; `text()` joins them once."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def header(self, name: str, kind: str, help_text: str) -> None:
+        help_text = help_text.replace("\\", "\\\\").replace("\n", "\\n")
+        self.parts.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
+
+    def samples(self, name: str, labels: Sequence[str], values: np.ndarray) -> None:
+        """One sample per label string; NaN values are skipped (no data is no sample)."""
+        values = np.asarray(values)
+        if values.dtype.kind == "f":
+            keep = ~np.isnan(values)
+            if not keep.all():
+                labels = [lab for lab, k in zip(labels, keep.tolist(), strict=True) if k]
+                values = values[keep]
+        self.parts.append(
+            "".join(
+                [
+                    f"{name}{{{lab}}} {v}\n" if lab else f"{name} {v}\n"
+                    for lab, v in zip(labels, _values(values), strict=True)
+                ]
+            )
+        )
+
+    def histogram(
+        self,
+        name: str,
+        labels: Sequence[str],
+        bounds: Sequence[str],
+        counts: np.ndarray,
+        sums: np.ndarray,
+    ) -> None:
+        """Per series: non-cumulative bucket counts `[series, len(bounds)]` (last is +Inf)."""
+        cum = np.cumsum(np.asarray(counts), axis=1)
+        total = cum[:, -1]
+        lines = []
+        le = [f'le="{b}"' for b in bounds]
+        for lab, row, s, n in zip(
+            labels, cum.tolist(), _values(np.asarray(sums)), total.tolist(), strict=True
+        ):
+            sep = "," if lab else ""
+            lines += [f"{name}_bucket{{{lab}{sep}{b}}} {c}\n" for b, c in zip(le, row, strict=True)]
+            braces = f"{{{lab}}}" if lab else ""
+            lines.append(f"{name}_sum{braces} {s}\n")
+            lines.append(f"{name}_count{braces} {n}\n")
+        self.parts.append("".join(lines))
+
+    def text(self) -> bytes:
+        return "".join(self.parts).encode()
+
+
+def wsgi_app(render: Callable[[], bytes]) -> Callable[[dict, Callable], Iterable[bytes]]:
+    """A WSGI app serving `render()` as text exposition, gzipped when the scraper asks."""
+
+    def app(environ, start_response):
+        body = render()
+        headers = [("Content-Type", CONTENT_TYPE)]
+        if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):
+            body = gzip.compress(body, compresslevel=1)
+            headers.append(("Content-Encoding", "gzip"))
+        headers.append(("Content-Length", str(len(body))))
+        start_response("200 OK", headers)
+        return [body]
+
+    return app
