@@ -4,6 +4,36 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# A real Prometheus server (and promtool) for the integration tests: Debian's own package.
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+    # Keep the package's maintainer scripts from starting a service: there is no init system
+    # here, and a background server would hold port 9090. policy-rc.d exit 101 tells
+    # invoke-rc.d "not allowed"; any policy-rc.d already present is put back afterwards.
+    policy=/usr/sbin/policy-rc.d
+    saved=""
+    if [ -e "$policy" ]; then
+        saved="$(mktemp)"
+        cp -p "$policy" "$saved"
+    fi
+    printf '#!/bin/sh\nexit 101\n' >"$policy"
+    chmod 755 "$policy"
+    restore_policy() {
+        if [ -n "$saved" ]; then mv -f "$saved" "$policy"; else rm -f "$policy"; fi
+    }
+    trap restore_policy EXIT
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        prometheus </dev/null
+    restore_policy
+    trap - EXIT
+    # Belt and braces: if the packaged service got started anyway, stop exactly that process
+    # (its init script's pidfile), so nothing lingers on port 9090.
+    if [ -f /run/prometheus/prometheus.pid ]; then
+        start-stop-daemon --stop --quiet --oknodo --retry=TERM/10/KILL/5 \
+            --pidfile /run/prometheus/prometheus.pid --remove-pidfile || true
+    fi
+fi
+
 python3 -m venv .venv
 PY=.venv/bin/python
 $PY -m pip install --quiet --upgrade pip
