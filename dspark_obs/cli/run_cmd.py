@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import platform
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from ..runtime.engine import DSparkRuntime
 from ..runtime.language import parse_workload
 from ..runtime.sts_warmup import warmup_sts
 from ..store import RunWriter, open_run
+from ..telemetry import StepBatch
 from .errors import CliError
 from .progress import step_progress
 from .summary_cmd import print_summary
@@ -231,9 +233,14 @@ def build_manifest(config: RuntimeConfig, sts: StsCalibration | None) -> dict:
 
 
 def execute(
-    config: RuntimeConfig, out: Path, sts: StsCalibration | None, *, show_progress: bool = True
+    config: RuntimeConfig,
+    out: Path,
+    sts: StsCalibration | None,
+    *,
+    show_progress: bool = True,
+    on_batch: Callable[[StepBatch], object] | None = None,
 ) -> Path:
-    """Run the runtime to completion into `out`; return the run directory."""
+    """Run the runtime to completion into `out` (each step also to `on_batch`)."""
     if sts is not None:
         config.sts_temperatures = list(sts.temperatures)
     runtime = DSparkRuntime(config)
@@ -244,6 +251,8 @@ def execute(
         with step_progress(runtime.total_steps, f"{config.mode} run", show_progress) as advance:
             for batch in runtime.run():
                 writer.append(batch)
+                if on_batch is not None:
+                    on_batch(batch)
                 advance(batch)
         writer.close(
             {

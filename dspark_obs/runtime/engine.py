@@ -105,6 +105,11 @@ class DSparkRuntime:
             for _ in range(self.config.steps_per_level):
                 yield self.step(level)
 
+    def run_forever(self) -> Iterator[StepBatch]:
+        """The concurrency sweep, repeated until the caller stops iterating."""
+        while True:
+            yield from self.run()
+
     def _admit(self, level: int) -> None:
         free = np.flatnonzero(~self.active)
         n = min(level - int(self.active.sum()), len(free))

@@ -1,0 +1,117 @@
+"""`dspark-obs calibration RUN_DIR`: per-position confidence calibration of a stored run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from rich.console import Console
+from rich.table import Table
+
+from ..calibration import CalibrationAccumulator, prefix_labels
+from ..store import RunStoreError, open_run
+from .errors import CliError
+
+
+def calibration_report(run_dir: Path, bins: int = 15) -> dict:
+    """The `--json` object: per workload and overall, one entry per block position."""
+    try:
+        run = open_run(run_dir)
+    except RunStoreError as exc:
+        raise CliError(str(exc)) from None
+    gamma = int(run.manifest["gamma"])
+    df = (
+        run.requests()
+        .filter(pl.col("survival").is_not_null())
+        .select(
+            "workload",
+            "survival",
+            "correct_drafts",
+            "window",
+            pl.coalesce("ceiling", "shadow_ceiling", pl.lit(-1)).alias("known"),
+        )
+        .collect()
+    )
+    if df.height == 0:
+        raise CliError(f"{run_dir}: no confidence recorded (SGLang dumps need a confidence head)")
+    overall = CalibrationAccumulator(gamma, num_bins=bins)
+    workloads = {}
+    for (name,), part in df.sort("workload").group_by("workload", maintain_order=True):
+        survival = part["survival"].to_numpy().reshape(-1, gamma)
+        labels, labelled = prefix_labels(
+            part["correct_drafts"].to_numpy(),
+            part["window"].to_numpy(),
+            part["known"].to_numpy(),
+            gamma,
+        )
+        acc = CalibrationAccumulator(gamma, num_bins=bins).update(survival, labels, labelled)
+        overall.merge(acc)
+        workloads[name] = {"positions": acc.compute()}
+    return {
+        "run": str(run_dir),
+        "bins": bins,
+        "workloads": workloads,
+        "overall": {"positions": overall.compute()},
+    }
+
+
+def _json_safe(obj):
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def handle(args: argparse.Namespace) -> int:
+    if args.bins < 1:
+        raise CliError("--bins must be >= 1")
+    report = calibration_report(args.run_dir, args.bins)
+    if args.json:
+        print(json.dumps(_json_safe(report), indent=2))
+        return 0
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=120)
+    sections = [*report["workloads"].items(), ("overall", report["overall"])]
+    for name, entry in sections:
+        table = Table(
+            title=f"{name}: calibration of survival ({report['bins']}-bin ECE)",
+            title_justify="left",
+        )
+        for col in ("position", "rows", "ECE", "Brier", "AUROC", "predicted", "observed"):
+            table.add_column(col, justify="right")
+        for p in entry["positions"]:
+            table.add_row(
+                str(p["position"]),
+                f"{p['count']:,}",
+                *(
+                    "—" if not np.isfinite(p[k]) else f"{p[k]:.4f}"
+                    for k in ("ece", "brier", "auroc", "pred_mean", "target_mean")
+                ),
+            )
+        console.print(table)
+    console.print(
+        "[dim]label at position j: the first j+1 drafts were accepted; compact rows "
+        "without a known ceiling leave positions past a fully accepted window "
+        "unlabelled[/dim]"
+    )
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibration",
+        help="per-position confidence calibration of a run",
+        description="ECE, Brier, AUROC, mean predicted and observed survival per "
+        "block position, per workload and overall, from a run directory.",
+    )
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("--json", action="store_true", help="one JSON object (workloads, overall)")
+    p.add_argument("--bins", type=int, default=15, help="equal-width ECE bins (default 15)")
+    p.set_defaults(handler=handle)

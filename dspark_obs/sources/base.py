@@ -1,0 +1,29 @@
+"""The source interface and `--source` parsing."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+from ..telemetry import StepBatch
+
+
+class Source(Protocol):
+    name: str
+    gamma: int
+
+    def batches(self, stop: threading.Event) -> Iterator[StepBatch]: ...
+
+
+def parse_source(spec: str) -> tuple[str, str | None]:
+    """`runtime` or `run:RUN_DIR` -> (kind, argument)."""
+    if spec == "runtime":
+        return "runtime", None
+    kind, sep, arg = spec.partition(":")
+    if kind == "run" and sep and arg:
+        if not Path(arg).is_dir():
+            raise ValueError(f"--source {spec}: {arg} is not a directory")
+        return "run", arg
+    raise ValueError(f"--source {spec!r}: expected 'runtime' or 'run:RUN_DIR'")
