@@ -41,6 +41,27 @@ def _values(values: np.ndarray) -> list[str]:
     return [_fmt(v) for v in values.tolist()]
 
 
+_PREFIXES: dict[tuple, list[str]] = {}
+_PREFIX_CACHE_SIZE = 256
+
+
+def _histogram_prefixes(name: str, labels: tuple[str, ...], bounds: tuple[str, ...]) -> list[str]:
+    """Every line of a histogram family up to its value; label sets rarely change, so cached."""
+    key = (name, labels, bounds)
+    cached = _PREFIXES.get(key)
+    if cached is None:
+        if len(_PREFIXES) >= _PREFIX_CACHE_SIZE:
+            _PREFIXES.clear()
+        cached = []
+        for lab in labels:
+            sep = "," if lab else ""
+            braces = f"{{{lab}}}" if lab else ""
+            cached += [f'{name}_bucket{{{lab}{sep}le="{b}"}} ' for b in bounds]
+            cached += [f"{name}_sum{braces} ", f"{name}_count{braces} "]
+        _PREFIXES[key] = cached
+    return cached
+
+
 class Writer:
     """Accumulates families; `text()` joins them once."""
 
@@ -78,18 +99,14 @@ class Writer:
     ) -> None:
         """Per series: non-cumulative bucket counts `[series, len(bounds)]` (last is +Inf)."""
         cum = np.cumsum(np.asarray(counts), axis=1)
-        total = cum[:, -1]
-        lines = []
-        le = [f'le="{b}"' for b in bounds]
-        for lab, row, s, n in zip(
-            labels, cum.tolist(), _values(np.asarray(sums)), total.tolist(), strict=True
-        ):
-            sep = "," if lab else ""
-            lines += [f"{name}_bucket{{{lab}{sep}{b}}} {c}\n" for b, c in zip(le, row, strict=True)]
-            braces = f"{{{lab}}}" if lab else ""
-            lines.append(f"{name}_sum{braces} {s}\n")
-            lines.append(f"{name}_count{braces} {n}\n")
-        self.parts.append("".join(lines))
+        width = len(bounds) + 2
+        values: list[str | None] = [None] * (len(labels) * width)
+        for k in range(len(bounds)):
+            values[k::width] = [str(v) for v in cum[:, k].tolist()]
+        values[width - 2 :: width] = _values(np.asarray(sums))
+        values[width - 1 :: width] = [str(v) for v in cum[:, -1].tolist()]
+        prefixes = _histogram_prefixes(name, tuple(labels), tuple(bounds))
+        self.parts.append("".join([f"{p}{v}\n" for p, v in zip(prefixes, values, strict=True)]))
 
     def text(self) -> bytes:
         return "".join(self.parts).encode()

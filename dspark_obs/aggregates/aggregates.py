@@ -176,12 +176,11 @@ class Aggregates:
                 },
                 steps={"total": self.steps.sums.total.copy(), "window": self.steps.sums.window()},
                 confidence={
-                    "total": conf.metrics(conf.counts.total, conf.pred.total, conf.pred_sq.total),
-                    "window": conf.metrics(
-                        conf.counts.window(), conf.pred.window(), conf.pred_sq.window()[:, :]
-                    ),
+                    # AUROC is published over the window only
+                    "total": conf.metrics(None, conf.coarse.total),
+                    "window": conf.metrics(conf.fine.win, conf.coarse.win),
                 },
-                reliability=conf.reliability(conf.counts.total, conf.pred.total),
+                reliability=conf.reliability(conf.coarse.total),
                 cost={
                     "total": self.cost.error_metrics(self.cost.errors.total),
                     "window": self.cost.error_metrics(self.cost.errors.window()),

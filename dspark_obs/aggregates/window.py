@@ -3,13 +3,18 @@
 Prometheus derives rates from counters itself, but ratios such as ECE or
 utilisation cannot be recovered from rates of their parts, so they are also
 published over a sliding window. The window is a ring of blocks: adding goes to
-the current block, the window is the sum of the ring, and when a block fills
-the oldest is cleared. Memory is blocks x groups x width, whatever the run length.
+the current block and to a running window sum; when a block fills, the oldest
+block is subtracted from the running sum and cleared. Reading the window is
+then a copy, not a reduction over the ring. Memory is
+blocks x groups x width, whatever the run length.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+#: Below this share of touched cells an update adds at the touched cells only.
+_SPARSE_SHARE = 0.125
 
 
 class WindowedSums:
@@ -23,6 +28,7 @@ class WindowedSums:
         self.block_steps = max(1, -(-window_steps // blocks))
         self.window_steps = self.block_steps * blocks
         self.total = np.zeros((0, width), dtype=dtype)
+        self.win = np.zeros((0, width), dtype=dtype)
         self.ring = np.zeros((blocks, 0, width), dtype=dtype)
         self._current = 0
         self._steps_in_block = 0
@@ -34,22 +40,28 @@ class WindowedSums:
     def ensure_groups(self, n: int) -> None:
         grow = n - self.groups
         if grow > 0:
-            self.total = np.concatenate(
-                [self.total, np.zeros((grow, self.width), self.total.dtype)]
+            pad = np.zeros((grow, self.width), self.total.dtype)
+            self.total = np.concatenate([self.total, pad])
+            self.win = np.concatenate([self.win, pad])
+            self.ring = np.concatenate(
+                [self.ring, np.broadcast_to(pad, (self.blocks, *pad.shape))], axis=1
             )
-            pad = np.zeros((self.blocks, grow, self.width), self.ring.dtype)
-            self.ring = np.concatenate([self.ring, pad], axis=1)
-
-    def add(self, delta: np.ndarray) -> None:
-        """Add a `[groups, width]` array (groups as of the last `ensure_groups`)."""
-        self.total += delta
-        self.ring[self._current] += delta
 
     def add_flat(self, index: np.ndarray, weights: np.ndarray | None = None) -> None:
         """Add weights (or ones) at flat positions `group * width + column`."""
         size = self.groups * self.width
-        delta = np.bincount(index, weights=weights, minlength=size)
-        self.add(delta.reshape(self.groups, self.width).astype(self.total.dtype, copy=False))
+        flats = (self.total.reshape(-1), self.win.reshape(-1), self.ring[self._current].reshape(-1))
+        if len(index) < _SPARSE_SHARE * size:
+            cells, inverse = np.unique(index, return_inverse=True)
+            delta = np.bincount(inverse.reshape(-1), weights=weights, minlength=len(cells))
+            delta = delta.astype(self.total.dtype, copy=False)
+            for flat in flats:
+                flat[cells] += delta
+        else:
+            delta = np.bincount(index, weights=weights, minlength=size)
+            delta = delta.astype(self.total.dtype, copy=False)
+            for flat in flats:
+                flat += delta
 
     def advance(self, steps: int) -> None:
         """Account for `steps` more steps; rotate blocks as they fill."""
@@ -57,7 +69,8 @@ class WindowedSums:
         while self._steps_in_block >= self.block_steps:
             self._steps_in_block -= self.block_steps
             self._current = (self._current + 1) % self.blocks
+            self.win -= self.ring[self._current]
             self.ring[self._current] = 0
 
     def window(self) -> np.ndarray:
-        return self.ring.sum(axis=0)
+        return self.win.copy()

@@ -81,10 +81,10 @@ def brier_score(pred: np.ndarray, labels: np.ndarray) -> float:
 
 
 def auroc_from_hist(pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
-    pos = pos.astype(np.float64)
     neg = neg.astype(np.float64)
-    neg_before = np.cumsum(neg, axis=-1) - neg
-    pairs = (pos * neg_before).sum(axis=-1) + 0.5 * (pos * neg).sum(axis=-1)
+    below = np.cumsum(neg, axis=-1)
+    below -= 0.5 * neg  # negatives strictly below a bin, plus half of those inside it
+    pairs = np.einsum("...i,...i->...", pos.astype(np.float64), below)
     total = pos.sum(axis=-1) * neg.sum(axis=-1)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(total > 0, pairs / np.where(total > 0, total, 1.0), np.nan)

@@ -63,7 +63,6 @@ def handle(args: argparse.Namespace) -> int:
         raise CliError("--workload-cap must be >= 1 and --window-steps >= 8")
     if args.speed < 0:
         raise CliError("--speed must be >= 0")
-    writer = None
     if kind == "runtime":
         config = config_from_args(args)
         sts = resolve_sts(args, config)
@@ -79,13 +78,10 @@ def handle(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         out = args.out
         manifest = dict(source.run.manifest) | {"source": f"serve:{args.source}"}
-    if out is not None:
-        if (Path(out) / "run.json").exists():
-            raise CliError(f"{out} already holds a run; choose another --out")
-        writer = RunWriter(out, {k: v for k, v in manifest.items() if k != "complete"})
+    if out is not None and (Path(out) / "run.json").exists():
+        raise CliError(f"{out} already holds a run; choose another --out")
     pipeline = Pipeline(
-        Aggregates(source.gamma, workload_cap=args.workload_cap, window_steps=args.window_steps),
-        writer,
+        Aggregates(source.gamma, workload_cap=args.workload_cap, window_steps=args.window_steps)
     )
     exporter = Exporter(pipeline, host, port, args.web_config)
     stop = threading.Event()
@@ -94,6 +90,15 @@ def handle(args: argparse.Namespace) -> int:
         url = exporter.start()
     except OSError as exc:
         raise CliError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
+    if out is not None:
+        # Created only once serving works: a refused port or web config must not leave an
+        # incomplete run in --out that then blocks the corrected command ("already holds a run").
+        try:
+            writer = RunWriter(out, {k: v for k, v in manifest.items() if k != "complete"})
+        except BaseException:
+            exporter.stop()
+            raise
+        pipeline.writer = writer
     print(f"serving {url}  (source {source.name}; Ctrl-C to stop)", flush=True)
     try:
         fed = run_source(source, pipeline, stop)

@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench [--json] [--quick] [NAME...]`, one JSON object per benchmark."""
