@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+from dspark_obs.exporters.render import Renderer
 
 from dspark_obs.aggregates import Aggregates
-from dspark_obs.exporters.render import Renderer
 from dspark_obs.pipeline import IngestStats
 
 from .aggregate_update import batches
