@@ -7,46 +7,26 @@ import json
 from pathlib import Path
 
 import numpy as np
-import polars as pl
-from rich.console import Console
 from rich.table import Table
 
-from ..calibration import CalibrationAccumulator, prefix_labels
-from ..store import RunStoreError, open_run
+from ..analysis.confidence_rows import confidence_rows, matrix_and_labels
+from ..calibration import CalibrationAccumulator
+from ..store import open_run
+from .console import make_console
 from .errors import CliError
 
 
 def calibration_report(run_dir: Path, bins: int = 15) -> dict:
     """The `--json` object: per workload and overall, one entry per block position."""
-    try:
-        run = open_run(run_dir)
-    except RunStoreError as exc:
-        raise CliError(str(exc)) from None
+    run = open_run(run_dir)
     gamma = int(run.manifest["gamma"])
-    df = (
-        run.requests()
-        .filter(pl.col("survival").is_not_null())
-        .select(
-            "workload",
-            "survival",
-            "correct_drafts",
-            "window",
-            pl.coalesce("ceiling", "shadow_ceiling", pl.lit(-1)).alias("known"),
-        )
-        .collect()
-    )
+    df = confidence_rows(run, "survival")
     if df.height == 0:
         raise CliError(f"{run_dir}: no confidence recorded (SGLang dumps need a confidence head)")
     overall = CalibrationAccumulator(gamma, num_bins=bins)
     workloads = {}
     for (name,), part in df.sort("workload").group_by("workload", maintain_order=True):
-        survival = part["survival"].to_numpy().reshape(-1, gamma)
-        labels, labelled = prefix_labels(
-            part["correct_drafts"].to_numpy(),
-            part["window"].to_numpy(),
-            part["known"].to_numpy(),
-            gamma,
-        )
+        survival, labels, labelled = matrix_and_labels(part, "survival", gamma)
         acc = CalibrationAccumulator(gamma, num_bins=bins).update(survival, labels, labelled)
         overall.merge(acc)
         workloads[name] = {"positions": acc.compute()}
@@ -75,9 +55,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(_json_safe(report), indent=2))
         return 0
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=120)
+    console = make_console()
     sections = [*report["workloads"].items(), ("overall", report["overall"])]
     for name, entry in sections:
         table = Table(

@@ -26,22 +26,20 @@ from .progress import step_progress
 from .summary_cmd import print_summary
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
+def _number_list(cast: type, what: str):
+    def parse(text: str) -> list:
+        try:
+            return [cast(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {what}, got {text!r}"
+            ) from None
+
+    return parse
 
 
-def _float_list(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}"
-        ) from None
+_int_list = _number_list(int, "integers")
+_float_list = _number_list(float, "numbers")
 
 
 def add_runtime_arguments(

@@ -9,38 +9,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import polars as pl
 from rich.console import Console
 from rich.table import Table
 
-from ..calibration import fit_sts, prefix_labels, save_sts
-from ..store import RunStoreError, open_run
+from ..analysis.confidence_rows import confidence_rows, matrix_and_labels
+from ..calibration import fit_sts, save_sts
+from ..store import open_run
 from .errors import CliError
 
 
 def handle_fit(args: argparse.Namespace) -> int:
-    try:
-        run = open_run(args.run_dir)
-    except RunStoreError as exc:
-        raise CliError(str(exc)) from None
+    run = open_run(args.run_dir)
     gamma = int(run.manifest["gamma"])
-    df = (
-        run.requests()
-        .filter(pl.col("confidence_logits").is_not_null())
-        .select(
-            "confidence_logits",
-            "correct_drafts",
-            "window",
-            pl.coalesce("ceiling", "shadow_ceiling", pl.lit(-1)).alias("ceiling"),
-        )
-        .collect()
-    )
+    df = confidence_rows(run, "confidence_logits")
     if df.height == 0:
         raise CliError(f"{args.run_dir}: no raw confidence logits recorded; cannot fit STS")
-    logits = df["confidence_logits"].to_numpy().reshape(-1, gamma)
-    labels, labelled = prefix_labels(
-        df["correct_drafts"].to_numpy(), df["window"].to_numpy(), df["ceiling"].to_numpy(), gamma
-    )
+    logits, labels, labelled = matrix_and_labels(df, "confidence_logits", gamma)
     cal = fit_sts(logits, labels, labelled, num_bins=args.bins, dataset=str(args.run_dir))
     save_sts(cal, args.out)
     table = Table(

@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ..analysis.summary import summarize
-from ..store import Run, RunStoreError, open_run
-from .errors import CliError
+from ..store import Run, open_run
+from .console import make_console
 
 
 def _fmt(value, digits: int = 2) -> str:
@@ -87,16 +87,11 @@ def print_summary(run: Run, *, as_json: bool) -> None:
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
-        console = Console()
-        render(summary, console if console.is_terminal else Console(width=120))
+        render(summary, make_console())
 
 
 def handle(args: argparse.Namespace) -> int:
-    try:
-        run = open_run(args.run_dir)
-    except RunStoreError as exc:
-        raise CliError(str(exc)) from None
-    print_summary(run, as_json=args.json)
+    print_summary(open_run(args.run_dir), as_json=args.json)
     return 0
 
 

@@ -78,6 +78,18 @@ class InfoRecord(msgspec.Struct):
     simulate_acc_len: int | None = None
 
 
+#: `ReqDetail`'s integer fields, in SGLang's order.
+REQ_INT_FIELDS = (
+    "req_pool_index",
+    "prefix_len",
+    "verify_len",
+    "acc_len",
+    "correct_drafts",
+    "cap_trim",
+    "bonus_token",
+)
+
+
 class SGLangFormatError(ValueError):
     """A payload that does not follow SGLang's documented record shape."""
 
@@ -130,15 +142,7 @@ def record_to_batch(
         )
     n = len(reqs)
     cols = empty_request_columns(n, gamma)
-    for name in (
-        "req_pool_index",
-        "prefix_len",
-        "verify_len",
-        "acc_len",
-        "correct_drafts",
-        "cap_trim",
-        "bonus_token",
-    ):
+    for name in REQ_INT_FIELDS:
         cols[name] = np.fromiter((getattr(r, name) for r in reqs), dtype=np.int64, count=n)
     cols["rid"] = np.array([r.rid for r in reqs] + [None], dtype=object)[:n]
     if n and all(r.rid is not None for r in reqs):
@@ -207,18 +211,7 @@ def batch_to_record(batch: StepBatch, *, step_mode: bool = True) -> DecodeStepRe
         draft = batch.draft_tokens
         if draft is None:
             raise ValueError("SGLang's reqs records need draft_tokens")
-        ints = {
-            name: getattr(batch, name).tolist()
-            for name in (
-                "req_pool_index",
-                "prefix_len",
-                "verify_len",
-                "acc_len",
-                "correct_drafts",
-                "cap_trim",
-                "bonus_token",
-            )
-        }
+        ints = {name: getattr(batch, name).tolist() for name in REQ_INT_FIELDS}
         draft_rows = draft.tolist()
         conf = None if batch.confidence is None else batch.confidence.tolist()
         surv = None if batch.survival is None else batch.survival.tolist()

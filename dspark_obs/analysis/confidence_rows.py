@@ -1,0 +1,44 @@
+"""Request-steps with a confidence column and their prefix labels, from a stored run.
+
+STS fitting and the calibration report need the same rows: those that carry the
+confidence column, with the ceiling where it is known (observed, else the
+shadow twin's, else censored) so that `prefix_labels` can tell which positions
+the target settled.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from ..calibration import prefix_labels
+from ..store import Run
+
+
+def confidence_rows(run: Run, column: str) -> pl.DataFrame:
+    """Rows with `column` recorded: workload, the column, correct_drafts, window, known ceiling."""
+    return (
+        run.requests()
+        .filter(pl.col(column).is_not_null())
+        .select(
+            "workload",
+            column,
+            "correct_drafts",
+            "window",
+            pl.coalesce("ceiling", "shadow_ceiling", pl.lit(-1)).alias("known_ceiling"),
+        )
+        .collect()
+    )
+
+
+def matrix_and_labels(
+    rows: pl.DataFrame, column: str, gamma: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(`[n, gamma]` values of `column`, labels, labelled)."""
+    labels, labelled = prefix_labels(
+        rows["correct_drafts"].to_numpy(),
+        rows["window"].to_numpy(),
+        rows["known_ceiling"].to_numpy(),
+        gamma,
+    )
+    return rows[column].to_numpy().reshape(-1, gamma), labels, labelled
