@@ -1,0 +1,291 @@
+"""`dspark-obs serve` and `demo` as an operator meets them: a separate process, real signals.
+
+A service is judged by its edges: Ctrl-C or a SIGTERM from systemd must leave a complete,
+readable run (not a truncated part and a manifest claiming "incomplete"), a finite replay must
+be able to end by itself for batch jobs, and every mistake on the command line must come back
+as one line and exit status 2 rather than a traceback an operator has to decode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+# Loopback only: a CI proxy from http_proxy must not swallow requests meant for 127.0.0.1.
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+RUNTIME = [
+    "--source",
+    "runtime",
+    "--speed",
+    "0",
+    "--concurrency",
+    "8",
+    "--steps-per-level",
+    "20",
+    "--sts",
+    "none",
+]
+DEMO = ["--concurrency", "8", "--steps-per-level", "20", "--sts-warmup-steps", "20", "--quiet"]
+SERVING = re.compile(r"serving (https?://\S+/metrics)")
+
+
+class Child:
+    """A `dspark-obs` command in its own process, signalled the way a terminal or systemd would.
+
+    Output goes to files rather than pipes, so a child can never stall on a full pipe while the
+    test is busy scraping it, and whatever it printed is still there for a failure message.
+    """
+
+    def __init__(self, *args: str, workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.args = args
+        self._out, self._err = workdir / "stdout.txt", workdir / "stderr.txt"
+        with self._out.open("wb") as out, self._err.open("wb") as err:
+            # cwd=workdir: a default `runs/...` directory must never land in the checkout.
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dspark_obs", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=workdir,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"},
+            )
+
+    @property
+    def stdout(self) -> str:
+        return self._out.read_text(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self._err.read_text(errors="replace")
+
+    def describe(self) -> str:
+        return (
+            f"dspark-obs {' '.join(self.args)} (rc={self.proc.poll()})\n"
+            f"--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}"
+        )
+
+    def wait_for_line(self, pattern: re.Pattern[str] | str, timeout: float = 30.0) -> re.Match:
+        """The child announces its URL on stdout; poll for it rather than guessing a delay."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while True:
+            match = regex.search(self.stdout)
+            if match:
+                return match
+            if self.proc.poll() is not None:
+                raise AssertionError(f"exited before printing {regex.pattern!r}\n{self.describe()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {regex.pattern!r} after {timeout}s\n{self.describe()}")
+            time.sleep(0.05)
+
+    def url(self, timeout: float = 30.0) -> str:
+        return self.wait_for_line(SERVING, timeout).group(1)
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 5.0) -> int:
+        """Signal and wait; a child that outlives `timeout` fails the test (and is killed)."""
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(
+                f"still running {timeout}s after {signal.Signals(sig).name}\n{self.describe()}"
+            ) from None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def scrape(url: str, opener: urllib.request.OpenerDirector = OPENER) -> str:
+    with opener.open(url, timeout=10) as resp:
+        assert resp.status == 200
+        return resp.read().decode()
+
+
+def sample_sum(text: str, name: str) -> float:
+    """Sum of one family's samples across label sets, read off the exposition text."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith((name + "{", name + " "))
+    )
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    # conftest.cli() would wait 300 s on a hung child; a serve that ignores --exit-when-done
+    # should fail this suite quickly instead.
+    return subprocess.run(
+        [sys.executable, "-m", "dspark_obs", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=timeout,
+        env={**os.environ, "COLUMNS": "160"},
+    )
+
+
+def parquet_rows(table_dir: Path) -> int:
+    return pl.read_parquet(str(table_dir / "part-*.parquet")).height
+
+
+# --- stopping -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_runtime_serve_stops_on_signal_with_a_complete_run(tmp_path, sig):
+    out = tmp_path / "served"
+    child = Child("serve", *RUNTIME, "--out", str(out), "--listen", "127.0.0.1:0", workdir=tmp_path)
+    try:
+        url = child.url()
+        deadline = time.monotonic() + 30
+        while (seen := sample_sum(scrape(url), "dspark_steps_total")) <= 50:
+            assert time.monotonic() < deadline, f"only {seen} steps after 30 s\n{child.describe()}"
+            time.sleep(0.05)
+        rc = child.stop(sig, timeout=5)
+    finally:
+        child.kill()
+    assert rc == 0, child.describe()
+
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["complete"] is True
+    assert manifest["source"] == "serve:runtime"
+    # Every step the service accepted reached the store: none lost in an unflushed buffer.
+    stored = parquet_rows(out / "steps")
+    assert stored == manifest["steps"] >= seen
+    assert parquet_rows(out / "requests") == manifest["request_steps"] > 0
+    assert f"stopped: {stored:,} steps ingested, 0 rejected" in child.stderr
+    assert "Traceback" not in child.stderr
+
+
+def test_replay_exits_by_itself_with_exit_when_done(compact_run, tmp_path):
+    run_dir, summary = compact_run
+    steps = summary["overall"]["steps"]
+    out = tmp_path / "copy"
+    proc = run_cli(
+        "serve",
+        "--source",
+        f"run:{run_dir}",
+        "--speed",
+        "0",
+        "--listen",
+        "127.0.0.1:0",
+        "--exit-when-done",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+        timeout=30,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert SERVING.search(proc.stdout)
+    assert f"ended after {steps:,} steps" in proc.stdout
+    assert "still serving" not in proc.stdout
+    # The replay is re-stored whole: the copy holds the same steps and request rows.
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["complete"] is True
+    assert manifest["steps"] == parquet_rows(out / "steps") == steps
+    assert parquet_rows(out / "requests") == summary["overall"]["request_steps"]
+
+
+# --- bad input ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def bound_port() -> Iterator[int]:
+    """A port some other program is already listening on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def _bad_web_config(tmp_path: Path) -> Path:
+    path = tmp_path / "web.json"
+    path.write_text(json.dumps({"tls_server_config": {"cert_file": "x.crt"}, "http2": True}))
+    return path
+
+
+BAD_INPUTS = {
+    # case: (tmp_path, port in use) -> (arguments, what the message must name)
+    "unknown-source": lambda tmp, port: (["--source", "bogus"], "bogus"),
+    "missing-run-dir": lambda tmp, port: (["--source", "run:/nonexistent"], "/nonexistent"),
+    "dir-is-not-a-run": lambda tmp, port: (["--source", f"run:{tmp}"], "run.json"),
+    "listen-without-port": lambda tmp, port: (["--listen", "nonsense"], "nonsense"),
+    "listen-port-taken": lambda tmp, port: (
+        [*RUNTIME, "--listen", f"127.0.0.1:{port}"],
+        f"cannot listen on 127.0.0.1:{port}",
+    ),
+    "web-config-invalid": lambda tmp, port: (
+        [*RUNTIME, "--web-config", str(_bad_web_config(tmp))],
+        "http2",
+    ),
+    "web-config-missing": lambda tmp, port: (
+        [*RUNTIME, "--web-config", str(tmp / "nowhere.json")],
+        "nowhere.json",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_line_and_exit_2(tmp_path, bound_port, case):
+    args, needle = BAD_INPUTS[case](tmp_path, bound_port)
+    out = tmp_path / "out"
+    args = [*args, "--out", str(out)]
+    if "--listen" not in args:
+        args += ["--listen", "127.0.0.1:0"]
+    proc = run_cli("serve", *args, cwd=tmp_path, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    message = proc.stderr.strip()
+    assert "Traceback" not in proc.stderr
+    assert "\n" not in message, message
+    assert message.startswith("dspark-obs serve: error: "), message
+    assert needle in message
+    assert "serving" not in proc.stdout
+    # A refused start must not leave a run behind that blocks the corrected command.
+    assert not (out / "run.json").exists()
+
+
+# --- demo ---------------------------------------------------------------------------------
+
+
+def test_demo_prints_the_scrape_url_and_serves_the_run_there(tmp_path):
+    out = tmp_path / "demo"
+    child = Child(
+        "demo", *DEMO, "--out", str(out), "--listen", "127.0.0.1:0", "--hold", workdir=tmp_path
+    )
+    try:
+        announced = child.wait_for_line(r"serving live metrics at (http://\S+/metrics)").group(1)
+        held = child.wait_for_line(r"still serving (http://\S+/metrics)").group(1)
+        assert held == announced
+        text = scrape(announced)
+        rc = child.stop(signal.SIGINT)
+    finally:
+        child.kill()
+    assert rc == 0, child.describe()
+    # What the printed URL served is the demo's own run, step for step.
+    steps = json.loads((out / "run.json").read_text())["steps"]
+    assert sample_sum(text, "dspark_steps_total") == steps > 0
+
+
+def test_demo_no_serve_prints_no_url(tmp_path):
+    proc = run_cli("demo", *DEMO, "--out", str(tmp_path / "demo"), "--no-serve", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "serving" not in proc.stdout
+    assert "/metrics" not in proc.stdout
+    assert "http://" not in proc.stdout
+    assert json.loads((tmp_path / "demo" / "run.json").read_text())["complete"] is True
