@@ -367,7 +367,8 @@ def assert_close(got: dict, want: dict, rel: float = 0.0, abs_tol: float = 0.0) 
 # --- plain HTTP: what Prometheus stored ------------------------------------------------------
 
 
-def test_promtool_accepts_a_raw_scrape(plain_url):
+def test_promtool_accepts_a_raw_scrape(plain_url, prom):
+    """After the replay is in (`prom` waits for it), so every family has samples."""
     with OPENER.open(plain_url, timeout=10) as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")

@@ -76,7 +76,11 @@ class Aggregates:
         with self._lock:
             self._pending.append(batch)
             self._pending_rows += batch.num_reqs + 1
-            if self._pending_rows >= self.flush_rows:
+            # A fold lands whole in the ring's current block, so it may not hold more
+            # steps than that block has room for: the window would keep too many steps,
+            # or (a fold longer than the window) none at all.
+            room = self.tokens.sums.room
+            if self._pending_rows >= self.flush_rows or len(self._pending) >= room:
                 self._fold()
 
     def flush(self) -> None:

@@ -63,6 +63,11 @@ class WindowedSums:
             for flat in flats:
                 flat += delta
 
+    @property
+    def room(self) -> int:
+        """Steps the current block still takes before the ring turns."""
+        return self.block_steps - self._steps_in_block
+
     def advance(self, steps: int) -> None:
         """Account for `steps` more steps; rotate blocks as they fill."""
         self._steps_in_block += steps
