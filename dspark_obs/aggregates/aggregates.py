@@ -40,6 +40,9 @@ class Snapshot:
     overflow_rows: int = 0
 
 
+_MODE_CODE = {"static": 0, "compact": 1, "cap-accept": 2, "": 1}
+
+
 def _f(x) -> float:
     return np.nan if x is None else float(x)
 
@@ -100,40 +103,7 @@ class Aggregates:
             return
         with_reqs = [b for b in batches if b.num_reqs]
         if with_reqs:
-            group = np.concatenate([self.index.rows(b) for b in with_reqs])
-            n_groups = len(self.index.groups)
-            self.tokens.sums.ensure_groups(n_groups)
-            self.confidence.ensure_groups(n_groups)
-            window = np.concatenate([b.window for b in with_reqs])
-            accepted = np.concatenate([b.correct_drafts for b in with_reqs])
-            ceiling = np.concatenate([b.ceiling for b in with_reqs])
-            shadow = np.concatenate([b.shadow_ceiling for b in with_reqs])
-            self.tokens.update(
-                TokenRows(
-                    group=group,
-                    window=window,
-                    accepted=accepted,
-                    committed=np.concatenate([b.acc_len for b in with_reqs]),
-                    ceiling=ceiling,
-                    shadow=shadow,
-                )
-            )
-            scored = [i for i, b in enumerate(with_reqs) if b.survival is not None]
-            if scored:
-                if len(scored) < len(with_reqs):
-                    keep = np.concatenate(
-                        [np.full(b.num_reqs, b.survival is not None) for b in with_reqs]
-                    )
-                else:
-                    keep = slice(None)
-                known = np.where(ceiling >= 0, ceiling, shadow)
-                self.confidence.update(
-                    group[keep],
-                    np.concatenate([with_reqs[i].survival for i in scored]),
-                    accepted[keep],
-                    window[keep],
-                    known[keep],
-                )
+            self._fold_requests(with_reqs)
         sgroup = np.array([self._step_group(b.mode, b.rank) for b in batches], dtype=np.int64)
         n_sg = len(self.step_groups)
         self.steps.sums.ensure_groups(n_sg)
@@ -164,6 +134,42 @@ class Aggregates:
         for sums in (self.tokens.sums, self.steps.sums, self.cost.errors):
             sums.advance(len(batches))
         self.confidence.advance(len(batches))
+
+    def _fold_requests(self, batches: list[StepBatch]) -> None:
+        """Request rows of several steps, concatenated once and folded in together."""
+        group = np.concatenate([self.index.rows(b) for b in batches])
+        n_groups = len(self.index.groups)
+        self.tokens.sums.ensure_groups(n_groups)
+        self.confidence.ensure_groups(n_groups)
+        window = np.concatenate([b.verify_len for b in batches]) - 1
+        accepted = np.concatenate([b.correct_drafts for b in batches])
+        cap_trim = np.concatenate([b.cap_trim for b in batches])
+        shadow = np.concatenate([b.shadow_ceiling for b in batches])
+        mode = np.repeat([_MODE_CODE[b.mode] for b in batches], [b.num_reqs for b in batches])
+        # the ceiling each mode reveals (StepBatch.ceiling, vectorised over mixed modes)
+        ceiling = np.where(mode == 0, accepted, np.where(mode == 2, accepted + cap_trim, -1))
+        self.tokens.update(
+            TokenRows(
+                group=group,
+                window=window,
+                accepted=accepted,
+                committed=np.concatenate([b.acc_len for b in batches]),
+                ceiling=ceiling,
+                shadow=shadow,
+            )
+        )
+        scored = [b.survival is not None for b in batches]
+        if any(scored):
+            keep = slice(None)
+            if not all(scored):
+                keep = np.repeat(scored, [b.num_reqs for b in batches])
+            self.confidence.update(
+                group[keep],
+                np.concatenate([b.survival for b in batches if b.survival is not None]),
+                accepted[keep],
+                window[keep],
+                np.where(ceiling >= 0, ceiling, shadow)[keep],
+            )
 
     def snapshot(self) -> Snapshot:
         with self._lock:

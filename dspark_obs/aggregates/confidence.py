@@ -30,11 +30,10 @@ FINE_BINS = ECE_BINS * FINE_PER_ECE_BIN
 class ConfidenceAggregate:
     def __init__(self, gamma: int, window_steps: int, blocks: int) -> None:
         self.gamma = gamma
-        # per position: FINE_BINS x {label 0, label 1} counts (AUROC)
-        self.fine_stride = 2 * FINE_BINS
-        self.fine = WindowedSums(gamma * self.fine_stride, window_steps, blocks, np.int64)
-        # per position: ECE_BINS x {rows y=0, rows y=1, pred sum y=0, pred sum y=1}, then the
-        # sum of squared predictions (Brier); counts are exact integers in float64
+        # per position: {label 0, label 1} x FINE_BINS counts (AUROC)
+        self.fine = WindowedSums(gamma * 2 * FINE_BINS, window_steps, blocks, np.int64)
+        # per position: {label 0, label 1} x ECE_BINS rows, the same of prediction sums, then
+        # the sum of squared predictions (Brier); counts are exact integers in float64
         self.coarse_stride = 4 * ECE_BINS + 1
         self.coarse = WindowedSums(gamma * self.coarse_stride, window_steps, blocks)
 
@@ -54,52 +53,58 @@ class ConfidenceAggregate:
         window: np.ndarray,
         ceiling: np.ndarray,
     ) -> None:
-        """Rows `[n]` with `survival [n, gamma]`; `ceiling` -1 where unknown.
+        """Rows `[n]` with `survival [n, gamma]` (validated: within [0, 1]); `ceiling` -1 where
+        unknown.
 
-        Rows come from validated batches, so the label rule is applied inline
-        (the same rule as `calibration.prefix_labels`, without its checks).
+        The label rule is `calibration.prefix_labels`, applied inline without its
+        checks because the rows come from validated batches.
         """
         g = self.gamma
         j = np.arange(g)
         observed = ceiling >= 0
         labels = j < np.where(observed, ceiling, accepted)[:, None]
         settled = observed | (accepted < window)
-        probs = survival
         slot = (group * g)[:, None] + j
+        probs = survival
         if not settled.all():
-            labelled = settled[:, None] | (j < accepted[:, None])
-            sel = np.flatnonzero(labelled)
+            sel = np.flatnonzero(settled[:, None] | (j < accepted[:, None]))
             probs, labels, slot = probs.ravel()[sel], labels.ravel()[sel], slot.ravel()[sel]
-        finite = np.isfinite(probs)
-        if not finite.all():
-            probs, labels, slot = probs[finite], labels[finite], slot[finite]
         probs = np.clip(probs.ravel(), EPS_PROB, 1.0 - EPS_PROB)
-        y = labels.ravel()
         slot = slot.ravel()
+        slot_label = 2 * slot + labels.ravel()
         fine = (probs * FINE_BINS).astype(np.int64)
-        self.fine.add_flat(slot * self.fine_stride + 2 * fine + y)
-        base = slot * self.coarse_stride
-        cell = base + 4 * (fine // FINE_PER_ECE_BIN) + y
-        self.coarse.add_flat(
-            np.concatenate([cell, cell + 2, base + 4 * ECE_BINS]),
-            np.concatenate([np.ones(len(probs)), probs, probs * probs]),
+        self.fine.add_flat(slot_label * FINE_BINS + fine)
+        cell = slot_label * ECE_BINS + fine // FINE_PER_ECE_BIN
+        slots = self.coarse.groups * g
+        size = 2 * ECE_BINS * slots
+        delta = np.concatenate(
+            [
+                np.bincount(cell, minlength=size).reshape(slots, 2 * ECE_BINS),
+                np.bincount(cell, weights=probs, minlength=size).reshape(slots, 2 * ECE_BINS),
+                np.bincount(slot, weights=probs * probs, minlength=slots)[:, None],
+            ],
+            axis=1,
         )
+        self.coarse.add(delta.reshape(self.coarse.groups, -1))
 
-    def _coarse(self, coarse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _coarse(self, coarse: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows and prediction sums `[groups, gamma, 2 labels, ECE_BINS]`, squared sums."""
         c = coarse.reshape(coarse.shape[0], self.gamma, self.coarse_stride)
-        return c[..., : 4 * ECE_BINS].reshape(*c.shape[:2], ECE_BINS, 4), c[..., 4 * ECE_BINS]
+        k = 2 * ECE_BINS
+        shape = (*c.shape[:2], 2, ECE_BINS)
+        return c[..., :k].reshape(shape), c[..., k : 2 * k].reshape(shape), c[..., 2 * k]
 
     def metrics(self, fine: np.ndarray | None, coarse: np.ndarray) -> dict[str, np.ndarray]:
         """ECE, Brier, AUROC (when `fine` is given), mean predicted and observed, count:
         each `[groups, gamma]`."""
-        bins, pred_sq = self._coarse(coarse)
-        rows = bins[..., 0] + bins[..., 1]
-        positives = bins[..., 1]
-        pred_sum = bins[..., 2] + bins[..., 3]
+        counts, preds, pred_sq = self._coarse(coarse)
+        rows = counts.sum(axis=2)
+        positives = counts[:, :, 1]
+        pred_sum = preds.sum(axis=2)
         total = rows.sum(axis=-1)
         with np.errstate(invalid="ignore", divide="ignore"):
             # sum (p - y)^2 = sum p^2 - 2 sum_{y=1} p + sum y
-            brier = (pred_sq - 2 * bins[..., 3].sum(axis=-1) + positives.sum(axis=-1)) / total
+            brier = (pred_sq - 2 * preds[:, :, 1].sum(axis=-1) + positives.sum(axis=-1)) / total
             pred_mean = pred_sum.sum(axis=-1) / total
             observed = positives.sum(axis=-1) / total
         return {
@@ -112,16 +117,16 @@ class ConfidenceAggregate:
         }
 
     def _auroc(self, fine: np.ndarray) -> np.ndarray:
-        f = fine.reshape(fine.shape[0], self.gamma, FINE_BINS, 2)
-        return auroc_from_hist(f[..., 1], f[..., 0])
+        f = fine.reshape(fine.shape[0], self.gamma, 2, FINE_BINS)
+        return auroc_from_hist(f[:, :, 1], f[:, :, 0])
 
     def reliability(self, coarse: np.ndarray) -> dict[str, np.ndarray]:
         """Per group, position and ECE bin (`[groups, gamma, 15]`): rows, positives and
         prediction sums of all rows and of positive rows."""
-        bins, _ = self._coarse(coarse)
+        counts, preds, _ = self._coarse(coarse)
         return {
-            "rows": (bins[..., 0] + bins[..., 1]).astype(np.int64),
-            "positives": bins[..., 1].astype(np.int64),
-            "pred_sum": bins[..., 2] + bins[..., 3],
-            "positive_pred_sum": bins[..., 3],
+            "rows": counts.sum(axis=2).astype(np.int64),
+            "positives": counts[:, :, 1].astype(np.int64),
+            "pred_sum": preds.sum(axis=2),
+            "positive_pred_sum": preds[:, :, 1],
         }

@@ -47,6 +47,13 @@ class WindowedSums:
                 [self.ring, np.broadcast_to(pad, (self.blocks, *pad.shape))], axis=1
             )
 
+    def add(self, delta: np.ndarray) -> None:
+        """Add a dense `[groups, width]` array."""
+        delta = delta.astype(self.total.dtype, copy=False)
+        self.total += delta
+        self.win += delta
+        self.ring[self._current] += delta
+
     def add_flat(self, index: np.ndarray, weights: np.ndarray | None = None) -> None:
         """Add weights (or ones) at flat positions `group * width + column`."""
         size = self.groups * self.width

@@ -198,8 +198,8 @@ class StepBatch:
                 raise InvalidBatch("ceiling_out_of_range", "shadow_ceiling outside -1..gamma")
             for name in ("confidence", "survival"):
                 mat = getattr(self, name)
-                if mat is not None and ((mat < 0) | (mat > 1)).any():
-                    raise InvalidBatch("probability_out_of_range", f"{name} outside [0, 1]")
+                if mat is not None and not ((mat >= 0) & (mat <= 1)).all():
+                    raise InvalidBatch("probability_out_of_range", f"{name} outside [0, 1] or NaN")
 
 
 def empty_request_columns(n: int, gamma: int) -> dict[str, np.ndarray]:
