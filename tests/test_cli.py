@@ -160,3 +160,30 @@ def test_bad_cost_table_is_rejected(tmp_path):
     )
     proc = cli("run", "--cost-table", str(bad), "--out", str(tmp_path / "r"), check=False)
     assert proc.returncode == 2 and "strictly increasing" in proc.stderr
+
+
+def test_hash_password_makes_a_bcrypt_hash_that_verifies():
+    import subprocess
+    import sys
+
+    import bcrypt
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "dspark_obs", "hash-password", "--rounds", "4"],
+        input="s3cret\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0
+    hashed = proc.stdout.strip()
+    assert hashed.startswith("$2b$04$") and "s3cret" not in proc.stdout + proc.stderr
+    assert bcrypt.checkpw(b"s3cret", hashed.encode())
+    empty = subprocess.run(
+        [sys.executable, "-m", "dspark_obs", "hash-password"],
+        input="\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert empty.returncode == 2 and "empty password" in empty.stderr

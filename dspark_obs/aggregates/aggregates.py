@@ -70,6 +70,7 @@ class Aggregates:
         self.window_steps = self.tokens.sums.window_steps
         self._pending: list[StepBatch] = []
         self._pending_rows = 0
+        self._rows_done = 0  # leading pending steps whose request rows are already folded in
         self._lock = threading.Lock()
 
     def update(self, batch: StepBatch) -> None:
@@ -78,13 +79,17 @@ class Aggregates:
             raise ValueError(f"gamma {batch.gamma} != {self.gamma}")
         with self._lock:
             self._pending.append(batch)
-            self._pending_rows += batch.num_reqs + 1
-            # A fold lands whole in the ring's current block, so it may not hold more
-            # steps than that block has room for: the window would keep too many steps,
-            # or (a fold longer than the window) none at all.
-            room = self.tokens.sums.room
-            if self._pending_rows >= self.flush_rows or len(self._pending) >= room:
+            self._pending_rows += batch.num_reqs
+            # Request rows fold in whenever enough are queued; step-level sums (a few numbers
+            # per step) and the window's clock only when the ring's current block is full, so
+            # their per-call overhead is paid once per block. A block's steps never spill into
+            # the next block, which keeps the window exact.
+            if len(self._pending) >= self.tokens.sums.room:
                 self._fold()
+            elif self._pending_rows >= self.flush_rows:
+                self._fold_requests(self._pending[self._rows_done :])
+                self._rows_done = len(self._pending)
+                self._pending_rows = 0
 
     def flush(self) -> None:
         with self._lock:
@@ -98,12 +103,11 @@ class Aggregates:
         return gid
 
     def _fold(self) -> None:
-        batches, self._pending, self._pending_rows = self._pending, [], 0
+        batches, done = self._pending, self._rows_done
+        self._pending, self._pending_rows, self._rows_done = [], 0, 0
         if not batches:
             return
-        with_reqs = [b for b in batches if b.num_reqs]
-        if with_reqs:
-            self._fold_requests(with_reqs)
+        self._fold_requests(batches[done:])
         sgroup = np.array([self._step_group(b.mode, b.rank) for b in batches], dtype=np.int64)
         n_sg = len(self.step_groups)
         self.steps.sums.ensure_groups(n_sg)
@@ -137,6 +141,9 @@ class Aggregates:
 
     def _fold_requests(self, batches: list[StepBatch]) -> None:
         """Request rows of several steps, concatenated once and folded in together."""
+        batches = [b for b in batches if b.num_reqs]
+        if not batches:
+            return
         group = np.concatenate([self.index.rows(b) for b in batches])
         n_groups = len(self.index.groups)
         self.tokens.sums.ensure_groups(n_groups)

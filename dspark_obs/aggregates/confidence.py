@@ -36,6 +36,8 @@ class ConfidenceAggregate:
         # the sum of squared predictions (Brier); counts are exact integers in float64
         self.coarse_stride = 4 * ECE_BINS + 1
         self.coarse = WindowedSums(gamma * self.coarse_stride, window_steps, blocks)
+        j = np.arange(gamma)
+        self._offsets = 2 * j[None, :] + (j[None, :] < np.arange(gamma + 1)[:, None])
 
     def ensure_groups(self, n: int) -> None:
         self.fine.ensure_groups(n)
@@ -62,26 +64,27 @@ class ConfidenceAggregate:
         g = self.gamma
         j = np.arange(g)
         observed = ceiling >= 0
-        labels = j < np.where(observed, ceiling, accepted)[:, None]
+        reach = np.where(observed, ceiling, accepted)
         settled = observed | (accepted < window)
-        slot = (group * g)[:, None] + j
+        # 2 * slot + label, the label of position j being j < reach (a table row per reach)
+        slot_label = np.take(self._offsets, reach, axis=0) + (group * (2 * g))[:, None]
         probs = survival
         if not settled.all():
             sel = np.flatnonzero(settled[:, None] | (j < accepted[:, None]))
-            probs, labels, slot = probs.ravel()[sel], labels.ravel()[sel], slot.ravel()[sel]
+            probs, slot_label = probs.ravel()[sel], slot_label.ravel()[sel]
         probs = np.clip(probs.ravel(), EPS_PROB, 1.0 - EPS_PROB)
-        slot = slot.ravel()
-        slot_label = 2 * slot + labels.ravel()
-        fine = (probs * FINE_BINS).astype(np.int64)
-        self.fine.add_flat(slot_label * FINE_BINS + fine)
-        cell = slot_label * ECE_BINS + fine // FINE_PER_ECE_BIN
+        slot_label = slot_label.ravel()
+        fine = slot_label * FINE_BINS + (probs * FINE_BINS).astype(np.int32)
+        self.fine.add_flat(fine)
+        cell = fine // FINE_PER_ECE_BIN  # = slot_label * ECE_BINS + ECE bin, as 1020 = 15 * 68
         slots = self.coarse.groups * g
         size = 2 * ECE_BINS * slots
+        squares = np.bincount(slot_label, weights=probs * probs, minlength=2 * slots)
         delta = np.concatenate(
             [
                 np.bincount(cell, minlength=size).reshape(slots, 2 * ECE_BINS),
                 np.bincount(cell, weights=probs, minlength=size).reshape(slots, 2 * ECE_BINS),
-                np.bincount(slot, weights=probs * probs, minlength=slots)[:, None],
+                squares.reshape(slots, 2).sum(axis=1)[:, None],
             ],
             axis=1,
         )

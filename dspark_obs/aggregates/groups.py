@@ -58,7 +58,7 @@ class GroupIndex:
                     dtype=np.int64,
                 )
                 self._lut[key] = lut
-            gids = lut[batch.workload_codes]
+            gids = np.take(lut, batch.workload_codes)
         else:
             names, inverse = np.unique(batch.workload.astype(str), return_inverse=True)
             lut = np.array([self.group(w, batch.mode, batch.rank) for w in names], dtype=np.int64)

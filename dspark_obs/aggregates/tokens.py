@@ -53,19 +53,19 @@ class TokenAggregate:
         self.sums = WindowedSums(width, window_steps, blocks, dtype=np.int64)
 
     def update(self, rows: TokenRows) -> None:
+        """Rows of validated batches (values within their histogram's range)."""
+        at = {name: sl.start for name, sl in self.slices.items()}
         base = rows.group * self.sums.width
-        o = {name: (sl.start,) for name, sl in self.slices.items()}
         observed = rows.ceiling >= 0
-        shadow = rows.shadow >= 0
-        known = observed | shadow
+        shadow_only = (rows.shadow >= 0) & ~observed
         index = np.concatenate(
             [
-                base + o["window"][0] + rows.window,
-                base + o["accepted"][0] + rows.accepted,
-                base + o["committed"][0] + np.minimum(rows.committed, self.gamma + 1),
-                (base + o["ceiling_observed"][0] + rows.ceiling)[observed],
-                (base + o["ceiling_shadow"][0] + rows.shadow)[shadow & ~observed],
-                (base + o["accepted_known"][0] + rows.accepted)[known],
+                base + (rows.window + at["window"]),
+                base + (rows.accepted + at["accepted"]),
+                base + (rows.committed + at["committed"]),
+                np.compress(observed, base + (rows.ceiling + at["ceiling_observed"])),
+                np.compress(shadow_only, base + (rows.shadow + at["ceiling_shadow"])),
+                np.compress(observed | shadow_only, base + (rows.accepted + at["accepted_known"])),
             ]
         )
         self.sums.add_flat(index)

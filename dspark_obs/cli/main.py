@@ -10,10 +10,26 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import calibration_cmd, demo_cmd, run_cmd, serve_cmd, sts_cmd, summary_cmd
+from . import (
+    calibration_cmd,
+    demo_cmd,
+    hash_password_cmd,
+    run_cmd,
+    serve_cmd,
+    sts_cmd,
+    summary_cmd,
+)
 from .errors import CliError
 
-COMMANDS = (run_cmd, summary_cmd, demo_cmd, serve_cmd, calibration_cmd, sts_cmd)
+COMMANDS = (
+    run_cmd,
+    summary_cmd,
+    demo_cmd,
+    serve_cmd,
+    calibration_cmd,
+    sts_cmd,
+    hash_password_cmd,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
