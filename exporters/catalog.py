@@ -11,6 +11,7 @@ from dataclasses import dataclass
 REQ = ("workload", "mode", "rank")
 POS = ("workload", "mode", "rank", "position")
 STEP = ("mode", "rank")
+REL = ("workload", "mode", "position")
 SRC = ("source",)
 
 CALIBRATION_ROWS = (
@@ -235,14 +236,14 @@ CATALOG: tuple[Metric, ...] = (
     Metric(
         "dspark_confidence_survival",
         "histogram",
-        POS,
-        "Predicted survival since start, in the 15 equal-width ECE bins (reliability "
-        "denominator). " + CALIBRATION_ROWS,
+        REL,
+        "Predicted survival since start, in the 15 equal-width ECE bins, summed over ranks "
+        "(reliability denominator). " + CALIBRATION_ROWS,
     ),
     Metric(
         "dspark_confidence_accepted_survival",
         "histogram",
-        POS,
+        REL,
         "Predicted survival of rows whose prefix was accepted, same bins (reliability "
         "numerator: observed rate per bin = this bucket / dspark_confidence_survival bucket).",
     ),

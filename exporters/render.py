@@ -13,7 +13,7 @@ from ..aggregates.confidence import ECE_BINS
 from ..aggregates.steps import COUNT_BUCKETS, QUANTITIES, quantity_histogram
 from ..aggregates.tokens import histogram_slices
 from ..pipeline import IngestStats
-from .catalog import BY_NAME, POS, REQ, STEP
+from .catalog import BY_NAME, POS, REL, REQ, STEP
 from .exposition import Writer, label_string
 
 
@@ -27,6 +27,11 @@ class Renderer:
 
     def __init__(self) -> None:
         self._labels: dict[tuple, list[str]] = {}
+
+    def _cached(self, key: tuple, make) -> list[str]:
+        if key not in self._labels:
+            self._labels[key] = make()
+        return self._labels[key]
 
     def _req_labels(self, snap: Snapshot, extra: tuple = ()) -> list[str]:
         key = ("req", len(snap.groups), extra)
@@ -152,11 +157,22 @@ class Renderer:
             ("dspark_confidence_observed_mean", win, "target_mean"),
         ):
             w.samples(head(metric), labels, table[key].ravel())
-        rel = snap.reliability
-        bounds = [repr((k + 1) / ECE_BINS) for k in range(ECE_BINS - 1)] + ["+Inf"]
+        # reliability summed over ranks: calibration is the model's, not the rank's, and the
+        # bins are the bulk of the exposition (2 x 16 lines per workload, mode and position)
+        keys = sorted({(wl, mode) for wl, mode, _ in snap.groups})
+        of = np.array([keys.index((wl, mode)) for wl, mode, _ in snap.groups])
+        rel = {
+            k: np.stack([v[of == i].sum(axis=0) for i in range(len(keys))])
+            for k, v in snap.reliability.items()
+        }
+        rel_labels = self._cached(
+            ("rel", tuple(keys), snap.gamma),
+            lambda: [label_string(REL, (*k, j)) for k in keys for j in range(snap.gamma)],
+        )
+        bounds = [f"{(k + 1) / ECE_BINS:.6g}" for k in range(ECE_BINS - 1)] + ["+Inf"]
         rows = rel["rows"].reshape(-1, ECE_BINS)
         keep = rows.sum(axis=1) > 0
-        lab = [s for s, k in zip(labels, keep.tolist(), strict=True) if k]
+        lab = [s for s, k in zip(rel_labels, keep.tolist(), strict=True) if k]
         for metric, count_key, sum_key in (
             ("dspark_confidence_survival", "rows", "pred_sum"),
             ("dspark_confidence_accepted_survival", "positives", "positive_pred_sum"),

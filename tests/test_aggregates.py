@@ -406,11 +406,17 @@ def test_confidence_matches_torchmetrics_and_sklearn(mixed):
             assert sample(s, "dspark_confidence_labelled_total", **pos) == lld[:, j].sum()
             got = sample(s, "dspark_confidence_ece_cumulative", **pos)
             assert got == snap.confidence["total"]["ece"][gi, j]
-            # reliability: the survival histogram holds the same rows, cumulatively
+    # reliability, summed over ranks: the survival histogram holds the same rows, cumulatively
+    wl_mode = [(k[0], k[1]) for k in snap.groups]
+    for wl, mode in sorted(set(wl_mode)):
+        idx = np.concatenate([groups[k] for k in snap.groups if (k[0], k[1]) == (wl, mode)])
+        lab, lld, surv = labels[idx], labelled[idx], rows["survival"][idx]
+        for j in range(GAMMA):
+            pos = {"workload": wl, "mode": mode, "position": j}
             p = np.clip(surv[lld[:, j], j], EPS, 1 - EPS)
             y = lab[lld[:, j], j]
             for k in range(1, 15):
-                le = repr(k / 15)
+                le = f"{k / 15:.6g}"
                 in_bins = np.count_nonzero(p < k / 15)
                 assert sample(s, "dspark_confidence_survival_bucket", **pos, le=le) == in_bins
                 assert sample(

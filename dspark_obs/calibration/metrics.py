@@ -81,13 +81,17 @@ def brier_score(pred: np.ndarray, labels: np.ndarray) -> float:
 
 
 def auroc_from_hist(pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
-    neg = neg.astype(np.float64)
-    below = np.cumsum(neg, axis=-1)
-    below -= 0.5 * neg  # negatives strictly below a bin, plus half of those inside it
-    pairs = np.einsum("...i,...i->...", pos.astype(np.float64), below)
+    """AUROC along the last axis of integer histograms (see the module docstring)."""
     total = pos.sum(axis=-1) * neg.sum(axis=-1)
+    if total.size and total.max() < 2**60:
+        # doubled pair counts fit int64 exactly here: sum_b P_b (2 N_<b + N_b) <= 2 P N
+        below = 2 * np.cumsum(neg, axis=-1) - neg
+        pairs = np.einsum("...i,...i->...", pos, below) / 2.0
+    else:
+        below = np.cumsum(neg, axis=-1, dtype=np.float64) - 0.5 * neg
+        pairs = np.einsum("...i,...i->...", pos.astype(np.float64), below)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(total > 0, pairs / np.where(total > 0, total, 1.0), np.nan)
+        return np.where(total > 0, pairs / np.where(total > 0, total, 1), np.nan)
 
 
 def histogram_auroc(pred: np.ndarray, labels: np.ndarray, num_bins: int = 1024) -> float:
