@@ -96,7 +96,8 @@ def make_batch(
             mat = rng.integers(0, 150_000, (n, gamma))
         else:
             mat = rng.random((n, gamma))
-            mat[rng.random((n, gamma)) < 0.05] = np.nan  # recorded NaN, distinct from null
+            if name not in ("confidence", "survival"):  # probabilities must be numbers
+                mat[rng.random((n, gamma)) < 0.05] = np.nan  # recorded NaN, distinct from null
         setattr(b, name, mat)
     b.validate()
     return b
@@ -196,9 +197,11 @@ def test_frames_use_nulls_not_sentinels():
     # a missing matrix is null rows, and a recorded NaN stays NaN inside the array
     assert reqs["draft_tokens"].null_count() == t["draft_null"]
     assert reqs["draft_tokens"].explode().drop_nulls().sum() == t["draft_sum"]
-    conf_nans = sum(np.isnan(b.confidence).sum() for b in batches if b.confidence is not None)
-    assert conf_nans > 0
-    assert reqs["confidence"].explode().is_nan().sum() == conf_nans
+    lp_nans = sum(
+        np.isnan(b.target_logprobs).sum() for b in batches if b.target_logprobs is not None
+    )
+    assert lp_nans > 0
+    assert reqs["target_logprobs"].explode().is_nan().sum() == lp_nans
 
 
 def test_frames_round_trip_in_memory():
