@@ -14,6 +14,8 @@ import threading
 from collections import defaultdict
 
 from .aggregates import Aggregates
+from .estimator.online import CeilingEstimator
+from .estimator.tails import Gather
 from .store import RunWriter
 from .telemetry import StepBatch
 from .telemetry.batch import InvalidBatch
@@ -61,13 +63,22 @@ class Pipeline:
         aggregates: Aggregates,
         writer: RunWriter | None = None,
         stats: IngestStats | None = None,
+        estimator: CeilingEstimator | None = None,
     ) -> None:
         self.aggregates = aggregates
         self.writer = writer
         self.stats = stats or IngestStats()
+        self.estimator = estimator
+        self._steps = 0
 
-    def ingest(self, batch: StepBatch, source: str = "runtime") -> bool:
-        """Validate and fold in one step; False (counted, logged once) when rejected."""
+    def ingest(
+        self, batch: StepBatch, source: str = "runtime", gather: Gather | None = None
+    ) -> bool:
+        """Validate and fold in one step; False (counted, logged once) when rejected.
+
+        `gather` reads target log-probabilities from the step just verified, for
+        the estimator's sampled walks, where the source can provide them.
+        """
         try:
             if batch.gamma != self.aggregates.gamma:
                 raise InvalidBatch(
@@ -79,12 +90,25 @@ class Pipeline:
             self.stats.error(source, exc.reason, str(exc))
             return False
         self.aggregates.update(batch)
+        if self.estimator is not None:
+            self.estimator.update(batch, gather)
         if self.writer is not None:
             self.writer.append(batch)
+            self._steps += 1
+            if self.estimator is not None and self._steps % 256 == 0:
+                self._store_ceilings()
         self.stats.record(source)
         return True
 
+    def _store_ceilings(self) -> None:
+        rows = self.estimator.take_rows()
+        if rows is not None and self.writer is not None:
+            self.writer.write_rows("ceilings", rows)
+
     def close(self, extra_manifest: dict | None = None) -> None:
         self.aggregates.flush()
+        if self.estimator is not None:
+            self.estimator.close()
+            self._store_ceilings()
         if self.writer is not None:
             self.writer.close(extra_manifest)

@@ -42,7 +42,12 @@ class Exporter:
 
     def render(self) -> bytes:
         with self._render_lock:
-            return self.renderer.render(self.pipeline.aggregates.snapshot(), self.pipeline.stats)
+            est = self.pipeline.estimator
+            return self.renderer.render(
+                self.pipeline.aggregates.snapshot(),
+                self.pipeline.stats,
+                None if est is None else est.snapshot(),
+            )
 
     def start(self) -> str:
         self.server.start()
@@ -56,9 +61,10 @@ def run_source(source: Source, pipeline: Pipeline, stop: threading.Event, on_bat
     """Feed one source into the pipeline until it ends or `stop` is set; returns steps fed."""
     fed = 0
     pipeline.stats.set_up(source.name, True)
+    gather = getattr(source, "gather", None)
     try:
         for batch in source.batches(stop):
-            pipeline.ingest(batch, source.name)
+            pipeline.ingest(batch, source.name, gather)
             fed += 1
             if on_batch is not None:
                 on_batch(batch)

@@ -247,6 +247,75 @@ CATALOG: tuple[Metric, ...] = (
         "Predicted survival of rows whose prefix was accepted, same bins (reliability "
         "numerator: observed rate per bin = this bucket / dspark_confidence_survival bucket).",
     ),
+    # ceiling estimator
+    Metric(
+        "dspark_estimator_trimmed_blocks_total",
+        "counter",
+        REQ,
+        "Request-steps whose whole window w < gamma was accepted (ceiling censored by "
+        "trimming) and whose tail is being walked.",
+    ),
+    Metric(
+        "dspark_estimator_skipped_blocks_total",
+        "counter",
+        REQ,
+        "Trimmed request-steps no walk can follow (sampled without log-probabilities, or "
+        "sampling unknown): only the population estimate covers them.",
+    ),
+    Metric(
+        "dspark_estimator_resolved_blocks_total",
+        "counter",
+        (*REQ, "source"),
+        "Walks that ended: source=greedy exact (mismatch or tail used up), source=sampled "
+        "with a (lo, point, hi) interval.",
+    ),
+    Metric(
+        "dspark_estimator_censored_blocks_total",
+        "counter",
+        (*REQ, "source"),
+        "Walks cut short because the request ended first: reported as lower bounds.",
+    ),
+    Metric("dspark_estimator_pending_blocks", "gauge", REQ, "Walks open now."),
+    Metric(
+        "dspark_ceiling_estimate_tokens",
+        "gauge",
+        (*REQ, "source"),
+        "Estimated mean ceiling per request-step " + SLIDING + ": source=walk combines "
+        "observed ceilings with the walks' point estimates; source=population is the "
+        "sum of the population survival curve.",
+    ),
+    Metric(
+        "dspark_ceiling_estimate_lower_tokens",
+        "gauge",
+        REQ,
+        "Lower bound of the walk estimate of the mean ceiling " + SLIDING + ".",
+    ),
+    Metric(
+        "dspark_ceiling_estimate_upper_tokens",
+        "gauge",
+        REQ,
+        "Upper bound of the walk estimate of the mean ceiling " + SLIDING + ".",
+    ),
+    Metric(
+        "dspark_ceiling_estimate_cumulative_tokens",
+        "gauge",
+        REQ,
+        "Walk estimate of the mean ceiling since start.",
+    ),
+    Metric(
+        "dspark_population_survival_ratio",
+        "gauge",
+        POS,
+        "Population estimate of P(first position+1 drafts accepted) over recent blocks, "
+        "from (window, accepted) with hazards stratified by calibrated confidence.",
+    ),
+    Metric(
+        "dspark_population_identifiable",
+        "gauge",
+        POS,
+        "1 where the population survival at this position rests on observed hazards, 0 "
+        "where it is extrapolated from calibrated confidence.",
+    ),
     # ingest
     Metric("dspark_ingest_records_total", "counter", SRC, "Step records accepted from a source."),
     Metric(

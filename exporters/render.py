@@ -12,6 +12,8 @@ from ..aggregates import Snapshot
 from ..aggregates.confidence import ECE_BINS
 from ..aggregates.steps import COUNT_BUCKETS, QUANTITIES, quantity_histogram
 from ..aggregates.tokens import histogram_slices
+from ..estimator.online import COLUMNS as EST_COLUMNS
+from ..estimator.online import EstimatorSnapshot
 from ..pipeline import IngestStats
 from .catalog import BY_NAME, POS, REL, REQ, STEP
 from .exposition import Writer, label_string
@@ -56,7 +58,12 @@ class Renderer:
             self._labels[key] = [label_string(STEP, g) for g in snap.step_groups]
         return self._labels[key]
 
-    def render(self, snap: Snapshot, ingest: IngestStats | None = None) -> bytes:
+    def render(
+        self,
+        snap: Snapshot,
+        ingest: IngestStats | None = None,
+        estimate: EstimatorSnapshot | None = None,
+    ) -> bytes:
         w = Writer()
         window = snap.window_steps
 
@@ -71,8 +78,67 @@ class Renderer:
         if snap.step_groups:
             self._steps(w, head, snap)
             self._cost(w, head, snap)
+        if estimate is not None and estimate.groups:
+            self._estimator(w, head, estimate)
         self._ingest(w, head, snap, ingest)
         return w.text()
+
+    def _estimator(self, w: Writer, head, est: EstimatorSnapshot) -> None:
+        labels = self._cached(
+            ("est", tuple(est.groups)), lambda: [label_string(REQ, g) for g in est.groups]
+        )
+
+        def tagged(tag: str) -> list[str]:
+            return self._cached(
+                ("est", tuple(est.groups), tag),
+                lambda: [label_string((*REQ, "source"), (*g, tag)) for g in est.groups],
+            )
+
+        tot, win = est.total, est.window
+        col = {name: i for i, name in enumerate(EST_COLUMNS)}
+        w.samples(
+            head("dspark_estimator_trimmed_blocks_total"),
+            labels,
+            tot[:, col["trimmed_blocks"]].astype(np.int64),
+        )
+        w.samples(
+            head("dspark_estimator_skipped_blocks_total"),
+            labels,
+            tot[:, col["skipped_blocks"]].astype(np.int64),
+        )
+        for metric, greedy, sampled in (
+            ("dspark_estimator_resolved_blocks_total", "greedy_exact", "sampled_resolved"),
+            ("dspark_estimator_censored_blocks_total", "greedy_censored", "sampled_censored"),
+        ):
+            head(metric)
+            w.samples(metric, tagged("greedy"), tot[:, col[greedy]].astype(np.int64))
+            w.samples(metric, tagged("sampled"), tot[:, col[sampled]].astype(np.int64))
+        w.samples(head("dspark_estimator_pending_blocks"), labels, est.pending.astype(np.int64))
+
+        def mean(table: np.ndarray, key: str) -> np.ndarray:
+            walked = sum(
+                table[:, col[k]]
+                for k in ("greedy_exact", "greedy_censored", "sampled_resolved", "sampled_censored")
+            )
+            blocks = table[:, col["observed_blocks"]] + walked
+            return _ratio(table[:, col["observed_sum"]] + table[:, col[key]], blocks)
+
+        head("dspark_ceiling_estimate_tokens")
+        w.samples("dspark_ceiling_estimate_tokens", tagged("walk"), mean(win, "point_sum"))
+        w.samples(
+            "dspark_ceiling_estimate_tokens", tagged("population"), np.nansum(est.survival, axis=1)
+        )
+        w.samples(head("dspark_ceiling_estimate_lower_tokens"), labels, mean(win, "lo_sum"))
+        w.samples(head("dspark_ceiling_estimate_upper_tokens"), labels, mean(win, "hi_sum"))
+        w.samples(head("dspark_ceiling_estimate_cumulative_tokens"), labels, mean(tot, "point_sum"))
+        pos = self._cached(
+            ("estpos", tuple(est.groups), est.gamma),
+            lambda: [label_string(POS, (*g, j)) for g in est.groups for j in range(est.gamma)],
+        )
+        w.samples(head("dspark_population_survival_ratio"), pos, est.survival.ravel())
+        w.samples(
+            head("dspark_population_identifiable"), pos, est.identifiable.ravel().astype(np.int64)
+        )
 
     def _tokens(self, w: Writer, head, snap: Snapshot) -> None:
         g = snap.gamma

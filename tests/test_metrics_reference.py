@@ -3,6 +3,7 @@
 import re
 from pathlib import Path
 
+from dspark_obs.estimator.online import CeilingEstimator
 from dspark_obs.exporters.catalog import CATALOG
 from dspark_obs.exporters.reference import markdown
 from dspark_obs.exporters.render import Renderer
@@ -22,11 +23,14 @@ def test_docs_metrics_md_is_current():
 
 
 def test_rendered_families_are_exactly_the_catalog():
-    pipeline = Pipeline(Aggregates(7))
+    pipeline = Pipeline(Aggregates(7), estimator=CeilingEstimator(7))
     config = RuntimeConfig(mode="compact", shadow="cap-accept", concurrency=[8], steps_per_level=40)
-    for b in DSparkRuntime(config).run():
-        pipeline.ingest(b)
-    text = Renderer().render(pipeline.aggregates.snapshot(), pipeline.stats).decode()
+    runtime = DSparkRuntime(config)
+    for b in runtime.run():
+        pipeline.ingest(b, gather=runtime.gather_target_logprobs)
+    text = Renderer().render(
+        pipeline.aggregates.snapshot(), pipeline.stats, pipeline.estimator.snapshot()
+    ).decode()
     typed = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, flags=re.M))
     assert typed == {m.name: m.kind for m in CATALOG}
     for m in CATALOG:

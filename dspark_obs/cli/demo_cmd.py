@@ -12,7 +12,6 @@ import argparse
 import threading
 from pathlib import Path
 
-from ..aggregates import Aggregates
 from ..pipeline import Pipeline
 from ..service import Exporter, parse_listen
 from ..store import open_run
@@ -40,21 +39,21 @@ def handle(args: argparse.Namespace) -> int:
     if (out / "run.json").exists():
         raise CliError(f"{out} already holds a run; choose another --out")
     sts = resolve_sts(args, config)
+    try:
+        parse_listen(args.listen)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     exporter = None
-    on_batch = None
-    if not args.no_serve:
-        pipeline = Pipeline(Aggregates(config.gamma))
-        try:
-            exporter, url = _start_exporter(pipeline, args.listen)
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
+
+    def serve(pipeline: Pipeline) -> None:
+        nonlocal exporter
+        if args.no_serve:
+            return
+        exporter, url = _start_exporter(pipeline, args.listen)
         print(f"serving live metrics at {url} while the demo runs", flush=True)
 
-        def on_batch(batch):
-            return pipeline.ingest(batch, "runtime")
-
     try:
-        execute(config, out, sts, show_progress=not args.quiet, on_batch=on_batch)
+        execute(config, out, sts, show_progress=not args.quiet, on_pipeline=serve)
         print_summary(open_run(out), as_json=args.json)
         if not args.json:
             print(f"\nrun directory: {out}  (inspect with `dspark-obs summary {out}`)")

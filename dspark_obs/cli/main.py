@@ -13,6 +13,7 @@ import sys
 from . import (
     calibration_cmd,
     demo_cmd,
+    estimate_cmd,
     hash_password_cmd,
     run_cmd,
     serve_cmd,
@@ -27,6 +28,7 @@ COMMANDS = (
     demo_cmd,
     serve_cmd,
     calibration_cmd,
+    estimate_cmd,
     sts_cmd,
     hash_password_cmd,
 )

@@ -13,14 +13,16 @@ import numpy as np
 import polars as pl
 
 from .. import __version__
+from ..aggregates import Aggregates
 from ..calibration import StsCalibration, load_sts, save_sts
+from ..estimator.online import CeilingEstimator
+from ..pipeline import Pipeline
 from ..runtime.config import RuntimeConfig
 from ..runtime.cost_table import load_cost_table
 from ..runtime.engine import DSparkRuntime
 from ..runtime.language import parse_workload
 from ..runtime.sts_warmup import warmup_sts
 from ..store import RunWriter, open_run
-from ..telemetry import StepBatch
 from .errors import CliError
 from .progress import step_progress
 from .summary_cmd import print_summary
@@ -236,23 +238,31 @@ def execute(
     sts: StsCalibration | None,
     *,
     show_progress: bool = True,
-    on_batch: Callable[[StepBatch], object] | None = None,
+    on_pipeline: Callable[[Pipeline], object] | None = None,
 ) -> Path:
-    """Run the runtime to completion into `out` (each step also to `on_batch`)."""
+    """Run the runtime to completion through the pipeline into `out`.
+
+    The pipeline's aggregates and ceiling estimator see every step in band
+    (the estimator gathers from the runtime's verify distributions);
+    `on_pipeline` gets it before the first step (the demo serves it).
+    """
     if sts is not None:
         config.sts_temperatures = list(sts.temperatures)
     runtime = DSparkRuntime(config)
     start = time.perf_counter()
-    with RunWriter(out, build_manifest(config, sts)) as writer:
-        if sts is not None:
-            save_sts(sts, out / "sts.json")
+    writer = RunWriter(out, build_manifest(config, sts))
+    if sts is not None:
+        save_sts(sts, out / "sts.json")
+    pipeline = Pipeline(Aggregates(config.gamma), writer, estimator=CeilingEstimator(config.gamma))
+    if on_pipeline is not None:
+        on_pipeline(pipeline)
+    try:
         with step_progress(runtime.total_steps, f"{config.mode} run", show_progress) as advance:
             for batch in runtime.run():
-                writer.append(batch)
-                if on_batch is not None:
-                    on_batch(batch)
+                pipeline.ingest(batch, "runtime", runtime.gather_target_logprobs)
                 advance(batch)
-        writer.close(
+    finally:
+        pipeline.close(
             {
                 "wall_seconds": round(time.perf_counter() - start, 3),
                 "requests_arrived": runtime.arrived,

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from ..aggregates import Aggregates
+from ..estimator.online import CeilingEstimator
 from ..pipeline import Pipeline
 from ..service import Exporter, parse_listen, run_source
 from ..sources import parse_source
@@ -81,7 +82,10 @@ def handle(args: argparse.Namespace) -> int:
     if out is not None and (Path(out) / "run.json").exists():
         raise CliError(f"{out} already holds a run; choose another --out")
     pipeline = Pipeline(
-        Aggregates(source.gamma, workload_cap=args.workload_cap, window_steps=args.window_steps)
+        Aggregates(source.gamma, workload_cap=args.workload_cap, window_steps=args.window_steps),
+        estimator=CeilingEstimator(
+            source.gamma, workload_cap=args.workload_cap, window_steps=args.window_steps
+        ),
     )
     exporter = Exporter(pipeline, host, port, args.web_config)
     stop = threading.Event()

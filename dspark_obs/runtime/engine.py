@@ -186,6 +186,7 @@ class DSparkRuntime:
         draft, q_lp, p_lp, acc, acc_prob, p_all, q_all, ctx = self._draft_and_verify(
             salt, wl, prefix, self.prev2[slots], self.prev1[slots], greedy, temp
         )
+        self._verified = p_all
         conf_logits = self.drafter.confidence_logits(acc_prob, salt, prefix)
         confidence = _sigmoid(conf_logits / self.sts[None, :])
         survival = np.cumprod(confidence, axis=1)
@@ -257,6 +258,18 @@ class DSparkRuntime:
         self._commit(slots, draft, accepted, bonus)
         self.forward_ct += 1
         return batch
+
+    def gather_target_logprobs(
+        self, rows: np.ndarray, positions: np.ndarray, tokens: np.ndarray
+    ) -> np.ndarray:
+        """Target log-probabilities of `tokens` at block positions of the last step's rows.
+
+        What an in-band estimator gathers from the verify logits in SGLang; here
+        the exact distributions of the last verified step (at each request's
+        temperature). Positions beyond a compact window were not verified and
+        must not be asked for.
+        """
+        return np.log(self._verified[rows, positions, tokens])
 
     def _time(self, batch, salt, ctx, verified, draft_seconds, start) -> None:
         """Step timings: measured on a torch target, else the cost table with noise.

@@ -18,6 +18,8 @@ class RuntimeSource:
         self.runtime = DSparkRuntime(config)
         self.gamma = config.gamma
         self.speed = speed
+        # in band: the estimator reads the verify distributions of the step just yielded
+        self.gather = self.runtime.gather_target_logprobs
 
     def batches(self, stop: threading.Event) -> Iterator[StepBatch]:
         """Repeats the concurrency sweep, each step paced by its (simulated) step time."""

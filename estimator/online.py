@@ -1,0 +1,189 @@
+"""The ceiling estimator in service: walks and the population model, per step, in band.
+
+Every request-step is one of three kinds. Rejected inside its window, or
+verified whole: its ceiling is observed exactly. Trimmed with the window fully
+accepted: its ceiling is censored, and the tail walk estimates it once later
+steps reveal the tail (or the request ends). Trimmed but unwalkable (a sampled
+request without log-probabilities, or a source that does not say how the
+request samples): skipped, and only the population model speaks for it.
+
+Counts and sums per (workload, mode, rank) group are kept cumulatively and over
+a sliding window, like the live aggregates, so the exporter can publish the
+estimated mean ceiling beside the observed one; each walked block also becomes
+a row of the run store's `ceilings` table.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from dspark_obs.aggregates.groups import GroupIndex
+from dspark_obs.aggregates.window import WindowedSums
+from dspark_obs.telemetry import StepBatch
+
+from .population import HazardModel
+from .tails import GROUP, Gather, TailWalker
+
+#: Per-group columns of the windowed sums.
+COLUMNS = (
+    "observed_blocks",  # ceiling seen exactly (rejection inside the window, or no trim)
+    "observed_sum",
+    "trimmed_blocks",  # opened a walk
+    "skipped_blocks",  # trimmed, no walk possible
+    "greedy_exact",
+    "greedy_censored",
+    "sampled_resolved",
+    "sampled_censored",
+    "lo_sum",  # over walked blocks
+    "point_sum",
+    "hi_sum",
+    "var_sum",  # sampled blocks: variance of the realised ceiling around the point
+)
+_COL = {name: i for i, name in enumerate(COLUMNS)}
+
+
+@dataclass
+class EstimatorSnapshot:
+    gamma: int
+    groups: list[tuple[str, str, int]]
+    total: np.ndarray  # [groups, len(COLUMNS)]
+    window: np.ndarray
+    pending: np.ndarray  # [groups] open walks now
+    survival: np.ndarray  # [groups, gamma] population survival
+    identifiable: np.ndarray  # [groups, gamma]
+
+
+class CeilingEstimator:
+    def __init__(
+        self,
+        gamma: int,
+        *,
+        workload_cap: int = 16,
+        window_steps: int = 1024,
+        blocks: int = 8,
+        assume_greedy: bool | None = None,
+    ) -> None:
+        self.gamma = gamma
+        self.index = GroupIndex(workload_cap)
+        self.walker = TailWalker(gamma, assume_greedy=assume_greedy)
+        self.population = HazardModel(gamma)
+        self.sums = WindowedSums(len(COLUMNS), window_steps, blocks)
+        self._rows: list[dict[str, np.ndarray]] = []
+        self._lock = threading.Lock()
+
+    def update(self, batch: StepBatch, gather: Gather | None = None) -> None:
+        """Fold one validated step in (call in step order per rank)."""
+        with self._lock:
+            if not batch.has_reqs or batch.num_reqs == 0:
+                return
+            group = self.index.rows(batch)
+            n_groups = len(self.index.groups)
+            self.sums.ensure_groups(n_groups)
+            self.population.ensure_groups(n_groups)
+            w, a = batch.window, batch.correct_drafts
+            self.population.update(group, w, a, batch.confidence)
+            outcomes = self.walker.step(batch, group, gather, self.population.expected_extra)
+            observed = (a < w) | (w == self.gamma)
+            width = self.sums.width
+            opened, skipped = self.walker.opened_rows, self.walker.skipped_rows
+            index = [
+                group[observed] * width + _COL["observed_blocks"],
+                group[observed] * width + _COL["observed_sum"],
+                group[opened] * width + _COL["trimmed_blocks"],
+                group[skipped] * width + _COL["skipped_blocks"],
+            ]
+            weights = [
+                np.ones(int(observed.sum())),
+                a[observed].astype(np.float64),
+                np.ones(int(opened.sum())),
+                np.ones(int(skipped.sum())),
+            ]
+            if outcomes:
+                self._fold_outcomes(outcomes, index, weights)
+            self.sums.add_flat(np.concatenate(index), np.concatenate(weights))
+            self.sums.advance(1)
+
+    def _fold_outcomes(self, out: dict, index: list, weights: list) -> None:
+        width = self.sums.width
+        g = out["group"]
+        greedy = out["greedy"]
+        censored = out["status"] == 2
+        kind = np.where(
+            greedy,
+            np.where(censored, _COL["greedy_censored"], _COL["greedy_exact"]),
+            np.where(censored, _COL["sampled_censored"], _COL["sampled_resolved"]),
+        )
+        base = g * width
+        index += [
+            base + kind,
+            base + _COL["lo_sum"],
+            base + _COL["point_sum"],
+            base + _COL["hi_sum"],
+            base + _COL["var_sum"],
+        ]
+        weights += [np.ones(len(g)), out["lo"], out["point"], out["hi"], out["var"]]
+        self._rows.append(out)
+
+    def close(self) -> None:
+        """Censor the walks still open (the source ended) and count them."""
+        with self._lock:
+            out = self.walker.close(self.population.expected_extra)
+            if out:
+                index, weights = [], []
+                self._fold_outcomes(out, index, weights)
+                self.sums.add_flat(np.concatenate(index), np.concatenate(weights))
+
+    def take_rows(self) -> pl.DataFrame | None:
+        """Walked blocks since the last call, as rows of the `ceilings` table."""
+        with self._lock:
+            rows, self._rows = self._rows, []
+        if not rows:
+            return None
+        cols = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+        labels = np.array(self.index.groups, dtype=object)[cols["group"]]
+        return pl.DataFrame(
+            {
+                "rank": labels[:, 2].astype(np.int64),
+                "forward_ct": cols["open_fct"],
+                "rid": cols["rid"].astype(str),
+                "workload": labels[:, 0].astype(str),
+                "mode": labels[:, 1].astype(str),
+                "method": np.where(cols["greedy"], "greedy", "sampled"),
+                "status": np.where(
+                    cols["status"] == 2, "censored", np.where(cols["greedy"], "exact", "resolved")
+                ),
+                "window": cols["window"],
+                "lo": cols["lo"],
+                "point": cols["point"],
+                "hi": cols["hi"],
+                "var": cols["var"],
+                "resolved_at": cols["resolved_fct"],
+            }
+        )
+
+    def snapshot(self) -> EstimatorSnapshot:
+        with self._lock:
+            n = len(self.index.groups)
+            pending = np.zeros(n)
+            for slots in self.walker.ranks.values():
+                act = slots.active.reshape(-1)
+                if act.any():
+                    groups = slots.flat("scal")[act, GROUP].astype(np.int64)
+                    pending += np.bincount(groups, minlength=n)[:n]
+            surv = np.full((n, self.gamma), np.nan)
+            ident = np.zeros((n, self.gamma), dtype=bool)
+            for g in range(n):
+                surv[g], ident[g] = self.population.survival(g)
+            return EstimatorSnapshot(
+                self.gamma,
+                list(self.index.groups),
+                self.sums.total.copy(),
+                self.sums.window(),
+                pending,
+                surv,
+                ident,
+            )

@@ -1,0 +1,318 @@
+"""Population survival of the ceiling under compact verification, without logits.
+
+Why: compact verification checks only the scheduled window w of each block, so
+a block whose window is fully accepted (a == w < gamma) says nothing about the
+drafts past w: its ceiling is censored. The windows are not random: the
+scheduler verifies the positions whose calibrated survival is high, so the
+censored blocks are exactly the ones with low confidence past their window.
+Plain Kaplan-Meier treats censoring as independent of the outcome and so
+borrows the hazards of the long (confident) windows for the short (doubtful)
+ones: it over-states survival at deep positions. The confidence that drove the
+window is recorded with every block, which is enough to undo that.
+
+The estimator is a conditional-hazard model stratified by calibrated
+confidence. For group g (a workload), position i and confidence bin k
+(equal-width bins of the block's calibrated confidence c_i on [0, 1]):
+
+- at risk  n[g, i, k]: blocks with a >= i and w > i (i was verified, every
+  earlier draft accepted);
+- events   d[g, i, k]: blocks with a == i < w (rejected at i);
+- hazard   h = d / n where n >= min_at_risk, else extrapolated from the
+  calibration: h = 1 - (mean c_i over *all* blocks with c_i in bin k at
+  position i, reached or not). All blocks rather than the at-risk ones because
+  the cells that need extrapolating are exactly those almost no window reaches;
+  within a bin of width 1/bins the mean barely depends on which blocks are
+  averaged, and a cell no block ever fell in uses the bin's midpoint.
+
+A block's survival is the product of its cells' (1 - h) along its own bin
+sequence (confidence is known at every drafted position, verified or not), and
+the population survival S_j = P(ceiling > j) is the mean of that product over
+blocks (online: over a ring of the most recent blocks of the group).
+
+Assumptions:
+
+1. Censoring is ignorable given the bin: within a (group, i, k) cell, whether
+   position i was verified does not depend on whether its draft would be
+   accepted. The scheduler decides from confidence only, so stratifying by the
+   confidence removes most of the dependence; what remains (the window also
+   depends on c_0..c_{i-1} and on where c_i falls inside its bin) is the
+   estimator's bias, shrinking with narrower bins.
+2. Given its bin at i, a block's acceptance at i does not depend on its other
+   positions' bins, so per-cell hazards multiply into the block's survival.
+3. Where the data are silent, the calibration holds: the mean calibrated
+   confidence of a bin is its conditional acceptance rate.
+
+Unidentifiable positions: a cell whose blocks are (almost) never verified at i
+carries no information about acceptance there, typically low-confidence bins
+at deep positions, which the scheduler by design does not verify; with hard
+traffic the last positions of the block are unidentifiable for nearly every
+bin. Those cells use assumption 3, and `identifiable[j]` says whether at least
+95% of the cells the blocks pass through at positions 0..j (block x position
+pairs) had their hazard estimated from data (and every earlier position is
+identifiable). The share pools positions, so past position 19 one entirely
+extrapolated position could hide behind well-identified earlier ones;
+`identified` gives the per-cell flags.
+
+Without confidence (None, or NaN entries) a block falls into one pooled
+stratum: the group's unstratified Kaplan-Meier hazard over all its blocks.
+Beyond the last position with min_at_risk blocks at risk that hazard is the
+last identified one (a geometric tail); before any position is identified it
+is the group's pooled hazard sum(d) / sum(n) (1 with no data at all, so that
+nothing unseen is credited). That stratum is also `naive_km`: what ignoring
+informative censoring gives.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+IDENTIFIABLE_SHARE = 0.95
+
+
+class HazardModel:
+    """Online stratified conditional-hazard model of the ceiling, per group.
+
+    Counts accumulate over every block seen; survival averages over a bounded
+    reservoir of the most recent blocks' bin sequences so that its cost does
+    not grow with the run.
+    """
+
+    def __init__(
+        self, gamma: int, bins: int = 10, min_at_risk: int = 30, reservoir: int = 8192
+    ) -> None:
+        if gamma < 1:
+            raise ValueError(f"gamma must be >= 1, got {gamma}")
+        if not 1 <= bins <= 254:
+            # uint8 bin codes, with one code kept for the pooled (no-confidence) stratum
+            raise ValueError(f"bins must be within 1..254, got {bins}")
+        if min_at_risk < 1:
+            raise ValueError(f"min_at_risk must be >= 1, got {min_at_risk}")
+        if reservoir < 1:
+            raise ValueError(f"reservoir must be >= 1, got {reservoir}")
+        self.gamma = gamma
+        self.bins = bins
+        self.min_at_risk = min_at_risk
+        self.reservoir = reservoir
+        self.groups = 0
+        g = gamma
+        self._n = np.zeros((0, g, bins), np.int64)
+        self._d = np.zeros((0, g, bins), np.int64)
+        self._csum = np.zeros((0, g, bins))
+        self._ccnt = np.zeros((0, g, bins), np.int64)
+        self._n0 = np.zeros((0, g), np.int64)
+        self._d0 = np.zeros((0, g), np.int64)
+        self._ring = np.zeros((0, reservoir, g), np.uint8)
+        self._fill = np.zeros(0, np.int64)
+        self._head = np.zeros(0, np.int64)
+        self._cache: tuple[np.ndarray, np.ndarray] | None = None
+
+    # -- state -------------------------------------------------------------
+
+    def ensure_groups(self, n: int) -> None:
+        """Grow the per-group state to at least `n` groups (ids 0..n-1)."""
+        extra = n - self.groups
+        if extra <= 0:
+            return
+
+        def grow(a: np.ndarray) -> np.ndarray:
+            return np.concatenate([a, np.zeros((extra, *a.shape[1:]), a.dtype)])
+
+        for name in ("_n", "_d", "_csum", "_ccnt", "_n0", "_d0", "_ring", "_fill", "_head"):
+            setattr(self, name, grow(getattr(self, name)))
+        self.groups = n
+        self._cache = None
+
+    def _bin_codes(self, confidence: np.ndarray | None, rows: int) -> np.ndarray:
+        """uint8 bin per (block, position); `bins` marks the pooled stratum (no confidence)."""
+        if confidence is None:
+            return np.full((rows, self.gamma), self.bins, np.uint8)
+        c = np.asarray(confidence, dtype=np.float64)
+        if c.shape != (rows, self.gamma):
+            raise ValueError(f"confidence has shape {c.shape}, expected ({rows}, {self.gamma})")
+        missing = np.isnan(c)
+        if ((c[~missing] < 0) | (c[~missing] > 1)).any():
+            raise ValueError("confidence outside [0, 1]")
+        k = np.minimum((np.where(missing, 0.0, c) * self.bins).astype(np.int64), self.bins - 1)
+        return np.where(missing, self.bins, k).astype(np.uint8)
+
+    def update(
+        self,
+        group: np.ndarray | int,
+        window: np.ndarray,
+        accepted: np.ndarray,
+        confidence: np.ndarray | None,
+    ) -> None:
+        """Add blocks: `group`, `window`, `accepted` `[n]` (group may be a scalar)."""
+        w = np.asarray(window, dtype=np.int64).reshape(-1)
+        a = np.asarray(accepted, dtype=np.int64).reshape(-1)
+        n = len(w)
+        grp = np.broadcast_to(np.asarray(group, dtype=np.int64), (n,))
+        if a.shape != (n,):
+            raise ValueError(f"accepted has shape {a.shape}, expected ({n},)")
+        if n == 0:
+            return
+        gam = self.gamma
+        if (w < 0).any() or (w > gam).any():
+            raise ValueError(f"window outside 0..gamma={gam}")
+        if (a < 0).any() or (a > w).any():
+            raise ValueError("accepted outside 0..window")
+        if (grp < 0).any():
+            raise ValueError("group ids must be >= 0")
+        codes = self._bin_codes(confidence, n)
+        self.ensure_groups(int(grp.max()) + 1)
+        G, B = self.groups, self.bins
+
+        pos = np.arange(gam, dtype=np.int64)[None, :]
+        at_risk = (pos <= a[:, None]) & (pos < w[:, None])
+        event = a < w
+        gi = grp[:, None] * gam + pos  # (group, position) flat index, [n, gamma]
+        self._n0 += np.bincount(gi[at_risk], minlength=G * gam).reshape(G, gam)
+        self._d0 += np.bincount(grp[event] * gam + a[event], minlength=G * gam).reshape(G, gam)
+
+        stratified = codes < B
+        if stratified.any():
+            c = np.asarray(confidence, dtype=np.float64)
+            cell = gi * B + np.minimum(codes, B - 1)
+            size = G * gam * B
+            rows = np.flatnonzero(event)
+            ev_cell = cell[rows, a[rows]][stratified[rows, a[rows]]]
+            self._n += np.bincount(cell[at_risk & stratified], minlength=size).reshape(G, gam, B)
+            self._d += np.bincount(ev_cell, minlength=size).reshape(G, gam, B)
+            self._ccnt += np.bincount(cell[stratified], minlength=size).reshape(G, gam, B)
+            self._csum += np.bincount(
+                cell[stratified], weights=c[stratified], minlength=size
+            ).reshape(G, gam, B)
+
+        order = np.argsort(grp, kind="stable")
+        ids, starts = np.unique(grp[order], return_index=True)
+        for g, rows in zip(ids.tolist(), np.split(order, starts[1:]), strict=True):
+            rows = rows[-self.reservoir :]
+            slot = (self._head[g] + np.arange(len(rows))) % self.reservoir
+            self._ring[g, slot] = codes[rows]
+            self._head[g] = (self._head[g] + len(rows)) % self.reservoir
+            self._fill[g] = min(self._fill[g] + len(rows), self.reservoir)
+        self._cache = None
+
+    # -- hazards -----------------------------------------------------------
+
+    def _tables(self) -> tuple[np.ndarray, np.ndarray]:
+        """Hazard and from-data flag, `[groups, gamma, bins + 1]`; the last column is pooled."""
+        if self._cache is not None:
+            return self._cache
+        B, m = self.bins, self.min_at_risk
+        ident = self._n >= m
+        raw = self._d / np.maximum(self._n, 1)
+        centre = (np.arange(B) + 0.5) / B
+        calibrated = np.where(
+            self._ccnt > 0, 1.0 - self._csum / np.maximum(self._ccnt, 1), 1.0 - centre
+        )
+        strat = np.clip(np.where(ident, raw, calibrated), 0.0, 1.0)
+
+        ident0 = self._n0 >= m
+        raw0 = self._d0 / np.maximum(self._n0, 1)
+        total_n, total_d = self._n0.sum(axis=1), self._d0.sum(axis=1)
+        pooled = np.where(total_n > 0, total_d / np.maximum(total_n, 1), 1.0)
+        pos = np.arange(self.gamma)[None, :]
+        last = np.maximum.accumulate(np.where(ident0, pos, -1), axis=1)
+        carried = np.take_along_axis(raw0, np.maximum(last, 0), axis=1)
+        km = np.where(last >= 0, carried, pooled[:, None])
+
+        hazard = np.concatenate([strat, km[:, :, None]], axis=2)
+        data = np.concatenate([ident, ident0[:, :, None]], axis=2)
+        self._cache = (hazard, data)
+        return self._cache
+
+    def _group(self, g: int) -> int:
+        if not 0 <= g < self.groups:
+            raise KeyError(f"group {g} not seen (groups 0..{self.groups - 1})")
+        return g
+
+    def hazards(self, g: int) -> np.ndarray:
+        """`[gamma, bins]` conditional rejection probability per position and confidence bin."""
+        return self._tables()[0][self._group(g), :, : self.bins].copy()
+
+    def identified(self, g: int) -> np.ndarray:
+        """`[gamma, bins]` True where the hazard came from data, False where extrapolated."""
+        return self._tables()[1][self._group(g), :, : self.bins].copy()
+
+    def km_hazards(self, g: int) -> np.ndarray:
+        """`[gamma]` unstratified Kaplan-Meier hazards (the pooled stratum)."""
+        return self._tables()[0][self._group(g), :, self.bins].copy()
+
+    def naive_km(self, g: int) -> np.ndarray:
+        """`[gamma]` Kaplan-Meier survival treating trimmed blocks as independently censored."""
+        return np.cumprod(1.0 - self.km_hazards(g))
+
+    # -- estimates ---------------------------------------------------------
+
+    def survival(self, g: int) -> tuple[np.ndarray, np.ndarray]:
+        """`(S [gamma], identifiable [gamma])` over the group's reservoir.
+
+        S is NaN (and nothing identifiable) for a group whose reservoir is empty.
+        """
+        hazard, data = self._tables()
+        g = self._group(g)
+        codes = self._ring[g, : self._fill[g]]
+        if len(codes) == 0:
+            return np.full(self.gamma, np.nan), np.zeros(self.gamma, dtype=bool)
+        pos = np.arange(self.gamma)[None, :]
+        h = hazard[g][pos, codes]
+        s = np.cumprod(1.0 - h, axis=1).mean(axis=0)
+        share = np.cumsum(data[g][pos, codes].mean(axis=0)) / np.arange(1, self.gamma + 1)
+        # S_j rests on every S_i before it: once unidentified, it stays so
+        return s, np.logical_and.accumulate(share >= IDENTIFIABLE_SHARE)
+
+    def expected_ceiling(self, g: int) -> float:
+        """E[ceiling] = sum_j S_j."""
+        return float(self.survival(g)[0].sum())
+
+    def expected_extra(
+        self, group_ids: np.ndarray, start: np.ndarray, confidence: np.ndarray | None
+    ) -> np.ndarray:
+        """`[k]` E[further accepted drafts from `start` on | position `start` reached].
+
+        For a walk that ran out of evidence at `start`: the sum over m >= start of
+        prod_{i=start..m} (1 - h[g, i, bin(c_i)]), 0 once start >= gamma. NaN
+        confidence entries (or None) use the group's pooled Kaplan-Meier hazard.
+        """
+        grp = np.asarray(group_ids, dtype=np.int64).reshape(-1)
+        k = len(grp)
+        st = np.broadcast_to(np.asarray(start, dtype=np.int64), (k,))
+        if k == 0:
+            return np.zeros(0)
+        if (grp < 0).any() or (st < 0).any():
+            raise ValueError("group ids and start positions must be >= 0")
+        self.ensure_groups(int(grp.max()) + 1)
+        codes = self._bin_codes(confidence, k)
+        hazard, _ = self._tables()
+        pos = np.arange(self.gamma)[None, :]
+        after = pos >= st[:, None]
+        keep = np.where(after, 1.0 - hazard[grp[:, None], pos, codes], 1.0)
+        return np.where(after, np.cumprod(keep, axis=1), 0.0).sum(axis=1)
+
+
+def population_estimate(
+    window: np.ndarray,
+    accepted: np.ndarray,
+    confidence: np.ndarray | None,
+    gamma: int,
+    bins: int = 10,
+    min_at_risk: int = 30,
+) -> dict:
+    """Offline estimate over one population of blocks (every block in the average).
+
+    Returns `survival` (S_j = P(ceiling > j)), `identifiable`, `mean` (E[ceiling])
+    and `naive_km`, the unstratified Kaplan-Meier survival, to show what treating
+    trimmed blocks as independently censored costs.
+    """
+    w = np.asarray(window, dtype=np.int64).reshape(-1)
+    model = HazardModel(gamma, bins=bins, min_at_risk=min_at_risk, reservoir=max(1, len(w)))
+    model.ensure_groups(1)
+    model.update(0, w, accepted, confidence)
+    s, identifiable = model.survival(0)
+    return {
+        "survival": s.tolist(),
+        "identifiable": identifiable.tolist(),
+        "mean": float(s.sum()),
+        "naive_km": model.naive_km(0).tolist(),
+    }
