@@ -290,6 +290,7 @@ def test_estimate_matches_the_shadow_truth_where_identifiable(shadowed_run, reco
     record_property("population_estimate", json.dumps(report))
 
 
+@pytest.mark.slow
 def test_online_model_with_a_full_reservoir_is_the_offline_estimate(shadowed_run):
     gamma, _, cols, _ = shadowed_run
     m = cols["group"] == 0

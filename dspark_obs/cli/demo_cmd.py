@@ -2,8 +2,9 @@
 
 A mixed-workload compact run with a cap-accept shadow twin on the embedded
 runtime, STS fitted on a warm-up run first, `/metrics` served while it runs,
-then the summary: windows shrink with difficulty, utilisation against the
-shadow ceiling, budget per request falling with load.
+then the summary (windows shrink with difficulty, utilisation against the
+shadow ceiling, budget per request falling with load) and the ceiling
+estimates beside the shadow's truth.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import argparse
 import threading
 from pathlib import Path
 
+from ..estimator.evaluate import evaluate
 from ..pipeline import Pipeline
 from ..service import Exporter, parse_listen
 from ..store import open_run
 from .errors import CliError
+from .estimate_cmd import clean_json, render_run
 from .run_cmd import add_runtime_arguments, config_from_args, default_run_dir, execute, resolve_sts
 from .serve_cmd import install_stop_handlers
 from .summary_cmd import print_summary
@@ -54,8 +57,10 @@ def handle(args: argparse.Namespace) -> int:
 
     try:
         execute(config, out, sts, show_progress=not args.quiet, on_pipeline=serve)
-        print_summary(open_run(out), as_json=args.json)
+        run = open_run(out)
+        print_summary(run, as_json=args.json)
         if not args.json:
+            render_run(clean_json(evaluate(run)))
             print(f"\nrun directory: {out}  (inspect with `dspark-obs summary {out}`)")
         if exporter is not None and args.hold:
             print(f"still serving {exporter.server.url}/metrics; Ctrl-C to stop", flush=True)

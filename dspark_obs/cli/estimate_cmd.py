@@ -16,15 +16,15 @@ from .console import make_console
 from .errors import CliError
 
 
-def _clean(obj):
+def clean_json(obj):
     if isinstance(obj, float) and not np.isfinite(obj):
         return None
     if isinstance(obj, (np.floating, np.integer, np.bool_)):
-        return _clean(obj.item())
+        return clean_json(obj.item())
     if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
+        return {k: clean_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
+        return [clean_json(v) for v in obj]
     return obj
 
 
@@ -111,15 +111,15 @@ def handle(args: argparse.Namespace) -> int:
                 k: {"sampled": v} for k, v in summarize_by_workload(blocks, log=log).items()
             },
         }
-        print(json.dumps(_clean(report), indent=2))
+        print(json.dumps(clean_json(report), indent=2))
         return 0
     if args.run_dir is None:
         raise CliError("give a RUN_DIR or --sglang-jsonl FILE --gamma N")
     report = evaluate(open_run(args.run_dir))
     if args.json:
-        print(json.dumps(_clean(report), indent=2))
+        print(json.dumps(clean_json(report), indent=2))
     else:
-        render_run(_clean(report))
+        render_run(clean_json(report))
     return 0
 
 
