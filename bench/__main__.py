@@ -10,9 +10,13 @@ import argparse
 import json
 import sys
 
-from . import aggregate_update, render_scrape
+from . import aggregate_update, estimator_update, render_scrape
 
-BENCHMARKS = {"aggregate_update": aggregate_update, "render_scrape": render_scrape}
+BENCHMARKS = {
+    "aggregate_update": aggregate_update,
+    "estimator_update": estimator_update,
+    "render_scrape": render_scrape,
+}
 
 
 def main() -> int:

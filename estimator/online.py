@@ -45,6 +45,9 @@ COLUMNS = (
 )
 _COL = {name: i for i, name in enumerate(COLUMNS)}
 
+#: Steps whose rows the population model learns from at once.
+POPULATION_BATCH_STEPS = 32
+
 
 @dataclass
 class EstimatorSnapshot:
@@ -73,6 +76,7 @@ class CeilingEstimator:
         self.population = HazardModel(gamma)
         self.sums = WindowedSums(len(COLUMNS), window_steps, blocks)
         self._rows: list[dict[str, np.ndarray]] = []
+        self._population_rows: list[tuple] = []
         self._lock = threading.Lock()
 
     def update(self, batch: StepBatch, gather: Gather | None = None) -> None:
@@ -85,7 +89,11 @@ class CeilingEstimator:
             self.sums.ensure_groups(n_groups)
             self.population.ensure_groups(n_groups)
             w, a = batch.window, batch.correct_drafts
-            self.population.update(group, w, a, batch.confidence)
+            # the population model learns in batches (its hazards move slowly; the walks'
+            # extrapolation reads them between batches)
+            self._population_rows.append((group, w, a, batch.confidence))
+            if len(self._population_rows) >= POPULATION_BATCH_STEPS:
+                self._teach_population()
             outcomes = self.walker.step(batch, group, gather, self.population.expected_extra)
             observed = (a < w) | (w == self.gamma)
             width = self.sums.width
@@ -106,6 +114,28 @@ class CeilingEstimator:
                 self._fold_outcomes(outcomes, index, weights)
             self.sums.add_flat(np.concatenate(index), np.concatenate(weights))
             self.sums.advance(1)
+
+    def _teach_population(self) -> None:
+        rows, self._population_rows = self._population_rows, []
+        if not rows:
+            return
+        confs = [r[3] for r in rows]
+        conf = None
+        if all(c is not None for c in confs):
+            conf = np.concatenate(confs)
+        elif any(c is not None for c in confs):
+            conf = np.concatenate(
+                [
+                    c if c is not None else np.full((len(r[1]), self.gamma), np.nan)
+                    for c, r in zip(confs, rows, strict=True)
+                ]
+            )
+        self.population.update(
+            np.concatenate([r[0] for r in rows]),
+            np.concatenate([r[1] for r in rows]),
+            np.concatenate([r[2] for r in rows]),
+            conf,
+        )
 
     def _fold_outcomes(self, out: dict, index: list, weights: list) -> None:
         width = self.sums.width
@@ -131,6 +161,7 @@ class CeilingEstimator:
     def close(self) -> None:
         """Censor the walks still open (the source ended) and count them."""
         with self._lock:
+            self._teach_population()
             out = self.walker.close(self.population.expected_extra)
             if out:
                 index, weights = [], []
@@ -167,6 +198,7 @@ class CeilingEstimator:
 
     def snapshot(self) -> EstimatorSnapshot:
         with self._lock:
+            self._teach_population()
             n = len(self.index.groups)
             pending = np.zeros(n)
             for slots in self.walker.ranks.values():
