@@ -46,7 +46,7 @@ COLUMNS = (
 _COL = {name: i for i, name in enumerate(COLUMNS)}
 
 #: Steps whose rows the population model learns from at once.
-POPULATION_BATCH_STEPS = 32
+POPULATION_BATCH_STEPS = 64
 
 
 @dataclass
@@ -77,6 +77,7 @@ class CeilingEstimator:
         self.sums = WindowedSums(len(COLUMNS), window_steps, blocks)
         self._rows: list[dict[str, np.ndarray]] = []
         self._population_rows: list[tuple] = []
+        self._counts: list[tuple] = []  # per-step row classes not yet folded into the sums
         self._lock = threading.Lock()
 
     def update(self, batch: StepBatch, gather: Gather | None = None) -> None:
@@ -96,24 +97,36 @@ class CeilingEstimator:
                 self._teach_population()
             outcomes = self.walker.step(batch, group, gather, self.population.expected_extra)
             observed = (a < w) | (w == self.gamma)
-            width = self.sums.width
-            opened, skipped = self.walker.opened_rows, self.walker.skipped_rows
-            index = [
-                group[observed] * width + _COL["observed_blocks"],
-                group[observed] * width + _COL["observed_sum"],
-                group[opened] * width + _COL["trimmed_blocks"],
-                group[skipped] * width + _COL["skipped_blocks"],
-            ]
-            weights = [
-                np.ones(int(observed.sum())),
-                a[observed].astype(np.float64),
-                np.ones(int(opened.sum())),
-                np.ones(int(skipped.sum())),
-            ]
-            if outcomes:
-                self._fold_outcomes(outcomes, index, weights)
-            self.sums.add_flat(np.concatenate(index), np.concatenate(weights))
-            self.sums.advance(1)
+            self._counts.append(
+                (group, observed, a, self.walker.opened_rows, self.walker.skipped_rows)
+            )
+            # counts fold in with the walk's outcomes, never across a window block's end
+            if outcomes or len(self._counts) >= self.sums.room:
+                self._fold(outcomes)
+
+    def _fold(self, outcomes: dict) -> None:
+        width = self.sums.width
+        counts, self._counts = self._counts, []
+        empty = (np.zeros(0, np.int64), *(np.zeros(0, bool),) * 4)
+        group, observed, a, opened, skipped = (
+            np.concatenate([c[i] for c in counts]) if counts else empty[i] for i in range(5)
+        )
+        index = [
+            group[observed] * width + _COL["observed_blocks"],
+            group[observed] * width + _COL["observed_sum"],
+            group[opened] * width + _COL["trimmed_blocks"],
+            group[skipped] * width + _COL["skipped_blocks"],
+        ]
+        weights = [
+            np.ones(int(observed.sum())),
+            a[observed].astype(np.float64),
+            np.ones(int(opened.sum())),
+            np.ones(int(skipped.sum())),
+        ]
+        if outcomes:
+            self._fold_outcomes(outcomes, index, weights)
+        self.sums.add_flat(np.concatenate(index), np.concatenate(weights))
+        self.sums.advance(len(counts))
 
     def _teach_population(self) -> None:
         rows, self._population_rows = self._population_rows, []
@@ -163,10 +176,8 @@ class CeilingEstimator:
         with self._lock:
             self._teach_population()
             out = self.walker.close(self.population.expected_extra)
-            if out:
-                index, weights = [], []
-                self._fold_outcomes(out, index, weights)
-                self.sums.add_flat(np.concatenate(index), np.concatenate(weights))
+            if out or self._counts:
+                self._fold(out)
 
     def take_rows(self) -> pl.DataFrame | None:
         """Walked blocks since the last call, as rows of the `ceilings` table."""
@@ -199,13 +210,12 @@ class CeilingEstimator:
     def snapshot(self) -> EstimatorSnapshot:
         with self._lock:
             self._teach_population()
+            if self._counts:
+                self._fold({})
             n = len(self.index.groups)
-            pending = np.zeros(n)
-            for slots in self.walker.ranks.values():
-                act = slots.active.reshape(-1)
-                if act.any():
-                    groups = slots.flat("scal")[act, GROUP].astype(np.int64)
-                    pending += np.bincount(groups, minlength=n)[:n]
+            walker = self.walker
+            pending_groups = walker.blk[walker.blk_live, GROUP].astype(np.int64)
+            pending = np.bincount(pending_groups, minlength=n)[:n].astype(np.float64)
             surv = np.full((n, self.gamma), np.nan)
             ident = np.zeros((n, self.gamma), dtype=bool)
             for g in range(n):

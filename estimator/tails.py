@@ -17,13 +17,18 @@ context is the one the tail was drafted in.
   them as rejected, `hi` as accepted, and the point estimate extrapolates them
   with the population model (`extrapolate`).
 
-A request that ends (its slot is reused, or it goes idle) before its block
-resolves leaves the block censored: reported as a lower bound, never as exact.
+A request that ends (its slot shows another rid or a discontinuous position, or
+it goes idle) before its block resolves leaves the block censored: reported as
+a lower bound, never as exact.
 
-State lives in arrays per (rank, req_pool_index) slot, at most gamma pending
-blocks per slot (every step commits at least one token, so a block resolves
-within gamma steps); the per-step work is vectorised over the pending blocks of
-the batch.
+Cost. Per step the walker only records: each request's committed tokens go
+into a history ring of the request, trimmed blocks are appended to a block
+pool, and (in band) the verify log-probabilities of pending sampled tails are
+gathered while the step's distributions exist. The comparison itself runs
+every `walk_every` steps over all pending blocks at once, so numpy's per-call
+overhead is paid per walk, not per step. A request instance (its history) lives
+until its last block is settled, so a slot reused by the next request never
+overwrites what an unsettled block still needs.
 """
 
 from __future__ import annotations
@@ -37,15 +42,17 @@ from dspark_obs.telemetry import StepBatch
 
 #: `gather(batch_rows, verify_rows, tokens) -> log p` from the step just verified.
 Gather = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-#: `extrapolate(rows_of_blocks, start_position, confidence [k, gamma]) -> expected extra`.
+#: `extrapolate(groups, start_position, confidence [k, gamma]) -> expected further acceptance`.
 Extrapolate = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
-GREEDY, SAMPLED = "greedy", "sampled"
+# block scalars, packed (exact in float64: positions, counts and ids stay far below 2**53)
+OPEN_PREFIX, WINDOW, OPEN_FCT, GROUP, GREEDY, INSTANCE = range(6)
+_FIELDS = 6
 
 
 @dataclass
 class Outcomes:
-    """Blocks that left the walk in one step (columns over blocks)."""
+    """Blocks that left the walk (columns over blocks)."""
 
     rid: list = field(default_factory=list)
     columns: dict[str, list[np.ndarray]] = field(default_factory=dict)
@@ -65,73 +72,94 @@ class Outcomes:
         return out
 
 
-# packed per-block scalars (exact in float64: positions, counts and ids stay far below 2**53)
-OPEN_PREFIX, NEXT_POS, WINDOW, OPEN_FCT, GROUP, GREEDY, PROD, LO_EXTRA, VAR_TERMS = range(9)
-_FIELDS = 9
-
-
-class _RankSlots:
-    """Pending blocks of one rank: slot = SGLang's req_pool_index, gamma blocks per slot.
-
-    Block b = slot * gamma + m; its scalars are one row of `scal` and its drafted
-    row (tokens, draft log-probs, calibrated confidence) rows of `tail`, `q_lp`,
-    `conf`, so a step gathers each with one `take`.
-    """
-
-    def __init__(self, gamma: int, capacity: int = 64) -> None:
-        self.gamma = gamma
-        self.capacity = 0
-        self.grow(capacity)
-
-    def grow(self, capacity: int) -> None:
-        g, old = self.gamma, self.capacity
-        if capacity <= old:
-            return
-
-        def extend(name, shape, fill, dtype):
-            new = np.full((capacity, *shape), fill, dtype=dtype)
-            if old:
-                new[:old] = getattr(self, name)
-            setattr(self, name, new)
-
-        extend("rid", (), None, object)
-        extend("expect", (), -1, np.int64)
-        extend("last_seen", (), 0, np.int64)
-        extend("active", (g,), False, bool)
-        extend("scal", (g, _FIELDS), 0.0, np.float64)
-        extend("tail", (g, g), 0, np.int64)
-        extend("q_lp", (g, g), np.nan, np.float64)
-        extend("conf", (g, g), np.nan, np.float64)
-        self.capacity = capacity
-
-    def flat(self, name: str) -> np.ndarray:
-        arr = getattr(self, name)
-        return arr.reshape(self.capacity * self.gamma, *arr.shape[2:])
+def _grown(arr: np.ndarray, size: int, fill) -> np.ndarray:
+    new = np.full((size, *arr.shape[1:]), fill, dtype=arr.dtype)
+    new[: len(arr)] = arr
+    return new
 
 
 class TailWalker:
-    """Opens a block per trimmed request-step and walks pending blocks every step.
+    """Opens a block per trimmed request-step; settles pending blocks every `walk_every` steps.
 
     `assume_greedy` decides for rows whose source does not say (SGLang dumps):
     None skips them, True or False treats them as greedy or sampled.
     """
 
     def __init__(
-        self, gamma: int, *, assume_greedy: bool | None = None, idle_steps: int = 4096
+        self,
+        gamma: int,
+        *,
+        assume_greedy: bool | None = None,
+        idle_steps: int = 4096,
+        walk_every: int = 16,
     ) -> None:
-        self.gamma = gamma
+        g = self.gamma = gamma
         self.assume_greedy = assume_greedy
         self.idle_steps = idle_steps
-        self.ranks: dict[int, _RankSlots] = {}
+        self.walk_every = walk_every
+        # a block needs the history from its tail's first position; between walks a request
+        # commits at most gamma + 1 tokens a step
+        self.horizon = (walk_every + 2) * (g + 1) + g
         self.steps = 0
         self.skipped = 0  # trimmed blocks no walk can follow (unknown sampling, no log-probs)
         self.opened = 0
-        # rows of the last step that opened a walk, or were trimmed but could not
         self.opened_rows = np.zeros(0, dtype=bool)
         self.skipped_rows = np.zeros(0, dtype=bool)
+        self.slots: dict[int, np.ndarray] = {}  # rank -> instance id per req_pool_index
+        # request instances: their committed-token history
+        self.inst_live = np.zeros(0, dtype=bool)
+        self.inst_rid = np.zeros(0, dtype=object)
+        self.inst_expect = np.zeros(0, dtype=np.int64)
+        self.inst_ended = np.zeros(0, dtype=bool)
+        self.inst_seen = np.zeros(0, dtype=np.int64)
+        self.hist_tok = np.zeros((0, self.horizon), dtype=np.int64)
+        self.hist_lp = np.zeros((0, self.horizon))
+        # blocks
+        self.blk_live = np.zeros(0, dtype=bool)
+        self.blk = np.zeros((0, _FIELDS))
+        self.blk_tail = np.zeros((0, g), dtype=np.int64)
+        self.blk_q = np.zeros((0, g))
+        self.blk_conf = np.zeros((0, g))
+        self.blk_p = np.zeros((0, g))  # gathered target log-prob of each tail token
 
     def pending(self) -> int:
-        return int(sum(r.active.sum() for r in self.ranks.values()))
+        return int(np.count_nonzero(self.blk_live))
+
+    # -- allocation ---------------------------------------------------------
+
+    def _new_instances(self, n: int) -> np.ndarray:
+        free = np.flatnonzero(~self.inst_live)
+        if len(free) < n:
+            size = max(2 * len(self.inst_live), len(self.inst_live) + n, 64)
+            self.inst_live = _grown(self.inst_live, size, False)
+            self.inst_rid = _grown(self.inst_rid, size, None)
+            self.inst_expect = _grown(self.inst_expect, size, -1)
+            self.inst_ended = _grown(self.inst_ended, size, False)
+            self.inst_seen = _grown(self.inst_seen, size, 0)
+            self.hist_tok = _grown(self.hist_tok, size, -1)
+            self.hist_lp = _grown(self.hist_lp, size, np.nan)
+            free = np.flatnonzero(~self.inst_live)
+        ids = free[:n]
+        self.inst_live[ids] = True
+        self.inst_ended[ids] = False
+        return ids
+
+    def _new_blocks(self, n: int) -> np.ndarray:
+        free = np.flatnonzero(~self.blk_live)
+        if len(free) < n:
+            size = max(2 * len(self.blk_live), len(self.blk_live) + n, 256)
+            self.blk_live = _grown(self.blk_live, size, False)
+            self.blk = _grown(self.blk, size, 0.0)
+            self.blk_tail = _grown(self.blk_tail, size, 0)
+            self.blk_q = _grown(self.blk_q, size, np.nan)
+            self.blk_conf = _grown(self.blk_conf, size, np.nan)
+            self.blk_p = _grown(self.blk_p, size, np.nan)
+            free = np.flatnonzero(~self.blk_live)
+        ids = free[:n]
+        self.blk_live[ids] = True
+        return ids
+
+    # -- per step -------------------------------------------------------------
 
     def step(
         self,
@@ -140,41 +168,64 @@ class TailWalker:
         gather: Gather | None = None,
         extrapolate: Extrapolate | None = None,
     ) -> dict[str, np.ndarray]:
-        """Fold one validated step in; returns the blocks that resolved or were censored."""
-        out = Outcomes()
+        """Record one validated step; every `walk_every` steps, settle what can be settled."""
         self.steps += 1
-        if not batch.has_reqs or batch.num_reqs == 0 or batch.draft_tokens is None:
-            return out.frame()
-        g = self.gamma
-        slots = self.ranks.get(batch.rank)
-        if slots is None:
-            slots = self.ranks[batch.rank] = _RankSlots(g)
+        n = batch.num_reqs
+        if batch.has_reqs and n and batch.draft_tokens is not None:
+            inst = self._instances(batch)
+            self._record(batch, inst)
+            self._open(batch, inst, group)
+            if gather is not None:
+                self._gather(batch, inst, gather)
+        else:
+            self.opened_rows = self.skipped_rows = np.zeros(n, dtype=bool)
+        if self.steps % self.walk_every:
+            return {}
+        return self.settle(extrapolate, batch.forward_ct)
+
+    def _instances(self, batch: StepBatch) -> np.ndarray:
+        """The request instance of every row: the slot's, or a new one when the request changed."""
         pool = batch.req_pool_index
-        if pool.max() >= slots.capacity:
-            slots.grow(max(2 * slots.capacity, int(pool.max()) + 1))
-        prefix, cl = batch.prefix_len, batch.correct_drafts
-        # a slot continues its request only when the rid and the expected position agree
-        same = (slots.rid[pool] == batch.rid) & (slots.expect[pool] == prefix)
+        slots = self.slots.get(batch.rank)
+        if slots is None or pool.max() >= len(slots):
+            size = max(int(pool.max()) + 1, 2 * (0 if slots is None else len(slots)), 64)
+            slots = self.slots[batch.rank] = _grown(
+                np.zeros(0, np.int64) if slots is None else slots, size, -1
+            )
+        inst = slots[pool]
+        known = inst >= 0
+        same = known.copy()
+        same[known] = (self.inst_rid[inst[known]] == batch.rid[known]) & (
+            self.inst_expect[inst[known]] == batch.prefix_len[known]
+        )
         if not same.all():
-            lost = pool[~same]
-            self._censor(slots, lost, out, extrapolate, batch.forward_ct)
-            slots.rid[lost] = batch.rid[~same]
-        n = len(pool)
-        realized = np.empty((n, g + 1), np.int64)
-        realized[:, :g] = batch.draft_tokens
+            changed = np.flatnonzero(~same)
+            self.inst_ended[inst[changed][known[changed]]] = True
+            ids = self._new_instances(len(changed))
+            self.inst_rid[ids] = batch.rid[changed]
+            slots[pool[changed]] = ids
+            inst[changed] = ids
+        return inst
+
+    def _record(self, batch: StepBatch, inst: np.ndarray) -> None:
+        g, h = self.gamma, self.horizon
+        cl, prefix = batch.correct_drafts, batch.prefix_len
+        n = len(inst)
         rows = np.arange(n)
-        realized[rows, cl] = batch.bonus_token
-        realized_lp = np.full((n, g + 1), np.nan)
+        tok = np.empty((n, g + 1), np.int64)
+        tok[:, :g] = batch.draft_tokens
+        tok[rows, cl] = batch.bonus_token
+        lp = np.full((n, g + 1), np.nan)
         if batch.target_logprobs is not None:
-            realized_lp[:, :g] = batch.target_logprobs
-        realized_lp[rows, cl] = batch.bonus_logprob
-        self._open(batch, slots, pool, group)
-        self._walk(batch, slots, pool, realized, realized_lp, gather, extrapolate, out)
-        slots.expect[pool] = prefix + cl + 1
-        slots.last_seen[pool] = self.steps
-        if self.steps % 256 == 0:
-            self._evict_idle(out, extrapolate, batch.forward_ct)
-        return out.frame()
+            lp[:, :g] = batch.target_logprobs
+        lp[rows, cl] = batch.bonus_logprob
+        k = np.arange(g + 1)
+        valid = k <= cl[:, None]
+        flat = (inst[:, None] * h + (prefix[:, None] + k) % h)[valid]
+        self.hist_tok.reshape(-1)[flat] = tok[valid]
+        self.hist_lp.reshape(-1)[flat] = lp[valid]
+        self.inst_expect[inst] = prefix + cl + 1
+        self.inst_seen[inst] = self.steps
 
     def _greedy_rows(self, batch: StepBatch) -> np.ndarray:
         flag = batch.greedy.astype(np.int8)
@@ -182,149 +233,167 @@ class TailWalker:
             flag = np.where(flag < 0, np.int8(self.assume_greedy), flag)
         return flag
 
-    def _open(
-        self, batch: StepBatch, slots: _RankSlots, pool: np.ndarray, group: np.ndarray
-    ) -> None:
+    def _open(self, batch: StepBatch, inst: np.ndarray, group: np.ndarray) -> None:
         g = self.gamma
         w, a = batch.window, batch.correct_drafts
         trimmed = (a == w) & (w < g)
         greedy = self._greedy_rows(batch)
         logprobs = batch.draft_logprobs is not None and batch.target_logprobs is not None
         can_walk = (greedy == 1) | ((greedy == 0) & logprobs)
-        self.skipped_rows = trimmed & ~can_walk
         self.opened_rows = trimmed & can_walk
+        self.skipped_rows = trimmed & ~can_walk
         self.skipped += int(np.count_nonzero(self.skipped_rows))
         rows = np.flatnonzero(self.opened_rows)
         if len(rows) == 0:
             return
-        s = pool[rows]
-        free = np.argmin(slots.active[s], axis=1)
-        full = slots.active[s, free]
-        if full.any():  # cannot happen with gamma slots per request; never overwrite silently
-            self.skipped += int(full.sum())
-            self.skipped_rows[rows[full]] = True
-            self.opened_rows[rows[full]] = False
-            rows, s, free = rows[~full], s[~full], free[~full]
         self.opened += len(rows)
-        fi = s * g + free
-        slots.active[s, free] = True
-        scal = np.zeros((len(rows), _FIELDS))
-        scal[:, OPEN_PREFIX] = batch.prefix_len[rows]
-        scal[:, NEXT_POS] = batch.prefix_len[rows] + w[rows]
-        scal[:, WINDOW] = w[rows]
-        scal[:, OPEN_FCT] = batch.forward_ct
-        scal[:, GROUP] = group[rows]
-        scal[:, GREEDY] = greedy[rows]
-        scal[:, PROD] = 1.0
-        slots.flat("scal")[fi] = scal
-        slots.flat("tail")[fi] = batch.draft_tokens[rows]
-        slots.flat("q_lp")[fi] = (
-            np.nan if batch.draft_logprobs is None else batch.draft_logprobs[rows]
-        )
-        slots.flat("conf")[fi] = np.nan if batch.confidence is None else batch.confidence[rows]
+        ids = self._new_blocks(len(rows))
+        fields = np.empty((len(rows), _FIELDS))
+        fields[:, OPEN_PREFIX] = batch.prefix_len[rows]
+        fields[:, WINDOW] = w[rows]
+        fields[:, OPEN_FCT] = batch.forward_ct
+        fields[:, GROUP] = group[rows]
+        fields[:, GREEDY] = greedy[rows]
+        fields[:, INSTANCE] = inst[rows]
+        self.blk[ids] = fields
+        self.blk_tail[ids] = batch.draft_tokens[rows]
+        self.blk_q[ids] = np.nan if batch.draft_logprobs is None else batch.draft_logprobs[rows]
+        self.blk_conf[ids] = np.nan if batch.confidence is None else batch.confidence[rows]
+        self.blk_p[ids] = np.nan
+
+    def _gather(self, batch: StepBatch, inst: np.ndarray, gather: Gather) -> None:
+        """Target log-probs of pending sampled tail tokens at this step's verified positions.
+
+        Only the first mismatch needs one (matched positions use the committed
+        token's), but the walk runs later, when this step's distributions are gone.
+        """
+        live = np.flatnonzero(self.blk_live & (self.blk[:, GREEDY] == 0))
+        if len(live) == 0:
+            return
+        row_of = np.full(len(self.inst_live), -1, np.int64)
+        row_of[inst] = np.arange(len(inst))
+        rows = row_of[self.blk[live, INSTANCE].astype(np.int64)]
+        here = rows >= 0
+        live, rows = live[here], rows[here]
+        if len(live) == 0:
+            return
+        g = self.gamma
+        j = np.arange(g)
+        offset = (self.blk[live, OPEN_PREFIX].astype(np.int64) - batch.prefix_len[rows])[
+            :, None
+        ] + j
+        want = (j >= self.blk[live, WINDOW][:, None]) & (offset >= 0)
+        want &= offset <= batch.correct_drafts[rows][:, None]
+        b, jj = np.nonzero(want)
+        if len(b):
+            self.blk_p[live[b], jj] = gather(rows[b], offset[b, jj], self.blk_tail[live[b], jj])
+
+    # -- settling -------------------------------------------------------------
+
+    def settle(
+        self, extrapolate: Extrapolate | None, fct: int, *, final: bool = False
+    ) -> dict[str, np.ndarray]:
+        """Walk every pending block against its request's history; emit the settled ones."""
+        out = Outcomes()
+        idle = self.inst_live & (self.inst_seen < self.steps - self.idle_steps)
+        self.inst_ended |= idle | (self.inst_live & final)
+        live = np.flatnonzero(self.blk_live)
+        if len(live):
+            self._walk(live, extrapolate, fct, out)
+        # instances that ended and hold no pending block are free again
+        held = np.zeros(len(self.inst_live), dtype=bool)
+        held[self.blk[self.blk_live, INSTANCE].astype(np.int64)] = True
+        done = self.inst_live & self.inst_ended & ~held
+        self.inst_live[done] = False
+        self.inst_rid[done] = None
+        for slots in self.slots.values():
+            known = slots >= 0
+            slots[known & done[np.maximum(slots, 0)]] = -1
+        return out.frame()
 
     def _walk(
-        self,
-        batch: StepBatch,
-        slots: _RankSlots,
-        pool: np.ndarray,
-        realized: np.ndarray,
-        realized_lp: np.ndarray,
-        gather: Gather | None,
-        extrapolate: Extrapolate | None,
-        out: Outcomes,
+        self, live: np.ndarray, extrapolate: Extrapolate | None, fct: int, out: Outcomes
     ) -> None:
-        g = self.gamma
-        r, m = np.nonzero(slots.active[pool])
-        if len(r) == 0:
+        g, h = self.gamma, self.horizon
+        f = self.blk[live]
+        inst = f[:, INSTANCE].astype(np.int64)
+        op = f[:, OPEN_PREFIX].astype(np.int64)
+        w = f[:, WINDOW].astype(np.int64)
+        j = np.arange(g)
+        pos = op[:, None] + j
+        in_tail = j >= w[:, None]
+        seen = pos < self.inst_expect[inst][:, None]
+        flat = inst[:, None] * h + pos % h
+        realized = np.take(self.hist_tok, flat)
+        tail = self.blk_tail[live]
+        match = (tail == realized) & seen
+        run_end = np.cumprod(match | ~in_tail, axis=1).sum(axis=1)  # draft index after the run
+        at = np.minimum(run_end, g - 1)
+        rows = np.arange(len(live))
+        diverged = (run_end < g) & seen[rows, at]
+        resolved = diverged | (run_end >= g)
+        ended = self.inst_ended[inst]
+        settle = resolved | ended
+        if not settle.any():
             return
-        fi = pool[r] * g + m
-        st = np.take(slots.flat("scal"), fi, axis=0)
-        open_prefix = st[:, OPEN_PREFIX].astype(np.int64)
-        next_pos = st[:, NEXT_POS].astype(np.int64)
-        start_j = next_pos - open_prefix  # draft index of the next tail token
-        k = np.arange(g + 1)
-        idx = (next_pos - batch.prefix_len[r])[:, None] + k  # index into this step's tokens
-        j = start_j[:, None] + k
-        valid = (idx <= batch.correct_drafts[r][:, None]) & (j < g)
-        idx = np.minimum(idx, g)
-        j = np.minimum(j, g - 1)
-        kk = np.arange(len(r))[:, None] * g
-        tail = np.take(np.take(slots.flat("tail"), fi, axis=0), kk + j)
-        flat_real = r[:, None] * (g + 1) + idx
-        match = (tail == np.take(realized, flat_real)) & valid
-        run = np.cumprod(match, axis=1).sum(axis=1)
-        n_valid = valid.sum(axis=1)
-        diverged = run < n_valid
-        end_j = start_j + run
-        done = diverged | (end_j >= g)
-
-        greedy = st[:, GREEDY] == 1
-        n_eval = run.copy()
-        prod, lo_extra, var_terms = st[:, PROD], st[:, LO_EXTRA], st[:, VAR_TERMS]
-        sampled = np.flatnonzero(~greedy)
+        greedy = f[:, GREEDY] == 1
+        reached = run_end.copy()
+        lo_extra = np.zeros(len(live))
+        var_terms = np.zeros(len(live))
+        prod = np.ones(len(live))
+        sampled = np.flatnonzero(settle & ~greedy)
         if len(sampled):
-            p_lp = np.take(realized_lp, flat_real[sampled])
-            div = np.flatnonzero(diverged[sampled])
-            if len(div):
-                at = run[sampled[div]]
-                known = np.full(len(div), np.nan)
-                if gather is not None:
-                    known = gather(r[sampled[div]], idx[sampled[div], at], tail[sampled[div], at])
-                p_lp[div, at] = known
-                n_eval[sampled[div]] += np.isfinite(known)
-            q = np.take(
-                np.take(slots.flat("q_lp"), fi[sampled], axis=0), kk[: len(sampled)] + j[sampled]
-            )
-            evaluated = k[None, :] < n_eval[sampled, None]
-            a = np.where(evaluated, np.exp(np.minimum(p_lp - q, 0.0)), 1.0)
-            cum = prod[sampled, None] * np.cumprod(a, axis=1)
-            tail_pos = j[sampled] - st[sampled, WINDOW][:, None] + 1  # 1-based within the tail
-            lo_extra[sampled] += np.where(evaluated, cum, 0.0).sum(axis=1)
-            var_terms[sampled] += np.where(evaluated, (2 * tail_pos - 1) * cum, 0.0).sum(axis=1)
+            sl = live[sampled]
+            p = np.take(self.hist_lp, flat[sampled])
+            p_div = self.blk_p[sl, at[sampled]]
+            dv = diverged[sampled] & np.isfinite(p_div)
+            p[dv, at[sampled][dv]] = p_div[dv]
+            end = run_end[sampled] + dv
+            reached[sampled] = end
+            evaluated = in_tail[sampled] & (j < end[:, None])
+            a = np.where(evaluated, np.exp(np.minimum(p - self.blk_q[sl], 0.0)), 1.0)
+            cum = np.cumprod(a, axis=1)
+            lo_extra[sampled] = np.where(evaluated, cum, 0.0).sum(axis=1)
+            tail_pos = j - w[sampled, None] + 1  # 1-based within the tail
+            var_terms[sampled] = np.where(evaluated, (2 * tail_pos - 1) * cum, 0.0).sum(axis=1)
             prod[sampled] = cum[:, -1]
-
-        scal = slots.flat("scal")
-        keep = ~done
-        st[:, NEXT_POS] = next_pos + n_valid
-        scal[fi[keep]] = st[keep]
-        fin = np.flatnonzero(done)
-        if len(fin):
-            self._emit(
-                slots,
-                fi[fin],
-                st[fin],
-                out,
-                extrapolate,
-                batch.forward_ct,
-                censored=False,
-                reached=start_j[fin] + n_eval[fin],
-                exact=end_j[fin],
-            )
-            slots.active.reshape(-1)[fi[fin]] = False
+        fin = np.flatnonzero(settle)
+        self._emit(
+            live[fin],
+            f[fin],
+            out,
+            extrapolate,
+            fct,
+            censored=~resolved[fin],
+            reached=reached[fin],
+            prod=prod[fin],
+            lo_extra=lo_extra[fin],
+            var_terms=var_terms[fin],
+        )
+        self.blk_live[live[fin]] = False
 
     def _emit(
         self,
-        slots: _RankSlots,
-        fi: np.ndarray,
-        st: np.ndarray,
+        ids: np.ndarray,
+        f: np.ndarray,
         out: Outcomes,
         extrapolate: Extrapolate | None,
         fct: int,
         *,
-        censored: bool,
+        censored: np.ndarray,
         reached: np.ndarray,
-        exact: np.ndarray | None,
+        prod: np.ndarray,
+        lo_extra: np.ndarray,
+        var_terms: np.ndarray,
     ) -> None:
         """Ceilings in accepted drafts: (lo, point, hi) per block and its status."""
         g = self.gamma
-        window = st[:, WINDOW].astype(np.int64)
-        greedy = st[:, GREEDY] == 1
-        group = st[:, GROUP].astype(np.int64)
-        prod, lo_extra = st[:, PROD], st[:, LO_EXTRA]
+        window = f[:, WINDOW].astype(np.int64)
+        greedy = f[:, GREEDY] == 1
+        group = f[:, GROUP].astype(np.int64)
         remaining = g - reached
         if extrapolate is not None:
-            extra = extrapolate(group, reached, np.take(slots.flat("conf"), fi, axis=0))
+            extra = extrapolate(group, reached, self.blk_conf[ids])
         else:
             extra = 0.5 * remaining
         # greedy: the matched run is certain; sampled: the running products of a
@@ -332,55 +401,24 @@ class TailWalker:
         reach_prob = np.where(greedy, 1.0, prod)
         hi = lo + reach_prob * remaining
         point = lo + reach_prob * np.minimum(extra, remaining)
-        var = np.where(greedy, 0.0, np.maximum(st[:, VAR_TERMS] - lo_extra**2, 0.0))
-        if exact is not None:  # a greedy walk that ended inside the tail is exact
-            ex = greedy & ~censored
-            lo, hi, point = (np.where(ex, exact, v) for v in (lo, hi, point))
+        exact = greedy & ~censored  # a greedy walk that ended inside the tail
+        hi = np.where(exact, lo, hi)
+        point = np.where(exact, lo, point)
+        var = np.where(greedy, 0.0, np.maximum(var_terms - lo_extra**2, 0.0))
         out.add(
-            slots.rid[fi // g],
-            open_fct=st[:, OPEN_FCT].astype(np.int64),
-            resolved_fct=np.full(len(fi), fct, dtype=np.int64),
+            self.inst_rid[f[:, INSTANCE].astype(np.int64)],
+            open_fct=f[:, OPEN_FCT].astype(np.int64),
+            resolved_fct=np.full(len(ids), fct, dtype=np.int64),
             group=group,
             window=window,
             greedy=greedy,
-            status=np.full(len(fi), 2 if censored else 1, dtype=np.int8),  # 1 resolved, 2 censored
+            status=np.where(censored, 2, 1).astype(np.int8),  # 1 resolved, 2 censored
             lo=lo,
             point=point,
             hi=hi,
             var=var,
         )
 
-    def _censor(
-        self,
-        slots: _RankSlots,
-        pool: np.ndarray,
-        out: Outcomes,
-        extrapolate: Extrapolate | None,
-        fct: int,
-    ) -> None:
-        r, m = np.nonzero(slots.active[pool])
-        if len(r) == 0:
-            return
-        fi = pool[r] * self.gamma + m
-        st = np.take(slots.flat("scal"), fi, axis=0)
-        reached = (st[:, NEXT_POS] - st[:, OPEN_PREFIX]).astype(np.int64)
-        self._emit(slots, fi, st, out, extrapolate, fct, censored=True, reached=reached, exact=None)
-        slots.active.reshape(-1)[fi] = False
-
-    def _evict_idle(self, out: Outcomes, extrapolate: Extrapolate | None, fct: int) -> None:
-        for slots in self.ranks.values():
-            idle = np.flatnonzero(
-                slots.active.any(axis=1) & (slots.last_seen < self.steps - self.idle_steps)
-            )
-            if len(idle):
-                self._censor(slots, idle, out, extrapolate, fct)
-                slots.rid[idle] = None
-                slots.expect[idle] = -1
-
     def close(self, extrapolate: Extrapolate | None = None) -> dict[str, np.ndarray]:
-        """Censor every block still pending (the source ended)."""
-        out = Outcomes()
-        for slots in self.ranks.values():
-            busy = np.flatnonzero(slots.active.any(axis=1))
-            self._censor(slots, busy, out, extrapolate, -1)
-        return out.frame()
+        """Settle everything: the source ended, so unresolved blocks are censored."""
+        return self.settle(extrapolate, -1, final=True)
