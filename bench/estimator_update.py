@@ -8,8 +8,8 @@ the sampled walk gathers from recorded verify distributions, as in band.
 from __future__ import annotations
 
 import numpy as np
-
 from dspark_obs.estimator.online import CeilingEstimator
+
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime
 
@@ -33,5 +33,13 @@ def run(quick: bool) -> list[dict]:
             est.update(batch, lambda r, j, t, p=p: np.log(p[r, j, t]))
 
     times = repeat(feed, 3 if quick else 7)
-    return [record("P2_estimator_update", {"bs": 256, "gamma": 7, "steps": steps},
-                   "us_per_step", times, 1e6 / steps, target=TARGET_US)]
+    return [
+        record(
+            "P2_estimator_update",
+            {"bs": 256, "gamma": 7, "steps": steps},
+            "us_per_step",
+            times,
+            1e6 / steps,
+            target=TARGET_US,
+        )
+    ]

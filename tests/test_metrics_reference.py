@@ -28,9 +28,11 @@ def test_rendered_families_are_exactly_the_catalog():
     runtime = DSparkRuntime(config)
     for b in runtime.run():
         pipeline.ingest(b, gather=runtime.gather_target_logprobs)
-    text = Renderer().render(
-        pipeline.aggregates.snapshot(), pipeline.stats, pipeline.estimator.snapshot()
-    ).decode()
+    text = (
+        Renderer()
+        .render(pipeline.aggregates.snapshot(), pipeline.stats, pipeline.estimator.snapshot())
+        .decode()
+    )
     typed = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, flags=re.M))
     assert typed == {m.name: m.kind for m in CATALOG}
     for m in CATALOG:

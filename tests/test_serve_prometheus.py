@@ -18,9 +18,7 @@ and paying that once keeps the suite fast.
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import http.client
-import ipaddress
 import json
 import os
 import ssl
@@ -35,12 +33,9 @@ from urllib.parse import urlsplit
 import numpy as np
 import polars as pl
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from dspark_obs.exporters.web_config import hash_password
 
+from .pki import PKI, make_pki
 from .prometheus_harness import (
     PrometheusServer,
     prometheus_available,
@@ -183,86 +178,9 @@ def plain_url(compact_run, tmp_path_factory) -> Iterator[str]:
 
 
 @dataclass(frozen=True)
-class Pki:
-    ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-
-
-def _cert(cn, key, issuer_cn, issuer_key, *, ca=False, san=None, usage=None) -> x509.Certificate:
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-    issuer = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer_cn)])
-    now = dt.datetime.now(dt.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(issuer)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), False
-        )
-    )
-    if ca:
-        builder = builder.add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False), True
-        )
-    if san:
-        builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
-    if usage:
-        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-    return builder.sign(issuer_key, hashes.SHA256())
-
-
-def _write_pair(base: Path, cert: x509.Certificate, key) -> tuple[Path, Path]:
-    crt, pem = base.with_suffix(".crt"), base.with_suffix(".key")
-    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    pem.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return crt, pem
-
-
-def _make_pki(d: Path) -> Pki:
-    """One CA signing both ends; the server cert carries an IP SAN because Go (Prometheus)
-    ignores the CN and the target is addressed as 127.0.0.1."""
-    keys = {n: ec.generate_private_key(ec.SECP256R1()) for n in ("ca", "srv", "cli")}
-    ca = _cert("dspark-test-ca", keys["ca"], "dspark-test-ca", keys["ca"], ca=True)
-    ca_path, _ = _write_pair(d / "ca", ca, keys["ca"])
-    srv = _cert(
-        "localhost",
-        keys["srv"],
-        "dspark-test-ca",
-        keys["ca"],
-        san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")],
-        usage=ExtendedKeyUsageOID.SERVER_AUTH,
-    )
-    cli = _cert(
-        "prometheus",
-        keys["cli"],
-        "dspark-test-ca",
-        keys["ca"],
-        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
-    )
-    server_cert, server_key = _write_pair(d / "server", srv, keys["srv"])
-    client_cert, client_key = _write_pair(d / "client", cli, keys["cli"])
-    return Pki(ca_path, server_cert, server_key, client_cert, client_key)
-
-
-@dataclass(frozen=True)
 class Secured:
     url: str
-    pki: Pki
+    pki: PKI
     password_file: Path
 
 
@@ -270,7 +188,7 @@ class Secured:
 def secured(compact_run, tmp_path_factory) -> Iterator[Secured]:
     run_dir, _ = compact_run
     d = tmp_path_factory.mktemp("serve-mtls")
-    pki = _make_pki(d)
+    pki = make_pki(d)
     web_config = d / "web-config.json"
     # Relative paths, next to the certs, as an operator's file would have them; JSON so the
     # test does not depend on PyYAML. Cost 4: the tests exercise the logic, not the work

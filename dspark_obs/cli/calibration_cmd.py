@@ -14,6 +14,7 @@ from ..calibration import CalibrationAccumulator
 from ..store import open_run
 from .console import make_console
 from .errors import CliError
+from .jsonout import clean_json
 
 
 def calibration_report(run_dir: Path, bins: int = 15) -> dict:
@@ -38,22 +39,12 @@ def calibration_report(run_dir: Path, bins: int = 15) -> dict:
     }
 
 
-def _json_safe(obj):
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_json_safe(v) for v in obj]
-    return obj
-
-
 def handle(args: argparse.Namespace) -> int:
     if args.bins < 1:
         raise CliError("--bins must be >= 1")
     report = calibration_report(args.run_dir, args.bins)
     if args.json:
-        print(json.dumps(_json_safe(report), indent=2))
+        print(json.dumps(clean_json(report), indent=2))
         return 0
     console = make_console()
     sections = [*report["workloads"].items(), ("overall", report["overall"])]

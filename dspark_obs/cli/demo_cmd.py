@@ -18,7 +18,8 @@ from ..pipeline import Pipeline
 from ..service import Exporter, parse_listen
 from ..store import open_run
 from .errors import CliError
-from .estimate_cmd import clean_json, render_run
+from .estimate_cmd import render_run
+from .jsonout import clean_json
 from .run_cmd import add_runtime_arguments, config_from_args, default_run_dir, execute, resolve_sts
 from .serve_cmd import install_stop_handlers
 from .summary_cmd import print_summary

@@ -6,7 +6,6 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 from rich.table import Table
 
 from ..estimator.evaluate import evaluate
@@ -14,18 +13,7 @@ from ..estimator.sglang_jsonl import read_block_accept_jsonl, summarize_by_workl
 from ..store import open_run
 from .console import make_console
 from .errors import CliError
-
-
-def clean_json(obj):
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return None
-    if isinstance(obj, (np.floating, np.integer, np.bool_)):
-        return clean_json(obj.item())
-    if isinstance(obj, dict):
-        return {k: clean_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [clean_json(v) for v in obj]
-    return obj
+from .jsonout import clean_json
 
 
 def _f(x, digits: int = 3) -> str:
