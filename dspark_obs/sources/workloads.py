@@ -1,0 +1,79 @@
+"""Which workload a request belongs to, for sources that only know its rid.
+
+SGLang's records carry no workload. Operators name it either in the rid (a
+regular expression with a named group `workload`, e.g. `^(?P<workload>[a-z]+)-`)
+or in a JSONL side file of `{"rid": ..., "workload": ...}` lines. Anything else
+counts as `other`. Lookups are cached per rid, so a request costs one match over
+its whole life, not one per step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+OTHER = "other"
+_CACHE_LIMIT = 1 << 16
+
+
+def workload_rule(
+    pattern: str | None = None, side_file: str | Path | None = None
+) -> Callable[[np.ndarray], np.ndarray]:
+    """A `workload_of(rids) -> names` function for the SGLang converters."""
+    regex = None
+    if pattern is not None:
+        try:
+            regex = re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"--workload-from-rid {pattern!r}: {exc}") from None
+        if "workload" not in regex.groupindex:
+            raise ValueError(
+                f"--workload-from-rid {pattern!r}: needs a named group (?P<workload>...)"
+            )
+    table: dict[str, str] = {}
+    if side_file is not None:
+        table = _read_side_file(Path(side_file))
+    cache: dict[str, str] = {}
+
+    def one(rid: str) -> str:
+        name = table.get(rid)
+        if name is None and regex is not None:
+            m = regex.search(rid)
+            name = m.group("workload") if m and m.group("workload") else None
+        return name or OTHER
+
+    def workload_of(rids: np.ndarray) -> np.ndarray:
+        out = np.empty(len(rids), dtype=object)
+        for i, rid in enumerate(rids.tolist()):
+            name = cache.get(rid)
+            if name is None:
+                if len(cache) >= _CACHE_LIMIT:
+                    cache.clear()
+                name = cache[rid] = one(str(rid))
+            out[i] = name
+        return out
+
+    return workload_of
+
+
+def _read_side_file(path: Path) -> dict[str, str]:
+    table: dict[str, str] = {}
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ValueError(f"workload file {path}: {exc.strerror or exc}") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            table[str(obj["rid"])] = str(obj["workload"])
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(
+                f'workload file {path}, line {n}: expected {{"rid": ..., "workload": ...}} ({exc})'
+            ) from None
+    return table
