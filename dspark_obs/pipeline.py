@@ -36,10 +36,10 @@ class IngestStats:
         with self._lock:
             self.records[source] += n
 
-    def error(self, source: str, reason: str, message: str) -> None:
+    def error(self, source: str, reason: str, message: str, count: int = 1) -> None:
         with self._lock:
             first = (source, reason) not in self.errors
-            self.errors[(source, reason)] += 1
+            self.errors[(source, reason)] += count
         if first:
             log.warning(
                 "source %s: rejected a step (%s): %s; further ones are only counted",
@@ -70,6 +70,7 @@ class Pipeline:
         self.stats = stats or IngestStats()
         self.estimator = estimator
         self._steps = 0
+        self._lock = threading.Lock()  # several sources may feed one pipeline
 
     def ingest(
         self, batch: StepBatch, source: str = "runtime", gather: Gather | None = None
@@ -79,6 +80,10 @@ class Pipeline:
         `gather` reads target log-probabilities from the step just verified, for
         the estimator's sampled walks, where the source can provide them.
         """
+        with self._lock:
+            return self._ingest(batch, source, gather)
+
+    def _ingest(self, batch: StepBatch, source: str, gather: Gather | None) -> bool:
         try:
             if batch.gamma != self.aggregates.gamma:
                 raise InvalidBatch(
@@ -106,6 +111,10 @@ class Pipeline:
             self.writer.write_rows("ceilings", rows)
 
     def close(self, extra_manifest: dict | None = None) -> None:
+        with self._lock:
+            self._close(extra_manifest)
+
+    def _close(self, extra_manifest: dict | None) -> None:
         self.aggregates.flush()
         if self.estimator is not None:
             self.estimator.close()

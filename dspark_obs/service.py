@@ -75,3 +75,23 @@ def run_source(source: Source, pipeline: Pipeline, stop: threading.Event, on_bat
         pipeline.stats.error(source.name, "source_failed", repr(exc))
         log.exception("source %s failed", source.name)
     return fed
+
+
+def run_sources(sources: list, pipeline: Pipeline, stop: threading.Event) -> int:
+    """Feed every source on its own thread until all end or `stop` is set; steps fed."""
+    if len(sources) == 1:
+        return run_source(sources[0], pipeline, stop)
+    fed = [0] * len(sources)
+
+    def feed(i: int) -> None:
+        fed[i] = run_source(sources[i], pipeline, stop)
+
+    threads = [threading.Thread(target=feed, args=(i,), daemon=True) for i in range(len(sources))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        while t.is_alive() and not stop.is_set():
+            t.join(0.2)
+    for t in threads:
+        t.join(5.0)
+    return sum(fed)

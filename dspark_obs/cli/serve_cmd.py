@@ -11,11 +11,13 @@ from pathlib import Path
 
 from ..aggregates import Aggregates
 from ..estimator.online import CeilingEstimator
-from ..pipeline import Pipeline
-from ..service import Exporter, parse_listen, run_source
+from ..pipeline import IngestStats, Pipeline
+from ..service import Exporter, parse_listen, run_sources
 from ..sources import parse_source
 from ..sources.replay import ReplaySource
 from ..sources.runtime_source import RuntimeSource
+from ..sources.sglang_poller import SGLangPoller, read_api_key
+from ..sources.workloads import workload_rule
 from ..store import RunStoreError, RunWriter
 from .errors import CliError
 from .run_cmd import add_runtime_arguments, build_manifest, config_from_args, resolve_sts
@@ -54,37 +56,81 @@ def install_stop_handlers(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def handle(args: argparse.Namespace) -> int:
+def _sglang_sources(urls: list[str], args: argparse.Namespace, stats: IngestStats) -> list:
     try:
-        kind, arg = parse_source(args.source)
+        workload_of = workload_rule(args.workload_from_rid, args.workload_file)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    api_key = read_api_key(args.sglang_api_key_file)
+    return [
+        SGLangPoller(
+            url,
+            stats=stats,
+            index=i,
+            interval=args.poll_interval,
+            timeout=args.poll_timeout,
+            retries=args.poll_retries,
+            api_key=api_key,
+            clear=not args.no_clear,
+            gamma=args.gamma,
+            workload_of=workload_of,
+        )
+        for i, url in enumerate(urls)
+    ]
+
+
+def handle(args: argparse.Namespace) -> int:
+    specs = args.source or ["runtime"]
+    try:
+        parsed = [parse_source(s) for s in specs]
         host, port = parse_listen(args.listen)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    kinds = {k for k, _ in parsed}
+    if len(parsed) > 1 and kinds != {"sglang"}:
+        raise CliError("several --source options are only for sglang:URL servers")
     if args.workload_cap < 1 or args.window_steps < 8:
         raise CliError("--workload-cap must be >= 1 and --window-steps >= 8")
-    if args.speed < 0:
-        raise CliError("--speed must be >= 0")
+    if args.speed < 0 or args.poll_interval <= 0 or args.poll_timeout <= 0:
+        raise CliError("--speed must be >= 0, --poll-interval and --poll-timeout > 0")
+    stats = IngestStats()
+    kind, arg = parsed[0]
     if kind == "runtime":
         config = config_from_args(args)
         sts = resolve_sts(args, config)
         if sts is not None:
             config.sts_temperatures = list(sts.temperatures)
-        source = RuntimeSource(config, speed=args.speed)
+        sources = [RuntimeSource(config, speed=args.speed)]
         out = args.out or Path("runs") / time.strftime("%Y%m%d-%H%M%S-serve", time.gmtime())
         manifest = build_manifest(config, sts) | {"source": "serve:runtime"}
-    else:
+    elif kind == "run":
         try:
-            source = ReplaySource(arg, speed=args.speed)
+            sources = [ReplaySource(arg, speed=args.speed)]
         except RunStoreError as exc:
             raise CliError(str(exc)) from None
         out = args.out
-        manifest = dict(source.run.manifest) | {"source": f"serve:{args.source}"}
+        manifest = dict(sources[0].run.manifest) | {"source": f"serve:run:{arg}"}
+    else:
+        sources = _sglang_sources([a for _, a in parsed], args, stats)
+        out = args.out
+        manifest = {
+            "source": "serve:sglang",
+            "servers": [s.url for s in sources],
+            "gamma": args.gamma,
+            "timing": "measured",
+        }
+    gamma = sources[0].gamma
     if out is not None and (Path(out) / "run.json").exists():
         raise CliError(f"{out} already holds a run; choose another --out")
+    assume = {"greedy": True, "sampled": False, None: None}[args.assume]
     pipeline = Pipeline(
-        Aggregates(source.gamma, workload_cap=args.workload_cap, window_steps=args.window_steps),
+        Aggregates(gamma, workload_cap=args.workload_cap, window_steps=args.window_steps),
+        stats=stats,
         estimator=CeilingEstimator(
-            source.gamma, workload_cap=args.workload_cap, window_steps=args.window_steps
+            gamma,
+            workload_cap=args.workload_cap,
+            window_steps=args.window_steps,
+            assume_greedy=assume,
         ),
     )
     exporter = Exporter(pipeline, host, port, args.web_config)
@@ -103,15 +149,17 @@ def handle(args: argparse.Namespace) -> int:
             exporter.stop()
             raise
         pipeline.writer = writer
-    print(f"serving {url}  (source {source.name}; Ctrl-C to stop)", flush=True)
+    names = ", ".join(s.name for s in sources)
+    print(f"serving {url}  (source {names}; Ctrl-C to stop)", flush=True)
     try:
-        fed = run_source(source, pipeline, stop)
+        fed = run_sources(sources, pipeline, stop)
         if not stop.is_set():
-            print(f"source {source.name} ended after {fed:,} steps", flush=True)
+            print(f"source {names} ended after {fed:,} steps", flush=True)
             if not args.exit_when_done:
                 print("still serving the final values; Ctrl-C to stop", flush=True)
                 stop.wait()
     finally:
+        stop.set()
         pipeline.close()
         exporter.stop()
     records, errors, _ = pipeline.stats.snapshot()
@@ -132,9 +180,59 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--source",
-        default="runtime",
-        help="'runtime' (the embedded runtime, continuously; default) or "
-        "'run:RUN_DIR' (replay a stored run)",
+        action="append",
+        default=None,
+        help="'runtime' (the embedded runtime, continuously; default), 'run:RUN_DIR' (replay "
+        "a stored run) or 'sglang:http://HOST:PORT' (poll a DSpark SGLang server; repeat for "
+        "several)",
+    )
+    g = p.add_argument_group("sglang sources")
+    g.add_argument(
+        "--poll-interval",
+        type=float,
+        default=1.0,
+        help="seconds between /server_info reads (default 1)",
+    )
+    g.add_argument(
+        "--poll-timeout",
+        type=float,
+        default=5.0,
+        help="seconds before a read counts as failed (default 5)",
+    )
+    g.add_argument(
+        "--poll-retries",
+        type=int,
+        default=3,
+        help="failed reads retried at the interval before backing off (default 3)",
+    )
+    g.add_argument(
+        "--no-clear",
+        action="store_true",
+        help="do not drain records after reading (when others read the buffer too)",
+    )
+    g.add_argument(
+        "--sglang-api-key-file",
+        type=Path,
+        default=None,
+        help="file holding SGLang's --api-key (else env DSPARK_SGLANG_API_KEY)",
+    )
+    g.add_argument(
+        "--workload-from-rid",
+        default=None,
+        metavar="REGEX",
+        help="workload from the rid by a named group, e.g. '^(?P<workload>[a-z]+)-'",
+    )
+    g.add_argument(
+        "--workload-file",
+        type=Path,
+        default=None,
+        help='JSONL of {"rid": ..., "workload": ...} lines',
+    )
+    g.add_argument(
+        "--assume",
+        choices=("greedy", "sampled"),
+        default=None,
+        help="how requests sample, for the ceiling walk (SGLang dumps do not say)",
     )
     p.add_argument(
         "--speed",

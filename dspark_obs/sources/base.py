@@ -18,7 +18,7 @@ class Source(Protocol):
 
 
 def parse_source(spec: str) -> tuple[str, str | None]:
-    """`runtime` or `run:RUN_DIR` -> (kind, argument)."""
+    """`runtime`, `run:RUN_DIR` or `sglang:URL` -> (kind, argument)."""
     if spec == "runtime":
         return "runtime", None
     kind, sep, arg = spec.partition(":")
@@ -26,4 +26,8 @@ def parse_source(spec: str) -> tuple[str, str | None]:
         if not Path(arg).is_dir():
             raise ValueError(f"--source {spec}: {arg} is not a directory")
         return "run", arg
-    raise ValueError(f"--source {spec!r}: expected 'runtime' or 'run:RUN_DIR'")
+    if kind == "sglang" and sep and arg.startswith(("http://", "https://")):
+        return "sglang", arg
+    raise ValueError(
+        f"--source {spec!r}: expected 'runtime', 'run:RUN_DIR' or 'sglang:http(s)://HOST:PORT'"
+    )

@@ -1,0 +1,208 @@
+"""A live SGLang DSpark server as a source: poll `GET /server_info`, one stream per DP rank.
+
+Each entry of `internal_states` is one data-parallel rank; its
+`dspark_info_record` holds the step records the server kept (at most 200,000,
+oldest dropped, never cleared by itself). After each read the poller drains
+them with `POST /set_internal_state {"server_args":
+{"dspark_clear_info_records": true}}` unless told not to (operators who share
+the buffer with other readers). Either way records are de-duplicated by
+(rank, forward_ct): without draining, consecutive reads overlap; with it, steps
+recorded between the read and the clear are lost, and show up as gaps.
+
+A step counter that goes backwards means the server restarted: the rank starts
+over. Gaps are counted as dropped steps. A component the server does not dump
+(no `reqs`: no per-request metrics) is reported once, clearly. Every failure
+(connection refused, timeout, HTTP error, truncated JSON, a record that breaks
+the schema) is counted by reason and logged once per reason; the poller backs
+off and keeps trying, and `dspark_source_up` says whether it is getting data.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from ..pipeline import IngestStats
+from ..telemetry import StepBatch
+from ..telemetry.sglang import SGLangFormatError, decode_info_record, record_to_batch
+
+log = logging.getLogger(__name__)
+
+#: Ranks of the n-th polled server are offset by n * RANK_STRIDE so series stay apart.
+RANK_STRIDE = 1000
+
+
+def read_api_key(path: Path | None = None) -> str | None:
+    """SGLang's API key from a file or DSPARK_SGLANG_API_KEY; never from argv (ps shows argv)."""
+    if path is not None:
+        try:
+            key = Path(path).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ValueError(f"--sglang-api-key-file {path}: {exc.strerror or exc}") from None
+        if not key:
+            raise ValueError(f"--sglang-api-key-file {path}: empty")
+        return key
+    return os.environ.get("DSPARK_SGLANG_API_KEY") or None
+
+
+class SGLangPoller:
+    def __init__(
+        self,
+        url: str,
+        *,
+        stats: IngestStats,
+        index: int = 0,
+        interval: float = 1.0,
+        timeout: float = 5.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        api_key: str | None = None,
+        clear: bool = True,
+        gamma: int = 7,
+        workload_of: Callable[[np.ndarray], np.ndarray] | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.name = f"sglang:{self.url}"
+        self.stats = stats
+        self.rank_offset = index * RANK_STRIDE
+        self.interval, self.timeout = interval, timeout
+        self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
+        self.clear = clear
+        self.gamma = gamma
+        self.workload_of = workload_of
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self.last_fct: dict[int, int] = {}
+        self.dropped_steps = 0
+        self.duplicates = 0
+        self._reported: set[str] = set()
+
+    # -- HTTP ----------------------------------------------------------------
+
+    def _request(self, path: str, body: dict | None = None) -> bytes:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.url + path,
+            data=data,
+            headers=self._headers,
+            method="GET" if body is None else "POST",
+        )
+        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            return resp.read()
+
+    def _fault(self, exc: BaseException) -> str:
+        if isinstance(exc, urllib.error.HTTPError):
+            return f"http_{exc.code}"
+        if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
+            return "timeout"
+        if isinstance(exc, urllib.error.URLError):
+            return "connect_failed"
+        if isinstance(exc, (msgspec.DecodeError, ValueError)):
+            return "bad_json"
+        return "poll_failed"
+
+    def _read(self) -> dict:
+        raw = self._request("/server_info")
+        try:
+            data = msgspec.json.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"truncated or invalid JSON ({exc})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("internal_states"), list):
+            raise SGLangFormatError("server_info has no internal_states list")
+        return data
+
+    def _report_once(self, key: str, message: str) -> None:
+        if key not in self._reported:
+            self._reported.add(key)
+            log.warning("%s: %s", self.name, message)
+
+    # -- the stream ------------------------------------------------------------
+
+    def batches(self, stop: threading.Event) -> Iterator[StepBatch]:
+        failures = 0
+        while not stop.is_set():
+            start = time.monotonic()
+            try:
+                data = self._read()
+            except Exception as exc:  # every failure is counted and retried, never raised
+                failures += 1
+                self.stats.set_up(self.name, False)
+                self.stats.error(self.name, self._fault(exc), repr(exc))
+                delay = (
+                    self.interval
+                    if failures <= self.retries
+                    else min(self.max_backoff, self.backoff * 2 ** (failures - self.retries))
+                )
+                stop.wait(delay)
+                continue
+            failures = 0
+            self.stats.set_up(self.name, True)
+            yield from self._records(data)
+            if self.clear:
+                try:
+                    self._request(
+                        "/set_internal_state", {"server_args": {"dspark_clear_info_records": True}}
+                    )
+                except Exception as exc:
+                    self.stats.error(self.name, "clear_failed", repr(exc))
+            stop.wait(max(0.0, self.interval - (time.monotonic() - start)))
+
+    def _records(self, data: dict) -> Iterator[StepBatch]:
+        for dp_rank, state in enumerate(data["internal_states"]):
+            rank = self.rank_offset + dp_rank
+            info_raw = state.get("dspark_info_record") if isinstance(state, dict) else None
+            if info_raw is None:
+                self._report_once(
+                    f"norecord{dp_rank}",
+                    f"rank {dp_rank} has no "
+                    "dspark_info_record (DSpark off, or SGLANG_DSPARK_DEBUG_DUMP "
+                    "unset)",
+                )
+                continue
+            try:
+                info = decode_info_record(info_raw)
+            except SGLangFormatError as exc:
+                self.stats.error(self.name, "bad_record", str(exc))
+                continue
+            if "reqs" not in info.components:
+                self._report_once(
+                    "noreqs",
+                    "records carry no `reqs` component: per-request "
+                    "metrics (windows, ceilings, calibration) are unavailable",
+                )
+            records = sorted(info.records, key=lambda r: r.forward_ct)
+            if records and rank in self.last_fct and records[-1].forward_ct < self.last_fct[rank]:
+                self._report_once(
+                    f"restart{rank}", f"rank {dp_rank}: step counter went back; server restarted"
+                )
+                self.stats.error(self.name, "server_restart", "step counter went backwards")
+                del self.last_fct[rank]
+            for rec in records:
+                last = self.last_fct.get(rank)
+                if last is not None and rec.forward_ct <= last:
+                    self.duplicates += 1
+                    continue
+                if last is not None and rec.forward_ct > last + 1:
+                    gap = rec.forward_ct - last - 1
+                    self.dropped_steps += gap
+                    self.stats.error(self.name, "dropped_steps", f"{gap} steps missing", count=gap)
+                self.last_fct[rank] = rec.forward_ct
+                try:
+                    kwargs = {} if self.workload_of is None else {"workload_of": self.workload_of}
+                    yield record_to_batch(
+                        rec, gamma=info.gamma, mode=info.mode, rank=rank, **kwargs
+                    )
+                except SGLangFormatError as exc:
+                    self.stats.error(self.name, "bad_record", str(exc))
