@@ -15,7 +15,9 @@ from . import (
     demo_cmd,
     estimate_cmd,
     hash_password_cmd,
+    ingest_cmd,
     run_cmd,
+    runtime_server_cmd,
     serve_cmd,
     sts_cmd,
     summary_cmd,
@@ -31,6 +33,8 @@ COMMANDS = (
     estimate_cmd,
     sts_cmd,
     hash_password_cmd,
+    runtime_server_cmd,
+    ingest_cmd,
 )
 
 

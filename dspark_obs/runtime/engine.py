@@ -12,12 +12,20 @@ reads it up to its own verify length: verifying a window and truncating a full
 verification give the same tokens, which is the property cap-accept relies on.
 A `--shadow cap-accept` twin reads the same chain to the end: the ceiling a
 cap-accept server with the same seed would report for that request-step.
+
+Besides the closed-loop traffic of `step(level)`, requests can come from
+outside (`submit`, then `step_external`): the SGLang-protocol front serves them
+over HTTP. The two kinds of admission are not meant to be mixed on one engine.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,7 +34,7 @@ from .acceptance import accept_probability, leading_run, log_softmax, residual, 
 from .config import RuntimeConfig
 from .cost_table import round_to_tier
 from .drafter import BlockDrafter
-from .hashing import uniform
+from .hashing import mix, uniform
 from .language import EOS_TOKEN, SyntheticTarget
 from .scheduler import schedule
 from .traffic import Traffic
@@ -36,6 +44,43 @@ _TAG_ACCEPT = 42
 _TAG_BONUS = 43
 _TAG_SHADOW = 44
 _TAG_LEN = 45
+_TAG_EXTERNAL_SALT = 46
+
+#: The workload of an external request named like SGLang benchmark rids (`gsm8k-17`).
+RID_WORKLOAD = re.compile(r"^(?P<workload>[^-]+)-")
+
+
+@dataclass(frozen=True)
+class ExternalRequest:
+    """A request admitted from outside, already reduced to the engine's terms."""
+
+    rid: str
+    salt: int
+    workload: int
+    greedy: bool
+    temperature: float
+    max_new_tokens: int
+    ignore_eos: bool
+    prompt_len: int
+    prev2: int
+    prev1: int
+
+
+@dataclass(frozen=True)
+class FinishedRequest:
+    rid: str
+    output_ids: list[int]
+    #: SGLang's shape: `{"type": "stop", "matched": EOS}` or `{"type": "length", "length": n}`
+    finish_reason: dict
+    prompt_tokens: int
+    #: verify steps the request took part in (SGLang's `spec_verify_ct`)
+    verify_ct: int
+
+
+@dataclass(frozen=True)
+class ExternalStep:
+    batch: StepBatch
+    finished: list[FinishedRequest]
 
 
 def make_target(config: RuntimeConfig) -> SyntheticTarget:
@@ -91,6 +136,11 @@ class DSparkRuntime:
         self.max_new = np.zeros(cap, dtype=np.int64)
         self.shadowed = np.zeros(cap, dtype=bool)
         self.rid = np.full(cap, None, dtype=object)
+        self.ignore_eos = np.zeros(cap, dtype=bool)
+        self.verify_ct = np.zeros(cap, dtype=np.int64)
+        self.prompt_tokens = np.zeros(cap, dtype=np.int64)
+        self.outputs: list[list[int]] = [[] for _ in range(cap)]
+        self.pending: deque[ExternalRequest] = deque()
         self.arrived = 0
         self.finished = 0
         self.forward_ct = 0
@@ -175,8 +225,158 @@ class DSparkRuntime:
         return draft, q_lp, p_lp, accepted, accept_prob, p_all, q_all, ctx
 
     def step(self, level: int) -> StepBatch:
-        c, g = self.config, self.gamma
         self._admit(level)
+        return self._advance()
+
+    def external_request(
+        self,
+        rid: str,
+        *,
+        input_ids: Sequence[int] | None = None,
+        text: str | None = None,
+        temperature: float = 1.0,
+        max_new_tokens: int = 128,
+        workload: str | None = None,
+        ignore_eos: bool = False,
+    ) -> ExternalRequest:
+        """Reduce an SGLang-style request to engine terms, or raise ValueError.
+
+        The request's randomness is keyed by (seed, prompt), not by rid or
+        arrival order, so one prompt gives one token stream whatever the
+        traffic around it; text prompts count as their UTF-8 bytes.
+        """
+        if not isinstance(rid, str) or not rid:
+            raise ValueError("rid must be a non-empty string")
+        if (input_ids is None) == (text is None):
+            raise ValueError("give exactly one of text or input_ids")
+        if text is not None:
+            if not isinstance(text, str):
+                raise ValueError("text must be a string")
+            ids = list(text.encode())
+        else:
+            if not isinstance(input_ids, (list, tuple)) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in input_ids
+            ):
+                raise ValueError("input_ids must be a list of non-negative integers")
+            ids = list(input_ids)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+            raise ValueError("temperature must be a number")
+        if not (np.isfinite(temperature) and temperature >= 0):
+            raise ValueError("temperature must be >= 0")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise ValueError("max_new_tokens must be an integer")
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if workload is None:
+            m = RID_WORKLOAD.match(rid)
+            name = m["workload"] if m and m["workload"] in self.workload_names else None
+            index = 0 if name is None else self.workload_names.index(name)
+        elif workload in self.workload_names:
+            index = self.workload_names.index(workload)
+        else:
+            raise ValueError(f"unknown workload {workload!r}; configured: {self.workload_names}")
+        digest = hashlib.blake2b(np.asarray(ids, dtype=np.int64).tobytes(), digest_size=8)
+        key = np.uint64(int.from_bytes(digest.digest(), "little"))
+        vocab = self.config.vocab_size - 1
+        greedy = temperature <= 1e-5
+        return ExternalRequest(
+            rid=rid,
+            salt=int(mix(self.seed, key, _TAG_EXTERNAL_SALT)),
+            workload=index,
+            greedy=greedy,
+            temperature=1.0 if greedy else float(temperature),
+            max_new_tokens=max_new_tokens,
+            ignore_eos=bool(ignore_eos),
+            prompt_len=max(2, len(ids)),
+            prev2=1 + ids[-2] % vocab if len(ids) > 1 else 1,
+            prev1=1 + ids[-1] % vocab,
+        )
+
+    def submit(self, rid: str, **request) -> ExternalRequest:
+        """Queue an external request; it joins the batch when `step_external` finds a free slot."""
+        req = self.external_request(rid, **request)
+        self.pending.append(req)
+        return req
+
+    @property
+    def has_external_work(self) -> bool:
+        return bool(self.pending) or bool(self.active.any())
+
+    def _admit_external(self) -> None:
+        free = np.flatnonzero(~self.active)
+        n = min(len(free), len(self.pending))
+        if n <= 0:
+            return
+        slots = free[:n]
+        new = [self.pending.popleft() for _ in range(n)]
+
+        def col(name, dtype):
+            return np.array([getattr(r, name) for r in new], dtype=dtype)
+
+        salt = col("salt", np.uint64)
+        self.active[slots] = True
+        self.salt[slots] = salt
+        self.workload[slots] = col("workload", np.int64)
+        self.greedy[slots] = col("greedy", bool)
+        self.temperature[slots] = col("temperature", np.float64)
+        self.prefix[slots] = self.prompt_tokens[slots] = col("prompt_len", np.int64)
+        self.prev2[slots] = col("prev2", np.int64)
+        self.prev1[slots] = col("prev1", np.int64)
+        self.generated[slots] = 0
+        self.max_new[slots] = col("max_new_tokens", np.int64)
+        self.ignore_eos[slots] = col("ignore_eos", bool)
+        self.verify_ct[slots] = 0
+        self.shadowed[slots] = uniform(salt, _TAG_SHADOW) < self.config.shadow_fraction
+        self.rid[slots] = col("rid", object)
+        for s in slots.tolist():
+            self.outputs[s] = []
+        self.arrived += n
+
+    def step_external(self) -> ExternalStep | None:
+        """One step over externally submitted requests only (None when there are none).
+
+        Output is cut the way SGLang cuts it: at the first EOS (kept) unless
+        `ignore_eos`, and at `max_new_tokens`, although the step itself may
+        have committed a few tokens past either.
+        """
+        self._admit_external()
+        slots = np.flatnonzero(self.active)
+        if len(slots) == 0:
+            return None
+        batch = self._advance()
+        self.verify_ct[slots] += 1
+        a = batch.correct_drafts
+        rows = np.arange(len(slots))
+        committed = np.concatenate([batch.draft_tokens, np.zeros((len(slots), 1), np.int64)], 1)
+        committed[rows, a] = batch.bonus_token
+        for s, toks, n in zip(slots.tolist(), committed.tolist(), (a + 1).tolist(), strict=True):
+            self.outputs[s].extend(toks[:n])
+        finished = []
+        for s in slots[~self.active[slots]].tolist():
+            out = self.outputs[s]
+            cap = int(self.max_new[s])
+            eos = -1 if self.ignore_eos[s] or EOS_TOKEN not in out else out.index(EOS_TOKEN)
+            if 0 <= eos < cap:
+                out, reason = out[: eos + 1], {"type": "stop", "matched": EOS_TOKEN}
+            else:
+                out, reason = out[:cap], {"type": "length", "length": cap}
+            finished.append(
+                FinishedRequest(
+                    rid=str(self.rid[s]),
+                    output_ids=out,
+                    finish_reason=reason,
+                    prompt_tokens=int(self.prompt_tokens[s]),
+                    verify_ct=int(self.verify_ct[s]),
+                )
+            )
+            self.outputs[s] = []
+        return ExternalStep(batch, finished)
+
+    def _advance(self) -> StepBatch:
+        """Draft, verify and commit over the requests now active."""
+        c, g = self.config, self.gamma
         slots = np.flatnonzero(self.active)
         b = len(slots)
         rows = np.arange(b)
@@ -309,7 +509,7 @@ class DSparkRuntime:
         committed = np.concatenate([draft, np.zeros((b, 1), dtype=np.int64)], axis=1)
         committed[rows, accepted] = bonus
         valid = np.arange(g + 1)[None, :] <= accepted[:, None]
-        eos = ((committed == EOS_TOKEN) & valid).any(axis=1)
+        eos = ((committed == EOS_TOKEN) & valid).any(axis=1) & ~self.ignore_eos[slots]
         last2 = np.where(accepted >= 1, draft[rows, np.maximum(accepted - 1, 0)], self.prev1[slots])
         self.prev2[slots] = last2
         self.prev1[slots] = bonus

@@ -113,9 +113,7 @@ class RecordDedup:
 
     def dropped(self) -> dict[int, int]:
         """Per rank: forward_ct values missing between the lowest and highest seen."""
-        return {
-            rank: (max(s) - min(s) + 1 - len(s)) if s else 0 for rank, s in self.seen.items()
-        }
+        return {rank: (max(s) - min(s) + 1 - len(s)) if s else 0 for rank, s in self.seen.items()}
 
     def ranges(self) -> dict[int, tuple[int, int]]:
         return {rank: (min(s), max(s)) for rank, s in self.seen.items() if s}

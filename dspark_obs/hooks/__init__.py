@@ -1,0 +1,1 @@
+"""In-process hooks: dspark-obs attached inside an inference server's worker."""
