@@ -19,6 +19,7 @@ from . import (
     run_cmd,
     runtime_server_cmd,
     serve_cmd,
+    shadow_cmd,
     sts_cmd,
     summary_cmd,
 )
@@ -35,6 +36,7 @@ COMMANDS = (
     hash_password_cmd,
     runtime_server_cmd,
     ingest_cmd,
+    shadow_cmd,
 )
 
 
