@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 import random
 import threading
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .sources.sglang_http import SGLangClient
 from .telemetry import StepBatch
 from .telemetry.sglang import info_record_to_batches, server_info_ranks
 
@@ -59,31 +59,16 @@ def load_requests(path: Path) -> list[dict]:
     return out
 
 
-class Server:
-    def __init__(self, url: str, api_key: str | None = None, timeout: float = 120.0) -> None:
-        self.url = url.rstrip("/")
-        self.timeout = timeout
-        self.headers = {"Content-Type": "application/json"}
-        if api_key:
-            self.headers["Authorization"] = f"Bearer {api_key}"
-
+class Server(SGLangClient):
     def call(self, path: str, body: dict | None = None):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.url + path,
-            data=data,
-            headers=self.headers,
-            method="GET" if body is None else "POST",
-        )
-        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-            return json.loads(resp.read())
+        return json.loads(self.request(path, body))
 
     def clear(self) -> None:
-        self.call("/set_internal_state", {"server_args": {"dspark_clear_info_records": True}})
+        self.clear_records()
 
     def batches(self, workload_of) -> list[StepBatch]:
         out = []
-        for rank, info in enumerate(server_info_ranks(self.call("/server_info"))):
+        for rank, info in enumerate(server_info_ranks(self.request("/server_info"))):
             if info is not None:
                 out += info_record_to_batches(info, rank=rank, workload_of=workload_of)
         return out

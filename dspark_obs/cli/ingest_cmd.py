@@ -12,7 +12,6 @@ inside a good file is counted and skipped instead.
 from __future__ import annotations
 
 import argparse
-import platform
 import signal
 import threading
 import time
@@ -24,7 +23,6 @@ import msgspec
 import numpy as np
 import polars as pl
 
-from .. import __version__
 from ..aggregates import Aggregates
 from ..estimator.online import CeilingEstimator
 from ..estimator.sglang_jsonl import read_block_accept_jsonl, summarize_by_workload, walk_blocks
@@ -40,6 +38,7 @@ from ..sources.files import (
 )
 from ..sources.workloads import workload_rule
 from ..store import RunWriter
+from ..store.provenance import versions
 from ..telemetry.sglang import SGLangFormatError
 from .errors import CliError
 
@@ -102,12 +101,7 @@ def _base_manifest(files: list[Path], kind: str, assume: str | None) -> dict:
         "source": SOURCE,
         "input_kind": kind,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "versions": {
-            "dspark_obs": __version__,
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "polars": pl.__version__,
-        },
+        "versions": versions(),
         "files": [str(f) for f in files],
         "assume": assume,
         "shadow": None,

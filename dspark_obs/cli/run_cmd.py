@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-import numpy as np
-import polars as pl
-
-from .. import __version__
 from ..aggregates import Aggregates
 from ..calibration import StsCalibration, load_sts, save_sts
 from ..estimator.online import CeilingEstimator
@@ -23,6 +18,7 @@ from ..runtime.engine import DSparkRuntime
 from ..runtime.language import parse_workload
 from ..runtime.sts_warmup import warmup_sts
 from ..store import RunWriter, open_run
+from ..store.provenance import versions
 from .errors import CliError
 from .progress import step_progress
 from .summary_cmd import print_summary
@@ -206,12 +202,7 @@ def build_manifest(config: RuntimeConfig, sts: StsCalibration | None) -> dict:
         "format": 1,
         "source": "runtime",
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "versions": {
-            "dspark_obs": __version__,
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "polars": pl.__version__,
-        },
+        "versions": versions(),
         "seed": config.seed,
         "gamma": config.gamma,
         "mode": config.mode,

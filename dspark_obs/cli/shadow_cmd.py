@@ -30,8 +30,8 @@ def handle(args: argparse.Namespace) -> int:
     workload_of = workload_rule(args.workload_from_rid, args.workload_file)
     try:
         batches, stats = run_shadow(
-            Server(args.production, key),
-            Server(args.shadow, key),
+            Server(args.production, key, timeout=600),
+            Server(args.shadow, key, timeout=600),
             requests,
             sample=args.sample,
             seed=args.seed,

@@ -19,7 +19,6 @@ off and keeps trying, and `dspark_source_up` says whether it is getting data.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -35,6 +34,7 @@ import numpy as np
 from ..pipeline import IngestStats
 from ..telemetry import StepBatch
 from ..telemetry.sglang import SGLangFormatError, decode_info_record, record_to_batch
+from .sglang_http import SGLangClient
 
 log = logging.getLogger(__name__)
 
@@ -81,26 +81,13 @@ class SGLangPoller:
         self.clear = clear
         self.gamma = gamma
         self.workload_of = workload_of
-        self._headers = {"Content-Type": "application/json"}
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
+        self.client = SGLangClient(self.url, api_key, timeout)
         self.last_fct: dict[int, int] = {}
         self.dropped_steps = 0
         self.duplicates = 0
         self._reported: set[str] = set()
 
     # -- HTTP ----------------------------------------------------------------
-
-    def _request(self, path: str, body: dict | None = None) -> bytes:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.url + path,
-            data=data,
-            headers=self._headers,
-            method="GET" if body is None else "POST",
-        )
-        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-            return resp.read()
 
     def _fault(self, exc: BaseException) -> str:
         if isinstance(exc, urllib.error.HTTPError):
@@ -114,7 +101,7 @@ class SGLangPoller:
         return "poll_failed"
 
     def _read(self) -> dict:
-        raw = self._request("/server_info")
+        raw = self.client.request("/server_info")
         try:
             data = msgspec.json.decode(raw)
         except msgspec.DecodeError as exc:
@@ -152,9 +139,7 @@ class SGLangPoller:
             yield from self._records(data)
             if self.clear:
                 try:
-                    self._request(
-                        "/set_internal_state", {"server_args": {"dspark_clear_info_records": True}}
-                    )
+                    self.client.clear_records()
                 except Exception as exc:
                     self.stats.error(self.name, "clear_failed", repr(exc))
             stop.wait(max(0.0, self.interval - (time.monotonic() - start)))
