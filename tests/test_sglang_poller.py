@@ -285,3 +285,19 @@ def test_serve_polls_a_server_into_metrics(sample_info, tmp_path):
     manifest = json.loads((tmp_path / "run" / "run.json").read_text())
     assert manifest["complete"] is True and manifest["steps"] == n
     stub.close()
+
+
+def test_unknown_fields_are_ignored_missing_ones_counted(sample_info):
+    """A newer server may add fields (ignored); a record missing a required one is rejected."""
+    info = copy.deepcopy(sample_info)
+    info["records"] = info["records"][:4]
+    info["records"][0]["some_future_field"] = {"x": 1}
+    info["records"][0]["reqs"][0]["another_new_field"] = 3
+    del info["records"][1]["reqs"][0]["correct_drafts"]
+    stub = Stub(info)
+    stats = IngestStats()
+    poller = SGLangPoller(stub.url, stats=stats, interval=0.05)
+    got = collect(poller, threading.Event(), lambda out: len(out) >= 3)
+    assert [b.forward_ct for b in got] == [0, 2, 3]
+    assert stats.snapshot()[1][(poller.name, "bad_record")] == 1
+    stub.close()

@@ -117,7 +117,6 @@ def handle(args: argparse.Namespace) -> int:
             "source": "serve:sglang",
             "servers": [s.url for s in sources],
             "gamma": args.gamma,
-            "timing": "measured",
         }
     gamma = sources[0].gamma
     if out is not None and (Path(out) / "run.json").exists():
@@ -160,7 +159,15 @@ def handle(args: argparse.Namespace) -> int:
                 stop.wait()
     finally:
         stop.set()
-        pipeline.close()
+        pollers = [s for s in sources if isinstance(s, SGLangPoller)]
+        pipeline.close(
+            {
+                "mode": next((p.mode for p in pollers if p.mode), None),
+                "timing": "measured" if any(p.timed for p in pollers) else None,
+            }
+            if pollers
+            else None
+        )
         exporter.stop()
     records, errors, _ = pipeline.stats.snapshot()
     print(

@@ -33,7 +33,12 @@ import numpy as np
 
 from ..pipeline import IngestStats
 from ..telemetry import StepBatch
-from ..telemetry.sglang import SGLangFormatError, decode_info_record, record_to_batch
+from ..telemetry.sglang import (
+    DecodeStepRecord,
+    SGLangFormatError,
+    decode_info_record,
+    record_to_batch,
+)
 from .sglang_http import SGLangClient
 
 log = logging.getLogger(__name__)
@@ -85,6 +90,8 @@ class SGLangPoller:
         self.last_fct: dict[int, int] = {}
         self.dropped_steps = 0
         self.duplicates = 0
+        self.mode: str | None = None  # as the server reports it, once read
+        self.timed = False  # whether its records carry step times
         self._reported: set[str] = set()
 
     # -- HTTP ----------------------------------------------------------------
@@ -156,11 +163,20 @@ class SGLangPoller:
                     "unset)",
                 )
                 continue
+            # the envelope first, then record by record: one bad record must not cost the rest
+            raw_records = info_raw.get("records") if isinstance(info_raw, dict) else None
             try:
-                info = decode_info_record(info_raw)
-            except SGLangFormatError as exc:
-                self.stats.error(self.name, "bad_record", str(exc))
+                info = decode_info_record({**info_raw, "records": []})
+            except (SGLangFormatError, TypeError) as exc:
+                self.stats.error(self.name, "bad_envelope", str(exc))
                 continue
+            for raw in raw_records if isinstance(raw_records, list) else []:
+                try:
+                    info.records.append(msgspec.convert(raw, DecodeStepRecord))
+                except (msgspec.ValidationError, TypeError) as exc:
+                    self.stats.error(self.name, "bad_record", f"not a step record: {exc}")
+            self.mode = info.mode
+            self.timed |= bool({"step_cpu_time", "step_gpu_time"} & set(info.components))
             if "reqs" not in info.components:
                 self._report_once(
                     "noreqs",
