@@ -111,6 +111,14 @@ class Child:
             self.proc.kill()
             self.proc.wait(timeout=10)
 
+    def __enter__(self) -> Child:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        # a failed test must not leave a poller running: it would drain servers that later
+        # tests start on the same (reused) ports
+        self.kill()
+
 
 def scrape(url: str, opener: urllib.request.OpenerDirector = OPENER) -> str:
     with opener.open(url, timeout=10) as resp:

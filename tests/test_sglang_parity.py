@@ -45,7 +45,7 @@ def _close(a, b, path=""):
         assert a == b, path
 
 
-def test_file_and_live_poll_agree(tmp_path):
+def test_file_and_live_poll_agree(tmp_path, request):
     info = json.loads(SAMPLE.read_text())["internal_states"][0]["dspark_info_record"]
     n = len(info["records"])
     stub = Stub(copy.deepcopy(info))
@@ -68,6 +68,7 @@ def test_file_and_live_poll_agree(tmp_path):
         str(live),
         workdir=tmp_path / "child",
     )
+    request.addfinalizer(child.kill)
     url = child.wait_for_line(r"serving (http://\S+/metrics)").group(1)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:

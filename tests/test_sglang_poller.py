@@ -233,7 +233,7 @@ def test_bearer_token(sample_info, tmp_path):
     stub.close()
 
 
-def test_serve_polls_a_server_into_metrics(sample_info, tmp_path):
+def test_serve_polls_a_server_into_metrics(sample_info, tmp_path, request):
     """`serve --source sglang:URL` end to end: every record served reaches /metrics once."""
     import re
     import signal
@@ -261,6 +261,7 @@ def test_serve_polls_a_server_into_metrics(sample_info, tmp_path):
         str(tmp_path / "run"),
         workdir=tmp_path / "child",
     )
+    request.addfinalizer(child.kill)
     url = child.wait_for_line(r"serving (http://\S+/metrics)").group(1)
     n = len(sample_info["records"])
     expected = Counter(
