@@ -84,6 +84,26 @@ def _method_entry(df: pl.DataFrame, method: str) -> dict:
 def evaluate(run: Run) -> dict:
     """The `dspark-obs estimate --json` object."""
     gamma = int(run.manifest["gamma"])
+    if "requests" not in run.tables():  # walks only (an ingested block-accept JSONL)
+        blocks = walked_blocks(run).with_columns(pl.lit(None, pl.Float64).alias("truth"))
+        return {
+            "run": str(run.path),
+            "gamma": gamma,
+            "workloads": {
+                name: {
+                    "truth": None,
+                    "greedy": _method_entry(part, "greedy"),
+                    "sampled": _method_entry(part, "sampled"),
+                    "counts": {
+                        "walked": part.height,
+                        "censored": int((part["status"] == "censored").sum()),
+                    },
+                }
+                for (name,), part in blocks.sort("workload").group_by(
+                    "workload", maintain_order=True
+                )
+            },
+        }
     req = (
         run.requests()
         .select(

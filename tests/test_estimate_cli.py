@@ -180,3 +180,19 @@ def test_sglang_jsonl_sampled_walk():
         assert s["ci_lo"] <= s["mean_lo"] and s["mean_hi"] <= s["ci_hi"], name
         assert 0 <= s["mean_lo"] and s["mean_hi"] <= 7
         assert np.isfinite([s["mean_lo"], s["mean_point"], s["mean_hi"]]).all()
+
+
+def test_a_walks_only_run_is_estimated_and_summary_points_there(tmp_path):
+    """An ingested block-accept JSONL holds ceilings but no request-steps."""
+    data = Path(__file__).parent / "data" / "sglang" / "block_accept.sampled.jsonl"
+    out = tmp_path / "ba"
+    cli("ingest", str(data), "--out", str(out), "--workload-from-rid", r"^(?P<workload>[a-z0-9]+)-")
+    report = json.loads(cli("estimate", str(out), "--json").stdout)
+    assert set(report["workloads"]) == {"gsm8k", "arena", "poetry"}
+    ceilings = pl.read_parquet(out / "ceilings" / "*.parquet")
+    for name, entry in report["workloads"].items():
+        part = ceilings.filter(pl.col("workload") == name)
+        assert entry["sampled"]["blocks"] == part.height
+        assert entry["sampled"]["point"] == pytest.approx(part["point"].mean())
+    proc = cli("summary", str(out), check=False)
+    assert proc.returncode == 2 and "estimate" in proc.stderr and "Traceback" not in proc.stderr

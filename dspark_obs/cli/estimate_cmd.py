@@ -62,8 +62,10 @@ def render_run(report: dict) -> None:
                 {True: "yes", False: "NO", None: "—"}[m.get("covered")],
                 rates,
             )
-        pop = e["population"]
+        pop = e.get("population")
         truth = e["truth"]
+        if pop is None:
+            continue
         table.add_row(
             name,
             "population",

@@ -12,6 +12,7 @@ from rich.table import Table
 from ..analysis.summary import summarize
 from ..store import Run, open_run
 from .console import make_console
+from .errors import CliError
 
 
 def _fmt(value, digits: int = 2) -> str:
@@ -91,7 +92,13 @@ def print_summary(run: Run, *, as_json: bool) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    print_summary(open_run(args.run_dir), as_json=args.json)
+    run = open_run(args.run_dir)
+    if "requests" not in run.tables():
+        raise CliError(
+            f"{args.run_dir} holds no request-steps (an ingested block-accept JSONL has only "
+            f"ceilings); see `dspark-obs estimate {args.run_dir}`"
+        )
+    print_summary(run, as_json=args.json)
     return 0
 
 
