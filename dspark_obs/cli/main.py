@@ -12,6 +12,7 @@ import sys
 
 from . import (
     calibration_cmd,
+    dashboards_cmd,
     demo_cmd,
     estimate_cmd,
     hash_password_cmd,
@@ -37,6 +38,7 @@ COMMANDS = (
     runtime_server_cmd,
     ingest_cmd,
     shadow_cmd,
+    dashboards_cmd,
 )
 
 
