@@ -42,6 +42,15 @@ COMMANDS = (
 )
 
 
+#: Optional packages and the extra that installs each.
+OPTIONAL_EXTRAS = {
+    "grafana_foundation_sdk": "dashboards",
+    "grafana_client": "dashboards",
+    "matplotlib": "dashboards",
+    "torch": "torch",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
@@ -63,6 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
+    except ModuleNotFoundError as exc:
+        if args.debug:
+            raise
+        top = (exc.name or "").split(".")[0]
+        extra = OPTIONAL_EXTRAS.get(top)
+        hint = f": pip install 'dspark-obs[{extra}]'" if extra else ""
+        print(f"dspark-obs {args.command}: error: needs the package {top!r}{hint}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("dspark-obs: interrupted", file=sys.stderr)
         return 130
