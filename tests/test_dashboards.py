@@ -27,6 +27,8 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from dspark_obs.cli.main import main as cli_main
 from dspark_obs.dashboards import DASHBOARD_UID, generate, render_json
+from dspark_obs.dashboards.render import substitute as render_substitute
+from dspark_obs.dashboards.render import substitutions
 
 from .prometheus_harness import PrometheusServer, prometheus_available
 from .test_serve_cli import Child
@@ -243,23 +245,12 @@ def test_push_errors_are_one_line_exit_2(grafana, tmp_path: Path, monkeypatch, c
 
 # -- every query against a real Prometheus ---------------------------------------------------
 
-SUBSTITUTIONS = {
-    "$__rate_interval": "1m",
-    "$__interval": "15s",
-    "$__range": "5m",
-    "$instance": ".*",
-    "$workload": ".*",
-    "$mode": ".*",
-    "$rank": ".*",
-}
-
 
 def substitute(expr: str) -> str:
-    # longest names first, so $__rate_interval is not eaten by a shorter name
-    for name in sorted(SUBSTITUTIONS, key=len, reverse=True):
-        expr = expr.replace(name, SUBSTITUTIONS[name])
-    assert "$" not in expr, f"unsubstituted variable in {expr!r}"
-    return expr
+    """The renderer's substitution (every query variable `.*`), checked to leave no `$`."""
+    out = render_substitute(expr, substitutions(step="15s", range_="5m"))
+    assert "$" not in out, f"unsubstituted variable in {out!r}"
+    return out
 
 
 @pytest.mark.skipif(not prometheus_available(), reason="needs prometheus (tools/test.sh)")

@@ -4,6 +4,8 @@
 `push` uploads the dashboard through Grafana's dashboard API (POST /api/dashboards/db with
 overwrite) using grafana-client; the token comes from --token-file or $GRAFANA_TOKEN, never
 from the command line.
+`render` draws every panel from a Prometheus' data with matplotlib: DIR/NN-<slug>.png per
+panel, DIR/overview.png and an offline DIR/index.html.
 """
 
 from __future__ import annotations
@@ -86,10 +88,56 @@ def _push(args: argparse.Namespace) -> int:
     return 0
 
 
+def _render(args: argparse.Namespace) -> int:
+    try:
+        import matplotlib  # noqa: F401
+
+        from ..dashboards.render import QUERY_VARIABLES, RenderError, parse_duration, render
+    except ImportError as exc:  # matplotlib or grafana-foundation-sdk missing
+        raise CliError(f"{exc}; install it with: pip install 'dspark-obs[dashboards]'") from None
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CliError(f"{out} exists and is not a directory")
+    for name, value in (("--range", args.range), ("--step", args.step)):
+        try:
+            parse_duration(value)
+        except ValueError as exc:
+            raise CliError(f"{name}: {exc}") from None
+    variables: dict[str, str] = {}
+    for item in args.var:
+        name, sep, value = item.partition("=")
+        name = name.strip().lstrip("$")
+        if not sep or name not in QUERY_VARIABLES:
+            raise CliError(
+                f"--var {item!r}: expected NAME=REGEX with NAME one of {', '.join(QUERY_VARIABLES)}"
+            )
+        variables[name] = value
+    try:
+        result = render(
+            args.prometheus,
+            out,
+            range_=args.range,
+            step=args.step,
+            variables=variables,
+            timeout=args.timeout,
+        )
+    except RenderError as exc:
+        raise CliError(str(exc)) from None
+    empty = 0
+    for data, path in result.panels:
+        empty += not data.has_data
+        print(f"{path}{'' if data.has_data else '  (no data)'}")
+    print(result.overview)
+    print(result.index)
+    print(f"rendered {len(result.panels)} panels ({len(result.panels) - empty} with data) to {out}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "dashboards",
-        help="export or push the Grafana dashboard",
+        help="export, push or render the Grafana dashboard",
         description="The Grafana dashboard for the exporter's metrics (docs/dashboards.md).",
     )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -112,3 +160,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     u.add_argument("--folder", metavar="NAME", help="folder title; created when missing")
     u.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds")
     u.set_defaults(handler=_push)
+    r = actions.add_parser(
+        "render",
+        help="draw every panel from Prometheus data to PNGs and an offline index.html",
+        description="Run every panel's queries through Prometheus' /api/v1/query_range over "
+        "the last RANGE and draw them with matplotlib: DIR/NN-<slug>.png per panel, "
+        "DIR/overview.png and DIR/index.html (PNGs embedded, opens offline).",
+    )
+    r.add_argument("--prometheus", required=True, metavar="URL", help="e.g. http://prom:9090")
+    r.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    r.add_argument("--range", default="15m", metavar="D", help="time range back from now (15m)")
+    r.add_argument("--step", default="15s", metavar="D", help="query resolution (15s)")
+    r.add_argument(
+        "--var",
+        action="append",
+        default=[],
+        metavar="NAME=REGEX",
+        help="template variable (workload, rank, mode, instance; default .*); repeatable",
+    )
+    r.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds")
+    r.set_defaults(handler=_render)
