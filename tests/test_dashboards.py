@@ -30,8 +30,8 @@ from dspark_obs.dashboards import DASHBOARD_UID, generate, render_json
 from dspark_obs.dashboards.render import substitute as render_substitute
 from dspark_obs.dashboards.render import substitutions
 
-from .prometheus_harness import PrometheusServer, prometheus_available
-from .test_serve_cli import Child
+from .live_exporter import serve_scraped
+from .prometheus_harness import prometheus_available
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "dashboards" / "dspark.json"
@@ -255,30 +255,7 @@ def substitute(expr: str) -> str:
 
 @pytest.mark.skipif(not prometheus_available(), reason="needs prometheus (tools/test.sh)")
 def test_every_panel_query_returns_data(tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    child = Child(
-        "serve",
-        "--source", "runtime",
-        "--speed", "0",
-        "--listen", "127.0.0.1:0",
-        "--concurrency", "8,32",
-        "--steps-per-level", "40",
-        "--sts-warmup-steps", "20",
-        "--shadow", "cap-accept",
-        "--mode", "compact",
-        workdir=tmp_path / "serve",
-    )  # fmt: skip
-    request.addfinalizer(child.kill)
-    target = re.sub(r"^https?://", "", child.url()).split("/")[0]
-    prom = PrometheusServer({"dspark": [target]}, scrape_interval="1s", workdir=tmp_path / "prom")
-    prom.start()
-    request.addfinalizer(prom.stop)
-    prom.wait_until_up("dspark")
-    # rate() over 1m needs two samples of every counter; the first panels' data is the proof
-    prom.wait_for(
-        "count(rate(dspark_request_steps_total[1m]) > 0)",
-        lambda r: bool(r) and float(r[0]["value"][1]) >= 3,
-        timeout=30,
-    )
+    prom = serve_scraped(tmp_path, request)
     variables = {v["name"]: v for v in generate()["templating"]["list"]}
     for name in ("instance", "workload", "mode", "rank"):
         metric, label = re.fullmatch(
@@ -298,4 +275,4 @@ def test_every_panel_query_returns_data(tmp_path: Path, request: pytest.FixtureR
         if not empty or time.monotonic() > deadline:
             break
         time.sleep(1)
-    assert not empty, "queries without data:\n" + "\n".join(empty) + "\n" + child.describe()[-2000:]
+    assert not empty, "queries without data:\n" + "\n".join(empty)

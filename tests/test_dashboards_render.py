@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-import re
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,8 @@ from dspark_obs.dashboards import generate
 from dspark_obs.dashboards.render import data_panels, slug, substitute, substitutions
 
 from .conftest import cli
-from .prometheus_harness import PrometheusServer, free_port, prometheus_available
-from .test_serve_cli import Child
+from .live_exporter import serve_scraped
+from .prometheus_harness import free_port, prometheus_available
 
 
 def test_substitute_variables() -> None:
@@ -45,29 +44,7 @@ def test_unreachable_prometheus_exits_2(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not prometheus_available(), reason="needs prometheus (tools/test.sh)")
 def test_render_every_panel(tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    child = Child(
-        "serve",
-        "--source", "runtime",
-        "--speed", "0",
-        "--listen", "127.0.0.1:0",
-        "--concurrency", "8,32",
-        "--steps-per-level", "40",
-        "--sts-warmup-steps", "20",
-        "--shadow", "cap-accept",
-        "--mode", "compact",
-        workdir=tmp_path / "serve",
-    )  # fmt: skip
-    request.addfinalizer(child.kill)
-    target = re.sub(r"^https?://", "", child.url()).split("/")[0]
-    prom = PrometheusServer({"dspark": [target]}, scrape_interval="1s", workdir=tmp_path / "prom")
-    prom.start()
-    request.addfinalizer(prom.stop)
-    prom.wait_until_up("dspark")
-    prom.wait_for(
-        "count(rate(dspark_request_steps_total[1m]) > 0)",
-        lambda r: bool(r) and float(r[0]["value"][1]) >= 3,
-        timeout=30,
-    )
+    prom = serve_scraped(tmp_path, request)
 
     out = tmp_path / "render"
     proc = cli(

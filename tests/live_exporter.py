@@ -1,0 +1,40 @@
+"""A live exporter scraped by a real Prometheus: `serve` on the embedded runtime, with data."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from .prometheus_harness import PrometheusServer
+from .test_serve_cli import Child
+
+
+def serve_scraped(tmp_path: Path, request: pytest.FixtureRequest) -> PrometheusServer:
+    """Start both (reaped at teardown) and return once every rate() has two samples."""
+    child = Child(
+        "serve",
+        "--source", "runtime",
+        "--speed", "0",
+        "--listen", "127.0.0.1:0",
+        "--concurrency", "8,32",
+        "--steps-per-level", "40",
+        "--sts-warmup-steps", "20",
+        "--shadow", "cap-accept",
+        "--mode", "compact",
+        workdir=tmp_path / "serve",
+    )  # fmt: skip
+    request.addfinalizer(child.kill)
+    target = re.sub(r"^https?://", "", child.url()).split("/")[0]
+    prom = PrometheusServer({"dspark": [target]}, scrape_interval="1s", workdir=tmp_path / "prom")
+    prom.start()
+    request.addfinalizer(prom.stop)
+    prom.wait_until_up("dspark")
+    # rate() over 1m needs two samples of every counter; the first panels' data is the proof
+    prom.wait_for(
+        "count(rate(dspark_request_steps_total[1m]) > 0)",
+        lambda r: bool(r) and float(r[0]["value"][1]) >= 3,
+        timeout=30,
+    )
+    return prom
