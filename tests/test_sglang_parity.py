@@ -9,18 +9,12 @@ from __future__ import annotations
 
 import copy
 import json
-import signal
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from .conftest import cli
-from .test_serve_cli import Child
-from .test_sglang_poller import SAMPLE, Stub
-
-RID = r"^(?P<workload>[a-z0-9]+)-"
+from .test_sglang_poller import RID, SAMPLE, Stub, serve_polling, stop_serving
 
 
 def _drop_run_path(obj: dict) -> dict:
@@ -50,34 +44,8 @@ def test_file_and_live_poll_agree(tmp_path, request):
     n = len(info["records"])
     stub = Stub(copy.deepcopy(info))
     live = tmp_path / "live"
-    child = Child(
-        "serve",
-        "--source",
-        f"sglang:{stub.url}",
-        "--listen",
-        "127.0.0.1:0",
-        "--poll-interval",
-        "0.1",
-        "--gamma",
-        "7",
-        "--assume",
-        "greedy",
-        "--workload-from-rid",
-        RID,
-        "--out",
-        str(live),
-        workdir=tmp_path / "child",
-    )
-    request.addfinalizer(child.kill)
-    url = child.wait_for_line(r"serving (http://\S+/metrics)").group(1)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        text = urllib.request.urlopen(url, timeout=5).read().decode()
-        if f'dspark_ingest_records_total{{source="sglang:{stub.url}"}} {n}' in text:
-            break
-        time.sleep(0.2)
-    child.proc.send_signal(signal.SIGINT)
-    assert child.proc.wait(15) == 0, child.describe()
+    child, _ = serve_polling(stub, n, live, tmp_path, request)
+    stop_serving(child)
     stub.close()
 
     saved = tmp_path / "saved"

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import copy
 import json
+import signal
 import threading
 import time
+import urllib.request
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from dspark_obs.sources.sglang_poller import SGLangPoller
 from dspark_obs.sources.workloads import workload_rule
 
 from .prometheus_harness import free_port
+from .test_serve_cli import Child
 
 SAMPLE = Path(__file__).parent / "data" / "sglang" / "server_info.compact.greedy.json"
 
@@ -233,56 +237,52 @@ def test_bearer_token(sample_info, tmp_path):
     stub.close()
 
 
-def test_serve_polls_a_server_into_metrics(sample_info, tmp_path, request):
-    """`serve --source sglang:URL` end to end: every record served reaches /metrics once."""
-    import re
-    import signal
-    import urllib.request
-    from collections import Counter
+RID = r"^(?P<workload>[a-z0-9]+)-"
 
-    from .test_serve_cli import Child
 
-    stub = Stub(copy.deepcopy(sample_info))
+def serve_polling(stub: Stub, n: int, out: Path, tmp_path: Path, request) -> tuple[Child, str]:
+    """`serve --source sglang:URL` on the stub (reaped at teardown), once all `n` records are in.
+
+    Returns the still running child and its last /metrics text.
+    """
     child = Child(
-        "serve",
-        "--source",
-        f"sglang:{stub.url}",
-        "--listen",
-        "127.0.0.1:0",
-        "--poll-interval",
-        "0.1",
-        "--gamma",
-        "7",
-        "--assume",
-        "greedy",
-        "--workload-from-rid",
-        r"^(?P<workload>[a-z0-9]+)-",
-        "--out",
-        str(tmp_path / "run"),
-        workdir=tmp_path / "child",
-    )
+        "serve", "--source", f"sglang:{stub.url}", "--listen", "127.0.0.1:0",
+        "--poll-interval", "0.1", "--gamma", "7", "--assume", "greedy",
+        "--workload-from-rid", RID, "--out", str(out), workdir=tmp_path / "child",
+    )  # fmt: skip
     request.addfinalizer(child.kill)
     url = child.wait_for_line(r"serving (http://\S+/metrics)").group(1)
-    n = len(sample_info["records"])
-    expected = Counter(
-        r["rid"].rsplit("-", 1)[0] for rec in sample_info["records"] for r in rec["reqs"]
-    )
+    want = f'dspark_ingest_records_total{{source="sglang:{stub.url}"}} {n}'
     deadline = time.monotonic() + 20
     text = ""
     while time.monotonic() < deadline:
         text = urllib.request.urlopen(url, timeout=5).read().decode()
-        m = re.search(r'dspark_ingest_records_total\{source="[^"]+"\} (\d+)', text)
-        if m and int(m.group(1)) >= n:
+        if want in text:
             break
         time.sleep(0.2)
+    return child, text
+
+
+def stop_serving(child: Child) -> None:
+    child.proc.send_signal(signal.SIGINT)
+    assert child.proc.wait(15) == 0, child.describe()
+
+
+def test_serve_polls_a_server_into_metrics(sample_info, tmp_path, request):
+    """`serve --source sglang:URL` end to end: every record served reaches /metrics once."""
+    stub = Stub(copy.deepcopy(sample_info))
+    n = len(sample_info["records"])
+    child, text = serve_polling(stub, n, tmp_path / "run", tmp_path, request)
+    expected = Counter(
+        r["rid"].rsplit("-", 1)[0] for rec in sample_info["records"] for r in rec["reqs"]
+    )
     assert f'dspark_ingest_records_total{{source="sglang:{stub.url}"}} {n}' in text
     for wl, count in expected.items():
         assert (
             f'dspark_request_steps_total{{workload="{wl}",mode="compact",rank="0"}} {count}' in text
         )
     assert f'dspark_source_up{{source="sglang:{stub.url}"}} 1' in text
-    child.proc.send_signal(signal.SIGINT)
-    assert child.proc.wait(15) == 0, child.describe()
+    stop_serving(child)
     manifest = json.loads((tmp_path / "run" / "run.json").read_text())
     assert manifest["complete"] is True and manifest["steps"] == n
     stub.close()
