@@ -46,7 +46,6 @@ COMMANDS = (
 OPTIONAL_EXTRAS = {
     "grafana_foundation_sdk": "dashboards",
     "grafana_client": "dashboards",
-    "matplotlib": "dashboards",
     "torch": "torch",
 }
 

@@ -9,7 +9,6 @@ grid) and DIR/index.html (the PNGs embedded as base64, so it opens offline).
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 import math
@@ -23,6 +22,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from ..plotting import img_tag, new_figure, save_png
 
 # Grafana's built-in interval variables and the dashboard's query variables ("All" is `.*`).
 QUERY_VARIABLES = ("instance", "workload", "mode", "rank")
@@ -412,40 +413,27 @@ def _heatmap(ax, data: PanelData, unit: str, compact: bool) -> None:
     bar.set_label("per second", fontsize=8)
 
 
-def _figure(width: float, height: float):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), dpi=100, layout="constrained")
-
-
 def panel_png(data: PanelData, path: Path) -> None:
     grid = data.panel.get("gridPos") or {}
     width = max(5.0, min(14.0, grid.get("w", 12) * 0.6))
     height = 4.5 if data.panel.get("type") == "timeseries" else 4.0
-    fig = _figure(width, height)
+    fig = new_figure(width, height)
     draw_panel(fig.add_subplot(), data)
-    fig.savefig(path, format="png", facecolor="white")
+    save_png(fig, path)
 
 
 def overview_png(datas: list[PanelData], path: Path, title: str, cols: int = 4) -> None:
     rows = math.ceil(len(datas) / cols)
-    fig = _figure(cols * 5.5, rows * 4.2)
+    fig = new_figure(cols * 5.5, rows * 4.2)
     fig.suptitle(title, fontsize=16, fontweight="bold")
     for i, data in enumerate(datas):
         draw_panel(fig.add_subplot(rows, cols, i + 1), data, compact=True)
-    fig.savefig(path, format="png", facecolor="white", dpi=70)
+    save_png(fig, path, dpi=70)
 
 
 def index_html(
     title: str, subtitle: str, overview: Path, panels: list[tuple[PanelData, Path]]
 ) -> str:
-    def img(path: Path, alt: str) -> str:
-        b64 = base64.b64encode(path.read_bytes()).decode("ascii")
-        return f'<img src="data:image/png;base64,{b64}" alt="{html.escape(alt)}">'
-
     parts = [
         "<!doctype html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -459,7 +447,7 @@ def index_html(
         f"<h1>{html.escape(title)}</h1>",
         f"<p>{html.escape(subtitle)}</p>",
         "<h2>Overview</h2>",
-        img(overview, "overview"),
+        img_tag(overview, "overview"),
         "<h2>Panels</h2>",
     ]
     for data, path in panels:
@@ -467,7 +455,7 @@ def index_html(
         note = "" if data.has_data else ' <span class="nodata">(no data)</span>'
         queries = "".join(f"<li><code>{html.escape(e)}</code></li>" for e in data.exprs)
         parts.append(
-            f'<figure id="{html.escape(path.stem)}">{img(path, p.get("title", ""))}'
+            f'<figure id="{html.escape(path.stem)}">{img_tag(path, p.get("title", ""))}'
             f"<figcaption><b>{html.escape(p.get('title', ''))}</b>{note} "
             f"({html.escape(path.name)})<br>{html.escape(p.get('description', ''))}"
             f"<details><summary>queries</summary><ul>{queries}</ul></details>"

@@ -1,0 +1,54 @@
+"""The one place figures are made and embedded, so report, compare and dashboard renders look alike.
+
+Figures are `matplotlib.figure.Figure` objects on the Agg canvas, never pyplot:
+no global state, no display needed, safe in threads and in CI. PNGs embed in
+HTML as base64 data URIs so a report opens offline from a single file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+
+#: Default size of a single-panel figure, inches at `DPI`.
+WIDTH, HEIGHT, DPI = 8.0, 4.8, 100
+
+#: Colour cycle shared by every figure (one colour per run or workload, stable by index).
+COLOURS = (
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#ff7f0e",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+)
+
+
+def new_figure(width: float = WIDTH, height: float = HEIGHT):
+    """A blank Agg figure with constrained layout (labels never clip at 100%)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+
+
+def colour(i: int) -> str:
+    return COLOURS[i % len(COLOURS)]
+
+
+def save_png(fig, path: str | Path, dpi: int = DPI) -> Path:
+    """Write `fig` as PNG on a white background and return the path."""
+    path = Path(path)
+    fig.savefig(path, format="png", facecolor="white", dpi=dpi)
+    return path
+
+
+def img_tag(path: str | Path, alt: str) -> str:
+    """An `<img>` whose PNG is inlined as a data URI."""
+    b64 = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return f'<img src="data:image/png;base64,{b64}" alt="{html.escape(alt)}">'
