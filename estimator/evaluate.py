@@ -20,15 +20,15 @@ import polars as pl
 from dspark_obs.store import Run
 
 from .online import CeilingEstimator
-from .population import population_estimate
+from .population import population_estimates
 
 Z95 = 1.959963984540054
 
 
-def walked_blocks(run: Run) -> pl.DataFrame:
+def walked_blocks(run: Run) -> pl.LazyFrame:
     """The `ceilings` rows of a run, computing them by replay where the run has none."""
     if "ceilings" in run.tables():
-        return run.scan("ceilings").collect()
+        return run.scan("ceilings")
     gamma = int(run.manifest["gamma"])
     estimator = CeilingEstimator(gamma)
     frames = []
@@ -42,8 +42,8 @@ def walked_blocks(run: Run) -> pl.DataFrame:
     if rows is not None:
         frames.append(rows)
     if not frames:
-        return pl.DataFrame()
-    return pl.concat(frames)
+        return pl.LazyFrame()
+    return pl.concat(frames).lazy()
 
 
 def _method_entry(df: pl.DataFrame, method: str) -> dict:
@@ -81,11 +81,66 @@ def _method_entry(df: pl.DataFrame, method: str) -> dict:
     return entry
 
 
+def _trimmed(gamma: int) -> pl.Expr:
+    return (pl.col("correct_drafts") == pl.col("window")) & (pl.col("window") < gamma)
+
+
+def _all_steps(stats: dict, walked: pl.DataFrame, gamma: int) -> dict:
+    """Mean ceiling over every request-step: exact where observed, walked or bracketed elsewhere.
+
+    A request-step that was not trimmed has ceiling = accepted; a walked block
+    contributes its lo/point/hi; a trimmed block no walk covered is only known
+    to lie in [window, gamma], so it widens the bracket and leaves no point.
+    """
+    n = stats["n"]
+    exact = stats["untrimmed_accepted"]
+    skipped = stats["trimmed"] - walked.height
+    walk = {
+        k: float(walked[k].sum()) if walked.height else 0.0 for k in ("lo", "point", "hi", "window")
+    }
+    skipped_window = stats["trimmed_window"] - walk["window"]
+    return {
+        "lo": (exact + walk["lo"] + skipped_window) / n,
+        "point": (exact + walk["point"]) / n if skipped == 0 else None,
+        "hi": (exact + walk["hi"] + skipped * gamma) / n,
+    }
+
+
+def _population(req: pl.LazyFrame, names: list, gamma: int) -> list[dict]:
+    """The population model per workload, fitted in one pass over the confidence matrix.
+
+    A row without confidence (a source with no confidence head) falls into the
+    pooled stratum, as NaN confidence does in `HazardModel`.
+    """
+    known = [n for n in names if n is not None]  # sorted with None last, so None is len(known)
+    code = pl.col("workload").replace_strict(known, list(range(len(known))), default=len(known))
+    rows = req.select(
+        code.alias("group"),
+        "window",
+        "correct_drafts",
+        pl.col("confidence").fill_null(pl.lit([float("nan")] * gamma, pl.Array(pl.Float64, gamma))),
+    ).collect()
+    confidence = rows["confidence"].to_numpy().reshape(-1, gamma)
+    return population_estimates(
+        rows["group"].to_numpy(),
+        rows["window"].to_numpy(),
+        rows["correct_drafts"].to_numpy(),
+        None if np.isnan(confidence).all() else confidence,
+        gamma,
+        groups=len(names),
+    )
+
+
 def evaluate(run: Run) -> dict:
-    """The `dspark-obs estimate --json` object."""
+    """The `dspark-obs estimate --json` object.
+
+    Lazy throughout: the truth joins only trimmed request-steps, and the
+    population model reads one workload's columns at a time, so a run of tens
+    of millions of request-steps fits in memory.
+    """
     gamma = int(run.manifest["gamma"])
     if "requests" not in run.tables():  # walks only (an ingested block-accept JSONL)
-        blocks = walked_blocks(run).with_columns(pl.lit(None, pl.Float64).alias("truth"))
+        blocks = walked_blocks(run).collect().with_columns(pl.lit(None, pl.Float64).alias("truth"))
         return {
             "run": str(run.path),
             "gamma": gamma,
@@ -104,56 +159,55 @@ def evaluate(run: Run) -> dict:
                 )
             },
         }
-    req = (
-        run.requests()
-        .select(
-            "rank",
-            "forward_ct",
-            "rid",
-            "workload",
-            "window",
-            "correct_drafts",
-            "confidence",
-            "shadow_ceiling",
-            "ceiling",
+    truth_col = pl.coalesce("ceiling", "shadow_ceiling").alias("truth")
+    req = run.requests().with_columns(truth_col)
+    trimmed = _trimmed(gamma)
+    stats = {
+        row["workload"]: row
+        for row in req.group_by("workload")
+        .agg(
+            pl.len().alias("n"),
+            pl.col("truth").mean().alias("truth_mean"),
+            pl.col("truth").null_count().alias("truth_nulls"),
+            trimmed.sum().alias("trimmed"),
+            pl.col("window").filter(trimmed).sum().alias("trimmed_window"),
+            pl.col("correct_drafts").filter(~trimmed).sum().alias("untrimmed_accepted"),
+            *((pl.col("truth") > j).mean().alias(f"s{j}") for j in range(gamma)),
         )
         .collect()
-    )
-    truth_col = pl.coalesce("ceiling", "shadow_ceiling")
-    req = req.with_columns(truth_col.alias("truth"))
+        .iter_rows(named=True)
+    }
+    keys = ["rank", "forward_ct", "rid"]
     blocks = walked_blocks(run)
-    if blocks.height:
+    if blocks.collect_schema().names():
         blocks = blocks.join(
-            req.select("rank", "forward_ct", "rid", "truth"),
-            on=["rank", "forward_ct", "rid"],
-            how="left",
-        )
+            req.filter(trimmed).select(*keys, "truth"), on=keys, how="left"
+        ).collect()
+    else:
+        blocks = pl.DataFrame()
+    names = sorted(stats, key=lambda w: (w is None, w))
+    pops = _population(req, names, gamma)
     out = {"run": str(run.path), "gamma": gamma, "workloads": {}}
-    for (name,), part in req.sort("workload").group_by("workload", maintain_order=True):
+    for name, pop in zip(names, pops, strict=True):
+        st = stats[name]
         walked = blocks.filter(pl.col("workload") == name) if blocks.height else blocks
-        trimmed = (part["correct_drafts"] == part["window"]) & (part["window"] < gamma)
-        conf = part["confidence"]
-        confidence = None if conf.null_count() else conf.to_numpy().reshape(-1, gamma)
-        pop = population_estimate(
-            part["window"].to_numpy(), part["correct_drafts"].to_numpy(), confidence, gamma
-        )
-        truth = part["truth"]
+        has_truth = st["truth_nulls"] == 0
         entry = {
-            "truth": float(truth.mean()) if truth.null_count() == 0 else None,
+            "truth": st["truth_mean"] if has_truth else None,
             "greedy": _method_entry(walked, "greedy") if walked.height else {"blocks": 0},
             "sampled": _method_entry(walked, "sampled") if walked.height else {"blocks": 0},
             "population": {k: pop[k] for k in ("mean", "survival", "identifiable", "naive_km")},
+            "all_steps": _all_steps(st, walked, gamma),
             "counts": {
-                "blocks": part.height,
-                "trimmed": int(trimmed.sum()),
+                "blocks": st["n"],
+                "trimmed": st["trimmed"],
                 "walked": walked.height,
                 "resolved": int((walked["status"] != "censored").sum()) if walked.height else 0,
                 "censored": int((walked["status"] == "censored").sum()) if walked.height else 0,
-                "skipped": int(trimmed.sum()) - walked.height,
+                "skipped": st["trimmed"] - walked.height,
             },
         }
-        if entry["truth"] is not None:
-            ceil = truth.to_numpy()
-            entry["population"]["truth_survival"] = [float((ceil > j).mean()) for j in range(gamma)]
+        if has_truth:
+            entry["population"]["truth_survival"] = [st[f"s{j}"] for j in range(gamma)]
         out["workloads"][name] = entry
     return out

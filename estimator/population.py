@@ -68,6 +68,9 @@ import numpy as np
 
 IDENTIFIABLE_SHARE = 0.95
 
+#: Rows per internal slice of `HazardModel.update` and `survival`.
+UPDATE_CHUNK = 1 << 16
+
 
 class HazardModel:
     """Online stratified conditional-hazard model of the ceiling, per group.
@@ -158,8 +161,20 @@ class HazardModel:
             raise ValueError("accepted outside 0..window")
         if (grp < 0).any():
             raise ValueError("group ids must be >= 0")
-        codes = self._bin_codes(confidence, n)
+        if confidence is not None and np.shape(confidence) != (n, gam):
+            raise ValueError(f"confidence has shape {np.shape(confidence)}, expected ({n}, {gam})")
         self.ensure_groups(int(grp.max()) + 1)
+        # cache-sized slices: the [rows, gamma] temporaries of a large offline fit stay small
+        for lo in range(0, n, UPDATE_CHUNK):
+            sl = slice(lo, lo + UPDATE_CHUNK)
+            self._update(grp[sl], w[sl], a[sl], None if confidence is None else confidence[sl])
+        self._cache = None
+
+    def _update(
+        self, grp: np.ndarray, w: np.ndarray, a: np.ndarray, confidence: np.ndarray | None
+    ) -> None:
+        n, gam = len(w), self.gamma
+        codes = self._bin_codes(confidence, n)
         G, B = self.groups, self.bins
 
         pos = np.arange(gam, dtype=np.int64)[None, :]
@@ -191,7 +206,6 @@ class HazardModel:
             self._ring[g, slot] = codes[rows]
             self._head[g] = (self._head[g] + len(rows)) % self.reservoir
             self._fill[g] = min(self._fill[g] + len(rows), self.reservoir)
-        self._cache = None
 
     # -- hazards -----------------------------------------------------------
 
@@ -256,9 +270,14 @@ class HazardModel:
         if len(codes) == 0:
             return np.full(self.gamma, np.nan), np.zeros(self.gamma, dtype=bool)
         pos = np.arange(self.gamma)[None, :]
-        h = hazard[g][pos, codes]
-        s = np.cumprod(1.0 - h, axis=1).mean(axis=0)
-        share = np.cumsum(data[g][pos, codes].mean(axis=0)) / np.arange(1, self.gamma + 1)
+        s_sum = np.zeros(self.gamma)
+        data_sum = np.zeros(self.gamma)
+        for lo in range(0, len(codes), UPDATE_CHUNK):
+            part = codes[lo : lo + UPDATE_CHUNK]
+            s_sum += np.cumprod(1.0 - hazard[g][pos, part], axis=1).sum(axis=0)
+            data_sum += data[g][pos, part].sum(axis=0)
+        s = s_sum / len(codes)
+        share = np.cumsum(data_sum / len(codes)) / np.arange(1, self.gamma + 1)
         # S_j rests on every S_i before it: once unidentified, it stays so
         return s, np.logical_and.accumulate(share >= IDENTIFIABLE_SHARE)
 
@@ -291,6 +310,43 @@ class HazardModel:
         return np.where(after, np.cumprod(keep, axis=1), 0.0).sum(axis=1)
 
 
+def population_estimates(
+    group: np.ndarray,
+    window: np.ndarray,
+    accepted: np.ndarray,
+    confidence: np.ndarray | None,
+    gamma: int,
+    bins: int = 10,
+    min_at_risk: int = 30,
+    groups: int = 1,
+) -> list[dict]:
+    """Offline estimates for groups `0..max(groups - 1, max(group))`, every block in its average.
+
+    Per group: `survival` (S_j = P(ceiling > j)), `identifiable`, `mean`
+    (E[ceiling]) and `naive_km`, the unstratified Kaplan-Meier survival, to
+    show what treating trimmed blocks as independently censored costs. One
+    pass, not one per group, so a large run is read and binned once.
+    """
+    grp = np.asarray(group, dtype=np.int64).reshape(-1)
+    sizes = np.bincount(grp, minlength=groups)
+    reservoir = max(1, int(sizes.max()))
+    model = HazardModel(gamma, bins=bins, min_at_risk=min_at_risk, reservoir=reservoir)
+    model.ensure_groups(len(sizes))
+    model.update(grp, window, accepted, confidence)
+    out = []
+    for g in range(len(sizes)):
+        s, identifiable = model.survival(g)
+        out.append(
+            {
+                "survival": s.tolist(),
+                "identifiable": identifiable.tolist(),
+                "mean": float(s.sum()),
+                "naive_km": model.naive_km(g).tolist(),
+            }
+        )
+    return out
+
+
 def population_estimate(
     window: np.ndarray,
     accepted: np.ndarray,
@@ -299,20 +355,8 @@ def population_estimate(
     bins: int = 10,
     min_at_risk: int = 30,
 ) -> dict:
-    """Offline estimate over one population of blocks (every block in the average).
-
-    Returns `survival` (S_j = P(ceiling > j)), `identifiable`, `mean` (E[ceiling])
-    and `naive_km`, the unstratified Kaplan-Meier survival, to show what treating
-    trimmed blocks as independently censored costs.
-    """
+    """`population_estimates` for one population of blocks."""
     w = np.asarray(window, dtype=np.int64).reshape(-1)
-    model = HazardModel(gamma, bins=bins, min_at_risk=min_at_risk, reservoir=max(1, len(w)))
-    model.ensure_groups(1)
-    model.update(0, w, accepted, confidence)
-    s, identifiable = model.survival(0)
-    return {
-        "survival": s.tolist(),
-        "identifiable": identifiable.tolist(),
-        "mean": float(s.sum()),
-        "naive_km": model.naive_km(0).tolist(),
-    }
+    return population_estimates(
+        np.zeros(len(w), np.int64), w, accepted, confidence, gamma, bins, min_at_risk
+    )[0]
