@@ -179,6 +179,18 @@ class CalibrationAccumulator:
             raise ValueError("pred has non-finite values at labelled positions")
         return pred, labels, labelled
 
+    def add_histograms(self, **flat: np.ndarray) -> CalibrationAccumulator:
+        """Add histograms binned elsewhere (flat, position-major), e.g. by a polars group_by.
+
+        Integer histograms arrive as float bincount weights; they are rounded
+        back to integers, which is exact below 2**53 rows.
+        """
+        for name, values in flat.items():
+            mine = getattr(self, name)
+            values = np.asarray(values).reshape(mine.shape)
+            mine += np.rint(values).astype(np.int64) if mine.dtype == np.int64 else values
+        return self
+
     def merge(self, other: CalibrationAccumulator) -> CalibrationAccumulator:
         """Add another accumulator's histograms into this one (e.g. per-rank shards)."""
         if (other.gamma, other.num_bins, other.auroc_bins) != (

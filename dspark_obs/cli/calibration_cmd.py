@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from ..analysis.confidence_rows import confidence_rows, matrix_and_labels
-from ..calibration import CalibrationAccumulator
+from ..analysis.reliability import RECORDED, calibration_histograms, pooled
 from ..store import open_run
 from .console import make_console
 from .errors import CliError
@@ -20,22 +19,14 @@ from .jsonout import clean_json
 def calibration_report(run_dir: Path, bins: int = 15) -> dict:
     """The `--json` object: per workload and overall, one entry per block position."""
     run = open_run(run_dir)
-    gamma = int(run.manifest["gamma"])
-    df = confidence_rows(run, "survival")
-    if df.height == 0:
+    per_workload = calibration_histograms(run, RECORDED, bins=bins)
+    if not per_workload:
         raise CliError(f"{run_dir}: no confidence recorded (SGLang dumps need a confidence head)")
-    overall = CalibrationAccumulator(gamma, num_bins=bins)
-    workloads = {}
-    for (name,), part in df.sort("workload").group_by("workload", maintain_order=True):
-        survival, labels, labelled = matrix_and_labels(part, "survival", gamma)
-        acc = CalibrationAccumulator(gamma, num_bins=bins).update(survival, labels, labelled)
-        overall.merge(acc)
-        workloads[name] = {"positions": acc.compute()}
     return {
         "run": str(run_dir),
         "bins": bins,
-        "workloads": workloads,
-        "overall": {"positions": overall.compute()},
+        "workloads": {name: {"positions": acc.compute()} for name, acc in per_workload.items()},
+        "overall": {"positions": pooled(per_workload).compute()},
     }
 
 
