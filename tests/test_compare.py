@@ -1,0 +1,251 @@
+"""`dspark-obs compare`: the cluster bootstrap, Holm, and the A/B of real runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from dspark_obs.analysis import bootstrap as boot
+from dspark_obs.analysis.bootstrap import bootstrap_delta, holm, p_value, replicate_deltas
+from dspark_obs.analysis.compare import ROW_KEYS
+from dspark_obs.analysis.verdict import verdict
+
+from .conftest import cli
+
+RUN_ARGS = ["--steps-per-level", "40", "--sts", "none", "--max-new-tokens", "200", "--quiet"]
+
+# clusters (e.g. requests): numerator and denominator sums per arm; the last two
+# keys exist in one arm only, so the other arm has zeros there
+NUM_A = np.array([12, 30, 7, 0, 22, 15, 9, 40, 3, 18, 5, 0], dtype=float)
+DEN_A = np.array([4, 6, 2, 1, 5, 3, 3, 8, 1, 4, 2, 0], dtype=float)
+NUM_B = np.array([10, 25, 9, 2, 20, 11, 8, 30, 4, 15, 0, 6], dtype=float)
+DEN_B = np.array([4, 6, 2, 1, 5, 3, 3, 8, 1, 4, 0, 2], dtype=float)
+
+
+def _brute_force(reps: int, seed: int) -> np.ndarray:
+    """One replicate at a time: draw n keys, sum each arm's clusters, take B/B - A/A."""
+    rng = np.random.default_rng(seed)
+    n = NUM_A.size
+    out = []
+    for _ in range(reps):
+        idx = rng.integers(0, n, size=n)
+        ra = NUM_A[idx].sum() / DEN_A[idx].sum()
+        rb = NUM_B[idx].sum() / DEN_B[idx].sum()
+        out.append(rb - ra)
+    return np.array(out)
+
+
+def test_bootstrap_matches_a_per_replicate_loop(monkeypatch):
+    expected = _brute_force(2000, seed=7)
+    res = bootstrap_delta(NUM_A, DEN_A, NUM_B, DEN_B, reps=2000, rng=np.random.default_rng(7))
+    assert res.a == pytest.approx(NUM_A.sum() / DEN_A.sum())
+    assert res.b == pytest.approx(NUM_B.sum() / DEN_B.sum())
+    assert res.delta == pytest.approx(res.b - res.a)
+    assert res.rel_delta == pytest.approx(res.delta / res.a)
+    lo, hi = np.percentile(expected, [2.5, 97.5])
+    assert res.ci == pytest.approx((lo, hi), rel=1e-12, abs=1e-12)
+    assert res.p == pytest.approx(min(1.0, 2 * min(np.mean(expected <= 0), np.mean(expected >= 0))))
+    assert 0.0 <= res.p <= 1.0
+    # chunking replicates to bound memory changes nothing
+    monkeypatch.setattr(boot, "_CHUNK_ELEMENTS", 4 * NUM_A.size * 3)
+    chunked = replicate_deltas(NUM_A, DEN_A, NUM_B, DEN_B, reps=2000, rng=np.random.default_rng(7))
+    np.testing.assert_allclose(chunked, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_bootstrap_agrees_with_scipy_percentile_interval():
+    stats = pytest.importorskip("scipy.stats")
+
+    def delta(na, da, nb, db, axis=-1):
+        return nb.sum(axis=axis) / db.sum(axis=axis) - na.sum(axis=axis) / da.sum(axis=axis)
+
+    ref = stats.bootstrap(
+        (NUM_A, DEN_A, NUM_B, DEN_B),
+        delta,
+        paired=True,
+        vectorized=True,
+        n_resamples=20000,
+        method="percentile",
+        rng=np.random.default_rng(1),
+    ).confidence_interval
+    ours = bootstrap_delta(NUM_A, DEN_A, NUM_B, DEN_B, reps=20000, rng=np.random.default_rng(2))
+    width = ref.high - ref.low
+    assert ours.ci[0] == pytest.approx(ref.low, abs=0.05 * width)
+    assert ours.ci[1] == pytest.approx(ref.high, abs=0.05 * width)
+
+
+def test_identical_arms_give_zero_and_no_difference():
+    res = bootstrap_delta(NUM_A, DEN_A, NUM_A, DEN_A, reps=500, rng=np.random.default_rng(0))
+    assert res.delta == 0.0
+    assert res.ci == (0.0, 0.0)
+    assert res.p == 1.0
+    row = {
+        "delta": res.delta,
+        "ci": list(res.ci),
+        "rel_delta": res.rel_delta,
+        "unit": "drafts",
+        "significant": False,
+    }
+    assert verdict(row) == "no difference"
+
+
+def test_p_value_tails():
+    assert p_value(np.array([-1.0, 0.0, 1.0, 2.0])) == 1.0  # zero counts in both tails
+    assert p_value(np.array([1.0, 2.0, 3.0, -1.0])) == 0.5
+    assert p_value(np.array([1.0, 2.0, 3.0])) == 0.0
+
+
+def test_holm_by_hand():
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04;
+    # the running maximum lifts the last to 0.06
+    adjusted = holm(np.array([0.01, 0.04, 0.03, 0.005]))
+    np.testing.assert_allclose(adjusted, [0.03, 0.06, 0.06, 0.02])
+    np.testing.assert_allclose(holm(np.array([0.5, 0.6])), [1.0, 1.0])
+    assert holm(np.array([])).size == 0
+
+
+def test_verdict_wording():
+    row = {
+        "delta": -7.21,
+        "rel_delta": -0.253,
+        "ci": [-7.4, -7.0],
+        "unit": "ms",
+        "significant": True,
+    }
+    assert verdict(row) == "B lower by 7.21 ms (-25.3%), 95% CI [-7.4, -7.0]"
+    row.update(delta=0.004, ci=[-0.02, 0.03], significant=False)
+    assert verdict(row) == "no significant difference (95% CI [-0.020, +0.030])"
+    assert verdict({"delta": None, "ci": None, "reason": "B has no known ceiling"}) == (
+        "not compared: B has no known ceiling"
+    )
+
+
+# --- real runs ------------------------------------------------------------------------
+
+
+def _run(root: Path, name: str, *args: str) -> Path:
+    out = root / name
+    cli("run", "--out", str(out), "--json", *RUN_ARGS, *args)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("compare")
+    small = ["--concurrency", "8,32", "--mode", "compact"]
+    big = ["--concurrency", "256", "--steps-per-level", "60"]
+    return {
+        "same1": _run(root, "same1", *small, "--shadow", "cap-accept"),
+        "same2": _run(root, "same2", *small, "--shadow", "cap-accept"),
+        "gamma5": _run(root, "gamma5", *small, "--gamma", "5"),
+        "two_workloads": _run(root, "two", *small, "--workloads", "gsm8k,arena"),
+        "static": _run(root, "static", *big, "--mode", "static"),
+        "compact": _run(root, "compact", *big, "--mode", "compact"),
+    }
+
+
+def _compare(a: Path, b: Path, *args: str) -> dict:
+    return json.loads(cli("compare", str(a), str(b), "--json", *args).stdout)
+
+
+def _row(result: dict, metric: str, *, workload=None, bs=None) -> dict:
+    (row,) = [
+        r
+        for r in result["rows"]
+        if r["metric"] == metric and r["workload"] == workload and r["bs"] == bs
+    ]
+    return row
+
+
+def test_same_seed_same_config_no_difference_anywhere(runs):
+    result = _compare(runs["same1"], runs["same2"])
+    assert result["config_diff"] == []
+    assert result["findings"] == []
+    assert result["batch_sizes"] == [8, 32]
+    assert result["tested"] == len(result["rows"])  # the shadow gives every row a value
+    for r in result["rows"]:
+        assert r["delta"] == 0.0 and r["ci"] == [0.0, 0.0], r
+        assert r["p"] == 1.0 and r["p_adjusted"] == 1.0
+        assert not r["significant"]
+        assert r["verdict"] == "no difference"
+    text = cli("compare", str(runs["same1"]), str(runs["same2"])).stdout
+    assert "no significant difference" in text
+
+
+def test_static_vs_compact_at_256(runs):
+    a, b = runs["static"], runs["compact"]
+    result = _compare(a, b)
+    assert {"key": "mode", "a": "static", "b": "compact"} in result["config_diff"]
+    assert any("modes differ" in n for n in result["notes"])
+
+    steps = {k: pl.read_parquet(p / "steps" / "*.parquet") for k, p in (("a", a), ("b", b))}
+    reqs = {k: pl.read_parquet(p / "requests" / "*.parquet") for k, p in (("a", a), ("b", b))}
+    ms = {k: s.filter(pl.col("bs") == 256)["step_gpu_ms"].mean() for k, s in steps.items()}
+    step = _row(result, "step_ms", bs=256)
+    assert step["a"] == pytest.approx(ms["a"], rel=1e-12)
+    assert step["b"] == pytest.approx(ms["b"], rel=1e-12)
+    assert step["delta"] == pytest.approx(ms["b"] - ms["a"], rel=1e-9)
+    assert step["significant"] and step["p_adjusted"] < 0.05
+    assert step["ci"][0] <= step["delta"] <= step["ci"][1]
+    assert step["ci"][1] < 0  # compact is faster, and the interval excludes zero
+    assert step["verdict"].startswith("B lower by ")
+
+    window = _row(result, "mean_window", workload="overall")
+    expected = reqs["b"]["window"].mean() - reqs["a"]["window"].mean()
+    assert window["delta"] == pytest.approx(expected, rel=1e-9)
+    assert window["delta"] < 0 and window["significant"] and window["ci"][1] < 0
+
+    def throughput(k: str) -> float:
+        s = steps[k].filter(pl.col("bs") == 256)
+        tokens = reqs[k].join(s.select("rank", "forward_ct"), on=["rank", "forward_ct"])
+        return tokens["acc_len"].sum() / (s["step_gpu_ms"].sum() / 1e3)
+
+    tput = _row(result, "throughput_tokens_per_s", bs=256)
+    assert tput["delta"] == pytest.approx(throughput("b") - throughput("a"), rel=1e-9)
+    # compact has no ceiling of its own: not compared rather than a made-up number
+    ceiling = _row(result, "mean_ceiling", workload="overall")
+    assert ceiling["delta"] is None and ceiling["verdict"].startswith("not compared")
+    assert any(f.startswith("bs 256 step time: B lower") for f in result["findings"])
+
+
+def test_gamma_mismatch_refused_unless_allowed(runs):
+    proc = cli("compare", str(runs["same1"]), str(runs["gamma5"]), check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "gamma" in lines[0]
+    result = _compare(runs["same1"], runs["gamma5"], "--allow-mismatch")
+    assert any("gamma" in n for n in result["notes"])
+    assert {"key": "gamma", "a": 7, "b": 5} in result["config_diff"]
+
+
+def test_workload_mismatch_refused_unless_allowed(runs):
+    proc = cli("compare", str(runs["same1"]), str(runs["two_workloads"]), check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "workloads" in lines[0]
+    result = _compare(runs["same1"], runs["two_workloads"], "--allow-mismatch")
+    assert result["workloads"] == ["gsm8k", "arena"]
+    assert any("poetry" in n for n in result["notes"])
+    assert {r["workload"] for r in result["rows"]} == {"gsm8k", "arena", "overall", None}
+
+
+def test_json_rows_have_documented_keys_and_bs_filter(runs):
+    result = _compare(runs["same1"], runs["gamma5"], "--allow-mismatch", "--reps", "200")
+    for key in ("a", "b", "reps", "seed", "workloads", "batch_sizes", "config_diff", "rows"):
+        assert key in result
+    assert result["reps"] == 200
+    for r in result["rows"]:
+        assert tuple(r) == ROW_KEYS
+        if r["p"] is not None:
+            assert 0.0 <= r["p"] <= r["p_adjusted"] <= 1.0
+            assert len(r["ci"]) == 2 and r["ci"][0] <= r["ci"][1]
+    only8 = _compare(
+        runs["same1"], runs["gamma5"], "--allow-mismatch", "--reps", "200", "--bs", "8"
+    )
+    assert only8["batch_sizes"] == [8]
+    assert {r["bs"] for r in only8["rows"]} == {None, 8}
+    # a row's interval does not depend on which other rows were asked for
+    assert _row(only8, "step_ms", bs=8)["ci"] == _row(result, "step_ms", bs=8)["ci"]
