@@ -42,6 +42,54 @@ class Refit:
     coef: np.ndarray  # [bias, alpha at bs probes..., theta at M probes...] (min-norm split)
 
 
+def cell_m(m_bin: np.ndarray) -> np.ndarray:
+    """The M a cell stands for in the design: the middle of its 64-token bin, as SGLang."""
+    return (np.asarray(m_bin, dtype=np.float64) + 0.5) * M_BIN
+
+
+def cost_design(bs: np.ndarray, m: np.ndarray, bs_probes, m_probes) -> np.ndarray:
+    """Design rows `[1, hat(bs), hat(M)]` of the additive model, one per cell."""
+    bs_probes = np.asarray(bs_probes, dtype=np.float64)
+    m_probes = np.asarray(m_probes, dtype=np.float64)
+    return np.hstack([np.ones((len(bs), 1)), hat_basis(bs, bs_probes), hat_basis(m, m_probes)])
+
+
+def fit_cells(
+    bs: np.ndarray,
+    m: np.ndarray,
+    n: np.ndarray,
+    s: np.ndarray,
+    ss: np.ndarray,
+    bs_probes,
+    m_probes,
+) -> Refit:
+    """SGLang's least-squares fit of `T = bias + alpha(bs) + theta(M)` from cell sums.
+
+    One row per cell: batch size, the cell's M (`cell_m`), step count, sum and
+    sum of squares of the measured seconds. Weighting each cell mean by its
+    count is the per-step OLS exactly (every step of a cell shares its design
+    row), so R^2 and RMS are per step. The model is rank-deficient (constants
+    move freely between bias, alpha and theta; probes no cell touches are free),
+    and `lstsq` returns the minimum-norm coefficients; the predictions at the
+    cells do not depend on that choice. Both the online aggregate and the
+    post-hoc `dspark-obs cost fit` use this one function.
+    """
+    n = np.asarray(n, dtype=np.float64)
+    s = np.asarray(s, dtype=np.float64)
+    ss = np.asarray(ss, dtype=np.float64)
+    if len(n) < 2:
+        raise ValueError(f"cost refit needs at least 2 (bs, M-bin) cells, got {len(n)}")
+    design = cost_design(np.asarray(bs, np.float64), np.asarray(m, np.float64), bs_probes, m_probes)
+    w = np.sqrt(n)[:, None]
+    coef, *_ = np.linalg.lstsq(design * w, (s / n) * w[:, 0], rcond=None)
+    pred = design @ coef
+    sse = float((ss - 2 * pred * s + n * pred**2).sum())
+    total = n.sum()
+    sst = float(ss.sum() - s.sum() ** 2 / total)
+    r2 = 1.0 - sse / sst if sst > 0 else float("nan")
+    return Refit(r2, float(np.sqrt(max(sse, 0.0) / total)), int(total), len(n), coef)
+
+
 class CostModelAggregate:
     def __init__(
         self,
@@ -113,20 +161,15 @@ class CostModelAggregate:
             return None
         keys = np.array(list(cells), dtype=np.float64)
         stats = np.array(list(cells.values()))
-        n, s, ss = stats[:, 0], stats[:, 1], stats[:, 2]
-        bs = keys[:, 0]
-        m = (keys[:, 1] + 0.5) * M_BIN
-        design = np.hstack(
-            [np.ones((len(n), 1)), hat_basis(bs, self.bs_probes), hat_basis(m, self.m_probes)]
+        return fit_cells(
+            keys[:, 0],
+            cell_m(keys[:, 1]),
+            stats[:, 0],
+            stats[:, 1],
+            stats[:, 2],
+            self.bs_probes,
+            self.m_probes,
         )
-        w = np.sqrt(n)[:, None]
-        coef, *_ = np.linalg.lstsq(design * w, (s / n) * w[:, 0], rcond=None)
-        pred = design @ coef
-        sse = float((ss - 2 * pred * s + n * pred**2).sum())
-        total = n.sum()
-        sst = float(ss.sum() - s.sum() ** 2 / total)
-        r2 = 1.0 - sse / sst if sst > 0 else float("nan")
-        return Refit(r2, float(np.sqrt(max(sse, 0.0) / total)), int(total), len(n), coef)
 
     def error_metrics(self, table: np.ndarray) -> dict[str, np.ndarray]:
         """Mean predicted and measured, MAE, bias, mean and median relative error per group."""

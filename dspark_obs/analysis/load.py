@@ -16,6 +16,7 @@ from __future__ import annotations
 import polars as pl
 
 from ..store import Run
+from .step_time import measured_step_ms
 
 #: More distinct batch sizes than this and the load curve uses power-of-two bands.
 MAX_EXACT_LEVELS = 16
@@ -33,7 +34,7 @@ def step_tokens(run: Run) -> pl.LazyFrame:
         .join(committed, on=["rank", "forward_ct"], how="left")
         .with_columns(
             pl.col("committed").fill_null(0),
-            (pl.col("step_gpu_ms") / 1e3).alias("seconds"),
+            (measured_step_ms() / 1e3).alias("seconds"),
         )
     )
 
@@ -66,7 +67,6 @@ def load_curve(run: Run) -> pl.DataFrame:
             pl.col("budget").is_not_null().sum().alias("budget_steps"),
             pl.col("bs").filter(pl.col("budget").is_not_null()).sum().alias("budget_bs"),
             pl.col("num_verify_tokens").sum().alias("verify_tokens"),
-            pl.col("step_gpu_ms").filter(timed).mean().alias("mean_step_ms"),
         )
     )
     rank_rate = pl.col("timed_committed") / pl.col("seconds")

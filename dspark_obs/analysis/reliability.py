@@ -26,95 +26,107 @@ RECORDED = "survival"
 RAW = "raw"
 
 
-def _survival_columns(stage: str, gamma: int) -> list[pl.Expr]:
-    """`s0..s{gamma-1}`: recorded survival, or the running product of sigmoid(raw logit)."""
-    if stage == RECORDED:
-        return [pl.col(RECORDED).arr.get(j).alias(f"s{j}") for j in range(gamma)]
-    logit = pl.col("confidence_logits")
-    out, running = [], None
-    for j in range(gamma):
-        p = 1.0 / (1.0 + (-logit.arr.get(j)).exp())
-        running = p if running is None else running * p
-        out.append(running.alias(f"s{j}"))
-    return out
+def _with_stage(frame: pl.LazyFrame, stage: str, gamma: int) -> pl.LazyFrame:
+    """Add `{stage}0..{stage}{gamma-1}`: recorded survival, or the running product of sigmoids.
+
+    The running product is built column by column so every sigmoid is computed
+    once (a nested expression would recompute the prefix at every position).
+    """
+    cols = [f"{stage}{j}" for j in range(gamma)]
+    frame = frame.with_columns(pl.col(_source(stage)).arr.to_struct(fields=cols).alias(stage))
+    frame = frame.unnest(stage)
+    if stage == RAW:
+        frame = frame.with_columns((1.0 / (1.0 + (-pl.col(c)).exp())).alias(c) for c in cols)
+        for j in range(1, gamma):
+            frame = frame.with_columns(pl.col(cols[j]) * pl.col(cols[j - 1]))
+    return frame
 
 
-def has_stage(run: Run, stage: str) -> bool:
-    """Whether any row of the run records what `stage` needs."""
-    column = RECORDED if stage == RECORDED else "confidence_logits"
-    return bool(run.requests().select(pl.col(column).is_not_null().any()).collect().item())
+def _source(stage: str) -> str:
+    return RECORDED if stage == RECORDED else "confidence_logits"
 
 
 def calibration_histograms(
-    run: Run, stage: str = RECORDED, bins: int = 15, auroc_bins: int = 1024
-) -> dict[str | None, CalibrationAccumulator]:
-    """One accumulator per workload for the `stage` prediction; empty dict if none recorded."""
+    run: Run, stages: tuple[str, ...] = (RECORDED, RAW), bins: int = 15, auroc_bins: int = 1024
+) -> dict[str, dict[str | None, CalibrationAccumulator]]:
+    """Per stage, one accumulator per workload; a stage no row records is left out."""
     gamma = int(run.manifest["gamma"])
-    column = RECORDED if stage == RECORDED else "confidence_logits"
-    # one scan turns the array column into gamma plain columns; the per-position
-    # queries then run on memory instead of decoding the Parquet gamma times
-    rows = (
-        run.requests()
-        .filter(pl.col(column).is_not_null())
-        .select(
-            "workload",
-            "correct_drafts",
-            "window",
-            pl.coalesce("ceiling", "shadow_ceiling").alias("known"),
-            *_survival_columns(stage, gamma),
-        )
-        .collect()
-        .lazy()
+    req = run.requests()
+    present = req.select(pl.col(_source(s)).is_not_null().any().alias(s) for s in stages)
+    stages = tuple(s for s, there in present.collect().row(0, named=True).items() if there)
+    if not stages:
+        return {}
+    names = sorted(
+        req.select(pl.col("workload").unique()).collect()["workload"].to_list(),
+        key=lambda w: (w is None, w or ""),
     )
+    known_names = [n for n in names if n is not None]
+    # one scan turns the array columns into plain columns; the per-position
+    # queries then run on memory instead of decoding the Parquet once each
+    rows = req.select(
+        pl.col("workload")
+        .replace_strict(known_names, list(range(len(known_names))), default=len(known_names))
+        .cast(pl.Int64)
+        .alias("group"),
+        "correct_drafts",
+        "window",
+        pl.coalesce("ceiling", "shadow_ceiling").alias("known"),
+        *(_source(s) for s in stages),
+    )
+    for stage in stages:
+        rows = _with_stage(rows, stage, gamma)
+    rows = rows.collect().lazy()
     reach = pl.coalesce("known", "correct_drafts")
     settled = pl.col("known").is_not_null() | (pl.col("correct_drafts") < pl.col("window"))
-    frames = []
-    for j in range(gamma):
-        p = pl.col(f"s{j}").clip(EPS_PROB, 1.0 - EPS_PROB)
-        labelled = settled | (pl.col("correct_drafts") > j)
-        frames.append(
-            rows.filter(labelled)
-            .select(
-                "workload",
-                pl.lit(j, pl.Int32).alias("position"),
-                p.alias("p"),
-                (reach > j).alias("y"),
+    cells_per_position = bins * auroc_bins
+    out: dict[str, dict[str | None, CalibrationAccumulator]] = {}
+    for stage in stages:
+        frames = []
+        for j in range(gamma):
+            p = pl.col(f"{stage}{j}").clip(EPS_PROB, 1.0 - EPS_PROB)
+            coarse = (p * bins).cast(pl.Int64).clip(upper_bound=bins - 1)
+            fine = (p * auroc_bins).cast(pl.Int64).clip(upper_bound=auroc_bins - 1)
+            # one integer key (group, position, ECE bin, AUROC bin) groups fastest
+            key = ((pl.col("group") * gamma + j) * bins + coarse) * auroc_bins + fine
+            frames.append(
+                rows.filter(
+                    pl.col(f"{stage}{j}").is_not_null() & (settled | (pl.col("correct_drafts") > j))
+                )
+                .select(key.alias("key"), p.alias("p"), (reach > j).alias("y"))
+                .group_by("key")
+                .agg(
+                    pl.len().alias("n"),
+                    pl.col("y").sum().alias("positives"),
+                    pl.col("p").sum().alias("pred_sum"),
+                    ((pl.col("p") - pl.col("y").cast(pl.Float64)) ** 2).sum().alias("sq_err"),
+                )
             )
-            .with_columns(
-                (pl.col("p") * bins).cast(pl.Int32).clip(upper_bound=bins - 1).alias("coarse"),
-                (pl.col("p") * auroc_bins)
-                .cast(pl.Int32)
-                .clip(upper_bound=auroc_bins - 1)
-                .alias("fine"),
-            )
-            .group_by("workload", "position", "coarse", "fine")
-            .agg(
-                pl.len().alias("n"),
-                pl.col("y").sum().alias("positives"),
-                pl.col("p").sum().alias("pred_sum"),
-                ((pl.col("p") - pl.col("y").cast(pl.Float64)) ** 2).sum().alias("sq_err"),
-            )
-        )
-    cells = pl.concat(frames).collect()
-    out: dict[str | None, CalibrationAccumulator] = {}
-    for (name,), part in cells.group_by("workload", maintain_order=True):
-        acc = CalibrationAccumulator(gamma, num_bins=bins, auroc_bins=auroc_bins)
-        pos = part["position"].to_numpy()
-        coarse = pos * bins + part["coarse"].to_numpy()
-        fine = pos * auroc_bins + part["fine"].to_numpy()
-        n = part["n"].to_numpy().astype(np.int64)
-        positives = part["positives"].to_numpy().astype(np.int64)
+        cells = pl.concat(frames).collect()
+        key = cells["key"].to_numpy()
+        group, rest = np.divmod(key, gamma * cells_per_position)
+        pos, rest = np.divmod(rest, cells_per_position)
+        coarse, fine = np.divmod(rest, auroc_bins)
+        n = cells["n"].to_numpy().astype(np.int64)
+        positives = cells["positives"].to_numpy().astype(np.int64)
+        pred_sum, sq_err = cells["pred_sum"].to_numpy(), cells["sq_err"].to_numpy()
         nc, nf = gamma * bins, gamma * auroc_bins
-        acc.add_histograms(
-            count=np.bincount(coarse, weights=n, minlength=nc),
-            pred_sum=np.bincount(coarse, weights=part["pred_sum"].to_numpy(), minlength=nc),
-            target_sum=np.bincount(coarse, weights=positives, minlength=nc),
-            fine_pos=np.bincount(fine, weights=positives, minlength=nf),
-            fine_neg=np.bincount(fine, weights=n - positives, minlength=nf),
-            sq_err_sum=np.bincount(pos, weights=part["sq_err"].to_numpy(), minlength=gamma),
-        )
-        out[name] = acc
-    return dict(sorted(out.items(), key=lambda kv: (kv[0] is None, kv[0] or "")))
+        per_workload = {}
+        for g in np.unique(group).tolist():
+            m = group == g
+            cidx = pos[m] * bins + coarse[m]
+            fidx = pos[m] * auroc_bins + fine[m]
+            acc = CalibrationAccumulator(gamma, num_bins=bins, auroc_bins=auroc_bins)
+            acc.add_histograms(
+                count=np.bincount(cidx, weights=n[m], minlength=nc),
+                pred_sum=np.bincount(cidx, weights=pred_sum[m], minlength=nc),
+                target_sum=np.bincount(cidx, weights=positives[m], minlength=nc),
+                fine_pos=np.bincount(fidx, weights=positives[m], minlength=nf),
+                fine_neg=np.bincount(fidx, weights=n[m] - positives[m], minlength=nf),
+                sq_err_sum=np.bincount(pos[m], weights=sq_err[m], minlength=gamma),
+            )
+            per_workload[names[g] if g < len(known_names) else None] = acc
+        out[stage] = dict(sorted(per_workload.items(), key=lambda kv: (kv[0] is None, kv[0] or "")))
+    return out
 
 
 def pooled(accumulators: dict[str | None, CalibrationAccumulator]) -> CalibrationAccumulator:

@@ -19,7 +19,7 @@ from .jsonout import clean_json
 def calibration_report(run_dir: Path, bins: int = 15) -> dict:
     """The `--json` object: per workload and overall, one entry per block position."""
     run = open_run(run_dir)
-    per_workload = calibration_histograms(run, RECORDED, bins=bins)
+    per_workload = calibration_histograms(run, (RECORDED,), bins=bins).get(RECORDED)
     if not per_workload:
         raise CliError(f"{run_dir}: no confidence recorded (SGLang dumps need a confidence head)")
     return {

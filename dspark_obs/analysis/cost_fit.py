@@ -1,0 +1,412 @@
+"""Fit SGLang's additive step-cost table from the step times a stored run measured.
+
+`T(bs, K) = bias + alpha(bs) + theta(M)`, `M = bs + K` = the step's
+`num_verify_tokens`. The fit is SGLang's own (and the online refit's, through
+the one shared `fit_cells`): steps are summed into (bs, M // 64) cells with a
+polars group_by, and the cell means are solved by count-weighted least squares
+with alpha and theta piecewise linear between probes. Only the cell sums ever
+leave polars, so a run of millions of steps costs one scan.
+
+The least-squares coefficients are not a table yet: the additive model is
+identified only up to constants moved between bias, alpha and theta, and a
+probe few or no cells reach is pinned loosely or not at all (the solver's
+minimum-norm answer drops such probes towards 0, which would tell the
+scheduler that huge verify batches are free). `canonical_table` fixes one
+documented choice, so the written table is valid (bias > 0, alpha and
+theta >= 0) and the same data always give the same JSON:
+
+1. among all least-squares solutions (every one predicts every cell exactly
+   alike, so R^2 and RMS do not change) take the flattest: the one with the
+   smallest sum of squared differences between neighbouring probe values of
+   alpha and of theta. Probes past the data continue the last fitted value
+   flat (what the table's clamping does beyond its probes anyway); probes
+   between data follow the neighbours;
+2. move min(alpha) and min(theta) into bias, so both curves start at 0 and
+   bias is the cheapest step the table can predict;
+3. should that bias still be <= 0 (a noisy fit whose minimum lies at a
+   (bs, M) pair no run reaches, since M >= bs), raise it to `BIAS_FLOOR`
+   seconds and report by how much; the error figures are always those of the
+   table as written.
+
+Only step 3 ever changes a prediction at a cell (its bs, M at its bin's
+middle). Step 1 does choose the curves elsewhere, so per-step errors at each
+step's own M may differ slightly from another least-squares solution's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from ..aggregates.cost_model import (
+    DEFAULT_BS_PROBES,
+    DEFAULT_M_PROBES,
+    M_BIN,
+    Refit,
+    cell_m,
+    cost_design,
+    fit_cells,
+)
+from ..runtime.cost_table import AdditiveCostTable
+from ..store import Run, RunStoreError
+
+#: Smallest bias a written table gets, seconds (the table format requires bias > 0).
+BIAS_FLOOR = 1e-6
+
+#: Curve values below this many seconds (rounding dust of the solve) are written as 0.
+SNAP_SECONDS = 1e-15
+
+#: Which measured time a step contributes: `auto` is the online refit's choice.
+TIME_COLUMNS = ("auto", "step_gpu_ms", "step_cpu_ms")
+
+NO_TIMES = (
+    "this run has no measured step times (step_gpu_ms or step_cpu_ms); SGLang records "
+    "them with the step_gpu_time or step_cpu_time components: "
+    "SGLANG_DSPARK_DEBUG_DUMP=core,step_gpu_time (or SGLANG_DSPARK_ENABLE_SPS_RECORD=1, "
+    "which is core,step_cpu_time)"
+)
+
+
+class CostFitError(ValueError):
+    """The run cannot give a cost table (no steps, no times, too few cells, bad probes)."""
+
+
+@dataclass(frozen=True)
+class TableErrors:
+    """How well one table predicts the measured step times, per step at its own (bs, M)."""
+
+    steps: int
+    r2: float
+    rms_seconds: float
+    rel_error_median: float
+    rel_error_mean: float
+    bias_seconds: float  # mean of measured - predicted
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class CostFit:
+    """A fitted table, how well it and the run's own table predict the run, and the data.
+
+    `per_step` is lazy (bs, m, measured_ms, fitted_ms, predicted_ms, residual_ms),
+    so plots and notebooks can sample it without holding the run in memory;
+    `cells` holds the (bs, M-bin) sums the fit was solved from.
+    """
+
+    table: AdditiveCostTable
+    steps: int
+    cells: int
+    fitted: TableErrors
+    own: TableErrors | None  # the scheduler's table, from predicted_step_ms; None if absent
+    ols: Refit  # SGLang's figures (M at cell middles) and the raw minimum-norm coefficients
+    bs_probes_source: str  # "option", "manifest" or "default"
+    m_probes_source: str
+    time_column: str
+    bias_raised_seconds: float
+    cell_frame: pl.DataFrame = field(repr=False)
+    per_step: pl.LazyFrame = field(repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fit figures for `--json` (the table itself is `table.to_json()`)."""
+        return {
+            "steps": self.steps,
+            "cells": self.cells,
+            "time_column": self.time_column,
+            "probes_source": {"bs": self.bs_probes_source, "m": self.m_probes_source},
+            "fitted": self.fitted.to_dict(),
+            "own": None if self.own is None else self.own.to_dict(),
+            "ols": {"r2": self.ols.r2, "rms_seconds": self.ols.rms_seconds},
+            "bias_raised_seconds": self.bias_raised_seconds,
+        }
+
+
+def check_probes(name: str, probes) -> tuple[int, ...]:
+    """Probes as ints, refused unless positive and strictly increasing."""
+    out = tuple(int(p) for p in probes)
+    if not out:
+        raise CostFitError(f"{name} probes are empty")
+    if out[0] < 1 or any(b <= a for a, b in pairwise(out)):
+        shown = ",".join(str(p) for p in out)
+        raise CostFitError(f"{name} probes must be positive and strictly increasing, got {shown}")
+    return out
+
+
+def cover(defaults, lo: float, hi: float) -> tuple[int, ...]:
+    """The default probes from the last one <= lo to the first one >= hi (all if outside)."""
+    p = np.asarray(defaults)
+    start = max(int(np.searchsorted(p, lo, side="right")) - 1, 0)
+    stop = min(int(np.searchsorted(p, hi, side="left")), len(p) - 1)
+    return tuple(int(x) for x in p[start : stop + 1])
+
+
+def interp_expr(x: pl.Expr, xp, fp) -> pl.Expr:
+    """`np.interp(x, xp, fp)` as a polars expression: linear between probes, clamped."""
+    xp = [float(v) for v in xp]
+    fp = [float(v) for v in fp]
+    if len(xp) == 1:
+        return pl.lit(fp[0], dtype=pl.Float64)
+    expr = pl.when(x <= xp[0]).then(pl.lit(fp[0], dtype=pl.Float64))
+    for k in range(len(xp) - 1):
+        slope = (fp[k + 1] - fp[k]) / (xp[k + 1] - xp[k])
+        expr = expr.when(x <= xp[k + 1]).then(fp[k] + (x - xp[k]) * slope)
+    return expr.otherwise(pl.lit(fp[-1], dtype=pl.Float64))
+
+
+def table_seconds_expr(table: AdditiveCostTable, bs: pl.Expr, m: pl.Expr) -> pl.Expr:
+    """`table.step_seconds(bs, m - bs)` per row, without leaving polars."""
+    return (
+        pl.lit(table.bias_seconds, dtype=pl.Float64)
+        + interp_expr(bs.cast(pl.Float64), table.bs_probes, table.alpha_seconds)
+        + interp_expr(m.cast(pl.Float64), table.m_probes, table.theta_seconds)
+    )
+
+
+def timed_steps(steps: pl.LazyFrame, time_column: str = "auto") -> pl.LazyFrame:
+    """Steps a fit can use: bs > 0, tokens > 0, a positive finite measured time.
+
+    Columns: bs, m (verify tokens), measured_s and predicted_s (the run's own
+    table, null where the step has none). `auto` takes step_gpu_ms, else
+    step_cpu_ms, per step, as the online refit does.
+    """
+    if time_column not in TIME_COLUMNS:
+        raise CostFitError(f"time column must be one of {', '.join(TIME_COLUMNS)}")
+    schema = steps.collect_schema()
+    for need in ("bs", "num_verify_tokens"):
+        if need not in schema:
+            raise CostFitError(f"the steps table has no {need!r} column")
+    wanted = ("step_gpu_ms", "step_cpu_ms") if time_column == "auto" else (time_column,)
+    present = [pl.col(c).cast(pl.Float64) for c in wanted if c in schema]
+    if not present:
+        raise CostFitError(NO_TIMES)
+    measured = pl.coalesce(present) if len(present) > 1 else present[0]
+    if "predicted_step_ms" in schema:
+        p = pl.col("predicted_step_ms").cast(pl.Float64) / 1e3
+        predicted = pl.when(p.is_finite()).then(p)
+    else:
+        predicted = pl.lit(None, dtype=pl.Float64)
+    y = pl.col("measured_s")
+    return steps.select(
+        pl.col("bs").cast(pl.Int64),
+        pl.col("num_verify_tokens").cast(pl.Int64).alias("m"),
+        (measured / 1e3).alias("measured_s"),
+        predicted.alias("predicted_s"),
+    ).filter((pl.col("bs") > 0) & (pl.col("m") > 0) & y.is_finite() & (y > 0))
+
+
+def cell_sums(timed: pl.LazyFrame) -> pl.DataFrame:
+    """One row per (bs, M-bin): count, sum and sum of squares of seconds, M extent."""
+    y = pl.col("measured_s")
+    return (
+        timed.group_by("bs", (pl.col("m") // M_BIN).alias("m_bin"))
+        .agg(
+            n=pl.len(),
+            s=y.sum(),
+            ss=(y * y).sum(),
+            m_lo=pl.col("m").min(),
+            m_hi=pl.col("m").max(),
+        )
+        .sort("bs", "m_bin")
+        .collect()
+    )
+
+
+def manifest_probes(manifest: dict, key: str) -> tuple[int, ...] | None:
+    """The run's own table's probes (run.json `cost_table`), when it recorded an SPS table."""
+    table = manifest.get("cost_table")
+    probes = table.get(key) if isinstance(table, dict) else None
+    if isinstance(probes, list) and probes and all(isinstance(p, (int, float)) for p in probes):
+        return tuple(int(p) for p in probes)
+    return None
+
+
+def flattest(coef: np.ndarray, weighted_design: np.ndarray, n_bs: int) -> np.ndarray:
+    """The least-squares solution whose alpha and theta vary least from probe to probe.
+
+    `coef` is any solution (the minimum-norm one); the others differ from it by
+    the null space of the (count-weighted) design, so predictions at the cells
+    are the same for all of them.
+    """
+    p = weighted_design.shape[1]
+    _, sv, vt = np.linalg.svd(weighted_design)
+    tol = sv.max(initial=0.0) * max(weighted_design.shape) * np.finfo(np.float64).eps
+    null = vt[int((sv > tol).sum()) :].T
+    if null.shape[1] == 0:
+        return coef
+    rows = [(k, k + 1) for k in range(1, n_bs)] + [(k, k + 1) for k in range(n_bs + 1, p - 1)]
+    diff = np.zeros((len(rows), p))
+    for i, (a, b) in enumerate(rows):
+        diff[i, a], diff[i, b] = -1.0, 1.0
+    # Directions `diff` cannot see (constants moved between bias, alpha and
+    # theta) have singular values at rounding level here; they are left to
+    # `canonical_table`, not inverted. `diff` has unit entries and `null` is
+    # orthonormal, so an absolute cut is scale-free.
+    u, s, wt = np.linalg.svd(diff @ null, full_matrices=False)
+    keep = s > 1e-9
+    z = wt[keep].T @ ((u[:, keep].T @ -(diff @ coef)) / s[keep])
+    return coef + null @ z
+
+
+def _snap(values: np.ndarray) -> list[float]:
+    """Floats for JSON, with rounding dust below `SNAP_SECONDS` written as 0."""
+    return [0.0 if v < SNAP_SECONDS else float(v) for v in values]
+
+
+def canonical_table(
+    coef: np.ndarray,
+    bs_probes,
+    m_probes,
+    weighted_design: np.ndarray,
+) -> tuple[AdditiveCostTable, float]:
+    """The module docstring's choice of table among the least-squares solutions.
+
+    `coef` is `[bias, alpha at bs probes..., theta at M probes...]`, any
+    least-squares solution over `weighted_design` (rows of `cost_design`
+    times sqrt(count)). Returns the table and how far bias had to be raised to
+    `BIAS_FLOOR` (0.0 normally).
+    """
+    nb = len(bs_probes)
+    coef = flattest(np.asarray(coef, dtype=np.float64), weighted_design, nb)
+    alpha, theta = coef[1 : 1 + nb], coef[1 + nb :]
+    a0, t0 = float(alpha.min()), float(theta.min())
+    bias = float(coef[0]) + a0 + t0
+    raised = 0.0
+    if not bias > BIAS_FLOOR:
+        raised, bias = BIAS_FLOOR - bias, BIAS_FLOOR
+    table = AdditiveCostTable(
+        bias_seconds=bias,
+        bs_probes=[int(p) for p in bs_probes],
+        alpha_seconds=_snap(alpha - a0),
+        m_probes=[int(p) for p in m_probes],
+        theta_seconds=_snap(theta - t0),
+    )
+    return table, raised
+
+
+def table_errors(frame: pl.LazyFrame, column: str) -> pl.LazyFrame:
+    """Error figures of the predictions in `column` against measured_s (rows with both)."""
+    y, f = pl.col("measured_s"), pl.col(column)
+    return (
+        frame.filter(f.is_not_null())
+        .select(
+            steps=pl.len(),
+            sse=((y - f) ** 2).sum(),
+            sst=((y - y.mean()) ** 2).sum(),
+            rel_error_median=((y - f).abs() / y).median(),
+            rel_error_mean=((y - f).abs() / y).mean(),
+            bias_seconds=(y - f).mean(),
+        )
+        .with_columns(pl.col("steps").cast(pl.Int64))
+    )
+
+
+def _to_errors(row: dict[str, Any]) -> TableErrors | None:
+    n = int(row["steps"])
+    if n == 0:
+        return None
+    sst = row["sst"]
+    return TableErrors(
+        steps=n,
+        r2=1.0 - row["sse"] / sst if sst and sst > 0 else float("nan"),
+        rms_seconds=float(np.sqrt(row["sse"] / n)),
+        rel_error_median=float(row["rel_error_median"]),
+        rel_error_mean=float(row["rel_error_mean"]),
+        bias_seconds=float(row["bias_seconds"]),
+    )
+
+
+def fitted_frame(timed: pl.LazyFrame, table: AdditiveCostTable) -> pl.LazyFrame:
+    """Per step: bs, m, measured, fitted, run's own prediction and residual, in ms."""
+    fitted = table_seconds_expr(table, pl.col("bs"), pl.col("m"))
+    return timed.with_columns(fitted_s=fitted).select(
+        "bs",
+        "m",
+        (pl.col("measured_s") * 1e3).alias("measured_ms"),
+        (pl.col("fitted_s") * 1e3).alias("fitted_ms"),
+        (pl.col("predicted_s") * 1e3).alias("predicted_ms"),
+        ((pl.col("measured_s") - pl.col("fitted_s")) * 1e3).alias("residual_ms"),
+    )
+
+
+def fit_cost_table(
+    run: Run,
+    *,
+    bs_probes=None,
+    m_probes=None,
+    time_column: str = "auto",
+) -> CostFit:
+    """Fit the additive table to `run`'s measured step times; see the module docstring.
+
+    Probes: those given, else the run's own table's (run.json `cost_table`),
+    else the defaults trimmed to the observed range.
+    """
+    try:
+        steps = run.steps()
+    except RunStoreError as exc:
+        raise CostFitError(f"no steps table ({exc})") from exc
+    timed = timed_steps(steps, time_column)
+    cells = cell_sums(timed)
+    if cells.height == 0:
+        raise CostFitError(NO_TIMES)
+    if cells.height < 2:
+        raise CostFitError(
+            f"all {int(cells['n'].sum()):,} timed steps fall in one (bs, M//{M_BIN}) cell; "
+            "the fit needs at least 2 (steps at other batch sizes or verify sizes)"
+        )
+    bs = cells["bs"].to_numpy().astype(np.float64)
+    m = cell_m(cells["m_bin"].to_numpy())
+    probes = {}
+    for name, given, key, defaults, lo, hi in (
+        ("bs", bs_probes, "bs_probes", DEFAULT_BS_PROBES, bs.min(), bs.max()),
+        (
+            "m",
+            m_probes,
+            "m_probes",
+            DEFAULT_M_PROBES,
+            min(m.min(), cells["m_lo"].min()),
+            max(m.max(), cells["m_hi"].max()),
+        ),
+    ):
+        if given is not None:
+            probes[name] = (check_probes(name, given), "option")
+        elif (recorded := manifest_probes(run.manifest, key)) is not None:
+            probes[name] = (check_probes(name, recorded), "manifest")
+        else:
+            probes[name] = (cover(defaults, lo, hi), "default")
+    (bs_p, bs_src), (m_p, m_src) = probes["bs"], probes["m"]
+    n = cells["n"].to_numpy().astype(np.float64)
+    ols = fit_cells(bs, m, n, cells["s"].to_numpy(), cells["ss"].to_numpy(), bs_p, m_p)
+    weighted = cost_design(bs, m, bs_p, m_p) * np.sqrt(n)[:, None]
+    table, raised = canonical_table(ols.coef, bs_p, m_p, weighted)
+    per_step = fitted_frame(timed, table)
+    with_fit = timed.with_columns(fitted_s=table_seconds_expr(table, pl.col("bs"), pl.col("m")))
+    fitted_row, own_row = (
+        f.row(0, named=True)
+        for f in pl.collect_all(
+            [table_errors(with_fit, "fitted_s"), table_errors(with_fit, "predicted_s")]
+        )
+    )
+    cell_frame = cells.with_columns(
+        m=pl.Series(m),
+        mean_ms=pl.col("s") / pl.col("n") * 1e3,
+        fitted_ms=pl.Series(table.step_seconds(bs, m - bs) * 1e3),
+    )
+    return CostFit(
+        table=table,
+        steps=int(n.sum()),
+        cells=cells.height,
+        fitted=_to_errors(fitted_row),
+        own=_to_errors(own_row),
+        ols=ols,
+        bs_probes_source=bs_src,
+        m_probes_source=m_src,
+        time_column=time_column,
+        bias_raised_seconds=raised,
+        cell_frame=cell_frame,
+        per_step=per_step,
+    )

@@ -1,0 +1,1 @@
+"""Run reports: figures and the pages that embed them."""

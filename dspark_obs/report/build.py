@@ -1,0 +1,658 @@
+"""`dspark-obs report`: every view of one or more runs, analysed once, written three ways.
+
+Each run is an *arm*. The analyses (`dspark_obs.analysis`, the estimator's
+evaluation, the cost fit) run per arm on the lazy Parquet tables; the figures
+overlay arms where the axes are shared (load curves, per-workload bars) and
+repeat per arm where they are not (reliability, cost, drill-down). What a run
+cannot support (no shadow, no logits, no step times, no sweep) becomes a
+`missing` line naming what is absent and how to record it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from ..analysis.cost_fit import CostFit, CostFitError, fit_cost_table
+from ..analysis.load import load_curve
+from ..analysis.reliability import RAW, RECORDED, calibration_histograms, pooled
+from ..analysis.summary import summarize
+from ..analysis.trim_loss import request_steps_with_ceiling, request_traces, top_requests
+from ..analysis.verify_lengths import window_shares
+from ..calibration import CalibrationAccumulator
+from ..cli.jsonout import clean_json
+from ..estimator.evaluate import evaluate, walked_blocks
+from ..plotting import save_png
+from ..store import Run, open_run
+from .document import Figure, Section, Table, fmt, html_page, markdown
+from .figures import calibration as calibration_fig
+from .figures import cost as cost_fig
+from .figures import estimator as estimator_fig
+from .figures import load as load_fig
+from .figures import requests as requests_fig
+from .figures import workloads as workloads_fig
+
+#: Sections whose tables `report` also prints in the terminal.
+TERMINAL_SECTIONS = ("workloads", "load", "estimator", "cost", "requests")
+
+#: Requests whose step-by-step windows are drawn in the drill-down.
+TRACED_REQUESTS = 4
+
+NO_TIMES = (
+    "no step times (step_gpu_ms / step_cpu_ms): SGLang records them with the "
+    "step_gpu_time or step_cpu_time dump components (SGLANG_DSPARK_ENABLE_SPS_RECORD=1)"
+)
+NO_CEILING = (
+    "no observed ceiling: a compact run shows it only with a cap-accept shadow "
+    "(`dspark-obs shadow`, or `run --shadow cap-accept`); the estimator section estimates it"
+)
+NO_CONFIDENCE = (
+    "no confidence recorded: the drafter has no confidence head, or `reqs` was not dumped"
+)
+NO_RAW = (
+    "no raw confidence logits, so no before-STS view: SGLang saves them with "
+    "SGLANG_DSPARK_STS_COLLECT_PATH; the reference runtime records them always"
+)
+
+
+@dataclass
+class Arm:
+    """One run's analyses; fields are None where the run cannot support the view."""
+
+    label: str
+    run: Run
+    gamma: int
+    summary: dict
+    shares: pl.DataFrame
+    load: pl.DataFrame
+    estimate: dict | None
+    calibration: dict[str, dict[str | None, CalibrationAccumulator]]
+    cost: CostFit | None
+    cost_missing: str | None
+    top: pl.DataFrame | None
+    traces: pl.DataFrame | None
+    notes: list[str] = field(default_factory=list)
+
+
+def arm_labels(paths: list[Path]) -> list[str]:
+    """Short, unique labels: the directory name, with its parent where names collide."""
+    names = [p.resolve().name for p in paths]
+    labels = []
+    for p, name in zip(paths, names, strict=True):
+        label = name if names.count(name) == 1 else f"{p.resolve().parent.name}/{name}"
+        while label in labels:
+            label += "'"
+        labels.append(label)
+    return labels
+
+
+def analyse(label: str, run: Run, top: int) -> Arm:
+    """Every analysis of one run, each reading only the columns it needs."""
+    gamma = int(run.manifest["gamma"])
+    has_requests = "requests" in run.tables()
+    if not has_requests:
+        raise ValueError(
+            f"{run.path}: no request-steps (a block-accept-only ingest); "
+            "`dspark-obs estimate` reads those"
+        )
+    summary = summarize(run)
+    requests = run.requests()
+    estimate = evaluate(run)
+    calibration = calibration_histograms(run)
+    try:
+        cost, cost_missing = fit_cost_table(run), None
+    except CostFitError as exc:
+        cost, cost_missing = None, str(exc)
+    rows = request_steps_with_ceiling(run, walked_blocks(run))
+    best = top_requests(rows, top)
+    known = best.height and best["mean_ceiling"].is_not_null().any()
+    traces = None
+    if known:
+        traces = request_traces(rows, best["rid"].head(TRACED_REQUESTS).to_list())
+    return Arm(
+        label=label,
+        run=run,
+        gamma=gamma,
+        summary=summary,
+        shares=window_shares(requests, gamma),
+        load=load_curve(run),
+        estimate=estimate,
+        calibration=calibration,
+        cost=cost,
+        cost_missing=cost_missing,
+        top=best if known else None,
+        traces=traces,
+    )
+
+
+class _Writer:
+    """Numbers the figure files in the order they are made."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.count = 0
+
+    def save(self, fig, stem: str, caption: str) -> Figure:
+        self.count += 1
+        path = save_png(fig, self.out / f"{self.count:02d}-{stem}.png")
+        return Figure(path, caption)
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in label)
+
+
+# -- sections ------------------------------------------------------------------------------
+
+
+def _workload_rows(arm: Arm) -> list[dict]:
+    rows = []
+    est = (arm.estimate or {}).get("workloads", {})
+    for name, entry in arm.summary["workloads"].items():
+        e = est.get(name, {})
+        walk = e.get("all_steps") or {}
+        rows.append(
+            {
+                "workload": name,
+                **entry,
+                "estimated_ceiling": walk.get("point"),
+                "estimated_lo": walk.get("lo"),
+                "estimated_hi": walk.get("hi"),
+                "population_ceiling": (e.get("population") or {}).get("mean"),
+            }
+        )
+    return rows
+
+
+def workloads_section(arms: list[Arm], w: _Writer) -> Section:
+    s = Section(
+        "workloads",
+        "Per workload",
+        "Mean drafted tokens per request-step: the scheduled window, what the target accepted "
+        "in it, and the ceiling (what full verification would have accepted), observed where "
+        "the run shows it and estimated from the tail walks (point and [lo, hi] bracket over all "
+        "request-steps) and from the population model. Utilisation = accepted / ceiling over "
+        "rows with a known ceiling.",
+    )
+    for arm in arms:
+        rows = _workload_rows(arm)
+        s.tables.append(
+            Table(
+                f"{arm.label}: per workload",
+                [
+                    "workload",
+                    "request-steps",
+                    "window",
+                    "accepted",
+                    "committed",
+                    "ceiling (observed)",
+                    "ceiling (walk) [lo, hi]",
+                    "ceiling (population)",
+                    "utilisation",
+                    "trimmed tokens",
+                ],
+                [
+                    [
+                        r["workload"] or "(none)",
+                        fmt(r["request_steps"]),
+                        fmt(r["mean_window"]),
+                        fmt(r["mean_accepted"]),
+                        fmt(r["mean_committed"]),
+                        fmt(r["mean_ceiling"]),
+                        f"{fmt(r['estimated_ceiling'])} "
+                        f"[{fmt(r['estimated_lo'])}, {fmt(r['estimated_hi'])}]",
+                        fmt(r["population_ceiling"]),
+                        fmt(r["utilisation"]),
+                        fmt(r["trimmed_tokens"]),
+                    ]
+                    for r in rows
+                ],
+                f"observed ceiling source: {arm.summary['overall']['ceiling_source'] or 'none'}",
+            )
+        )
+        if arm.summary["overall"]["ceiling_source"] is None:
+            s.missing.append(f"{arm.label}: {NO_CEILING}")
+        gamma = arm.gamma
+        share_rows = []
+        for (name,), part in arm.shares.group_by("workload", maintain_order=True):
+            share_rows.append([name or "(none)", *(fmt(v, 4) for v in part["share"].to_list())])
+        s.tables.append(
+            Table(
+                f"{arm.label}: share of request-steps at each verify window",
+                ["workload", *(str(k) for k in range(gamma + 1))],
+                share_rows,
+            )
+        )
+    gamma = max(a.gamma for a in arms)
+    s.figures.append(
+        w.save(
+            workloads_fig.workload_figure([(a.label, _workload_rows(a)) for a in arms], gamma),
+            "workloads",
+            "Window, accepted and ceiling per workload",
+        )
+    )
+    s.figures.append(
+        w.save(
+            workloads_fig.window_share_figure([(a.label, a.shares) for a in arms], gamma),
+            "verify-windows",
+            "Distribution of verify windows per workload",
+        )
+    )
+    return s
+
+
+def load_section(arms: list[Arm], w: _Writer) -> Section:
+    s = Section(
+        "load",
+        "Load",
+        "Per load level (batch size): the scheduler's verify budget per request, verify tokens "
+        "per step, step time, total throughput (summed over data-parallel ranks) and per-user "
+        "decode speed (committed tokens over the step time each request sat through).",
+    )
+    for arm in arms:
+        s.tables.append(
+            Table(
+                f"{arm.label}: load levels",
+                [
+                    "bs",
+                    "steps",
+                    "budget/request",
+                    "verify tokens/step",
+                    "step ms",
+                    "throughput tok/s",
+                    "per-user tok/s",
+                ],
+                [
+                    [
+                        fmt(r["bs"]),
+                        fmt(r["steps"]),
+                        fmt(r["budget_per_request"]),
+                        fmt(r["verify_tokens_per_step"], 1),
+                        fmt(r["mean_step_ms"], 2),
+                        fmt(r["throughput_tokens_per_s"], 0),
+                        fmt(r["per_user_tokens_per_s"], 1),
+                    ]
+                    for r in arm.load.iter_rows(named=True)
+                ],
+            )
+        )
+        if arm.load["throughput_tokens_per_s"].is_null().all():
+            s.missing.append(f"{arm.label}: {NO_TIMES}")
+        if arm.load.height < 2:
+            s.missing.append(
+                f"{arm.label}: a single load level, so no sweep to draw "
+                "(run a concurrency sweep, e.g. `run --concurrency 1,8,32,64,128,256`)"
+            )
+    arms_load = [(a.label, a.load) for a in arms]
+    if any(f.filter(pl.col("throughput_tokens_per_s").is_not_null()).height for _, f in arms_load):
+        s.figures.append(
+            w.save(
+                load_fig.throughput_figure(arms_load),
+                "throughput",
+                "Throughput vs per-user speed",
+            )
+        )
+        s.figures.append(
+            w.save(load_fig.step_time_figure(arms_load), "step-time", "Step time vs batch size")
+        )
+    if any(f["budget_per_request"].is_not_null().any() for _, f in arms_load):
+        s.figures.append(
+            w.save(load_fig.budget_figure(arms_load), "budget", "Budget per request vs batch size")
+        )
+    return s
+
+
+def calibration_section(arms: list[Arm], w: _Writer) -> Section:
+    s = Section(
+        "calibration",
+        "Calibration",
+        "Per block position j: does predicted survival match the observed rate of 'the first "
+        "j+1 drafts were accepted'? ECE over 15 equal-width bins, Brier score, AUROC from a "
+        "1,024-bin histogram (SGLang's binning); rows a compact window leaves unsettled are "
+        "not labelled.",
+    )
+    for arm in arms:
+        if not arm.calibration:
+            s.missing.append(f"{arm.label}: {NO_CONFIDENCE}")
+            continue
+        if RAW not in arm.calibration:
+            s.missing.append(f"{arm.label}: {NO_RAW}")
+        stages = {stage: pooled(hist) for stage, hist in arm.calibration.items()}
+        metrics = {stage: acc.compute() for stage, acc in stages.items()}
+        columns = ["position", "rows"]
+        for stage in stages:
+            tag = "after" if stage == RECORDED else "before"
+            columns += [f"ECE {tag}", f"Brier {tag}", f"AUROC {tag}"]
+        columns += ["predicted (after)", "observed"]
+        rows = []
+        for j in range(arm.gamma):
+            row = [str(j), fmt(metrics[RECORDED][j]["count"]) if RECORDED in metrics else "—"]
+            for stage in stages:
+                m = metrics[stage][j]
+                row += [fmt(m["ece"], 4), fmt(m["brier"], 4), fmt(m["auroc"], 4)]
+            first = metrics[RECORDED][j] if RECORDED in metrics else metrics[RAW][j]
+            row += [fmt(first["pred_mean"], 4), fmt(first["target_mean"], 4)]
+            rows.append(row)
+        note = "after: the survival the scheduler used; before: raw confidence at temperature 1"
+        if arm.run.manifest.get("sts") is None:
+            note += " (this run had no STS, so both are the raw confidence)"
+        s.tables.append(Table(f"{arm.label}: calibration per position", columns, rows, note))
+        s.figures.append(
+            w.save(
+                calibration_fig.reliability_figure(arm.label, stages),
+                f"reliability-{_slug(arm.label)}",
+                f"{arm.label}: reliability per position",
+            )
+        )
+        s.figures.append(
+            w.save(
+                calibration_fig.ece_figure(arm.label, stages),
+                f"ece-{_slug(arm.label)}",
+                f"{arm.label}: ECE per position",
+            )
+        )
+    return s
+
+
+def cost_section(arms: list[Arm], w: _Writer) -> Section:
+    s = Section(
+        "cost",
+        "Step-cost model",
+        "The additive table T(bs, K) = bias + alpha(bs) + theta(bs + K) refitted from the "
+        "measured step times (SGLang's OLS over (bs, M/64) cells), against the table the run "
+        "used. `dspark-obs cost fit RUN --out table.json` writes the refitted table.",
+    )
+    for arm in arms:
+        fit = arm.cost
+        if fit is None:
+            s.missing.append(f"{arm.label}: {arm.cost_missing}")
+            continue
+        rows = []
+        for name, e in (("refitted table", fit.fitted), ("run's own table", fit.own)):
+            if e is None:
+                continue
+            rows.append(
+                [
+                    name,
+                    fmt(e.steps),
+                    fmt(e.r2, 4),
+                    fmt(e.rms_seconds * 1e3, 3),
+                    fmt(e.rel_error_median, 4),
+                    fmt(e.rel_error_mean, 4),
+                    fmt(e.bias_seconds * 1e3, 3),
+                ]
+            )
+        s.tables.append(
+            Table(
+                f"{arm.label}: predicted vs measured step time",
+                [
+                    "table",
+                    "steps",
+                    "R²",
+                    "RMS ms",
+                    "median rel. error",
+                    "mean rel. error",
+                    "bias ms",
+                ],
+                rows,
+                f"{fit.cells:,} (bs, M/64) cells; measured time: {fit.time_column}",
+            )
+        )
+        for stem, fig in cost_fig.cost_figures(fit).items():
+            s.figures.append(
+                w.save(fig, f"{stem.replace('_', '-')}-{_slug(arm.label)}", f"{arm.label}: {stem}")
+            )
+    return s
+
+
+def estimator_section(arms: list[Arm], w: _Writer) -> Section:
+    s = Section(
+        "estimator",
+        "Ceiling estimator",
+        "Trimmed blocks (window fully accepted, shorter than the block) hide their ceiling. The "
+        "tail walks recover it from later steps; the population model from (window, accepted, "
+        "confidence). Where a cap-accept shadow ran, its ceiling is the truth: error is the "
+        "walk point's relative error on the walked blocks, covered whether the truth lies in the "
+        "aggregate interval.",
+    )
+    for arm in arms:
+        report = arm.estimate
+        if not report or not report["workloads"]:
+            s.missing.append(f"{arm.label}: nothing to estimate")
+            continue
+        rows = []
+        no_truth = True
+        for name, e in report["workloads"].items():
+            c = e["counts"]
+            for method in ("greedy", "sampled"):
+                m = e[method]
+                if not m.get("blocks"):
+                    continue
+                no_truth = no_truth and m.get("truth") is None
+                rows.append(
+                    [
+                        name or "(none)",
+                        f"{method} walk",
+                        fmt(m["blocks"]),
+                        fmt(m["censored_rate"], 4),
+                        fmt(m.get("truth")),
+                        fmt(m["lo"]),
+                        fmt(m["point"]),
+                        fmt(m["hi"]),
+                        fmt(None if m.get("error") is None else 100 * m["error"], 2),
+                        fmt(m.get("covered")) if "covered" in m else "—",
+                    ]
+                )
+            pop = e.get("population") or {}
+            truth = e.get("truth")
+            rows.append(
+                [
+                    name or "(none)",
+                    "population",
+                    fmt(c["blocks"]),
+                    fmt(c["censored"] / c["walked"] if c.get("walked") else None, 4),
+                    fmt(truth),
+                    "",
+                    fmt(pop.get("mean")),
+                    "",
+                    fmt(100 * (pop["mean"] / truth - 1) if truth and pop else None, 2),
+                    "",
+                ]
+            )
+        s.tables.append(
+            Table(
+                f"{arm.label}: estimated vs true ceiling",
+                [
+                    "workload",
+                    "method",
+                    "blocks",
+                    "censored share",
+                    "truth",
+                    "lo",
+                    "point",
+                    "hi",
+                    "error %",
+                    "covered",
+                ],
+                rows,
+                "walk rows: trimmed blocks only; censored share: walks that ran out of evidence",
+            )
+        )
+        if no_truth:
+            s.missing.append(
+                f"{arm.label}: no shadow truth, so estimates are shown without errors "
+                "(run a cap-accept twin: `dspark-obs shadow` or `run --shadow cap-accept`)"
+            )
+        s.figures.append(
+            w.save(
+                estimator_fig.estimates_figure(arm.label, report),
+                f"estimates-{_slug(arm.label)}",
+                f"{arm.label}: estimated vs true ceiling",
+            )
+        )
+        s.figures.append(
+            w.save(
+                estimator_fig.survival_figure(arm.label, report),
+                f"survival-{_slug(arm.label)}",
+                f"{arm.label}: survival of the ceiling",
+            )
+        )
+    return s
+
+
+def requests_section(arms: list[Arm], w: _Writer, top: int) -> Section:
+    s = Section(
+        "requests",
+        "Requests that lost the most to trimming",
+        f"The {top} requests with the largest trim loss (ceiling - accepted, summed over their "
+        "steps). The ceiling per step is observed, the shadow's, exact when the window was not "
+        "fully accepted, or the tail walk's point estimate; unknown steps make the loss a lower "
+        "bound.",
+    )
+    for arm in arms:
+        if arm.top is None:
+            s.missing.append(f"{arm.label}: no ceiling known or estimated for any request-step")
+            continue
+        s.tables.append(
+            Table(
+                f"{arm.label}: top {arm.top.height} requests by trim loss",
+                [
+                    "rid",
+                    "workload",
+                    "steps",
+                    "committed",
+                    "window",
+                    "accepted",
+                    "ceiling",
+                    "trim loss",
+                    "loss share",
+                    "unknown steps",
+                ],
+                [
+                    [
+                        r["rid"],
+                        r["workload"] or "(none)",
+                        fmt(r["steps"]),
+                        fmt(r["committed"]),
+                        fmt(r["mean_window"], 2),
+                        fmt(r["mean_accepted"], 2),
+                        fmt(r["mean_ceiling"], 2),
+                        fmt(r["trim_loss"], 1),
+                        fmt(r["loss_share"], 3),
+                        fmt(r["unknown_steps"]),
+                    ]
+                    for r in arm.top.iter_rows(named=True)
+                ],
+            )
+        )
+        s.figures.append(
+            w.save(
+                requests_fig.top_requests_figure(arm.label, arm.top),
+                f"top-requests-{_slug(arm.label)}",
+                f"{arm.label}: largest trim losses",
+            )
+        )
+        if arm.traces is not None and arm.traces.height:
+            rids = arm.top["rid"].head(TRACED_REQUESTS).to_list()
+            s.figures.append(
+                w.save(
+                    requests_fig.traces_figure(arm.label, arm.traces, rids),
+                    f"traces-{_slug(arm.label)}",
+                    f"{arm.label}: windows of the top requests",
+                )
+            )
+    return s
+
+
+# -- the whole report ----------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    out: Path
+    arms: list[Arm]
+    sections: list[Section]
+    html: Path
+    markdown: Path
+    json: Path
+
+
+def _json(arms: list[Arm]) -> dict:
+    out = {}
+    for arm in arms:
+        out[arm.label] = {
+            "run": str(arm.run.path),
+            "summary": arm.summary,
+            "window_shares": arm.shares.to_dicts(),
+            "load": arm.load.to_dicts(),
+            "calibration": {
+                stage: {
+                    "overall": pooled(hist).compute(),
+                    "workloads": {str(k): acc.compute() for k, acc in hist.items()},
+                }
+                for stage, hist in arm.calibration.items()
+            },
+            "cost": None
+            if arm.cost is None
+            else {
+                "table": json.loads(arm.cost.table.to_json()),
+                "fitted": vars(arm.cost.fitted),
+                "own": None if arm.cost.own is None else vars(arm.cost.own),
+                "cells": arm.cost.cells,
+            },
+            "estimate": arm.estimate,
+            "top_requests": None if arm.top is None else arm.top.to_dicts(),
+        }
+    return clean_json(out)
+
+
+def build_report(
+    run_dirs: list[Path],
+    out: Path,
+    *,
+    top: int = 10,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
+    """Analyse every run and write report.html, summary.md, report.json and the PNGs to `out`."""
+    step = progress or (lambda _msg: None)
+    runs = [open_run(p) for p in run_dirs]
+    arms = []
+    for label, run in zip(arm_labels(list(run_dirs)), runs, strict=True):
+        step(f"analysing {label}")
+        arms.append(analyse(label, run, top))
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("[0-9][0-9]-*.png"):
+        old.unlink()
+    w = _Writer(out)
+    sections = []
+    for name, make in (
+        ("per-workload figures", lambda: workloads_section(arms, w)),
+        ("load figures", lambda: load_section(arms, w)),
+        ("calibration figures", lambda: calibration_section(arms, w)),
+        ("cost-model figures", lambda: cost_section(arms, w)),
+        ("estimator figures", lambda: estimator_section(arms, w)),
+        ("drill-down figures", lambda: requests_section(arms, w, top)),
+    ):
+        step(name)
+        sections.append(make())
+    title = "DSpark run report: " + ", ".join(a.label for a in arms)
+    meta = [
+        f"{a.label}: {a.run.path} — mode {a.run.manifest.get('mode')}"
+        f"{' + ' + a.run.manifest['shadow'] + ' shadow' if a.run.manifest.get('shadow') else ''}, "
+        f"gamma {a.gamma}, source {a.run.manifest.get('source', '?')}, "
+        f"timing {a.run.manifest.get('timing') or 'unknown'}, "
+        f"{a.summary['overall']['steps']:,} steps, "
+        f"{a.summary['overall']['request_steps']:,} request-steps"
+        for a in arms
+    ]
+    md = out / "summary.md"
+    md.write_text(markdown(title, meta, sections), encoding="utf-8")
+    page = out / "report.html"
+    page.write_text(html_page(title, meta, sections), encoding="utf-8")
+    js = out / "report.json"
+    js.write_text(json.dumps(_json(arms), indent=1), encoding="utf-8")
+    return Report(out, arms, sections, page, md, js)

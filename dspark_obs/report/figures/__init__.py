@@ -1,0 +1,1 @@
+"""One module per figure family; each function returns a matplotlib Figure."""

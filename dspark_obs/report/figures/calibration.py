@@ -1,0 +1,92 @@
+"""Reliability diagrams per block position: is predicted survival the observed survival?
+
+One panel per position j: the 15 ECE bins' mean predicted survival (x) against
+the observed rate of "the first j+1 drafts accepted" (y), for the survival the
+scheduler used and, where the run recorded raw logits, for the raw confidence
+before STS. Points on the diagonal are calibrated; marker area follows the
+bin's share of rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...calibration import CalibrationAccumulator
+from ...plotting import colour, new_figure
+
+STAGE_LABELS = {"survival": "as used (after STS)", "raw": "raw (before STS)"}
+
+
+def reliability_figure(label: str, stages: dict[str, CalibrationAccumulator]):
+    """Grid of per-position reliability diagrams; `stages` maps stage name to pooled histograms."""
+    gamma = next(iter(stages.values())).gamma
+    cols = min(4, gamma)
+    rows = math.ceil(gamma / cols)
+    fig = new_figure(3.2 * cols, 3.1 * rows + 0.5)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    metrics = {stage: acc.compute() for stage, acc in stages.items()}
+    curves = {stage: acc.reliability() for stage, acc in stages.items()}
+    for j, ax in enumerate(axes):
+        if j >= gamma:
+            ax.set_visible(False)
+            continue
+        ax.plot([0, 1], [0, 1], color="grey", lw=1, ls=":", label="perfect")
+        eces = []
+        for k, stage in enumerate(stages):
+            c = curves[stage][j]
+            total = max(1, int(c["count"].sum()))
+            keep = c["count"] > 0
+            ax.plot(
+                c["pred_mean"][keep],
+                c["target_mean"][keep],
+                color=colour(k),
+                ls="-" if stage == "survival" else "--",
+                lw=1.2,
+                label=STAGE_LABELS.get(stage, stage),
+            )
+            ax.scatter(
+                c["pred_mean"][keep],
+                c["target_mean"][keep],
+                s=8 + 200 * c["count"][keep] / total,
+                color=colour(k),
+                alpha=0.6,
+            )
+            eces.append(f"{metrics[stage][j]['ece']:.3f}")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_title(f"position {j}: ECE {' / '.join(eces)}", fontsize=9)
+        ax.set_xlabel("predicted survival", fontsize=8)
+        ax.set_ylabel("observed survival", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="upper left")
+    order = " / ".join(STAGE_LABELS.get(s, s) for s in stages)
+    fig.suptitle(f"{label}: reliability per block position (ECE {order})", fontsize=11)
+    return fig
+
+
+def ece_figure(label: str, stages: dict[str, CalibrationAccumulator]):
+    """ECE per position for each stage, side by side."""
+    fig = new_figure(7.0, 4.0)
+    ax = fig.add_subplot()
+    gamma = next(iter(stages.values())).gamma
+    width = 0.8 / len(stages)
+    x = np.arange(gamma)
+    for k, (stage, acc) in enumerate(stages.items()):
+        ece = [m["ece"] for m in acc.compute()]
+        ax.bar(
+            x + (k - (len(stages) - 1) / 2) * width,
+            ece,
+            width,
+            color=colour(k),
+            label=STAGE_LABELS.get(stage, stage),
+        )
+    ax.set_xticks(x)
+    ax.set_xlabel("block position")
+    ax.set_ylabel("ECE (15 bins)")
+    ax.set_title(f"{label}: calibration error per position")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return fig

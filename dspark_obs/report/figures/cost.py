@@ -1,0 +1,204 @@
+"""Figures of a step-cost fit: does the additive table describe what the run measured?
+
+Three views of one `CostFit` (from `dspark_obs.analysis.cost_fit.fit_cost_table`):
+
+- `surface_figure`: measured cell means against the fitted table, step time
+  over verify tokens M, one line per batch-size level; where the table is wrong
+  the dots leave their line;
+- `scatter_figure`: predicted against measured per step, for the fitted table
+  and for the table the run itself used, with y = x;
+- `residual_figure`: measured minus fitted per step over M, with the mean per
+  M, so structure the additive form misses (a knee, a capture tier) shows.
+
+Each `draw_*` draws into an axes (for composite figures); each `*_figure`
+returns a standalone figure from `plotting.new_figure`. Per-step views plot at
+most `SAMPLE_LIMIT` points, every n-th step in store order (deterministic), and
+say so in the title.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+
+from ...aggregates.cost_model import M_BIN
+from ...analysis.cost_fit import CostFit
+from ...plotting import colour, new_figure
+
+#: Most per-step points a figure draws.
+SAMPLE_LIMIT = 20_000
+
+#: Up to this many distinct batch sizes get a line each; beyond, cells group by bs probe.
+MAX_BS_LINES = 8
+
+
+def sample_steps(fit: CostFit, limit: int = SAMPLE_LIMIT) -> tuple[pl.DataFrame, int]:
+    """Every `stride`-th step of the fit's per-step frame, at most `limit` rows, and the stride."""
+    stride = max(1, math.ceil(fit.steps / max(limit, 1)))
+    frame = fit.per_step
+    if stride > 1:
+        frame = frame.with_row_index("_i").filter(pl.col("_i") % stride == 0).drop("_i")
+    return frame.collect(), stride
+
+
+def _sampled(title: str, fit: CostFit, stride: int) -> str:
+    if stride == 1:
+        return f"{title} ({fit.steps:,} steps)"
+    return f"{title} (1 step in {stride} of {fit.steps:,} shown)"
+
+
+def _levels(fit: CostFit) -> list[tuple[float, str, np.ndarray]]:
+    """(bs the line is drawn at, legend label, mask of the cells it stands for)."""
+    bs = fit.cell_frame["bs"].to_numpy()
+    distinct = np.unique(bs)
+    if len(distinct) <= MAX_BS_LINES:
+        return [(float(b), f"bs {b}", bs == b) for b in distinct]
+    probes = np.asarray(fit.table.bs_probes, dtype=np.float64)
+    nearest = np.abs(np.log(bs[:, None]) - np.log(probes[None, :])).argmin(axis=1)
+    out = []
+    for k in np.unique(nearest):
+        mask = nearest == k
+        lo, hi = bs[mask].min(), bs[mask].max()
+        label = f"bs {lo}" if lo == hi else f"bs ≈ {probes[k]:g} (cells bs {lo}–{hi})"
+        out.append((float(probes[k]) if lo != hi else float(lo), label, mask))
+    return out
+
+
+def draw_surface(ax, fit: CostFit) -> None:
+    cells = fit.cell_frame
+    m, mean_ms, n = cells["m"].to_numpy(), cells["mean_ms"].to_numpy(), cells["n"].to_numpy()
+    lo_all = cells["m_bin"].to_numpy() * M_BIN  # lines span whole bins, so one cell shows
+    hi_all = lo_all + M_BIN
+    size = 15 + 85 * np.sqrt(n / n.max())
+    table = fit.table
+    for i, (level, label, mask) in enumerate(_levels(fit)):
+        lo, hi = lo_all[mask].min(), hi_all[mask].max()
+        probes = [p for p in table.m_probes if lo < p < hi]
+        grid = np.unique(np.concatenate([np.linspace(lo, hi, 200), probes]))
+        ax.plot(grid, table.step_seconds(level, grid - level) * 1e3, color=colour(i), lw=1.8)
+        ax.scatter(
+            m[mask],
+            mean_ms[mask],
+            s=size[mask],
+            color=colour(i),
+            edgecolor="black",
+            linewidth=0.5,
+            label=label,
+            zorder=3,
+        )
+    ax.plot([], [], color="grey", lw=1.8, label="fitted table (lines)")
+    ax.scatter([], [], s=40, color="grey", edgecolor="black", label="cell mean (dot area ~ steps)")
+    ax.set_title(
+        f"Step time vs verify tokens: {fit.cells} (bs, M/64) cell means and the fitted table"
+    )
+    ax.set_xlabel("verify tokens per step, M (tokens; cells at the middle of their 64-token bin)")
+    ax.set_ylabel("step time (ms)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="best")
+
+
+def draw_scatter(ax, fit: CostFit, limit: int = SAMPLE_LIMIT) -> None:
+    df, stride = sample_steps(fit, limit)
+    measured = df["measured_ms"].to_numpy()
+    shown = [measured]
+    ax.scatter(
+        measured,
+        df["fitted_ms"].to_numpy(),
+        s=8,
+        alpha=0.4,
+        color=colour(0),
+        label=f"fitted table (R² {fit.fitted.r2:.3f})",
+    )
+    shown.append(df["fitted_ms"].to_numpy())
+    own = df.filter(pl.col("predicted_ms").is_not_null())
+    if fit.own is not None and own.height:
+        ax.scatter(
+            own["measured_ms"].to_numpy(),
+            own["predicted_ms"].to_numpy(),
+            s=8,
+            alpha=0.4,
+            color=colour(1),
+            marker="x",
+            label=f"run's own table (R² {fit.own.r2:.3f})",
+        )
+        shown.append(own["predicted_ms"].to_numpy())
+    values = np.concatenate(shown)
+    lo, hi = float(values.min()), float(values.max())
+    pad = 0.02 * (hi - lo or 1.0)
+    ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="black", ls="--", lw=1, label="y = x")
+    ax.set_title(_sampled("Predicted vs measured step time", fit, stride))
+    ax.set_xlabel("measured step time (ms)")
+    ax.set_ylabel("predicted step time (ms)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left")
+
+
+def draw_residuals(ax, fit: CostFit, limit: int = SAMPLE_LIMIT) -> None:
+    df, stride = sample_steps(fit, limit)
+    ax.scatter(
+        df["m"].to_numpy(),
+        df["residual_ms"].to_numpy(),
+        s=8,
+        alpha=0.3,
+        color=colour(0),
+        label="step" if stride == 1 else f"step (1 in {stride})",
+    )
+    per_m = (
+        fit.per_step.group_by("m")
+        .agg(pl.col("residual_ms").mean().alias("mean"))
+        .sort("m")
+        .collect()
+    )
+    ax.plot(
+        per_m["m"].to_numpy(),
+        per_m["mean"].to_numpy(),
+        color=colour(1),
+        marker="D",
+        ms=6,
+        ls="",
+        label="mean per M (all steps)",
+    )
+    ax.axhline(0.0, color="black", lw=1, ls="--")
+    ax.set_title(_sampled("Residuals of the fitted table, measured − fitted", fit, stride))
+    ax.set_xlabel("verify tokens per step, M (tokens)")
+    ax.set_ylabel("measured − fitted step time (ms)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="best")
+
+
+def surface_figure(fit: CostFit):
+    fig = new_figure()
+    draw_surface(fig.add_subplot(), fit)
+    return fig
+
+
+def scatter_figure(fit: CostFit, limit: int = SAMPLE_LIMIT):
+    fig = new_figure()
+    draw_scatter(fig.add_subplot(), fit, limit)
+    return fig
+
+
+def residual_figure(fit: CostFit, limit: int = SAMPLE_LIMIT):
+    fig = new_figure()
+    draw_residuals(fig.add_subplot(), fit, limit)
+    return fig
+
+
+def cost_figures(fit: CostFit, limit: int = SAMPLE_LIMIT) -> dict:
+    """The three figures by file stem: cost_surface, cost_scatter, cost_residuals."""
+    return {
+        "cost_surface": surface_figure(fit),
+        "cost_scatter": scatter_figure(fit, limit),
+        "cost_residuals": residual_figure(fit, limit),
+    }
+
+
+def combined_figure(fit: CostFit, limit: int = SAMPLE_LIMIT):
+    """The three views stacked in one figure (what `cost fit --plot FILE` writes)."""
+    fig = new_figure(9.0, 14.0)
+    draw_surface(fig.add_subplot(3, 1, 1), fit)
+    draw_scatter(fig.add_subplot(3, 1, 2), fit, limit)
+    draw_residuals(fig.add_subplot(3, 1, 3), fit, limit)
+    return fig
