@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import matplotlib.image
 import numpy as np
 import polars as pl
 import pytest
@@ -249,3 +250,20 @@ def test_json_rows_have_documented_keys_and_bs_filter(runs):
     assert {r["bs"] for r in only8["rows"]} == {None, 8}
     # a row's interval does not depend on which other rows were asked for
     assert _row(only8, "step_ms", bs=8)["ci"] == _row(result, "step_ms", bs=8)["ci"]
+
+
+def test_out_writes_the_overlaid_figures(runs, tmp_path):
+    out = tmp_path / "figures"
+    proc = cli("compare", str(runs["static"]), str(runs["compact"]), "--out", str(out))
+    pngs = sorted(out.glob("*.png"))
+    assert [p.name.split("-", 1)[1] for p in pngs] == [
+        "workloads.png",
+        "verify-windows.png",
+        "budget.png",
+        "throughput.png",
+        "step-time.png",
+    ]
+    for png in pngs:
+        pixels = matplotlib.image.imread(png)[..., :3]
+        assert pixels.std() > 0.02, png.name
+    assert f"wrote 5 overlaid figures to {out}" in proc.stdout.replace("\n", "")

@@ -27,6 +27,7 @@ import polars as pl
 from ..store import Run, open_run
 from .bootstrap import bootstrap_delta, holm
 from .compare_meta import CompareError, check_comparable, config_diff, describe
+from .step_time import measured_step_ms
 from .verdict import verdict
 
 ALPHA = 0.05
@@ -137,16 +138,16 @@ def _request_clusters(run: Run, workloads: Sequence[str]) -> tuple[pl.DataFrame,
 def _step_clusters(run: Run) -> pl.DataFrame:
     """One row per step: its time, verify tokens and committed tokens (0 when it had none)."""
     committed = run.requests().group_by(_STEP_KEY).agg(pl.col("acc_len").sum().alias("tokens"))
-    timed = pl.col("step_gpu_ms").is_not_null()
+    timed = pl.col("step_ms").is_not_null()
     return (
         run.steps()
-        .select(*_STEP_KEY, "bs", "step_gpu_ms", "num_verify_tokens")
+        .select(*_STEP_KEY, "bs", measured_step_ms(), "num_verify_tokens")
         .join(committed, on=_STEP_KEY, how="left")
         .select(
             *_STEP_KEY,
             "bs",
             timed.cast(pl.Float64).alias("timed"),
-            pl.col("step_gpu_ms").fill_null(0.0).alias("ms"),
+            pl.col("step_ms").fill_null(0.0).alias("ms"),
             pl.col("num_verify_tokens").is_not_null().cast(pl.Float64).alias("verify_n"),
             pl.col("num_verify_tokens").fill_null(0).cast(pl.Float64).alias("verify"),
             # throughput counts only tokens of steps whose time is known
@@ -155,7 +156,7 @@ def _step_clusters(run: Run) -> pl.DataFrame:
             .otherwise(0)
             .cast(pl.Float64)
             .alias("committed"),
-            (pl.col("step_gpu_ms").fill_null(0.0) / 1e3).alias("seconds"),
+            (pl.col("step_ms").fill_null(0.0) / 1e3).alias("seconds"),
         )
         .collect()
     )

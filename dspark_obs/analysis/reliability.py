@@ -63,14 +63,15 @@ def calibration_histograms(
     known_names = [n for n in names if n is not None]
     # one scan turns the array columns into plain columns; the per-position
     # queries then run on memory instead of decoding the Parquet once each
+    # (counts fit Int16: they are at most gamma)
     rows = req.select(
         pl.col("workload")
         .replace_strict(known_names, list(range(len(known_names))), default=len(known_names))
         .cast(pl.Int64)
         .alias("group"),
-        "correct_drafts",
-        "window",
-        pl.coalesce("ceiling", "shadow_ceiling").alias("known"),
+        pl.col("correct_drafts").cast(pl.Int16),
+        pl.col("window").cast(pl.Int16),
+        pl.coalesce("ceiling", "shadow_ceiling").cast(pl.Int16).alias("known"),
         *(_source(s) for s in stages),
     )
     for stage in stages:
@@ -101,7 +102,7 @@ def calibration_histograms(
                     ((pl.col("p") - pl.col("y").cast(pl.Float64)) ** 2).sum().alias("sq_err"),
                 )
             )
-        cells = pl.concat(frames).collect()
+        cells = pl.concat(frames).collect(engine="streaming")
         key = cells["key"].to_numpy()
         group, rest = np.divmod(key, gamma * cells_per_position)
         pos, rest = np.divmod(rest, cells_per_position)

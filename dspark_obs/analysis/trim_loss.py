@@ -46,6 +46,12 @@ def request_steps_with_ceiling(run: Run, blocks: pl.LazyFrame | None) -> pl.Lazy
     return req.with_columns(_ceiling(gamma, walked).alias("ceiling_best"))
 
 
+def trimmed_with_ceiling(rows: pl.LazyFrame, gamma: int) -> int:
+    """Trimmed request-steps whose ceiling is known or estimated: zero means no loss is visible."""
+    trimmed = (pl.col("correct_drafts") == pl.col("window")) & (pl.col("window") < gamma)
+    return int(rows.select((trimmed & pl.col("ceiling_best").is_not_null()).sum()).collect().item())
+
+
 def top_requests(rows: pl.LazyFrame, top: int) -> pl.DataFrame:
     """The `top` requests by total trim loss, with what they committed and could have."""
     loss = (pl.col("ceiling_best") - pl.col("correct_drafts")).clip(lower_bound=0)

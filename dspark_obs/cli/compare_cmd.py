@@ -16,7 +16,9 @@ from rich.table import Table
 
 from ..analysis.compare import compare_runs
 from ..analysis.verdict import ci_text, num
+from ..report.build import overlay_figures
 from .console import make_console
+from .errors import CliError
 from .jsonout import clean_json
 
 
@@ -120,6 +122,12 @@ def handle(args: argparse.Namespace) -> int:
         print(json.dumps(clean_json(result), indent=2))
     else:
         render(result, make_console())
+    if args.out is not None:
+        if args.out.exists() and not args.out.is_dir():
+            raise CliError(f"--out {args.out}: exists and is not a directory")
+        figures = overlay_figures([args.run_a, args.run_b], args.out)
+        if not args.json:
+            make_console().print(f"wrote {len(figures)} overlaid figures to {args.out}")
     return 0
 
 
@@ -141,6 +149,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--allow-mismatch",
         action="store_true",
         help="compare runs of different gamma or workload sets (common workloads only)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write the two runs' per-workload, window and load figures overlaid (PNG)",
     )
     p.add_argument(
         "--bs",

@@ -21,7 +21,12 @@ from ..analysis.cost_fit import CostFit, CostFitError, fit_cost_table
 from ..analysis.load import load_curve
 from ..analysis.reliability import RAW, RECORDED, calibration_histograms, pooled
 from ..analysis.summary import summarize
-from ..analysis.trim_loss import request_steps_with_ceiling, request_traces, top_requests
+from ..analysis.trim_loss import (
+    request_steps_with_ceiling,
+    request_traces,
+    top_requests,
+    trimmed_with_ceiling,
+)
 from ..analysis.verify_lengths import window_shares
 from ..calibration import CalibrationAccumulator
 from ..cli.jsonout import clean_json
@@ -108,10 +113,10 @@ def analyse(label: str, run: Run, top: int) -> Arm:
     except CostFitError as exc:
         cost, cost_missing = None, str(exc)
     rows = request_steps_with_ceiling(run, walked_blocks(run))
-    best = top_requests(rows, top)
-    known = best.height and best["mean_ceiling"].is_not_null().any()
+    known = trimmed_with_ceiling(rows, gamma) > 0
+    best = top_requests(rows, top) if known else None
     traces = None
-    if known:
+    if best is not None:
         traces = request_traces(rows, best["rid"].head(TRACED_REQUESTS).to_list())
     return Arm(
         label=label,
@@ -124,7 +129,7 @@ def analyse(label: str, run: Run, top: int) -> Arm:
         calibration=calibration,
         cost=cost,
         cost_missing=cost_missing,
-        top=best if known else None,
+        top=best,
         traces=traces,
     )
 
@@ -515,7 +520,12 @@ def requests_section(arms: list[Arm], w: _Writer, top: int) -> Section:
     )
     for arm in arms:
         if arm.top is None:
-            s.missing.append(f"{arm.label}: no ceiling known or estimated for any request-step")
+            s.missing.append(
+                f"{arm.label}: no trimmed request-step has a known or estimated ceiling, so no "
+                "trim loss is visible (a cap-accept shadow, or walks: greedy requests, or sampled "
+                "ones with target log-probabilities, e.g. `ingest --assume greedy` for greedy "
+                "traffic)"
+            )
             continue
         s.tables.append(
             Table(
@@ -527,7 +537,7 @@ def requests_section(arms: list[Arm], w: _Writer, top: int) -> Section:
                     "committed",
                     "window",
                     "accepted",
-                    "ceiling",
+                    "ceiling (known rows)",
                     "trim loss",
                     "loss share",
                     "unknown steps",
@@ -608,6 +618,40 @@ def _json(arms: list[Arm]) -> dict:
             "top_requests": None if arm.top is None else arm.top.to_dicts(),
         }
     return clean_json(out)
+
+
+def overlay_figures(run_dirs: list[Path], out: Path) -> list[Figure]:
+    """The views that share axes across runs, overlaid: what `compare --out` writes.
+
+    Only the cheap analyses (summary, window shares, load); no estimator pass,
+    so the per-workload bars show the observed ceiling only.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    arms = []
+    for label, path in zip(arm_labels(list(run_dirs)), run_dirs, strict=True):
+        run = open_run(path)
+        gamma = int(run.manifest["gamma"])
+        arms.append((label, summarize(run), window_shares(run.requests(), gamma), load_curve(run)))
+    gamma = max(int(open_run(p).manifest["gamma"]) for p in run_dirs)
+    w = _Writer(out)
+    workload_rows = [
+        (label, [{"workload": k, **v} for k, v in summary["workloads"].items()])
+        for label, summary, _, _ in arms
+    ]
+    loads = [(label, load) for label, _, _, load in arms]
+    figures = [
+        w.save(workloads_fig.workload_figure(workload_rows, gamma), "workloads", "Per workload"),
+        w.save(
+            workloads_fig.window_share_figure([(a[0], a[2]) for a in arms], gamma),
+            "verify-windows",
+            "Verify windows",
+        ),
+        w.save(load_fig.budget_figure(loads), "budget", "Budget per request vs batch size"),
+    ]
+    if any(f["throughput_tokens_per_s"].is_not_null().any() for _, f in loads):
+        figures.append(w.save(load_fig.throughput_figure(loads), "throughput", "Throughput"))
+        figures.append(w.save(load_fig.step_time_figure(loads), "step-time", "Step time"))
+    return figures
 
 
 def build_report(

@@ -56,7 +56,7 @@ def survival_figure(label: str, report: dict):
     names = list(report["workloads"])
     cols = min(3, max(1, len(names)))
     rows = math.ceil(len(names) / cols)
-    fig = new_figure(4.2 * cols, 3.4 * rows + 0.4)
+    fig = new_figure(max(6.0, 4.2 * cols), 3.4 * rows + 0.4)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     gamma = report["gamma"]
     j = np.arange(gamma)

@@ -27,6 +27,8 @@ def throughput_figure(arms: list[tuple[str, pl.DataFrame]]):
         )
         ax.plot(x, y, marker="o", color=colour(k), label=label)
         for bs, xi, yi in zip(timed["bs"].to_list(), x, y, strict=True):
+            if k:  # the arms share their load levels: label one curve's points
+                break
             ax.annotate(f"bs {bs}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xlabel("per-user decode speed (tokens/s per request)")
     ax.set_ylabel("total throughput (tokens/s)")
