@@ -10,12 +10,13 @@ import argparse
 import json
 import sys
 
-from . import aggregate_update, estimator_update, render_scrape
+from . import aggregate_update, estimator_update, render_scrape, report_large
 
 BENCHMARKS = {
     "aggregate_update": aggregate_update,
     "estimator_update": estimator_update,
     "render_scrape": render_scrape,
+    "report_large": report_large,
 }
 
 

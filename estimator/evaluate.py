@@ -114,12 +114,8 @@ def _population(req: pl.LazyFrame, names: list, gamma: int) -> list[dict]:
     """
     known = [n for n in names if n is not None]  # sorted with None last, so None is len(known)
     code = pl.col("workload").replace_strict(known, list(range(len(known))), default=len(known))
-    rows = req.select(
-        code.alias("group"),
-        "window",
-        "correct_drafts",
-        pl.col("confidence").fill_null(pl.lit([float("nan")] * gamma, pl.Array(pl.Float64, gamma))),
-    ).collect()
+    # a null confidence row becomes a NaN row in to_numpy, the pooled stratum
+    rows = req.select(code.alias("group"), "window", "correct_drafts", "confidence").collect()
     confidence = rows["confidence"].to_numpy().reshape(-1, gamma)
     return population_estimates(
         rows["group"].to_numpy(),

@@ -177,10 +177,11 @@ class HazardModel:
         codes = self._bin_codes(confidence, n)
         G, B = self.groups, self.bins
 
-        pos = np.arange(gam, dtype=np.int64)[None, :]
+        pos = np.arange(gam, dtype=np.int32)[None, :]
         at_risk = (pos <= a[:, None]) & (pos < w[:, None])
         event = a < w
-        gi = grp[:, None] * gam + pos  # (group, position) flat index, [n, gamma]
+        # (group, position) flat index, [n, gamma]; int32 halves the memory traffic
+        gi = (grp.astype(np.int32) * gam)[:, None] + pos
         self._n0 += np.bincount(gi[at_risk], minlength=G * gam).reshape(G, gam)
         self._d0 += np.bincount(grp[event] * gam + a[event], minlength=G * gam).reshape(G, gam)
 
@@ -190,13 +191,19 @@ class HazardModel:
             cell = gi * B + np.minimum(codes, B - 1)
             size = G * gam * B
             rows = np.flatnonzero(event)
-            ev_cell = cell[rows, a[rows]][stratified[rows, a[rows]]]
-            self._n += np.bincount(cell[at_risk & stratified], minlength=size).reshape(G, gam, B)
+            if stratified.all():  # the usual case: every position has a confidence
+                ev_cell = cell[rows, a[rows]]
+                risk_cells, strat_cells, strat_c = cell[at_risk], cell.ravel(), c.ravel()
+            else:
+                ev_cell = cell[rows, a[rows]][stratified[rows, a[rows]]]
+                risk_cells = cell[at_risk & stratified]
+                strat_cells, strat_c = cell[stratified], c[stratified]
+            self._n += np.bincount(risk_cells, minlength=size).reshape(G, gam, B)
             self._d += np.bincount(ev_cell, minlength=size).reshape(G, gam, B)
-            self._ccnt += np.bincount(cell[stratified], minlength=size).reshape(G, gam, B)
-            self._csum += np.bincount(
-                cell[stratified], weights=c[stratified], minlength=size
-            ).reshape(G, gam, B)
+            self._ccnt += np.bincount(strat_cells, minlength=size).reshape(G, gam, B)
+            self._csum += np.bincount(strat_cells, weights=strat_c, minlength=size).reshape(
+                G, gam, B
+            )
 
         order = np.argsort(grp, kind="stable")
         ids, starts = np.unique(grp[order], return_index=True)
@@ -269,13 +276,15 @@ class HazardModel:
         codes = self._ring[g, : self._fill[g]]
         if len(codes) == 0:
             return np.full(self.gamma, np.nan), np.zeros(self.gamma, dtype=bool)
-        pos = np.arange(self.gamma)[None, :]
+        width = hazard.shape[2]
+        offset = (np.arange(self.gamma) * width)[None, :]
+        keep, known = (1.0 - hazard[g]).ravel(), data[g].ravel()
         s_sum = np.zeros(self.gamma)
         data_sum = np.zeros(self.gamma)
         for lo in range(0, len(codes), UPDATE_CHUNK):
-            part = codes[lo : lo + UPDATE_CHUNK]
-            s_sum += np.cumprod(1.0 - hazard[g][pos, part], axis=1).sum(axis=0)
-            data_sum += data[g][pos, part].sum(axis=0)
+            idx = offset + codes[lo : lo + UPDATE_CHUNK]  # flat (position, bin) per block
+            s_sum += np.cumprod(keep.take(idx), axis=1).sum(axis=0)
+            data_sum += known.take(idx).sum(axis=0)
         s = s_sum / len(codes)
         share = np.cumsum(data_sum / len(codes)) / np.arange(1, self.gamma + 1)
         # S_j rests on every S_i before it: once unidentified, it stays so

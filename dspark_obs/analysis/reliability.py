@@ -52,10 +52,6 @@ def calibration_histograms(
     """Per stage, one accumulator per workload; a stage no row records is left out."""
     gamma = int(run.manifest["gamma"])
     req = run.requests()
-    present = req.select(pl.col(_source(s)).is_not_null().any().alias(s) for s in stages)
-    stages = tuple(s for s, there in present.collect().row(0, named=True).items() if there)
-    if not stages:
-        return {}
     names = sorted(
         req.select(pl.col("workload").unique()).collect()["workload"].to_list(),
         key=lambda w: (w is None, w or ""),
@@ -76,7 +72,11 @@ def calibration_histograms(
     )
     for stage in stages:
         rows = _with_stage(rows, stage, gamma)
-    rows = rows.collect().lazy()
+    collected = rows.collect()
+    # a stage no row records (no confidence head, no raw logits) is left out; checked on
+    # the collected columns, as a separate "any non-null" query would decode them twice
+    stages = tuple(s for s in stages if collected[f"{s}0"].null_count() < collected.height)
+    rows = collected.lazy()
     reach = pl.coalesce("known", "correct_drafts")
     settled = pl.col("known").is_not_null() | (pl.col("correct_drafts") < pl.col("window"))
     cells_per_position = bins * auroc_bins

@@ -1,0 +1,209 @@
+"""P3: `dspark-obs report` on a 10-million request-step run (target 15 s, 3 GiB peak RSS).
+
+The large run is the reference runtime's own output repeated: one modest run
+(compact mode, cap-accept shadow, a concurrency sweep 1..256, ~49k
+request-steps) is recorded through the real `run` command, then its Parquet
+parts are tiled K times into a new run directory until it holds at least 10M
+request-steps (quick: ~500k). Each copy is its own part (zstd, same schema),
+with `forward_ct` shifted by the base run's span, `rid` suffixed with `.k` and
+`resolved_at` (where >= 0) shifted in every table that has those columns; the
+counts in run.json are scaled. So the distributions (windows, ceilings, load,
+confidence, step times) are realistic, the steps stay unique and ordered, and
+request ids are unique across copies. The tiling is done with Polars
+expressions, never row by row in Python.
+
+`report` runs as a child process (`python -m dspark_obs report RUN --out OUT
+--quiet`), so each timing includes interpreter start-up and imports, as a user
+sees it. Its peak RSS is the `ru_maxrss` that `os.wait4` returns for that one
+child, so the generator's child (or an earlier repeat) cannot leak into it.
+There is no untimed warm-up: the run was just written, so its files are in the
+page cache already. Generated runs and reports live in a temporary directory
+removed when the benchmark ends.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import polars as pl
+
+from dspark_obs.store.reader import MANIFEST, list_parts, part_name
+
+from .common import record
+
+TARGET_S = 15.0
+TARGET_RSS_MB = 3 * 1024.0  # MiB
+FULL_REQUEST_STEPS = 10_000_000
+QUICK_REQUEST_STEPS = 500_000
+
+BASE_ARGS = (
+    "--mode",
+    "compact",
+    "--shadow",
+    "cap-accept",
+    "--concurrency",
+    "1,8,32,64,128,256",
+    "--steps-per-level",
+    "100",
+    "--quiet",
+)
+
+#: Manifest fields that count what the tables hold, scaled by the number of copies.
+COUNTS = (
+    "steps",
+    "request_steps",
+    "parts",
+    "dropped_steps",
+    "requests_arrived",
+    "requests_finished",
+)
+
+
+def _dspark(*args: str | Path) -> None:
+    """Run `python -m dspark_obs ARGS` quietly; its output only shows when it fails."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "dspark_obs", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"dspark_obs {args[0]} failed ({proc.returncode}):\n"
+            + proc.stdout.decode(errors="replace")
+        )
+
+
+def _shifted(df: pl.DataFrame, k: int, span: int) -> pl.DataFrame:
+    """Copy `k` of a base part: later steps, its own request ids, same schema."""
+    shift = k * span
+    exprs = []
+    if "forward_ct" in df.columns:
+        exprs.append(pl.col("forward_ct") + shift)
+    if "resolved_at" in df.columns:
+        exprs.append(
+            pl.when(pl.col("resolved_at") >= 0)
+            .then(pl.col("resolved_at") + shift)
+            .otherwise(pl.col("resolved_at"))
+            .alias("resolved_at")
+        )
+    if "rid" in df.columns:
+        exprs.append(pl.col("rid") + pl.lit(f".{k}"))
+    out = df.with_columns(exprs).cast(df.schema)
+    assert out.schema == df.schema
+    return out
+
+
+def tile_run(base: Path, out: Path, copies: int) -> dict:
+    """Write `copies` shifted copies of run `base` into `out`; returns the new manifest."""
+    manifest = json.loads((base / MANIFEST).read_text(encoding="utf-8"))
+    tables = {d.name: list_parts(d) for d in sorted(base.iterdir()) if d.is_dir()}
+    tables = {name: parts for name, parts in tables.items() if parts}
+    numbers = sorted({n for parts in tables.values() for n, _ in parts})
+    index = {n: i for i, n in enumerate(numbers)}
+    steps_ct = pl.scan_parquet([str(p) for _, p in tables["steps"]], glob=False).select(
+        lo=pl.col("forward_ct").min(), hi=pl.col("forward_ct").max()
+    )
+    lo, hi = steps_ct.collect().row(0)
+    span = int(hi) - int(lo) + 1
+
+    out.mkdir(parents=True)
+    for name in tables:
+        (out / name).mkdir()
+    for f in base.iterdir():  # sidecar files (sts.json, ...) come along unchanged
+        if f.is_file() and f.name != MANIFEST:
+            shutil.copy2(f, out / f.name)
+    frames = {name: [(n, pl.read_parquet(p)) for n, p in parts] for name, parts in tables.items()}
+    for k in range(copies):
+        for name, parts in frames.items():
+            for n, df in parts:
+                final = out / name / part_name(k * len(numbers) + index[n])
+                tmp = final.with_name(final.name + ".tmp")
+                _shifted(df, k, span).write_parquet(tmp, compression="zstd")
+                os.replace(tmp, final)
+    for key in COUNTS:
+        if isinstance(manifest.get(key), int):
+            manifest[key] *= copies
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
+def _maxrss_mb(ru_maxrss: int) -> float:
+    """`ru_maxrss` in MiB (Linux reports KiB, macOS bytes)."""
+    return ru_maxrss / (1024.0 * 1024.0) if sys.platform == "darwin" else ru_maxrss / 1024.0
+
+
+def time_report(run_dir: Path, out: Path) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one `report` child process."""
+    cmd = [sys.executable, "-m", "dspark_obs", "report", str(run_dir), "--out", str(out), "--quiet"]
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        # Reap exactly this child with wait4, which returns its own resource usage.
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        seconds = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(
+                f"report failed ({proc.returncode}):\n" + err.read().decode(errors="replace")
+            )
+    return seconds, _maxrss_mb(usage.ru_maxrss)
+
+
+def run(quick: bool) -> list[dict]:
+    wanted = QUICK_REQUEST_STEPS if quick else FULL_REQUEST_STEPS
+    repeats = 1 if quick else 3
+    with tempfile.TemporaryDirectory(prefix="bench-report-") as tmp:
+        root = Path(tmp)
+        base = root / "base"
+        _dspark("run", *BASE_ARGS, "--out", base)
+        base_rs = int(json.loads((base / MANIFEST).read_text(encoding="utf-8"))["request_steps"])
+        copies = math.ceil(wanted / base_rs)
+        start = time.perf_counter()
+        manifest = tile_run(base, root / "large", copies)
+        generate_s = time.perf_counter() - start
+        size = sum(f.stat().st_size for f in (root / "large").rglob("*") if f.is_file())
+        seconds, rss = [], []
+        for i in range(repeats):
+            s, r = time_report(root / "large", root / f"report-{i}")
+            seconds.append(s)
+            rss.append(r)
+            shutil.rmtree(root / f"report-{i}")
+    peak = max(rss)
+    return [
+        record(
+            "P3_report_large",
+            {
+                "request_steps": manifest["request_steps"],
+                "steps": manifest["steps"],
+                "copies": copies,
+                "base_request_steps": base_rs,
+            },
+            "s_per_report",
+            seconds,
+            1.0,
+            target=TARGET_S,
+            request_steps=manifest["request_steps"],
+            seconds=seconds,
+            peak_rss_mb=peak,
+            peak_rss_mb_repeats=rss,
+            rss_target_mb=TARGET_RSS_MB,
+            meets_rss_target=peak <= TARGET_RSS_MB,
+            run_bytes=size,
+            generate_seconds=generate_s,
+        )
+    ]
