@@ -173,20 +173,26 @@ def evaluate(run: Run) -> dict:
         .collect()
         .iter_rows(named=True)
     }
+    names = sorted(stats, key=lambda w: (w is None, w))
+    pops = _population(req, names, gamma)  # first: its rows are freed before the join
     keys = ["rank", "forward_ct", "rid"]
     blocks = walked_blocks(run)
     if blocks.collect_schema().names():
-        blocks = blocks.join(
-            req.filter(trimmed).select(*keys, "truth"), on=keys, how="left"
-        ).collect()
+        used = ("workload", "method", "status", "window", "lo", "point", "hi", "var")
+        blocks = (
+            blocks.select(*keys, *used)
+            .join(req.filter(trimmed).select(*keys, "truth"), on=keys, how="left")
+            .drop(keys)
+            .collect()
+        )
     else:
         blocks = pl.DataFrame()
-    names = sorted(stats, key=lambda w: (w is None, w))
-    pops = _population(req, names, gamma)
+    by_workload = blocks.partition_by("workload", as_dict=True) if blocks.height else {}
+    empty = blocks.clear() if blocks.width else blocks
     out = {"run": str(run.path), "gamma": gamma, "workloads": {}}
     for name, pop in zip(names, pops, strict=True):
         st = stats[name]
-        walked = blocks.filter(pl.col("workload") == name) if blocks.height else blocks
+        walked = by_workload.get((name,), empty)
         has_truth = st["truth_nulls"] == 0
         entry = {
             "truth": st["truth_mean"] if has_truth else None,

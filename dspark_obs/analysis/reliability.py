@@ -57,31 +57,31 @@ def calibration_histograms(
         key=lambda w: (w is None, w or ""),
     )
     known_names = [n for n in names if n is not None]
-    # one scan turns the array columns into plain columns; the per-position
-    # queries then run on memory instead of decoding the Parquet once each
-    # (counts fit Int16: they are at most gamma)
-    rows = req.select(
+    base = req.select(
         pl.col("workload")
         .replace_strict(known_names, list(range(len(known_names))), default=len(known_names))
         .cast(pl.Int64)
         .alias("group"),
-        pl.col("correct_drafts").cast(pl.Int16),
+        pl.col("correct_drafts").cast(pl.Int16),  # counts are at most gamma
         pl.col("window").cast(pl.Int16),
         pl.coalesce("ceiling", "shadow_ceiling").cast(pl.Int16).alias("known"),
         *(_source(s) for s in stages),
     )
-    for stage in stages:
-        rows = _with_stage(rows, stage, gamma)
-    collected = rows.collect()
-    # a stage no row records (no confidence head, no raw logits) is left out; checked on
-    # the collected columns, as a separate "any non-null" query would decode them twice
-    stages = tuple(s for s in stages if collected[f"{s}0"].null_count() < collected.height)
-    rows = collected.lazy()
     reach = pl.coalesce("known", "correct_drafts")
     settled = pl.col("known").is_not_null() | (pl.col("correct_drafts") < pl.col("window"))
     cells_per_position = bins * auroc_bins
     out: dict[str, dict[str | None, CalibrationAccumulator]] = {}
     for stage in stages:
+        # one scan per stage turns its array column into plain columns; the per-position
+        # queries then run on memory instead of decoding the Parquet once each, and a
+        # stage no row records (no confidence head, no raw logits) is seen right here
+        collected = _with_stage(
+            base.drop(*(_source(s) for s in stages if s != stage)), stage, gamma
+        )
+        collected = collected.collect()
+        if collected[f"{stage}0"].null_count() == collected.height:
+            continue
+        rows = collected.lazy()
         frames = []
         for j in range(gamma):
             p = pl.col(f"{stage}{j}").clip(EPS_PROB, 1.0 - EPS_PROB)
@@ -103,6 +103,7 @@ def calibration_histograms(
                 )
             )
         cells = pl.concat(frames).collect(engine="streaming")
+        del frames, rows, collected  # free this stage's columns before the next scan
         key = cells["key"].to_numpy()
         group, rest = np.divmod(key, gamma * cells_per_position)
         pos, rest = np.divmod(rest, cells_per_position)

@@ -38,7 +38,8 @@ def _known_ceiling() -> pl.Expr:
 def _entry_aggs() -> list[pl.Expr]:
     known = pl.col("known_ceiling").is_not_null()
     return [
-        pl.struct("rank", "forward_ct").n_unique().alias("steps"),
+        # one integer per (rank, forward_ct): counting distinct ints beats distinct structs
+        ((pl.col("rank") * (1 << 40)) + pl.col("forward_ct")).n_unique().alias("steps"),
         pl.len().alias("request_steps"),
         pl.col("window").mean().alias("mean_window"),
         pl.col("correct_drafts").mean().alias("mean_accepted"),

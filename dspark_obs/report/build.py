@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from multiprocessing import get_context
 from pathlib import Path
 
 import polars as pl
@@ -43,6 +46,9 @@ from .figures import workloads as workloads_fig
 
 #: Sections whose tables `report` also prints in the terminal.
 TERMINAL_SECTIONS = ("workloads", "load", "estimator", "cost", "requests")
+
+#: Request-steps from which figures render in a worker process (see `FigureQueue`).
+BACKGROUND_FIGURES_ROWS = 2_000_000
 
 #: Requests whose step-by-step windows are drawn in the drill-down.
 TRACED_REQUESTS = 4
@@ -83,6 +89,10 @@ class Arm:
     notes: list[str] = field(default_factory=list)
 
 
+def _has_requests(run: Run) -> bool:
+    return "requests" in run.tables()
+
+
 def arm_labels(paths: list[Path]) -> list[str]:
     """Short, unique labels: the directory name, with its parent where names collide."""
     names = [p.resolve().name for p in paths]
@@ -96,18 +106,18 @@ def arm_labels(paths: list[Path]) -> list[str]:
 
 
 def analyse(label: str, run: Run, top: int) -> Arm:
-    """Every analysis of one run, each reading only the columns it needs."""
+    """The light analyses of one run; `estimate` and `calibration` are filled in later.
+
+    The heavy passes (the estimator's evaluation, calibration histograms) run
+    after the light views' figures are queued, so that a large run's figures
+    render in the figure worker while those passes run here.
+    """
     gamma = int(run.manifest["gamma"])
-    has_requests = "requests" in run.tables()
-    if not has_requests:
+    if not _has_requests(run):
         raise ValueError(
             f"{run.path}: no request-steps (a block-accept-only ingest); "
             "`dspark-obs estimate` reads those"
         )
-    summary = summarize(run)
-    requests = run.requests()
-    estimate = evaluate(run)
-    calibration = calibration_histograms(run)
     try:
         cost, cost_missing = fit_cost_table(run), None
     except CostFitError as exc:
@@ -122,11 +132,11 @@ def analyse(label: str, run: Run, top: int) -> Arm:
         label=label,
         run=run,
         gamma=gamma,
-        summary=summary,
-        shares=window_shares(requests, gamma),
+        summary=summarize(run),
+        shares=window_shares(run.requests(), gamma),
         load=load_curve(run),
-        estimate=estimate,
-        calibration=calibration,
+        estimate=None,
+        calibration={},
         cost=cost,
         cost_missing=cost_missing,
         top=best,
@@ -134,17 +144,58 @@ def analyse(label: str, run: Run, top: int) -> Arm:
     )
 
 
-class _Writer:
-    """Numbers the figure files in the order they are made."""
+def _render(make: Callable, args: tuple, path: Path) -> None:
+    save_png(make(*args), path)
 
-    def __init__(self, out: Path) -> None:
+
+class FigureQueue:
+    """Names figure files and renders them, inline or in one worker process.
+
+    Drawing is single-threaded Python while the polars passes leave a core idle
+    between their parallel phases, so for a large run the figures of finished
+    views render in a separate process (spawned: polars' thread pool does not
+    survive a fork) while the next analysis runs. Small runs render inline,
+    where starting a process would cost more than it saves. A worker that cannot
+    start (a caller whose main module cannot be re-imported, such as stdin) or
+    dies costs only speed: its unfinished figures are drawn inline.
+    """
+
+    def __init__(self, out: Path, background: bool) -> None:
         self.out = out
-        self.count = 0
+        self.counts: dict[int, int] = {}
+        self.pool = (
+            ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"))
+            if background
+            else None
+        )
+        self.jobs: list[tuple[Callable, tuple, Path, Future | None]] = []
 
-    def save(self, fig, stem: str, caption: str) -> Figure:
-        self.count += 1
-        path = save_png(fig, self.out / f"{self.count:02d}-{stem}.png")
+    def save(self, section: int, make: Callable, args: tuple, stem: str, caption: str) -> Figure:
+        """Queue `make(*args)`; files are numbered by section, so they sort in page order."""
+        k = self.counts[section] = self.counts.get(section, 0) + 1
+        path = self.out / f"{section}.{k:02d}-{stem}.png"
+        future = None
+        if self.pool is not None:
+            try:
+                future = self.pool.submit(_render, make, args, path)
+            except BrokenProcessPool:
+                self.pool = None
+        if future is None:
+            _render(make, args, path)
+        self.jobs.append((make, args, path, future))
         return Figure(path, caption)
+
+    def close(self) -> None:
+        """Wait for every queued figure; one the worker could not draw is drawn here."""
+        for make, args, path, future in self.jobs:
+            if future is None:
+                continue
+            try:
+                future.result()
+            except BrokenProcessPool:
+                _render(make, args, path)
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
 
 
 def _slug(label: str) -> str:
@@ -173,7 +224,7 @@ def _workload_rows(arm: Arm) -> list[dict]:
     return rows
 
 
-def workloads_section(arms: list[Arm], w: _Writer) -> Section:
+def workloads_section(arms: list[Arm], w: FigureQueue) -> Section:
     s = Section(
         "workloads",
         "Per workload",
@@ -235,14 +286,18 @@ def workloads_section(arms: list[Arm], w: _Writer) -> Section:
     gamma = max(a.gamma for a in arms)
     s.figures.append(
         w.save(
-            workloads_fig.workload_figure([(a.label, _workload_rows(a)) for a in arms], gamma),
+            1,
+            workloads_fig.workload_figure,
+            ([(a.label, _workload_rows(a)) for a in arms], gamma),
             "workloads",
             "Window, accepted and ceiling per workload",
         )
     )
     s.figures.append(
         w.save(
-            workloads_fig.window_share_figure([(a.label, a.shares) for a in arms], gamma),
+            1,
+            workloads_fig.window_share_figure,
+            ([(a.label, a.shares) for a in arms], gamma),
             "verify-windows",
             "Distribution of verify windows per workload",
         )
@@ -250,7 +305,7 @@ def workloads_section(arms: list[Arm], w: _Writer) -> Section:
     return s
 
 
-def load_section(arms: list[Arm], w: _Writer) -> Section:
+def load_section(arms: list[Arm], w: FigureQueue) -> Section:
     s = Section(
         "load",
         "Load",
@@ -296,22 +351,24 @@ def load_section(arms: list[Arm], w: _Writer) -> Section:
     if any(f.filter(pl.col("throughput_tokens_per_s").is_not_null()).height for _, f in arms_load):
         s.figures.append(
             w.save(
-                load_fig.throughput_figure(arms_load),
+                2,
+                load_fig.throughput_figure,
+                (arms_load,),
                 "throughput",
                 "Throughput vs per-user speed",
             )
         )
         s.figures.append(
-            w.save(load_fig.step_time_figure(arms_load), "step-time", "Step time vs batch size")
+            w.save(2, load_fig.step_time_figure, (arms_load,), "step-time", "Step time vs bs")
         )
     if any(f["budget_per_request"].is_not_null().any() for _, f in arms_load):
         s.figures.append(
-            w.save(load_fig.budget_figure(arms_load), "budget", "Budget per request vs batch size")
+            w.save(2, load_fig.budget_figure, (arms_load,), "budget", "Budget per request vs bs")
         )
     return s
 
 
-def calibration_section(arms: list[Arm], w: _Writer) -> Section:
+def calibration_section(arms: list[Arm], w: FigureQueue) -> Section:
     s = Section(
         "calibration",
         "Calibration",
@@ -348,14 +405,18 @@ def calibration_section(arms: list[Arm], w: _Writer) -> Section:
         s.tables.append(Table(f"{arm.label}: calibration per position", columns, rows, note))
         s.figures.append(
             w.save(
-                calibration_fig.reliability_figure(arm.label, stages),
+                3,
+                calibration_fig.reliability_figure,
+                (arm.label, stages),
                 f"reliability-{_slug(arm.label)}",
                 f"{arm.label}: reliability per position",
             )
         )
         s.figures.append(
             w.save(
-                calibration_fig.ece_figure(arm.label, stages),
+                3,
+                calibration_fig.ece_figure,
+                (arm.label, stages),
                 f"ece-{_slug(arm.label)}",
                 f"{arm.label}: ECE per position",
             )
@@ -363,7 +424,7 @@ def calibration_section(arms: list[Arm], w: _Writer) -> Section:
     return s
 
 
-def cost_section(arms: list[Arm], w: _Writer) -> Section:
+def cost_section(arms: list[Arm], w: FigureQueue) -> Section:
     s = Section(
         "cost",
         "Step-cost model",
@@ -407,14 +468,18 @@ def cost_section(arms: list[Arm], w: _Writer) -> Section:
                 f"{fit.cells:,} (bs, M/64) cells; measured time: {fit.time_column}",
             )
         )
-        for stem, fig in cost_fig.cost_figures(fit).items():
+        for make, stem, caption in (
+            (cost_fig.surface_figure, "cost-surface", "cell means and the fitted table"),
+            (cost_fig.scatter_figure, "cost-scatter", "predicted vs measured step time"),
+            (cost_fig.residual_figure, "cost-residuals", "residuals of the fitted table"),
+        ):
             s.figures.append(
-                w.save(fig, f"{stem.replace('_', '-')}-{_slug(arm.label)}", f"{arm.label}: {stem}")
+                w.save(4, make, (fit,), f"{stem}-{_slug(arm.label)}", f"{arm.label}: {caption}")
             )
     return s
 
 
-def estimator_section(arms: list[Arm], w: _Writer) -> Section:
+def estimator_section(arms: list[Arm], w: FigureQueue) -> Section:
     s = Section(
         "estimator",
         "Ceiling estimator",
@@ -494,14 +559,18 @@ def estimator_section(arms: list[Arm], w: _Writer) -> Section:
             )
         s.figures.append(
             w.save(
-                estimator_fig.estimates_figure(arm.label, report),
+                5,
+                estimator_fig.estimates_figure,
+                (arm.label, report),
                 f"estimates-{_slug(arm.label)}",
                 f"{arm.label}: estimated vs true ceiling",
             )
         )
         s.figures.append(
             w.save(
-                estimator_fig.survival_figure(arm.label, report),
+                5,
+                estimator_fig.survival_figure,
+                (arm.label, report),
                 f"survival-{_slug(arm.label)}",
                 f"{arm.label}: survival of the ceiling",
             )
@@ -509,7 +578,7 @@ def estimator_section(arms: list[Arm], w: _Writer) -> Section:
     return s
 
 
-def requests_section(arms: list[Arm], w: _Writer, top: int) -> Section:
+def requests_section(arms: list[Arm], w: FigureQueue, top: int) -> Section:
     s = Section(
         "requests",
         "Requests that lost the most to trimming",
@@ -561,7 +630,9 @@ def requests_section(arms: list[Arm], w: _Writer, top: int) -> Section:
         )
         s.figures.append(
             w.save(
-                requests_fig.top_requests_figure(arm.label, arm.top),
+                6,
+                requests_fig.top_requests_figure,
+                (arm.label, arm.top),
                 f"top-requests-{_slug(arm.label)}",
                 f"{arm.label}: largest trim losses",
             )
@@ -570,7 +641,9 @@ def requests_section(arms: list[Arm], w: _Writer, top: int) -> Section:
             rids = arm.top["rid"].head(TRACED_REQUESTS).to_list()
             s.figures.append(
                 w.save(
-                    requests_fig.traces_figure(arm.label, arm.traces, rids),
+                    6,
+                    requests_fig.traces_figure,
+                    (arm.label, arm.traces, rids),
                     f"traces-{_slug(arm.label)}",
                     f"{arm.label}: windows of the top requests",
                 )
@@ -633,24 +706,26 @@ def overlay_figures(run_dirs: list[Path], out: Path) -> list[Figure]:
         gamma = int(run.manifest["gamma"])
         arms.append((label, summarize(run), window_shares(run.requests(), gamma), load_curve(run)))
     gamma = max(int(open_run(p).manifest["gamma"]) for p in run_dirs)
-    w = _Writer(out)
+    w = FigureQueue(out, background=False)
     workload_rows = [
         (label, [{"workload": k, **v} for k, v in summary["workloads"].items()])
         for label, summary, _, _ in arms
     ]
     loads = [(label, load) for label, _, _, load in arms]
     figures = [
-        w.save(workloads_fig.workload_figure(workload_rows, gamma), "workloads", "Per workload"),
+        w.save(1, workloads_fig.workload_figure, (workload_rows, gamma), "workloads", "Workloads"),
         w.save(
-            workloads_fig.window_share_figure([(a[0], a[2]) for a in arms], gamma),
+            1,
+            workloads_fig.window_share_figure,
+            ([(a[0], a[2]) for a in arms], gamma),
             "verify-windows",
             "Verify windows",
         ),
-        w.save(load_fig.budget_figure(loads), "budget", "Budget per request vs batch size"),
+        w.save(2, load_fig.budget_figure, (loads,), "budget", "Budget per request vs bs"),
     ]
     if any(f["throughput_tokens_per_s"].is_not_null().any() for _, f in loads):
-        figures.append(w.save(load_fig.throughput_figure(loads), "throughput", "Throughput"))
-        figures.append(w.save(load_fig.step_time_figure(loads), "step-time", "Step time"))
+        figures.append(w.save(2, load_fig.throughput_figure, (loads,), "throughput", "Throughput"))
+        figures.append(w.save(2, load_fig.step_time_figure, (loads,), "step-time", "Step time"))
     return figures
 
 
@@ -664,25 +739,33 @@ def build_report(
     """Analyse every run and write report.html, summary.md, report.json and the PNGs to `out`."""
     step = progress or (lambda _msg: None)
     runs = [open_run(p) for p in run_dirs]
-    arms = []
-    for label, run in zip(arm_labels(list(run_dirs)), runs, strict=True):
-        step(f"analysing {label}")
-        arms.append(analyse(label, run, top))
     out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("[0-9][0-9]-*.png"):
-        old.unlink()
-    w = _Writer(out)
-    sections = []
-    for name, make in (
-        ("per-workload figures", lambda: workloads_section(arms, w)),
-        ("load figures", lambda: load_section(arms, w)),
-        ("calibration figures", lambda: calibration_section(arms, w)),
-        ("cost-model figures", lambda: cost_section(arms, w)),
-        ("estimator figures", lambda: estimator_section(arms, w)),
-        ("drill-down figures", lambda: requests_section(arms, w, top)),
-    ):
-        step(name)
-        sections.append(make())
+    for old in out.glob("*.png"):
+        if old.name[:1].isdigit():
+            old.unlink()
+    rows = sum(r.requests().select(pl.len()).collect().item() for r in runs if _has_requests(r))
+    w = FigureQueue(out, background=rows >= BACKGROUND_FIGURES_ROWS)
+    try:
+        arms = []
+        for label, run in zip(arm_labels(list(run_dirs)), runs, strict=True):
+            step(f"{label}: summary, load, cost model, trim loss")
+            arms.append(analyse(label, run, top))
+        load = load_section(arms, w)
+        cost = cost_section(arms, w)
+        requests = requests_section(arms, w, top)
+        for arm in arms:
+            step(f"{arm.label}: ceiling estimator")
+            arm.estimate = evaluate(arm.run)
+        workloads = workloads_section(arms, w)
+        estimator = estimator_section(arms, w)
+        for arm in arms:
+            step(f"{arm.label}: calibration")
+            arm.calibration = calibration_histograms(arm.run)
+        calibration = calibration_section(arms, w)
+        step("drawing figures")
+    finally:
+        w.close()
+    sections = [workloads, load, calibration, cost, estimator, requests]
     title = "DSpark run report: " + ", ".join(a.label for a in arms)
     meta = [
         f"{a.label}: {a.run.path} — mode {a.run.manifest.get('mode')}"
