@@ -21,12 +21,13 @@ A request that ends (its slot shows another rid or a discontinuous position, or
 it goes idle) before its block resolves leaves the block censored: reported as
 a lower bound, never as exact.
 
-Cost. Per step the walker only records: each request's committed tokens go
-into a history ring of the request, trimmed blocks are appended to a block
-pool, and (in band) the verify log-probabilities of pending sampled tails are
-gathered while the step's distributions exist. The comparison itself runs
-every `walk_every` steps over all pending blocks at once, so numpy's per-call
-overhead is paid per walk, not per step. A request instance (its history) lives
+Cost. Per step the walker only notes: which request instance each row is,
+the trimmed blocks (popped from a free stack, never searched for), and (in
+band) the verify log-probabilities of the few sampled tails whose positions
+this step verified, while the step's distributions exist. The committed
+tokens are written into the requests' history rings, and the comparison runs,
+every `walk_every` steps over all pending steps and blocks at once, so numpy's
+per-call overhead is paid per walk, not per step. A request instance (its history) lives
 until its last block is settled, so a slot reused by the next request never
 overwrites what an unsettled block still needs.
 """
@@ -121,6 +122,11 @@ class TailWalker:
         self.blk_q = np.zeros((0, g))
         self.blk_conf = np.zeros((0, g))
         self.blk_p = np.zeros((0, g))  # gathered target log-prob of each tail token
+        self.free_inst = np.zeros(0, dtype=np.int64)  # stacks of free ids
+        self.free_blk = np.zeros(0, dtype=np.int64)
+        self.gathering = np.zeros(0, dtype=np.int64)  # sampled blocks a later step may verify
+        self.row_of = np.zeros(0, dtype=np.int64)  # instance -> row of the current step, or -1
+        self.unrecorded: list[tuple[StepBatch, np.ndarray]] = []  # steps not yet in history
 
     def pending(self) -> int:
         return int(np.count_nonzero(self.blk_live))
@@ -128,9 +134,9 @@ class TailWalker:
     # -- allocation ---------------------------------------------------------
 
     def _new_instances(self, n: int) -> np.ndarray:
-        free = np.flatnonzero(~self.inst_live)
-        if len(free) < n:
-            size = max(2 * len(self.inst_live), len(self.inst_live) + n, 64)
+        if len(self.free_inst) < n:
+            old = len(self.inst_live)
+            size = max(2 * old, old + n, 64)
             self.inst_live = _grown(self.inst_live, size, False)
             self.inst_rid = _grown(self.inst_rid, size, None)
             self.inst_expect = _grown(self.inst_expect, size, -1)
@@ -138,24 +144,27 @@ class TailWalker:
             self.inst_seen = _grown(self.inst_seen, size, 0)
             self.hist_tok = _grown(self.hist_tok, size, -1)
             self.hist_lp = _grown(self.hist_lp, size, np.nan)
-            free = np.flatnonzero(~self.inst_live)
-        ids = free[:n]
+            self.row_of = _grown(self.row_of, size, -1)
+            self.free_inst = np.concatenate([np.arange(size - 1, old - 1, -1), self.free_inst])
+        ids = self.free_inst[len(self.free_inst) - n :][::-1]
+        self.free_inst = self.free_inst[: len(self.free_inst) - n]
         self.inst_live[ids] = True
         self.inst_ended[ids] = False
         return ids
 
     def _new_blocks(self, n: int) -> np.ndarray:
-        free = np.flatnonzero(~self.blk_live)
-        if len(free) < n:
-            size = max(2 * len(self.blk_live), len(self.blk_live) + n, 256)
+        if len(self.free_blk) < n:
+            old = len(self.blk_live)
+            size = max(2 * old, old + n, 256)
             self.blk_live = _grown(self.blk_live, size, False)
             self.blk = _grown(self.blk, size, 0.0)
             self.blk_tail = _grown(self.blk_tail, size, 0)
             self.blk_q = _grown(self.blk_q, size, np.nan)
             self.blk_conf = _grown(self.blk_conf, size, np.nan)
             self.blk_p = _grown(self.blk_p, size, np.nan)
-            free = np.flatnonzero(~self.blk_live)
-        ids = free[:n]
+            self.free_blk = np.concatenate([np.arange(size - 1, old - 1, -1), self.free_blk])
+        ids = self.free_blk[len(self.free_blk) - n :][::-1]
+        self.free_blk = self.free_blk[: len(self.free_blk) - n]
         self.blk_live[ids] = True
         return ids
 
@@ -173,10 +182,12 @@ class TailWalker:
         n = batch.num_reqs
         if batch.has_reqs and n and batch.draft_tokens is not None:
             inst = self._instances(batch)
-            self._record(batch, inst)
+            self.inst_expect[inst] = batch.prefix_len + batch.correct_drafts + 1
+            self.inst_seen[inst] = self.steps
+            self.unrecorded.append((batch, inst))
             self._open(batch, inst, group)
-            if gather is not None:
-                self._gather(batch, inst, gather)
+            if gather is not None:  # also the block just opened: its first tail position
+                self._gather(batch, inst, gather)  # is where this step drew the bonus
         else:
             self.opened_rows = self.skipped_rows = np.zeros(n, dtype=bool)
         if self.steps % self.walk_every:
@@ -207,25 +218,37 @@ class TailWalker:
             inst[changed] = ids
         return inst
 
-    def _record(self, batch: StepBatch, inst: np.ndarray) -> None:
+    def _record(self) -> None:
+        """Write the pending steps' committed tokens into their requests' history rings.
+
+        Each step's tokens go to distinct ring slots of its instance (the ring
+        holds more positions than `walk_every` steps can commit), and instance
+        ids are only reused after a walk, so the steps can be written at once.
+        """
+        steps, self.unrecorded = self.unrecorded, []
+        if not steps:
+            return
         g, h = self.gamma, self.horizon
-        cl, prefix = batch.correct_drafts, batch.prefix_len
+        inst = np.concatenate([i for _, i in steps])
+        cl = np.concatenate([b.correct_drafts for b, _ in steps])
+        prefix = np.concatenate([b.prefix_len for b, _ in steps])
         n = len(inst)
         rows = np.arange(n)
         tok = np.empty((n, g + 1), np.int64)
-        tok[:, :g] = batch.draft_tokens
-        tok[rows, cl] = batch.bonus_token
+        tok[:, :g] = np.concatenate([b.draft_tokens for b, _ in steps])
+        tok[rows, cl] = np.concatenate([b.bonus_token for b, _ in steps])
         lp = np.full((n, g + 1), np.nan)
-        if batch.target_logprobs is not None:
-            lp[:, :g] = batch.target_logprobs
-        lp[rows, cl] = batch.bonus_logprob
-        k = np.arange(g + 1)
-        valid = k <= cl[:, None]
-        flat = (inst[:, None] * h + (prefix[:, None] + k) % h)[valid]
+        lp[:, :g] = np.concatenate(
+            [
+                np.full((b.num_reqs, g), np.nan) if b.target_logprobs is None else b.target_logprobs
+                for b, _ in steps
+            ]
+        )
+        lp[rows, cl] = np.concatenate([b.bonus_logprob for b, _ in steps])
+        valid = np.arange(g + 1) <= cl[:, None]
+        flat = (inst[:, None] * h + (prefix[:, None] + np.arange(g + 1)) % h)[valid]
         self.hist_tok.reshape(-1)[flat] = tok[valid]
         self.hist_lp.reshape(-1)[flat] = lp[valid]
-        self.inst_expect[inst] = prefix + cl + 1
-        self.inst_seen[inst] = self.steps
 
     def _greedy_rows(self, batch: StepBatch) -> np.ndarray:
         flag = batch.greedy.astype(np.int8)
@@ -260,6 +283,9 @@ class TailWalker:
         self.blk_q[ids] = np.nan if batch.draft_logprobs is None else batch.draft_logprobs[rows]
         self.blk_conf[ids] = np.nan if batch.confidence is None else batch.confidence[rows]
         self.blk_p[ids] = np.nan
+        sampled = ids[greedy[rows] == 0]
+        if len(sampled):
+            self.gathering = np.concatenate([self.gathering, sampled])
 
     def _gather(self, batch: StepBatch, inst: np.ndarray, gather: Gather) -> None:
         """Target log-probs of pending sampled tail tokens at this step's verified positions.
@@ -267,22 +293,26 @@ class TailWalker:
         Only the first mismatch needs one (matched positions use the committed
         token's), but the walk runs later, when this step's distributions are gone.
         """
-        live = np.flatnonzero(self.blk_live & (self.blk[:, GREEDY] == 0))
-        if len(live) == 0:
-            return
-        row_of = np.full(len(self.inst_live), -1, np.int64)
-        row_of[inst] = np.arange(len(inst))
-        rows = row_of[self.blk[live, INSTANCE].astype(np.int64)]
-        here = rows >= 0
-        live, rows = live[here], rows[here]
-        if len(live) == 0:
+        cand = self.gathering
+        if len(cand) == 0:
             return
         g = self.gamma
+        f = self.blk[cand]
+        cinst = f[:, INSTANCE].astype(np.int64)
+        tail_end = f[:, OPEN_PREFIX].astype(np.int64) + g  # one past the last drafted position
+        # a block is done gathering once it settled or its request moved past the tail
+        keep = self.blk_live[cand] & (self.inst_expect[cinst] < tail_end)
+        self.row_of[inst] = np.arange(len(inst))
+        rows = self.row_of[cinst]
+        self.row_of[inst] = -1
+        self.gathering = cand[keep]
+        here = (rows >= 0) & self.blk_live[cand]
+        if not here.any():
+            return
+        live, rows, f = cand[here], rows[here], f[here]
         j = np.arange(g)
-        offset = (self.blk[live, OPEN_PREFIX].astype(np.int64) - batch.prefix_len[rows])[
-            :, None
-        ] + j
-        want = (j >= self.blk[live, WINDOW][:, None]) & (offset >= 0)
+        offset = (f[:, OPEN_PREFIX].astype(np.int64) - batch.prefix_len[rows])[:, None] + j
+        want = (j >= f[:, WINDOW][:, None]) & (offset >= 0)
         want &= offset <= batch.correct_drafts[rows][:, None]
         b, jj = np.nonzero(want)
         if len(b):
@@ -295,6 +325,7 @@ class TailWalker:
     ) -> dict[str, np.ndarray]:
         """Walk every pending block against its request's history; emit the settled ones."""
         out = Outcomes()
+        self._record()
         idle = self.inst_live & (self.inst_seen < self.steps - self.idle_steps)
         self.inst_ended |= idle | (self.inst_live & final)
         live = np.flatnonzero(self.blk_live)
@@ -306,6 +337,7 @@ class TailWalker:
         done = self.inst_live & self.inst_ended & ~held
         self.inst_live[done] = False
         self.inst_rid[done] = None
+        self.free_inst = np.concatenate([self.free_inst, np.flatnonzero(done)])
         for slots in self.slots.values():
             known = slots >= 0
             slots[known & done[np.maximum(slots, 0)]] = -1
@@ -371,6 +403,7 @@ class TailWalker:
             var_terms=var_terms[fin],
         )
         self.blk_live[live[fin]] = False
+        self.free_blk = np.concatenate([self.free_blk, live[fin]])
 
     def _emit(
         self,
