@@ -20,7 +20,7 @@ from dspark_obs.exporters.render import Renderer
 from sklearn.metrics import roc_auc_score
 from torchmetrics.classification import BinaryCalibrationError
 
-from dspark_obs.aggregates import Aggregates
+from dspark_obs.aggregates import Aggregates, cost_model
 from dspark_obs.aggregates.cost_model import DEFAULT_BS_PROBES, DEFAULT_M_PROBES
 from dspark_obs.aggregates.steps import quantity_histogram
 from dspark_obs.aggregates.tokens import histogram_slices
@@ -550,7 +550,8 @@ def step_refit(batches: list[StepBatch]) -> tuple[float, float]:
     return 1.0 - sse / sst, float(np.sqrt(sse / len(y)))
 
 
-def test_cost_errors_and_refit_match_numpy(sweep):
+def test_cost_errors_and_refit_match_numpy(sweep, monkeypatch):
+    monkeypatch.setattr(cost_model, "REFIT_EVERY", 256)
     assert len({b.bs for b in sweep}) == 2 and len({b.num_verify_tokens // 64 for b in sweep}) > 2
     big_flush = Aggregates(GAMMA, flush_rows=10**9)
     per_step = Aggregates(GAMMA, window_steps=64, blocks=8, flush_rows=1)

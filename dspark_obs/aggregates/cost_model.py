@@ -20,6 +20,9 @@ import numpy as np
 from .window import WindowedSums
 
 M_BIN = 64
+#: Timed steps between refits of a group: a refit is a least-squares solve over the cells,
+#: too costly to redo every few steps, and the table moves slowly.
+REFIT_EVERY = 1024
 REL_BUCKETS = np.logspace(-4, 1, 81)  # relative-error bucket upper bounds, 15% apart
 _ERR_COLUMNS = ("n", "predicted", "measured", "abs_error", "error", "sq_error", "rel_error")
 
@@ -97,12 +100,12 @@ class CostModelAggregate:
         blocks: int,
         bs_probes=DEFAULT_BS_PROBES,
         m_probes=DEFAULT_M_PROBES,
-        refit_every: int = 256,
+        refit_every: int | None = None,
     ) -> None:
         self.errors = WindowedSums(len(_ERR_COLUMNS) + len(REL_BUCKETS) + 1, window_steps, blocks)
         self.bs_probes = np.asarray(bs_probes, dtype=np.float64)
         self.m_probes = np.asarray(m_probes, dtype=np.float64)
-        self.refit_every = refit_every
+        self.refit_every = REFIT_EVERY if refit_every is None else refit_every
         self.cells: list[dict[tuple[int, int], np.ndarray]] = []
         self.refits: list[Refit | None] = []
         self._since_refit: list[int] = []
@@ -138,19 +141,29 @@ class CostModelAggregate:
                 np.concatenate([values.ravel(), np.ones(len(g))]),
             )
         timed = np.isfinite(measured_s) & (measured_s > 0) & (tokens > 0) & (bs > 0)
-        for gi, b, t, y in zip(
-            group[timed].tolist(),
-            bs[timed].tolist(),
-            tokens[timed].tolist(),
-            measured_s[timed].tolist(),
-            strict=True,
-        ):
-            cell = self.cells[gi].get((b, t // M_BIN))
+        if not timed.any():
+            return
+        # a fold's steps fall in a handful of (group, bs, M-bin) cells: sum them per cell
+        # vectorised, then touch each cell's dict entry once
+        y = measured_s[timed]
+        keys = np.stack([group[timed], bs[timed].astype(np.int64), tokens[timed] // M_BIN], axis=1)
+        cells, inverse = np.unique(keys, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        sums = np.stack(
+            [
+                np.bincount(inverse).astype(np.float64),
+                np.bincount(inverse, weights=y),
+                np.bincount(inverse, weights=y * y),
+            ],
+            axis=1,
+        )
+        for (gi, b, m_bin), add in zip(cells.tolist(), sums, strict=True):
+            cell = self.cells[gi].get((b, m_bin))
             if cell is None:
-                cell = self.cells[gi][(b, t // M_BIN)] = np.zeros(3)
-            cell += (1.0, y, y * y)
-            self._since_refit[gi] += 1
-        for gi in set(group[timed].tolist()):
+                cell = self.cells[gi][(b, m_bin)] = np.zeros(3)
+            cell += add
+            self._since_refit[gi] += int(add[0])
+        for gi in np.unique(cells[:, 0]).tolist():
             if self._since_refit[gi] >= self.refit_every or self.refits[gi] is None:
                 self.refits[gi] = self.refit(gi)
                 self._since_refit[gi] = 0
