@@ -186,7 +186,12 @@ CATALOG: tuple[Metric, ...] = (
         STEP,
         "RMS residual of that refit, per step.",
     ),
-    Metric("dspark_cost_model_refit_steps", "gauge", STEP, "Measured steps behind that refit."),
+    Metric(
+        "dspark_cost_model_refit_steps",
+        "gauge",
+        STEP,
+        "Measured steps behind that refit (it is refreshed every 1,024 measured steps).",
+    ),
     # confidence calibration
     Metric(
         "dspark_confidence_labelled_total",
