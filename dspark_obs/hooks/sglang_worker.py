@@ -71,11 +71,14 @@ class StepAdapter:
         self.gamma, self.mode, self.rank = gamma, mode, rank
 
     def token_logprobs(self, logits, rows, tokens, temps):
-        """log softmax(logits[rows] / temps)[tokens], one row at a time in float32."""
-        import torch
+        """log softmax(logits[rows] / temps)[tokens] in float32, each logit row read once.
 
-        x = logits[rows].to(torch.float32) / temps.clamp_min(1e-5)[:, None]
-        return x.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(x, dim=1)
+        A fused Triton kernel on CUDA, a chunked torch form elsewhere: no [K, V]
+        float32 copy of the verify logits (see dspark_obs.kernels.token_logprobs).
+        """
+        from ..kernels.token_logprobs import token_logprobs
+
+        return token_logprobs(logits, rows, tokens, temps)
 
     def batch(self, kw: dict[str, Any]):
         import torch
