@@ -425,8 +425,13 @@ class TailWalker:
         greedy = f[:, GREEDY] == 1
         group = f[:, GROUP].astype(np.int64)
         remaining = g - reached
+        exact = greedy & ~censored  # a greedy walk that ended inside the tail
         if extrapolate is not None:
-            extra = extrapolate(group, reached, self.blk_conf[ids])
+            # only blocks with something left to extrapolate ask the model
+            extra = np.zeros(len(ids))
+            need = np.flatnonzero(~exact & (remaining > 0))
+            if len(need):
+                extra[need] = extrapolate(group[need], reached[need], self.blk_conf[ids[need]])
         else:
             extra = 0.5 * remaining
         # greedy: the matched run is certain; sampled: the running products of a
@@ -434,7 +439,6 @@ class TailWalker:
         reach_prob = np.where(greedy, 1.0, prod)
         hi = lo + reach_prob * remaining
         point = lo + reach_prob * np.minimum(extra, remaining)
-        exact = greedy & ~censored  # a greedy walk that ended inside the tail
         hi = np.where(exact, lo, hi)
         point = np.where(exact, lo, point)
         var = np.where(greedy, 0.0, np.maximum(var_terms - lo_extra**2, 0.0))
