@@ -276,7 +276,7 @@ def test_cli_writes_a_table_the_runtime_uses(tmp_path, compact_run):
     assert pixels.shape[0] > 500 and pixels[..., :3].std() > 0.05
 
     proc = cli("cost", "fit", str(run_dir), "--out", str(out), "--plot-dir", str(plots))
-    assert "fitted (written)" in proc.stdout and "run's own" in proc.stdout
+    assert "refitted table" in proc.stdout and "run's own table" in proc.stdout
     for stem in ("cost_surface", "cost_scatter", "cost_residuals"):
         assert matplotlib.image.imread(plots / f"{stem}.png")[..., :3].std() > 0.05
 

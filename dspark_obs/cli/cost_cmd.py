@@ -14,10 +14,10 @@ import argparse
 import json
 from pathlib import Path
 
-from rich.table import Table
-
 from ..analysis.cost_fit import TIME_COLUMNS, CostFit, CostFitError, check_probes, fit_cost_table
 from ..plotting import save_png
+from ..report.build import cost_quality_table
+from ..report.document import print_table
 from ..store import open_run
 from .console import make_console
 from .errors import CliError
@@ -49,42 +49,11 @@ def write_plots(fit: CostFit, plot: Path | None, plot_dir: Path | None) -> list[
     return written
 
 
-def _pct(x) -> str:
-    return "—" if x is None else f"{100 * x:.2f}%"
-
-
 def render(fit: CostFit, out: Path, plots: list[str]) -> None:
     console = make_console()
-    table = Table(
-        title=f"Cost table fit over {fit.steps:,} timed steps in {fit.cells} (bs, M/64) cells "
-        f"-> {out}",
-        title_justify="left",
+    print_table(
+        console, cost_quality_table(fit, f"Cost table fit over {fit.steps:,} timed steps -> {out}")
     )
-    for col in (
-        "table",
-        "steps",
-        "R²",
-        "RMS ms",
-        "median rel. error",
-        "mean rel. error",
-        "mean error ms",
-    ):
-        table.add_column(col, justify="left" if col == "table" else "right")
-    rows = [("fitted (written)", fit.fitted), ("run's own (predicted_step_ms)", fit.own)]
-    for name, e in rows:
-        if e is None:
-            table.add_row(name, "0", "—", "—", "—", "—", "—")
-            continue
-        table.add_row(
-            name,
-            f"{e.steps:,}",
-            f"{e.r2:.4f}",
-            f"{1e3 * e.rms_seconds:.4f}",
-            _pct(e.rel_error_median),
-            _pct(e.rel_error_mean),
-            f"{1e3 * e.bias_seconds:+.4f}",
-        )
-    console.print(table)
     t = fit.table
     console.print(f"bias {1e3 * t.bias_seconds:.4f} ms")
     for name, probes, values in (

@@ -424,6 +424,33 @@ def calibration_section(arms: list[Arm], w: FigureQueue) -> Section:
     return s
 
 
+def cost_quality_table(fit: CostFit, title: str) -> Table:
+    """How well the refitted table and the run's own table predict the measured steps."""
+    rows = []
+    for name, e in (("refitted table", fit.fitted), ("run's own table", fit.own)):
+        if e is None:
+            continue
+        rows.append(
+            [
+                name,
+                fmt(e.steps),
+                fmt(e.r2, 4),
+                fmt(e.rms_seconds * 1e3, 3),
+                fmt(e.rel_error_median, 4),
+                fmt(e.rel_error_mean, 4),
+                fmt(e.bias_seconds * 1e3, 3),
+            ]
+        )
+    columns = ["table", "steps", "R²", "RMS ms", "median rel. error", "mean rel. error"]
+    return Table(
+        title,
+        [*columns, "bias ms"],
+        rows,
+        f"{fit.cells:,} (bs, M/64) cells; measured time: {fit.time_column}; bias = mean of "
+        "measured - predicted",
+    )
+
+
 def cost_section(arms: list[Arm], w: FigureQueue) -> Section:
     s = Section(
         "cost",
@@ -437,37 +464,7 @@ def cost_section(arms: list[Arm], w: FigureQueue) -> Section:
         if fit is None:
             s.missing.append(f"{arm.label}: {arm.cost_missing}")
             continue
-        rows = []
-        for name, e in (("refitted table", fit.fitted), ("run's own table", fit.own)):
-            if e is None:
-                continue
-            rows.append(
-                [
-                    name,
-                    fmt(e.steps),
-                    fmt(e.r2, 4),
-                    fmt(e.rms_seconds * 1e3, 3),
-                    fmt(e.rel_error_median, 4),
-                    fmt(e.rel_error_mean, 4),
-                    fmt(e.bias_seconds * 1e3, 3),
-                ]
-            )
-        s.tables.append(
-            Table(
-                f"{arm.label}: predicted vs measured step time",
-                [
-                    "table",
-                    "steps",
-                    "R²",
-                    "RMS ms",
-                    "median rel. error",
-                    "mean rel. error",
-                    "bias ms",
-                ],
-                rows,
-                f"{fit.cells:,} (bs, M/64) cells; measured time: {fit.time_column}",
-            )
-        )
+        s.tables.append(cost_quality_table(fit, f"{arm.label}: predicted vs measured step time"))
         for make, stem, caption in (
             (cost_fig.surface_figure, "cost-surface", "cell means and the fitted table"),
             (cost_fig.scatter_figure, "cost-scatter", "predicted vs measured step time"),

@@ -130,16 +130,22 @@ def html_page(title: str, meta: list[str], sections: list[Section]) -> str:
     return "\n".join(parts) + "\n"
 
 
+def print_table(console: Console, t: Table) -> None:
+    table = RichTable(title=t.title, title_justify="left")
+    for i, c in enumerate(t.columns):
+        table.add_column(c, justify="left" if i == 0 else "right")
+    for row in t.rows:
+        table.add_row(*row)
+    console.print(table)
+    if t.note:
+        console.print(f"[dim]{t.note}[/dim]")
+
+
 def print_sections(console: Console, sections: list[Section], keys: tuple[str, ...]) -> None:
     """The key tables in the terminal; missing-data lines for every section."""
     for s in sections:
         if s.key in keys:
             for t in s.tables:
-                table = RichTable(title=t.title, title_justify="left")
-                for i, c in enumerate(t.columns):
-                    table.add_column(c, justify="left" if i == 0 else "right")
-                for row in t.rows:
-                    table.add_row(*row)
-                console.print(table)
+                print_table(console, t)
         for m in s.missing:
             console.print(f"[yellow]{s.title}: missing: {m}[/yellow]")
