@@ -1,7 +1,11 @@
 """`python -m bench [--json] [--quick] [NAME...]`.
 
 Fails only on crashes, never on timings: machines are noisy; targets are
-reported (`meets_target`) for people to read.
+reported (`meets_target`) for people to read. Every figure also carries a
+baseline measured in the same run, the same work done the way SGLang's own
+DSpark observers do it (`bench/baselines.py`), and `ratio`: how many times
+faster ours is (`ratio_target` / `meets_ratio_target` where there is one). A
+baseline that does not compute the same numbers as ours is a crash.
 """
 
 from __future__ import annotations
@@ -10,13 +14,14 @@ import argparse
 import json
 import sys
 
-from . import aggregate_update, estimator_update, render_scrape, report_large
+from . import aggregate_update, estimator_update, render_scrape, report_large, serve_throughput
 
 BENCHMARKS = {
     "aggregate_update": aggregate_update,
     "estimator_update": estimator_update,
     "render_scrape": render_scrape,
     "report_large": report_large,
+    "serve_throughput": serve_throughput,
 }
 
 
@@ -38,9 +43,15 @@ def main() -> int:
                 print(json.dumps(rec), flush=True)
             else:
                 target = f" (target {rec['target']})" if "target" in rec else ""
+                ratio = ""
+                if "ratio" in rec:
+                    goal = f", target {rec['ratio_target']}" if "ratio_target" in rec else ""
+                    ratio = (
+                        f"; baseline {rec['baseline_median']:.2f}: ratio {rec['ratio']:.2f}{goal}"
+                    )
                 print(
                     f"{rec['name']} {rec['parameters']}: median {rec['median']:.2f} "
-                    f"{rec['unit']} [p25 {rec['p25']:.2f}, p75 {rec['p75']:.2f}]{target}",
+                    f"{rec['unit']} [p25 {rec['p25']:.2f}, p75 {rec['p75']:.2f}]{target}{ratio}",
                     flush=True,
                 )
     return 0

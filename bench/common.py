@@ -36,6 +36,26 @@ def repeat(fn: Callable[[], object], repeats: int) -> list[float]:
     return out
 
 
+def repeat_pair(
+    ours: Callable[[], object],
+    baseline: Callable[[], object],
+    repeats: int,
+    baseline_repeats: int,
+) -> tuple[list[float], list[float]]:
+    """Wall seconds per repeat of ours and of the baseline, timed alternately (one untimed
+    warm-up call of each first), so that both see the same load on a shared machine."""
+    ours()
+    baseline()
+    mine, theirs = [], []
+    for i in range(max(repeats, baseline_repeats)):
+        for fn, out, n in ((ours, mine, repeats), (baseline, theirs, baseline_repeats)):
+            if i < n:
+                start = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - start)
+    return mine, theirs
+
+
 def summary(values: list[float], scale: float = 1.0) -> dict:
     v = sorted(x * scale for x in values)
     q1, q3 = np.percentile(v, [25, 75])
@@ -66,3 +86,30 @@ def record(
     out.update(extra)
     out["machine"] = machine()
     return out
+
+
+def with_baseline(
+    rec: dict,
+    baseline_values: list[float],
+    scale: float,
+    ratio_target: float | None = None,
+    *,
+    higher_is_better: bool = False,
+    **extra,
+) -> dict:
+    """Add the SGLang-style baseline measured in the same run: its median and spread, and
+    `ratio`, how many times faster ours is (baseline / ours for times, ours / baseline for
+    rates: `higher_is_better`), with its target if any."""
+    s = summary(baseline_values, scale)
+    rec["baseline_median"] = s["median"]
+    rec["baseline_p25"] = s["p25"]
+    rec["baseline_p75"] = s["p75"]
+    rec["baseline_repeats"] = s["repeats"]
+    num, den = (rec["median"], s["median"]) if higher_is_better else (s["median"], rec["median"])
+    rec["ratio"] = num / den if den > 0 else float("inf")
+    if ratio_target is not None:
+        rec["ratio_target"] = ratio_target
+        rec["meets_ratio_target"] = rec["ratio"] >= ratio_target
+    rec.update(extra)
+    rec["machine"] = rec.pop("machine")  # keep the machine last
+    return rec

@@ -43,3 +43,4 @@ $PY -m pip install --quiet -e '.[dev,torch]'
 
 $PY -m ruff check .
 $PY -m pytest "$@"
+$PY -m bench --quick --json > bench-quick.jsonl
