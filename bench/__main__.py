@@ -14,7 +14,14 @@ import argparse
 import json
 import sys
 
-from . import aggregate_update, estimator_update, render_scrape, report_large, serve_throughput
+from . import (
+    aggregate_update,
+    estimator_update,
+    gpu_gather,
+    render_scrape,
+    report_large,
+    serve_throughput,
+)
 
 BENCHMARKS = {
     "aggregate_update": aggregate_update,
@@ -22,6 +29,7 @@ BENCHMARKS = {
     "render_scrape": render_scrape,
     "report_large": report_large,
     "serve_throughput": serve_throughput,
+    "gpu_gather": gpu_gather,
 }
 
 
@@ -41,6 +49,8 @@ def main() -> int:
         for rec in BENCHMARKS[name].run(args.quick):
             if args.json:
                 print(json.dumps(rec), flush=True)
+            elif "skipped" in rec:
+                print(f"{rec['name']}: skipped ({rec['skipped']})", flush=True)
             else:
                 target = f" (target {rec['target']})" if "target" in rec else ""
                 ratio = ""
