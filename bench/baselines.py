@@ -634,6 +634,94 @@ class SGLangStyleBlockAccept:
         self.pending = {}
 
 
+class SGLangStyleCeilingEstimator(SGLangStyleBlockAccept):
+    """The same work as our `CeilingEstimator`, the SGLang way: like for like.
+
+    On top of SGLang's sampled walk: greedy requests' blocks are walked too
+    (a tail draft is accepted while it equals the committed token, so no
+    log-probability is needed), and every request-step feeds the population
+    model's counts per (workload, position, confidence bin): at risk, rejected,
+    and the confidence sum and count, plus the unstratified Kaplan-Meier counts,
+    each request's positions walked in a Python loop.
+    """
+
+    def __init__(self, gamma: int, bins: int = 10, log_every: int = 256) -> None:
+        super().__init__(gamma, log_every)
+        self.bins = bins
+        self.groups: dict[str, int] = {}
+        self.counts: dict[tuple[int, int, int], list[float]] = {}  # n, d, conf sum, conf count
+        self.km: dict[tuple[int, int], list[int]] = {}  # n, d
+        self.greedy_pending: dict[str, dict[int, _Block]] = {}
+        self.greedy_closed = 0
+
+    def update(self, batch: StepBatch, verified: np.ndarray) -> None:
+        super().update(batch, verified)
+        self._greedy_walk(batch)
+        g, bins = self.gamma, self.bins
+        windows = (batch.verify_len - 1).tolist()
+        accepted = batch.correct_drafts.tolist()
+        confidence = batch.confidence.tolist()
+        for workload, w, a, conf in zip(
+            batch.workload.tolist(), windows, accepted, confidence, strict=True
+        ):
+            grp = self.groups.setdefault(workload, len(self.groups))
+            for i in range(g):
+                k = min(int(conf[i] * bins), bins - 1)
+                cell = self.counts.get((grp, i, k))
+                if cell is None:
+                    cell = self.counts[(grp, i, k)] = [0, 0, 0.0, 0]
+                cell[2] += conf[i]
+                cell[3] += 1
+                if i <= a and i < w:  # position i verified with every earlier draft accepted
+                    cell[0] += 1
+                    km = self.km.setdefault((grp, i), [0, 0])
+                    km[0] += 1
+                    if i == a:
+                        cell[1] += 1
+                        km[1] += 1
+
+    def _greedy_walk(self, batch: StepBatch) -> None:
+        g = self.gamma
+        fct = int(batch.forward_ct)
+        pending = self.greedy_pending
+        for rid, greedy, prefix, w, cl, bonus, draft in zip(
+            batch.rid.tolist(),
+            batch.greedy.tolist(),
+            batch.prefix_len.tolist(),
+            (batch.verify_len - 1).tolist(),
+            batch.correct_drafts.tolist(),
+            batch.bonus_token.tolist(),
+            batch.draft_tokens.tolist(),
+            strict=True,
+        ):
+            if greedy != 1:
+                continue
+            blocks = pending.get(rid)
+            if cl == w and w < g:
+                if blocks is None:
+                    blocks = pending[rid] = {}
+                blocks[fct] = _Block(w, prefix, draft[w:], None)
+            if not blocks:
+                continue
+            committed = draft[:cl]
+            committed.append(bonus)
+            end = prefix + cl
+            for bfct in list(blocks):
+                blk = blocks[bfct]
+                o = blk.next
+                pos = blk.prefix + o - 1
+                while o <= g and prefix <= pos <= end:
+                    if committed[pos - prefix] != blk.tail[o - blk.window - 1]:
+                        break
+                    blk.acc += 1
+                    o += 1
+                    pos += 1
+                blk.next = o
+                if o > g or pos <= end:  # the tail is used up, or a mismatch ended the run
+                    del blocks[bfct]
+                    self.greedy_closed += 1
+
+
 # -- the exposition, with prometheus_client ---------------------------------------------------
 
 
