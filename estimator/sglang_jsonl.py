@@ -175,8 +175,23 @@ def _decode(raw: bytes) -> _Line:
         return msgspec.convert(json.loads(raw), _Line)
 
 
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _ints(line: _Line) -> Iterable[int]:
+    yield from (v for v in (line.fct, line.w, line.cl, line.ct) if v is not None)
+    yield from line.trimmed_tokens or ()
+    yield from line.eos_end or ()
+    for bfct, offset, _, token, realized in line.pg or ():
+        yield from (bfct, offset, token, realized)
+
+
 def _check(line: _Line) -> str | None:
     """Why a decoded line cannot be used, or None; SGLang's own invariants."""
+    lo, hi = _INT64
+    if not all(lo <= v <= hi for v in _ints(line)):
+        # JSON integers are unbounded; the columns below are int64
+        return "integer outside int64"
     if line.eos_end is not None:
         if line.fct is not None or line.pg is not None or line.trimmed_tokens is not None:
             return "eos_end marker mixed with row fields"

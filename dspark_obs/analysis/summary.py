@@ -12,6 +12,7 @@ from __future__ import annotations
 import polars as pl
 
 from ..store import Run
+from ..store.errors import READ_ERRORS, unreadable
 
 #: Keys of every entry in `workloads` and of `overall`; documented in docs/cli.md.
 ENTRY_KEYS = (
@@ -72,7 +73,18 @@ def _finish(row: dict, seconds: float | None) -> dict:
 
 
 def summarize(run: Run) -> dict:
-    """The summary object `dspark-obs summary --json` prints."""
+    """The summary object `dspark-obs summary --json` prints.
+
+    A part damaged inside its data pages passes `Run.scan`'s footer check and
+    only fails when read: that surfaces as the store's RunStoreError too.
+    """
+    try:
+        return _summarize(run)
+    except READ_ERRORS as exc:
+        raise unreadable(run.path, exc) from exc
+
+
+def _summarize(run: Run) -> dict:
     req = run.requests().with_columns(_known_ceiling())
     steps = run.steps()
     step_stats = (

@@ -53,10 +53,13 @@ def save_sts(cal: StsCalibration, path: str | Path) -> None:
 
 
 def load_sts(path: str | Path) -> StsCalibration:
+    """The calibration in `path`; any problem is a ValueError that names the file."""
     try:
         return msgspec.json.decode(Path(path).read_bytes(), type=StsCalibration)
     except FileNotFoundError as exc:
         raise ValueError(f"STS calibration {path}: no such file") from exc
+    except OSError as exc:  # a directory, no permission: still one clear line
+        raise ValueError(f"STS calibration {path}: {exc.strerror or exc}") from exc
     except (msgspec.DecodeError, ValueError) as exc:
         raise ValueError(f"STS calibration {path}: {exc}") from exc
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from .errors import CliError
 
-TOKEN_ENV = "GRAFANA_TOKEN"
+# the name of the environment variable holding the token, not a token
+TOKEN_ENV = "GRAFANA_TOKEN"  # nosec B105
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -29,11 +29,13 @@ from ..estimator.sglang_jsonl import read_block_accept_jsonl, summarize_by_workl
 from ..pipeline import Pipeline
 from ..sources.files import (
     BLOCK_ACCEPT,
+    DEFAULT_MAX_RECORD_BYTES,
     SERVER_INFO,
     JsonlFollower,
     ServerInfoReader,
     detect_kind,
     has_timing,
+    iter_lines,
     read_json_objects,
 )
 from ..sources.workloads import workload_rule
@@ -65,26 +67,38 @@ CEILING_SCHEMA = {
 _STATUS = {"resolved": "resolved", "eos": "eos", "open": "censored"}
 
 
-def _sniff(path: Path) -> str | None:
-    """The file's kind from its first line, or from the whole file if that is one document."""
+def _sniff(path: Path, max_bytes: int) -> str | None:
+    """The file's kind from its first line, or from the whole file if that is one document.
+
+    Lines over `max_bytes` are skipped unread, and the whole file is only
+    decoded when it fits the limit: sniffing never holds more than that.
+    """
+    first = b""
+    oversized = False
     try:
         with path.open("rb") as fh:
-            first = b""
-            for line in fh:
-                if line.strip():
+            for line in iter_lines(fh, max_bytes):
+                if line is None:
+                    oversized = True
+                elif line.strip():
                     first = line
                     break
+        size = path.stat().st_size
     except OSError as exc:
         raise CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if not first:
+        if oversized:
+            raise CliError(f"{path}: every line is over --max-record-bytes ({max_bytes:,})")
         raise CliError(f"{path}: empty file")
     try:
         return detect_kind(msgspec.json.decode(first))
     except msgspec.DecodeError:
         pass
+    if size > max_bytes:
+        return None
     try:
         return detect_kind(msgspec.json.decode(path.read_bytes()))
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, OSError):
         return None
 
 
@@ -193,8 +207,9 @@ def _ingest_server_info(args, files: list[Path], workload_of) -> int:
     reader = ServerInfoReader(workload_of)
     # Everything is read and checked first: a wrong file must not leave a run behind.
     for path in files:
-        values, bad_lines = read_json_objects(path)
+        values, bad_lines, oversized = read_json_objects(path, args.max_record_bytes)
         reader.bad["bad_snapshot_line"] += bad_lines
+        reader.bad["oversized"] += oversized
         good = 0
         for value in values:
             if detect_kind(value) != SERVER_INFO:
@@ -207,6 +222,10 @@ def _ingest_server_info(args, files: list[Path], workload_of) -> int:
                 continue
             good += 1
         if not good:
+            if oversized and not values:
+                raise CliError(
+                    f"{path}: every record is over --max-record-bytes ({args.max_record_bytes:,})"
+                )
             raise _not_ours(path)
     reader.bad = +reader.bad
     if reader.gamma is None:
@@ -269,6 +288,7 @@ class _BlockAcceptIngest:
         self.manifest = {**manifest, "mode": "compact"}
         self.workload_of = str_workload_of
         self.lines: list[bytes] = []
+        self.oversized = 0  # lines over --max-record-bytes, skipped unread
         self.written: set[tuple[str, int]] = set()
         self.writer: RunWriter | None = None
 
@@ -315,7 +335,9 @@ class _BlockAcceptIngest:
             "blocks": len(blocks["block_fct"]),
             "block_status": dict(Counter(_STATUS[s] for s in blocks["status"].tolist())),
             "jsonl_counts": log.counts,
-            "bad_records": {"bad_lines": log.bad_lines} if log.bad_lines else {},
+            "bad_records": {
+                k: v for k, v in (("bad_lines", log.bad_lines), ("oversized", self.oversized)) if v
+            },
             "duplicates_skipped": log.duplicate_rows,
             "ceiling_summary": {
                 wl: {k: s.get(k) for k in ("blocks", "mean_lo", "mean_point", "mean_hi")}
@@ -353,7 +375,12 @@ def _ingest_block_accept(args, files: list[Path], workload_of) -> int:
     )
     for path in files:
         try:
-            ingest.lines.extend(path.read_bytes().splitlines())
+            with path.open("rb") as fh:
+                for line in iter_lines(fh, args.max_record_bytes):
+                    if line is None:
+                        ingest.oversized += 1
+                    else:
+                        ingest.lines.append(line)
         except OSError as exc:
             raise CliError(f"{path}: cannot read: {exc.strerror or exc}") from None
     ingest._walk()  # refuse contradictory gammas before creating the run
@@ -370,7 +397,7 @@ def _follow(args, path: Path, workload_of) -> int:
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig in previous:
         signal.signal(sig, lambda *_: stop.set())
-    follower = JsonlFollower(path)
+    follower = JsonlFollower(path, args.max_record_bytes)
     ingest: _ServerInfoIngest | _BlockAcceptIngest | None = None
     reader: ServerInfoReader | None = None
     kind = None
@@ -422,6 +449,10 @@ def _follow(args, path: Path, workload_of) -> int:
         return 0
     extra = {"rotations": follower.rotations, "lost_partial_lines": follower.lost_partial_lines}
     if isinstance(ingest, _BlockAcceptIngest):
+        ingest.oversized += follower.oversized_lines
+    elif follower.oversized_lines:
+        reader.bad["oversized"] += follower.oversized_lines
+    if isinstance(ingest, _BlockAcceptIngest):
         _print_block_accept(args.out, ingest.close(extra))
     else:
         _print_server_info(args.out, ingest.close(extra))
@@ -432,6 +463,8 @@ def _follow(args, path: Path, workload_of) -> int:
 
 
 def handle(args: argparse.Namespace) -> int:
+    if args.max_record_bytes < 1:
+        raise CliError("--max-record-bytes must be >= 1")
     if (args.out / "run.json").exists():
         raise CliError(f"{args.out} already holds a run; choose another --out")
     if args.workload_from_rid is not None or args.workload_file is not None:
@@ -447,7 +480,7 @@ def handle(args: argparse.Namespace) -> int:
         return _follow(args, files[0], workload_of)
     kinds = {}
     for path in files:
-        kind = _sniff(path)
+        kind = _sniff(path, args.max_record_bytes)
         if kind is None:
             raise _not_ours(path)
         kinds[path] = kind
@@ -488,6 +521,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="how the requests sampled (SGLang dumps do not say); greedy lets the "
         "estimator walk trimmed tails exactly (default: unknown, tails are skipped)",
+    )
+    p.add_argument(
+        "--max-record-bytes",
+        type=int,
+        default=DEFAULT_MAX_RECORD_BYTES,
+        metavar="N",
+        help="skip (and count as 'oversized') any line, or single-document file, over N bytes "
+        f"(default {DEFAULT_MAX_RECORD_BYTES:,} = 256 MiB)",
     )
     p.add_argument(
         "--follow",

@@ -91,8 +91,18 @@ def main(argv: list[str] | None = None) -> int:
     except (CliError, ValueError, OSError) as exc:
         if args.debug:
             raise
-        print(f"dspark-obs {args.command}: error: {exc}", file=sys.stderr)
+        print(f"dspark-obs {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
+
+
+def one_line(text: str) -> str:
+    """`text` as one terminal line: control characters are shown escaped, not acted on.
+
+    Messages quote file names and values from the command line or from files,
+    which may hold a newline or a terminal escape sequence; printed raw they
+    would split the one-line error or drive the terminal.
+    """
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -19,6 +23,7 @@ from ..runtime.language import parse_workload
 from ..runtime.sts_warmup import warmup_sts
 from ..store import RunWriter, open_run
 from ..store.provenance import versions
+from ..store.writer import FLUSH_SECONDS, FLUSH_STEPS
 from .errors import CliError
 from .progress import step_progress
 from .summary_cmd import print_summary
@@ -146,6 +151,62 @@ def add_runtime_arguments(
     )
 
 
+def install_stop_handlers(stop: threading.Event) -> None:
+    """SIGTERM (systemd, docker stop) and SIGINT (Ctrl-C) set `stop` instead of killing, so
+    the command ends between steps and closes its run store."""
+
+    def handler(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def add_store_arguments(p: argparse.ArgumentParser) -> None:
+    """How often the run store publishes a part: the most a crash (SIGKILL, power loss) can
+    cost is what was buffered since the last part, so these two bound the loss."""
+    g = p.add_argument_group("run store")
+    g.add_argument(
+        "--flush-steps",
+        type=int,
+        default=FLUSH_STEPS,
+        metavar="N",
+        help=f"publish a part every N buffered steps (default {FLUSH_STEPS})",
+    )
+    g.add_argument(
+        "--flush-seconds",
+        type=float,
+        default=FLUSH_SECONDS,
+        metavar="S",
+        help="publish a part once the oldest buffered step is S seconds old, checked as "
+        f"steps arrive (default {FLUSH_SECONDS:g})",
+    )
+
+
+def store_options(args: argparse.Namespace) -> dict:
+    """RunWriter keyword arguments from `add_store_arguments`, checked."""
+    if args.flush_steps < 1 or not args.flush_seconds >= 0:
+        raise CliError("--flush-steps must be >= 1 and --flush-seconds >= 0")
+    return {"flush_steps": args.flush_steps, "flush_seconds": args.flush_seconds}
+
+
+def refuse_existing_run(out: Path) -> None:
+    """One line, exit 2: a run directory is written once, never appended to by a new command.
+
+    After a crash (SIGKILL) the directory holds an incomplete run whose published parts
+    stay readable; a restart must not mix a second run into it, so it is refused too.
+    """
+    manifest = Path(out) / "run.json"
+    if not manifest.exists():
+        return
+    try:
+        complete = json.loads(manifest.read_text(encoding="utf-8")).get("complete") is True
+    except (OSError, ValueError, AttributeError):
+        complete = True  # unreadable: say no more than that a run is there
+    state = "" if complete else " (incomplete: its writer was stopped before closing it)"
+    raise CliError(f"{out} already holds a run{state}; choose another --out")
+
+
 def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
     try:
         workloads = [parse_workload(s) for s in args.workloads.split(",") if s.strip()]
@@ -230,28 +291,37 @@ def execute(
     *,
     show_progress: bool = True,
     on_pipeline: Callable[[Pipeline], object] | None = None,
+    stop: threading.Event | None = None,
+    store: dict | None = None,
 ) -> Path:
-    """Run the runtime to completion through the pipeline into `out`.
+    """Run the runtime to completion (or until `stop` is set) through the pipeline into `out`.
 
     The pipeline's aggregates and ceiling estimator see every step in band
     (the estimator gathers from the runtime's verify distributions);
-    `on_pipeline` gets it before the first step (the demo serves it).
+    `on_pipeline` gets it before the first step (the demo serves it). A run
+    ended by `stop` (SIGTERM, Ctrl-C) is flushed and closed like a finished
+    one, with `interrupted: true` in its manifest; `store` holds RunWriter
+    options (flush interval).
     """
     if sts is not None:
         config.sts_temperatures = list(sts.temperatures)
     runtime = DSparkRuntime(config)
     start = time.perf_counter()
-    writer = RunWriter(out, build_manifest(config, sts))
+    writer = RunWriter(out, build_manifest(config, sts), **(store or {}))
     if sts is not None:
         save_sts(sts, out / "sts.json")
     pipeline = Pipeline(Aggregates(config.gamma), writer, estimator=CeilingEstimator(config.gamma))
     if on_pipeline is not None:
         on_pipeline(pipeline)
+    interrupted = False
     try:
         with step_progress(runtime.total_steps, f"{config.mode} run", show_progress) as advance:
             for batch in runtime.run():
                 pipeline.ingest(batch, "runtime", runtime.gather_target_logprobs)
                 advance(batch)
+                if stop is not None and stop.is_set():
+                    interrupted = True
+                    break
     finally:
         pipeline.close(
             {
@@ -259,6 +329,7 @@ def execute(
                 "requests_arrived": runtime.arrived,
                 "requests_finished": runtime.finished,
             }
+            | ({"interrupted": True} if interrupted else {})
         )
     return out
 
@@ -266,11 +337,22 @@ def execute(
 def handle(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     out = args.out or default_run_dir(config.mode)
-    if (out / "run.json").exists():
-        raise CliError(f"{out} already holds a run; choose another --out")
+    refuse_existing_run(out)
+    store = store_options(args)
+    # SIGTERM and Ctrl-C end the run between steps; what ran is flushed and closed.
+    stop = threading.Event()
+    install_stop_handlers(stop)
     sts = resolve_sts(args, config)
-    execute(config, out, sts, show_progress=not args.quiet)
-    print_summary(open_run(out), as_json=args.json)
+    if stop.is_set():
+        print("interrupted before the first step; nothing stored", file=sys.stderr)
+        return 0
+    execute(config, out, sts, show_progress=not args.quiet, stop=stop, store=store)
+    run = open_run(out)
+    if run.manifest.get("interrupted"):
+        steps = run.manifest.get("steps", 0)
+        print(f"interrupted: {steps:,} steps stored in {out}", file=sys.stderr)
+    if run.manifest.get("steps"):
+        print_summary(run, as_json=args.json)
     return 0
 
 
@@ -285,4 +367,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_runtime_arguments(p, steps_per_level=200, concurrency="1,8,32,64,128,256")
+    add_store_arguments(p)
     p.set_defaults(handler=handle)

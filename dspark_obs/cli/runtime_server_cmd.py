@@ -7,19 +7,47 @@ that answers like a DSpark SGLang server, on a machine without a GPU.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import threading
+from pathlib import Path
 
-from ..frontend import MAX_RECORDS, RuntimeFrontend
+from ..frontend import DEFAULT_RATE_LIMIT, MAX_RECORDS, RuntimeFrontend
+from ..telemetry.sglang import MAX_DP_RANKS
 from .errors import CliError
 from .run_cmd import add_runtime_arguments, config_from_args, resolve_sts
 from .serve_cmd import install_stop_handlers
+
+#: Where the server's own API key may come from besides --api-key-file.
+API_KEY_ENV = "DSPARK_RUNTIME_API_KEY"
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """The key clients must send: --api-key-file, else --api-key, else $DSPARK_RUNTIME_API_KEY.
+
+    A file or the environment keep the key out of argv, which any local user
+    can read with `ps`; --api-key stays for quick local tries. Messages name
+    the file, never its content.
+    """
+    if args.api_key_file is not None:
+        try:
+            key = args.api_key_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or type(exc).__name__
+            raise CliError(f"--api-key-file {args.api_key_file}: {reason}") from None
+        if not key:
+            raise CliError(f"--api-key-file {args.api_key_file}: empty")
+        return key
+    return args.api_key or os.environ.get(API_KEY_ENV) or None
 
 
 def handle(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise CliError("--port must be within 0..65535")
-    if args.dp_size < 1:
-        raise CliError("--dp-size must be >= 1")
+    if not 1 <= args.dp_size <= MAX_DP_RANKS:
+        raise CliError(f"--dp-size must be within 1..{MAX_DP_RANKS}")
+    if not math.isfinite(args.rate_limit) or args.rate_limit < 0:
+        raise CliError("--rate-limit must be a number >= 0 (0 disables it)")
     if args.speed < 0:
         raise CliError("--speed must be >= 0")
     if args.max_records < 1:
@@ -35,8 +63,9 @@ def handle(args: argparse.Namespace) -> int:
             port=args.port,
             dp_size=args.dp_size,
             speed=args.speed,
-            api_key=args.api_key,
+            api_key=api_key(args),
             max_records=args.max_records,
+            rate_limit=args.rate_limit,
         )
     except OSError as exc:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
@@ -72,8 +101,28 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0.0,
         help="sleep each step's simulated time / X; 0 steps as fast as possible (default 0)",
     )
+    keys = p.add_mutually_exclusive_group()
+    keys.add_argument(
+        "--api-key-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="require 'Authorization: Bearer KEY' (not on /health), KEY read from FILE; "
+        f"else from env {API_KEY_ENV}",
+    )
+    keys.add_argument(
+        "--api-key",
+        default=None,
+        help="the same, KEY on the command line (visible to other users in ps: prefer "
+        "--api-key-file)",
+    )
     p.add_argument(
-        "--api-key", default=None, help="require 'Authorization: Bearer KEY' (not on /health)"
+        "--rate-limit",
+        type=float,
+        default=DEFAULT_RATE_LIMIT,
+        metavar="REQ_PER_S",
+        help="requests per second per client address before '429 Too Many Requests' "
+        f"(bursts up to one second's worth; default {DEFAULT_RATE_LIMIT:g}; 0 disables)",
     )
     p.add_argument(
         "--max-records",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
 import time
@@ -16,11 +15,21 @@ from ..service import Exporter, parse_listen, run_sources
 from ..sources import parse_source
 from ..sources.replay import ReplaySource
 from ..sources.runtime_source import RuntimeSource
+from ..sources.sglang_http import DEFAULT_MAX_BYTES
 from ..sources.sglang_poller import SGLangPoller, read_api_key
 from ..sources.workloads import workload_rule
 from ..store import RunStoreError, RunWriter
 from .errors import CliError
-from .run_cmd import add_runtime_arguments, build_manifest, config_from_args, resolve_sts
+from .run_cmd import (
+    add_runtime_arguments,
+    add_store_arguments,
+    build_manifest,
+    config_from_args,
+    install_stop_handlers,
+    refuse_existing_run,
+    resolve_sts,
+    store_options,
+)
 
 
 def add_exporter_arguments(p: argparse.ArgumentParser, listen: str = "127.0.0.1:9464") -> None:
@@ -48,14 +57,6 @@ def add_exporter_arguments(p: argparse.ArgumentParser, listen: str = "127.0.0.1:
     )
 
 
-def install_stop_handlers(stop: threading.Event) -> None:
-    def handler(signum, frame):
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-
-
 def _sglang_sources(urls: list[str], args: argparse.Namespace, stats: IngestStats) -> list:
     try:
         workload_of = workload_rule(args.workload_from_rid, args.workload_file)
@@ -74,6 +75,7 @@ def _sglang_sources(urls: list[str], args: argparse.Namespace, stats: IngestStat
             clear=not args.no_clear,
             gamma=args.gamma,
             workload_of=workload_of,
+            max_bytes=args.sglang_max_bytes,
         )
         for i, url in enumerate(urls)
     ]
@@ -93,6 +95,8 @@ def handle(args: argparse.Namespace) -> int:
         raise CliError("--workload-cap must be >= 1 and --window-steps >= 8")
     if args.speed < 0 or args.poll_interval <= 0 or args.poll_timeout <= 0:
         raise CliError("--speed must be >= 0, --poll-interval and --poll-timeout > 0")
+    if args.sglang_max_bytes < 1:
+        raise CliError("--sglang-max-bytes must be >= 1")
     stats = IngestStats()
     kind, arg = parsed[0]
     if kind == "runtime":
@@ -119,8 +123,9 @@ def handle(args: argparse.Namespace) -> int:
             "gamma": args.gamma,
         }
     gamma = sources[0].gamma
-    if out is not None and (Path(out) / "run.json").exists():
-        raise CliError(f"{out} already holds a run; choose another --out")
+    if out is not None:
+        refuse_existing_run(out)
+    store = store_options(args)
     assume = {"greedy": True, "sampled": False, None: None}[args.assume]
     pipeline = Pipeline(
         Aggregates(gamma, workload_cap=args.workload_cap, window_steps=args.window_steps),
@@ -143,7 +148,7 @@ def handle(args: argparse.Namespace) -> int:
         # Created only once serving works: a refused port or web config must not leave an
         # incomplete run in --out that then blocks the corrected command ("already holds a run").
         try:
-            writer = RunWriter(out, {k: v for k, v in manifest.items() if k != "complete"})
+            writer = RunWriter(out, {k: v for k, v in manifest.items() if k != "complete"}, **store)
         except BaseException:
             exporter.stop()
             raise
@@ -160,14 +165,16 @@ def handle(args: argparse.Namespace) -> int:
     finally:
         stop.set()
         pollers = [s for s in sources if isinstance(s, SGLangPoller)]
-        pipeline.close(
-            {
+        extra = None
+        if pollers:
+            extra = {
                 "mode": next((p.mode for p in pollers if p.mode), None),
                 "timing": "measured" if any(p.timed for p in pollers) else None,
             }
-            if pollers
-            else None
-        )
+        elif isinstance(sources[0], RuntimeSource):
+            runtime = sources[0].runtime  # as `run` records them
+            extra = {"requests_arrived": runtime.arrived, "requests_finished": runtime.finished}
+        pipeline.close(extra)
         exporter.stop()
     records, errors, _ = pipeline.stats.snapshot()
     print(
@@ -211,6 +218,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=3,
         help="failed reads retried at the interval before backing off (default 3)",
+    )
+    g.add_argument(
+        "--sglang-max-bytes",
+        type=int,
+        default=DEFAULT_MAX_BYTES,
+        metavar="N",
+        help="refuse /server_info answers over N bytes, counted as reason 'oversized' "
+        f"(default {DEFAULT_MAX_BYTES:,} = 256 MiB)",
     )
     g.add_argument(
         "--no-clear",
@@ -260,5 +275,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="exit when a finite source (replay) ends instead of serving on",
     )
     add_exporter_arguments(p)
+    add_store_arguments(p)
     add_runtime_arguments(p, steps_per_level=200, concurrency="1,8,32,64,128,256")
     p.set_defaults(handler=handle)

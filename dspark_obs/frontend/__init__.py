@@ -1,5 +1,19 @@
 """Fronts that make the reference runtime look like a real serving engine."""
 
-from .sglang_server import COMPONENTS, MAX_RECORDS, RequestError, RuntimeFrontend
+from .sglang_server import (
+    COMPONENTS,
+    DEFAULT_RATE_LIMIT,
+    MAX_RECORDS,
+    RateLimiter,
+    RequestError,
+    RuntimeFrontend,
+)
 
-__all__ = ["COMPONENTS", "MAX_RECORDS", "RequestError", "RuntimeFrontend"]
+__all__ = [
+    "COMPONENTS",
+    "DEFAULT_RATE_LIMIT",
+    "MAX_RECORDS",
+    "RateLimiter",
+    "RequestError",
+    "RuntimeFrontend",
+]

@@ -17,6 +17,7 @@ import hmac
 import itertools
 import json
 import logging
+import math
 import threading
 import time
 import uuid
@@ -30,7 +31,7 @@ import msgspec
 from .. import __version__
 from ..runtime.config import RuntimeConfig
 from ..runtime.engine import DSparkRuntime, ExternalRequest, FinishedRequest
-from ..telemetry.sglang import batch_to_record, batches_to_info_record
+from ..telemetry.sglang import MAX_DP_RANKS, batch_to_record, batches_to_info_record
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,10 @@ log = logging.getLogger(__name__)
 COMPONENTS = ("core", "reqs", "step_cpu_time", "step_gpu_time")
 MAX_RECORDS = 200_000
 MAX_BODY = 1 << 20
+#: Requests per second per client address before 429: far above what a poller (1/s) or a
+#: benchmark client of the simulated runtime needs, low enough to blunt a runaway loop or
+#: an API-key guessing script.
+DEFAULT_RATE_LIMIT = 200.0
 #: SGLang's default when `sampling_params` gives none.
 DEFAULT_MAX_NEW_TOKENS = 128
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?'-()\n"
@@ -165,6 +170,67 @@ class Rank:
             self.records.clear()
 
 
+class RateLimiter:
+    """A token bucket per client address: `rate` requests per second, bursts up to `burst`.
+
+    Buckets are kept per address only while they matter: once more than
+    `max_clients` are tracked, buckets that have refilled completely (idle
+    clients) are forgotten, so a scan from many addresses cannot grow memory
+    without bound.
+    """
+
+    def __init__(
+        self,
+        rate: float,
+        burst: float | None = None,
+        *,
+        clock=time.monotonic,
+        max_clients: int = 10_000,
+    ) -> None:
+        if not math.isfinite(rate) or rate < 0:
+            raise ValueError("--rate-limit must be a finite number >= 0 (0 disables it)")
+        self.rate = rate
+        self.burst = burst if burst is not None else max(1.0, rate)
+        self.clock = clock
+        self.max_clients = max_clients
+        self.refused = 0
+        self._buckets: dict[str, tuple[float, float]] = {}  # client -> (tokens, at)
+        self._lock = threading.Lock()
+
+    def wait(self, client: str) -> float:
+        """0 when `client` may go ahead (a token is taken), else seconds until it may."""
+        if self.rate <= 0:
+            return 0.0
+        now = self.clock()
+        with self._lock:
+            tokens, at = self._buckets.get(client, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - at) * self.rate)
+            if tokens >= 1.0:
+                self._buckets[client] = (tokens - 1.0, now)
+                if len(self._buckets) > self.max_clients:
+                    self._forget_idle(now)
+                return 0.0
+            self._buckets[client] = (tokens, now)
+            self.refused += 1
+            if self.refused == 1:
+                log.warning(
+                    "client %s went over --rate-limit %g/s (answered 429); "
+                    "further refusals are only counted",
+                    client,
+                    self.rate,
+                )
+            return (1.0 - tokens) / self.rate
+
+    def _forget_idle(self, now: float) -> None:
+        full = [
+            c
+            for c, (tokens, at) in self._buckets.items()
+            if tokens + (now - at) * self.rate >= self.burst
+        ]
+        for c in full:
+            del self._buckets[c]
+
+
 def _as_list(value, n: int, what: str) -> list:
     """Broadcast a per-request field of a batch request (SGLang lets one value serve all)."""
     if isinstance(value, list):
@@ -228,15 +294,17 @@ class RuntimeFrontend:
         speed: float = 0.0,
         api_key: str | None = None,
         max_records: int = MAX_RECORDS,
+        rate_limit: float = DEFAULT_RATE_LIMIT,
     ) -> None:
-        if dp_size < 1:
-            raise ValueError("--dp-size must be >= 1")
+        if not 1 <= dp_size <= MAX_DP_RANKS:
+            raise ValueError(f"--dp-size must be within 1..{MAX_DP_RANKS}")
         if speed < 0:
             raise ValueError("--speed must be >= 0")
         if max_records < 1:
             raise ValueError("max records must be >= 1")
         self.config = config
         self.api_key = api_key
+        self.limiter = RateLimiter(rate_limit)
         self.ranks = [Rank(i, config, speed, max_records) for i in range(dp_size)]
         self._next_rank = itertools.count()
         self._rr_lock = threading.Lock()
@@ -362,6 +430,8 @@ def _make_handler(front: RuntimeFrontend) -> type[BaseHTTPRequestHandler]:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if self.close_connection:  # a body left unread: tell the client, then hang up
+                self.send_header("Connection", "close")
             if status == HTTPStatus.UNAUTHORIZED:
                 self.send_header("WWW-Authenticate", "Bearer")
             self.end_headers()
@@ -396,9 +466,30 @@ def _make_handler(front: RuntimeFrontend) -> type[BaseHTTPRequestHandler]:
             except (ValueError, UnicodeDecodeError) as exc:
                 raise RequestError(f"invalid JSON body: {exc}") from None
 
+        def _limited(self, method: str) -> bool:
+            """Answer 429 (with Retry-After) when this client is over --rate-limit."""
+            wait = front.limiter.wait(self.client_address[0])
+            if not wait:
+                return False
+            data = msgspec.json.encode(
+                {"error": {"message": "too many requests", "code": HTTPStatus.TOO_MANY_REQUESTS}}
+            )
+            self.send_response(HTTPStatus.TOO_MANY_REQUESTS)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Retry-After", str(max(1, math.ceil(wait))))
+            if method == "POST":  # its body stays unread: the connection cannot be reused
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(data)
+            return True
+
         def _dispatch(self, method: str) -> None:
             path = self.path.split("?")[0]
             try:
+                # before authentication, so that a key-guessing loop is slowed down as well
+                if self._limited(method):
+                    return
                 if not self._authorized():
                     if method == "POST":
                         self.close_connection = True

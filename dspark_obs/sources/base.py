@@ -6,6 +6,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from ..telemetry import StepBatch
 
@@ -27,6 +28,12 @@ def parse_source(spec: str) -> tuple[str, str | None]:
             raise ValueError(f"--source {spec}: {arg} is not a directory")
         return "run", arg
     if kind == "sglang" and sep and arg.startswith(("http://", "https://")):
+        if "@" in urlsplit(arg).netloc:
+            # user:password@ would be echoed in logs, the source label and the run manifest
+            raise ValueError(
+                "--source sglang:URL: credentials in the URL are not supported (they would "
+                "show in logs and metric labels); use --sglang-api-key-file"
+            )
         return "sglang", arg
     raise ValueError(
         f"--source {spec!r}: expected 'runtime', 'run:RUN_DIR' or 'sglang:http(s)://HOST:PORT'"

@@ -17,30 +17,33 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import msgspec
 import numpy as np
 
 from ..telemetry import StepBatch
-from ..telemetry.batch import MODES
+from ..telemetry.batch import MAX_GAMMA, MODES
 from ..telemetry.sglang import (
     DecodeStepRecord,
     SGLangFormatError,
     WorkloadOf,
+    decode_step_record,
     record_to_batch,
     server_info_ranks,
 )
 
 __all__ = [
     "BLOCK_ACCEPT",
+    "DEFAULT_MAX_RECORD_BYTES",
     "SERVER_INFO",
     "JsonlFollower",
     "RecordDedup",
     "ServerInfoReader",
     "detect_kind",
+    "iter_lines",
     "read_json_objects",
 ]
 
@@ -63,32 +66,88 @@ def detect_kind(obj: Any) -> str | None:
     return None
 
 
-def read_json_objects(path: Path) -> tuple[list[Any], int]:
+#: Default cap on one record (a line, or a whole single-document file): far above a drained
+#: `/server_info` answer, far below what would exhaust the memory of the machine reading it.
+DEFAULT_MAX_RECORD_BYTES = 256 << 20
+_CHUNK = 1 << 20
+
+
+def iter_lines(fh: BinaryIO, max_bytes: int) -> Iterator[bytes | None]:
+    """The lines of a binary file without their newlines; None for each line over `max_bytes`.
+
+    Read in chunks, and a line past the limit is dropped as it is read, so a
+    file holding one enormous line (a dump that lost its newlines, a binary
+    file given by mistake) costs at most `max_bytes` of memory, not its size.
+    """
+    pending = bytearray()
+    oversized = False
+    while chunk := fh.read(_CHUNK):
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            piece = chunk[start:] if nl < 0 else chunk[start:nl]
+            if not oversized:
+                if len(pending) + len(piece) > max_bytes:
+                    oversized = True
+                    pending.clear()
+                else:
+                    pending += piece
+            if nl < 0:
+                break
+            yield None if oversized else bytes(pending)
+            pending.clear()
+            oversized = False
+            start = nl + 1
+    if oversized:
+        yield None
+    elif pending:
+        yield bytes(pending)
+
+
+def read_json_objects(
+    path: Path, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
+) -> tuple[list[Any], int, int]:
     """A file as a list of JSON values: one whole document, or one per line.
 
     A `curl` loop's output may be a single pretty-printed document or JSONL;
-    trying the whole file first handles both. Returns (values, undecodable
-    lines); a line that does not decode (a poller killed mid-write) is only
-    counted, since the rest of the file is still good.
+    trying the whole file first handles both (when the file is within
+    `max_record_bytes`). Returns (values, undecodable lines, lines over the
+    limit); a line that does not decode (a poller killed mid-write) or is too
+    large is only counted, since the rest of the file is still good.
     """
+    values: list[Any] = []
+    bad = oversized = 0
     try:
-        data = path.read_bytes()
+        if path.stat().st_size <= max_record_bytes:
+            data = path.read_bytes()
+            try:
+                return [msgspec.json.decode(data)], 0, 0
+            except msgspec.DecodeError:
+                pass
+            lines: Iterable[bytes | None] = data.splitlines()
+            for line in lines:
+                bad += _decode_into(values, line)
+            return values, bad, 0
+        with path.open("rb") as fh:
+            for line in iter_lines(fh, max_record_bytes):
+                if line is None:
+                    oversized += 1
+                else:
+                    bad += _decode_into(values, line)
     except OSError as exc:
         raise OSError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return values, bad, oversized
+
+
+def _decode_into(values: list[Any], line: bytes) -> int:
+    """Append the line's JSON value; 1 if it does not decode, else 0 (blank lines: 0)."""
+    if not line.strip():
+        return 0
     try:
-        return [msgspec.json.decode(data)], 0
+        values.append(msgspec.json.decode(line))
     except msgspec.DecodeError:
-        pass
-    values: list[Any] = []
-    bad = 0
-    for line in data.splitlines():
-        if not line.strip():
-            continue
-        try:
-            values.append(msgspec.json.decode(line))
-        except msgspec.DecodeError:
-            bad += 1
-    return values, bad
+        return 1
+    return 0
 
 
 class RecordDedup:
@@ -157,7 +216,10 @@ class ServerInfoReader:
     def _add_rank(self, rank: int, env: Any) -> int:
         records = env.get("records") if isinstance(env, dict) else None
         gamma, mode = (env.get("gamma"), env.get("mode")) if isinstance(env, dict) else (None, None)
-        if not isinstance(records, list) or not isinstance(gamma, int) or gamma < 1:
+        if not isinstance(records, list) or not isinstance(gamma, int) or isinstance(gamma, bool):
+            self.bad["bad_envelope"] += 1
+            return 0
+        if not 1 <= gamma <= MAX_GAMMA:  # the run's aggregates are sized by it
             self.bad["bad_envelope"] += 1
             return 0
         if mode not in MODES:
@@ -172,9 +234,9 @@ class ServerInfoReader:
         new = 0
         for raw in records:
             try:
-                rec = msgspec.convert(raw, DecodeStepRecord)
-            except msgspec.ValidationError:
-                self.bad["bad_record"] += 1
+                rec = decode_step_record(raw)
+            except SGLangFormatError as exc:
+                self.bad[exc.reason] += 1
                 continue
             if not self.dedup.offer(rank, rec.forward_ct):
                 continue
@@ -191,8 +253,8 @@ class ServerInfoReader:
                 yield record_to_batch(
                     rec, gamma=gamma, mode=mode, rank=rank, workload_of=self.workload_of
                 )
-            except SGLangFormatError:
-                self.bad["bad_record"] += 1
+            except SGLangFormatError as exc:
+                self.bad[exc.reason] += 1
 
     @property
     def dropped(self) -> dict[int, int]:
@@ -210,13 +272,18 @@ class JsonlFollower:
     is re-read from the start.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(
+        self, path: str | os.PathLike, max_line_bytes: int = DEFAULT_MAX_RECORD_BYTES
+    ) -> None:
         self.path = Path(path)
+        self.max_line_bytes = max_line_bytes
         self.rotations = 0
         self.lost_partial_lines = 0
+        self.oversized_lines = 0
         self._fh = None
         self._ino: int | None = None
         self._buf = b""
+        self._skipping = False  # inside a line already counted as oversized
         self._open()
 
     def _open(self) -> bool:
@@ -227,17 +294,35 @@ class JsonlFollower:
         self._fh = fh
         self._ino = os.fstat(fh.fileno()).st_ino
         self._buf = b""
+        self._skipping = False
         return True
 
     def _drain(self) -> list[bytes]:
+        """Complete lines appended since the last read, in bounded chunks.
+
+        A line longer than `max_line_bytes` is counted in `oversized_lines` and
+        dropped as it arrives (its head is discarded, then everything up to its
+        newline), so one runaway line never has to fit in memory.
+        """
         if self._fh is None:
             return []
-        chunk = self._fh.read()
-        if not chunk:
-            return []
-        data = self._buf + chunk
-        *lines, self._buf = data.split(b"\n")
-        return [line for line in lines if line.strip()]
+        out: list[bytes] = []
+        while chunk := self._fh.read(_CHUNK):
+            *lines, tail = (self._buf + chunk).split(b"\n")
+            for line in lines:
+                if self._skipping:
+                    self._skipping = False  # the rest of a line already counted
+                elif len(line) > self.max_line_bytes:
+                    self.oversized_lines += 1
+                elif line.strip():
+                    out.append(line)
+            self._buf = tail
+            if len(self._buf) > self.max_line_bytes:
+                if not self._skipping:
+                    self.oversized_lines += 1
+                self._skipping = True
+                self._buf = b""
+        return out
 
     def read_lines(self) -> list[bytes]:
         """Every complete line written since the last call (possibly none)."""
@@ -261,6 +346,7 @@ class JsonlFollower:
         elif st.st_size < self._fh.tell():
             self._fh.seek(0)
             self._buf = b""
+            self._skipping = False
             self.rotations += 1
             lines += self._drain()
         return lines

@@ -5,16 +5,20 @@ Each entry of `internal_states` is one data-parallel rank; its
 oldest dropped, never cleared by itself). After each read the poller drains
 them with `POST /set_internal_state {"server_args":
 {"dspark_clear_info_records": true}}` unless told not to (operators who share
-the buffer with other readers). Either way records are de-duplicated by
-(rank, forward_ct): without draining, consecutive reads overlap; with it, steps
-recorded between the read and the clear are lost, and show up as gaps.
+the buffer with other readers), as soon as the answer has arrived: before
+decoding or ingesting it, so that the window between the two is the server's
+serialisation of the answer plus two round trips. Either way records are
+de-duplicated by (rank, forward_ct): without draining, consecutive reads
+overlap; with it, steps recorded in that window are lost, and show up as gaps
+once a later step of the rank arrives.
 
 A step counter that goes backwards means the server restarted: the rank starts
 over. Gaps are counted as dropped steps. A component the server does not dump
 (no `reqs`: no per-request metrics) is reported once, clearly. Every failure
-(connection refused, timeout, HTTP error, truncated JSON, a record that breaks
-the schema) is counted by reason and logged once per reason; the poller backs
-off and keeps trying, and `dspark_source_up` says whether it is getting data.
+(connection refused, timeout, HTTP error, truncated JSON, an answer over the
+byte limit, a record that breaks the schema) is counted by reason and logged
+once per reason; the poller backs off and keeps trying, and `dspark_source_up`
+says whether it is getting data.
 """
 
 from __future__ import annotations
@@ -33,13 +37,15 @@ import numpy as np
 
 from ..pipeline import IngestStats
 from ..telemetry import StepBatch
+from ..telemetry.batch import InvalidBatch
 from ..telemetry.sglang import (
-    DecodeStepRecord,
     SGLangFormatError,
+    check_rank_count,
     decode_info_record,
+    decode_step_record,
     record_to_batch,
 )
-from .sglang_http import SGLangClient
+from .sglang_http import DEFAULT_MAX_BYTES, ResponseTooLarge, SGLangClient
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +60,8 @@ def read_api_key(path: Path | None = None) -> str | None:
             key = Path(path).read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise ValueError(f"--sglang-api-key-file {path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:  # the message names the file, never quotes its content
+            raise ValueError(f"--sglang-api-key-file {path}: not UTF-8 text") from None
         if not key:
             raise ValueError(f"--sglang-api-key-file {path}: empty")
         return key
@@ -76,6 +84,7 @@ class SGLangPoller:
         clear: bool = True,
         gamma: int = 7,
         workload_of: Callable[[np.ndarray], np.ndarray] | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self.url = url.rstrip("/")
         self.name = f"sglang:{self.url}"
@@ -86,7 +95,7 @@ class SGLangPoller:
         self.clear = clear
         self.gamma = gamma
         self.workload_of = workload_of
-        self.client = SGLangClient(self.url, api_key, timeout)
+        self.client = SGLangClient(self.url, api_key, timeout, max_bytes)
         self.last_fct: dict[int, int] = {}
         self.dropped_steps = 0
         self.duplicates = 0
@@ -97,6 +106,10 @@ class SGLangPoller:
     # -- HTTP ----------------------------------------------------------------
 
     def _fault(self, exc: BaseException) -> str:
+        if isinstance(exc, ResponseTooLarge):
+            return ResponseTooLarge.reason
+        if isinstance(exc, InvalidBatch):
+            return exc.reason
         if isinstance(exc, urllib.error.HTTPError):
             return f"http_{exc.code}"
         if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
@@ -107,15 +120,15 @@ class SGLangPoller:
             return "bad_json"
         return "poll_failed"
 
-    def _read(self) -> dict:
-        raw = self.client.request("/server_info")
+    def _decode(self, raw: bytes) -> list:
         try:
             data = msgspec.json.decode(raw)
         except msgspec.DecodeError as exc:
             raise ValueError(f"truncated or invalid JSON ({exc})") from None
         if not isinstance(data, dict) or not isinstance(data.get("internal_states"), list):
-            raise SGLangFormatError("server_info has no internal_states list")
-        return data
+            raise SGLangFormatError("server_info has no internal_states list", "bad_json")
+        check_rank_count(data["internal_states"])
+        return data["internal_states"]
 
     def _report_once(self, key: str, message: str) -> None:
         if key not in self._reported:
@@ -129,11 +142,27 @@ class SGLangPoller:
         while not stop.is_set():
             start = time.monotonic()
             try:
-                data = self._read()
+                raw = self.client.request("/server_info")
+                # Drain at once: what a rank records between the read and the clear is lost,
+                # so nothing (decoding a large answer, ingesting it) may sit in between.
+                # HTTP framing already guarantees the answer arrived whole.
+                if self.clear:
+                    try:
+                        self.client.clear_records()
+                    except Exception as exc:
+                        self.stats.error(self.name, "clear_failed", repr(exc))
+                states = self._decode(raw)
             except Exception as exc:  # every failure is counted and retried, never raised
                 failures += 1
                 self.stats.set_up(self.name, False)
                 self.stats.error(self.name, self._fault(exc), repr(exc))
+                if isinstance(exc, ResponseTooLarge) and self.clear:
+                    # A buffer too large to read stays too large unless drained: drop it so
+                    # the next poll can succeed; the steps lost show up as dropped_steps.
+                    try:
+                        self.client.clear_records()
+                    except Exception as clear_exc:
+                        self.stats.error(self.name, "clear_failed", repr(clear_exc))
                 delay = (
                     self.interval
                     if failures <= self.retries
@@ -143,16 +172,11 @@ class SGLangPoller:
                 continue
             failures = 0
             self.stats.set_up(self.name, True)
-            yield from self._records(data)
-            if self.clear:
-                try:
-                    self.client.clear_records()
-                except Exception as exc:
-                    self.stats.error(self.name, "clear_failed", repr(exc))
+            yield from self._records(states)
             stop.wait(max(0.0, self.interval - (time.monotonic() - start)))
 
-    def _records(self, data: dict) -> Iterator[StepBatch]:
-        for dp_rank, state in enumerate(data["internal_states"]):
+    def _records(self, states: list) -> Iterator[StepBatch]:
+        for dp_rank, state in enumerate(states):
             rank = self.rank_offset + dp_rank
             info_raw = state.get("dspark_info_record") if isinstance(state, dict) else None
             if info_raw is None:
@@ -172,9 +196,9 @@ class SGLangPoller:
                 continue
             for raw in raw_records if isinstance(raw_records, list) else []:
                 try:
-                    info.records.append(msgspec.convert(raw, DecodeStepRecord))
-                except (msgspec.ValidationError, TypeError) as exc:
-                    self.stats.error(self.name, "bad_record", f"not a step record: {exc}")
+                    info.records.append(decode_step_record(raw))
+                except SGLangFormatError as exc:
+                    self.stats.error(self.name, exc.reason, str(exc))
             self.mode = info.mode
             self.timed |= bool({"step_cpu_time", "step_gpu_time"} & set(info.components))
             if "reqs" not in info.components:
@@ -206,4 +230,4 @@ class SGLangPoller:
                         rec, gamma=info.gamma, mode=info.mode, rank=rank, **kwargs
                     )
                 except SGLangFormatError as exc:
-                    self.stats.error(self.name, "bad_record", str(exc))
+                    self.stats.error(self.name, exc.reason, str(exc))

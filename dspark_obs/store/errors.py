@@ -9,6 +9,27 @@ to look at that file.
 
 from __future__ import annotations
 
+import polars as pl
+
 
 class RunStoreError(ValueError):
     """A run directory (or a table or manifest in it) is missing, corrupt or misused."""
+
+
+#: What reading a damaged Parquet part can raise. polars panics (a BaseException, with the
+#: panic's own message on stderr) on some corrupted data pages instead of raising an error.
+READ_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    pl.exceptions.PolarsError,
+    pl.exceptions.PanicException,
+)
+
+
+def unreadable(path, exc: BaseException) -> RunStoreError:
+    """A RunStoreError for data polars or the OS could not read, on one line.
+
+    Library messages (polars' especially) span several lines with hints; the
+    first line says what failed, and the CLI prints errors as one line.
+    """
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return RunStoreError(f"{path}: unreadable: {first}")

@@ -18,15 +18,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 from ..telemetry.batch import StepBatch
-from .errors import RunStoreError
-from .tables import REQUESTS, STEPS, frames_to_batches
+from .errors import READ_ERRORS, RunStoreError, unreadable
+from .tables import REQUESTS, STEPS, frames_to_batches, requests_schema, steps_schema
 
 MANIFEST = "run.json"
 _PART_RE = re.compile(r"^part-(\d{6,})\.parquet$")
@@ -77,6 +77,10 @@ class Run:
 
     path: Path
     manifest: dict[str, Any]
+    #: parts whose footer and schema were checked, by (path, size, mtime): checked once
+    _checked: dict[tuple[str, int, int], pl.Schema] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @property
     def complete(self) -> bool:
@@ -99,11 +103,54 @@ class Run:
         return [p for _, p in self._part_list(table)]
 
     def scan(self, table: str) -> pl.LazyFrame:
-        """All parts of `table` as one lazy frame, so queries push down into Parquet."""
+        """All parts of `table` as one lazy frame, so queries push down into Parquet.
+
+        Every part's footer and schema are checked first (once per part), so a
+        truncated, foreign or mismatched part is a RunStoreError naming it here
+        rather than a polars error deep inside someone's query. Damage inside a
+        data page can only show when the page is read.
+        """
         files = self.parts(table)
         if not files:
             raise RunStoreError(f"{self.path / table}: table {table!r} has no parts")
+        self.check_parts(table, files)
         return pl.scan_parquet([str(f) for f in files], glob=False)
+
+    def _expected_schema(self, table: str) -> dict[str, pl.DataType]:
+        if table == STEPS:
+            return dict(steps_schema())
+        if table == REQUESTS:
+            gamma = self.manifest.get("gamma")
+            schema = dict(requests_schema(gamma if isinstance(gamma, int) and gamma > 0 else 1))
+            if not (isinstance(gamma, int) and gamma > 0):  # matrix width unknown: names only
+                schema = {k: v for k, v in schema.items() if not isinstance(v, pl.Array)}
+            return schema
+        return {}
+
+    def check_parts(self, table: str, files: list[Path]) -> None:
+        """RunStoreError unless every part is readable Parquet with the table's schema."""
+        expected = self._expected_schema(table)
+        first: pl.Schema | None = None
+        for f in files:
+            try:
+                st = f.stat()
+                key = (str(f), st.st_size, st.st_mtime_ns)
+                schema = self._checked.get(key)
+                if schema is None:
+                    schema = pl.read_parquet_schema(f)
+            except READ_ERRORS as exc:
+                raise unreadable(f, exc) from exc
+            for name, dtype in expected.items():
+                if name in schema and schema[name] != dtype:
+                    raise RunStoreError(f"{f}: column {name} is {schema[name]}, expected {dtype}")
+            missing = [name for name in expected if name not in schema]
+            if missing:
+                raise RunStoreError(f"{f}: not a {table!r} part, lacks columns {missing[:5]}")
+            if first is None:
+                first = schema
+            elif schema != first:
+                raise RunStoreError(f"{f}: schema differs from {files[0].name}")
+            self._checked[key] = schema
 
     def steps(self) -> pl.LazyFrame:
         return self.scan(STEPS)
@@ -118,17 +165,22 @@ class Run:
             raise RunStoreError(f"{self.path / STEPS}: table 'steps' has no parts")
         for number, steps_path in steps:
             req_path = self.path / REQUESTS / part_name(number)
+            self.check_parts(STEPS, [steps_path])
+            if req_path.is_file():
+                self.check_parts(REQUESTS, [req_path])
             try:
                 steps_df = pl.read_parquet(steps_path)
                 requests_df = pl.read_parquet(req_path) if req_path.is_file() else None
-            except (OSError, pl.exceptions.PolarsError) as exc:
-                raise RunStoreError(f"{steps_path}: unreadable part: {exc}") from exc
+            except READ_ERRORS as exc:
+                raise unreadable(steps_path, exc) from exc
             if requests_df is None and steps_df["has_reqs"].any():
                 raise RunStoreError(f"{req_path}: missing, but its steps part has request rows")
             try:
                 batches = frames_to_batches(steps_df, requests_df)
             except RunStoreError as exc:
                 raise RunStoreError(f"{steps_path}: {exc}") from exc
+            except (*READ_ERRORS, ValueError) as exc:  # values no writer writes
+                raise unreadable(steps_path, exc) from exc
             yield from batches
 
 

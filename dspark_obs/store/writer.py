@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 
 #: Version of the on-disk layout, recorded in run.json for future readers.
 STORE_VERSION = 1
+#: Default flush interval: a part per this many steps, or once the oldest buffered step is
+#: this many seconds old. A crash loses at most what was buffered since the last part.
+FLUSH_STEPS = 2000
+FLUSH_SECONDS = 5.0
 
 
 def _fsync_dir(path: Path) -> None:
@@ -88,8 +92,8 @@ class RunWriter:
         run_dir: str | Path,
         manifest: Mapping[str, Any],
         *,
-        flush_steps: int = 2000,
-        flush_seconds: float = 5.0,
+        flush_steps: int = FLUSH_STEPS,
+        flush_seconds: float = FLUSH_SECONDS,
         resume: bool = False,
     ) -> None:
         if flush_steps < 1:
@@ -286,7 +290,9 @@ class RunWriter:
         try:
             steps, reqs = batches_to_frames(self._batches, self._gamma)
             return steps, reqs, self._batches
-        except Exception:
+        # not swallowed: the slow path below converts batch by batch to find, count and log
+        # the culprits; converting the rest raises if anything still fails
+        except Exception:  # nosec B110
             pass
         good: list[StepBatch] = []
         for b in self._batches:  # slow path, only after a failure: find the culprits
@@ -320,18 +326,24 @@ class RunWriter:
         )
 
     def flush(self) -> None:
-        """Publish everything buffered as one part per table (steps last, as the commit)."""
+        """Publish everything buffered as one part per table.
+
+        Order is what a crash mid-flush leaves: `requests`, then `steps` (the
+        commit: a reader ignores a requests part without its steps part), then
+        the extra tables. Extra rows (the estimator's `ceilings`) describe steps
+        up to this flush, so published after the steps they never refer to a
+        step a crash took; a crash after the steps part costs them alone.
+        """
         if self._closed or (not self._batches and not self._rows):
             return
         number = self._next_part
-        frames: list[tuple[str, pl.DataFrame]] = [
-            (table, pl.concat(dfs, how="vertical")) for table, dfs in self._rows.items()
-        ]
+        frames: list[tuple[str, pl.DataFrame]] = []
         written: list[StepBatch] = []
         if self._batches:
             steps, reqs, written = self._convert()
             if written:
                 frames += [(REQUESTS, reqs), (STEPS, steps)]
+        frames += [(table, pl.concat(dfs, how="vertical")) for table, dfs in self._rows.items()]
         # Buffers are cleared only once every table is published: a failed flush
         # (disk full) is retried whole, under the same part number.
         for table, df in frames:

@@ -22,6 +22,14 @@ import numpy as np
 
 MODES = ("static", "compact", "cap-accept")
 
+#: Largest block size accepted from outside. Histograms and matrices are sized by gamma,
+#: so an absurd gamma in a corrupt record must be refused before anything is allocated
+#: for it; 64 is also the reference runtime's limit and far above SGLang's usual 4..16.
+MAX_GAMMA = 64
+
+#: numpy's int64 range: integer fields from JSON are unbounded Python ints until here.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 #: Per-request columns shaped `[bs]`, with their numpy dtype.
 REQUEST_COLUMNS: dict[str, type] = {
     "rid": object,
@@ -163,6 +171,20 @@ class StepBatch:
 
     def validate(self) -> None:
         """Raise InvalidBatch when columns disagree in shape or break DSpark's invariants."""
+        if not _is_int(self.gamma) or not 1 <= self.gamma <= MAX_GAMMA:
+            raise InvalidBatch("gamma_out_of_range", f"gamma {self.gamma!r} outside 1..{MAX_GAMMA}")
+        # Step scalars come straight from JSON: a value numpy cannot hold would crash the
+        # aggregates (OverflowError) far from where it entered, so it is refused here.
+        for name in ("forward_ct", "rank", *STEP_INT_FIELDS, *STEP_OPTIONAL_INT_FIELDS):
+            value = getattr(self, name)
+            if value is None and name in STEP_OPTIONAL_INT_FIELDS:
+                continue
+            if not _is_int(value) or not INT64_MIN <= value <= INT64_MAX:
+                raise InvalidBatch("malformed", f"{name}={value!r} is not a 64-bit integer")
+        for name in STEP_OPTIONAL_FLOAT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (float, int, np.floating, np.integer)):
+                raise InvalidBatch("malformed", f"{name}={value!r} is not a number")
         n = self.num_reqs
         for name in REQUEST_COLUMNS:
             col = getattr(self, name)
@@ -185,8 +207,10 @@ class StepBatch:
                 raise InvalidBatch("window_out_of_range", f"window outside 0..gamma={self.gamma}")
             if (self.correct_drafts < 0).any() or (self.correct_drafts > w).any():
                 raise InvalidBatch("accepted_out_of_range", "correct_drafts outside 0..window")
+            # gamma - correct_drafts, not correct_drafts + cap_trim: the sum of a huge
+            # cap_trim would wrap around int64 and slip through
             if (self.cap_trim < 0).any() or (
-                self.correct_drafts + self.cap_trim > self.gamma
+                self.cap_trim > self.gamma - self.correct_drafts
             ).any():
                 raise InvalidBatch(
                     "cap_trim_out_of_range", "cap_trim outside 0..gamma-correct_drafts"
@@ -200,6 +224,10 @@ class StepBatch:
                 mat = getattr(self, name)
                 if mat is not None and not ((mat >= 0) & (mat <= 1)).all():
                     raise InvalidBatch("probability_out_of_range", f"{name} outside [0, 1] or NaN")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 def empty_request_columns(n: int, gamma: int) -> dict[str, np.ndarray]:

@@ -14,10 +14,12 @@ import msgspec
 import numpy as np
 
 from .batch import (
+    MAX_GAMMA,
     MODES,
     STEP_INT_FIELDS,
     STEP_OPTIONAL_FLOAT_FIELDS,
     STEP_OPTIONAL_INT_FIELDS,
+    InvalidBatch,
     StepBatch,
     empty_request_columns,
 )
@@ -78,6 +80,9 @@ class InfoRecord(msgspec.Struct):
     simulate_acc_len: int | None = None
 
 
+#: Most data-parallel ranks one server's answer may list (see `check_rank_count`).
+MAX_DP_RANKS = 256
+
 #: `ReqDetail`'s integer fields, in SGLang's order.
 REQ_INT_FIELDS = (
     "req_pool_index",
@@ -90,8 +95,18 @@ REQ_INT_FIELDS = (
 )
 
 
-class SGLangFormatError(ValueError):
-    """A payload that does not follow SGLang's documented record shape."""
+class SGLangFormatError(InvalidBatch):
+    """A payload that does not follow SGLang's documented record shape.
+
+    An `InvalidBatch`, so it carries the `reason` label a source counts it under
+    (`dspark_ingest_errors_total{reason=...}`): `bad_record` for a record that
+    does not decode or convert, `bad_json` for undecodable bytes, or the
+    telemetry model's own reason (`window_out_of_range`, ...) for a record
+    that decodes but breaks DSpark's invariants.
+    """
+
+    def __init__(self, message: str, reason: str = "bad_record") -> None:
+        super().__init__(reason, message)
 
 
 WorkloadOf = Callable[[np.ndarray], np.ndarray]
@@ -103,12 +118,27 @@ def _no_workload(rids: np.ndarray) -> np.ndarray:
 
 def decode_info_record(payload: bytes | str | dict) -> InfoRecord:
     """Parse one rank's `dspark_info_record` (JSON text or an already-decoded dict)."""
+    if not isinstance(payload, (bytes, str, dict)):
+        # e.g. a rank whose dspark_info_record is null or a list in a damaged answer
+        raise SGLangFormatError(f"not a dspark_info_record: a {type(payload).__name__}")
     try:
         if isinstance(payload, dict):
             return msgspec.convert(payload, InfoRecord)
         return msgspec.json.decode(payload, type=InfoRecord)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise SGLangFormatError(f"not a dspark_info_record: {exc}") from exc
+
+
+def decode_step_record(raw: object) -> DecodeStepRecord:
+    """One step record from its decoded JSON, or SGLangFormatError (`bad_record`).
+
+    Sources decode an envelope's records one by one with this, so a record of
+    the wrong shape costs that record only.
+    """
+    try:
+        return msgspec.convert(raw, DecodeStepRecord)
+    except (msgspec.ValidationError, TypeError) as exc:
+        raise SGLangFormatError(f"not a step record: {exc}") from exc
 
 
 def record_to_batch(
@@ -128,22 +158,35 @@ def record_to_batch(
     step_mode = rec.mode or mode
     if step_mode not in MODES:
         raise SGLangFormatError(f"forward_ct {rec.forward_ct}: unknown mode {step_mode!r}")
+    if not 1 <= gamma <= MAX_GAMMA:
+        # before anything is sized by it: a corrupt gamma must not allocate [bs, gamma]
+        raise SGLangFormatError(
+            f"forward_ct {rec.forward_ct}: gamma {gamma} outside 1..{MAX_GAMMA}",
+            "gamma_out_of_range",
+        )
     scalars = {name: getattr(rec, name) for name in (*STEP_INT_FIELDS, *STEP_OPTIONAL_INT_FIELDS)}
     scalars.update({name: getattr(rec, name) for name in STEP_OPTIONAL_FLOAT_FIELDS})
     reqs = rec.reqs
     if reqs is None:
-        return StepBatch(
-            forward_ct=rec.forward_ct,
-            gamma=gamma,
-            mode=step_mode,
-            rank=rank,
-            has_reqs=False,
-            **scalars,
+        # validated too: its step scalars reach the aggregates like any other step's
+        return _validated(
+            rec,
+            StepBatch(
+                forward_ct=rec.forward_ct,
+                gamma=gamma,
+                mode=step_mode,
+                rank=rank,
+                has_reqs=False,
+                **scalars,
+            ),
         )
     n = len(reqs)
     cols = empty_request_columns(n, gamma)
-    for name in REQ_INT_FIELDS:
-        cols[name] = np.fromiter((getattr(r, name) for r in reqs), dtype=np.int64, count=n)
+    try:
+        for name in REQ_INT_FIELDS:
+            cols[name] = np.fromiter((getattr(r, name) for r in reqs), dtype=np.int64, count=n)
+    except OverflowError as exc:  # JSON integers are unbounded; int64 columns are not
+        raise SGLangFormatError(f"forward_ct {rec.forward_ct}: {name} beyond int64") from exc
     cols["rid"] = np.array([r.rid for r in reqs] + [None], dtype=object)[:n]
     if n and all(r.rid is not None for r in reqs):
         cols["workload"] = workload_of(cols["rid"])
@@ -164,12 +207,14 @@ def record_to_batch(
                 raise SGLangFormatError(f"forward_ct {rec.forward_ct}: {name} on some reqs only")
             else:
                 matrices[name] = None
+    except SGLangFormatError:
+        raise
     except ValueError as exc:
-        if isinstance(exc, SGLangFormatError):
-            raise
         raise SGLangFormatError(
             f"forward_ct {rec.forward_ct}: per-position lists are not {gamma} long"
         ) from exc
+    except OverflowError as exc:
+        raise SGLangFormatError(f"forward_ct {rec.forward_ct}: draft token beyond int64") from exc
     batch = StepBatch(
         forward_ct=rec.forward_ct,
         gamma=gamma,
@@ -179,10 +224,14 @@ def record_to_batch(
         **cols,
         **matrices,
     )
+    return _validated(rec, batch)
+
+
+def _validated(rec: DecodeStepRecord, batch: StepBatch) -> StepBatch:
     try:
         batch.validate()
-    except ValueError as exc:
-        raise SGLangFormatError(f"forward_ct {rec.forward_ct}: {exc}") from exc
+    except InvalidBatch as exc:
+        raise SGLangFormatError(f"forward_ct {rec.forward_ct}: {exc}", exc.reason) from exc
     return batch
 
 
@@ -276,10 +325,27 @@ def batches_to_info_record(
     }
 
 
+def check_rank_count(states: list) -> None:
+    """Refuse an answer listing more DP ranks than any deployment has.
+
+    Each rank becomes a `rank` label value and its own aggregate groups, so a
+    damaged answer with thousands of entries would blow up both the series
+    count and the cost of every update.
+    """
+    if len(states) > MAX_DP_RANKS:
+        raise SGLangFormatError(
+            f"server_info lists {len(states)} ranks, more than {MAX_DP_RANKS}", "too_many_ranks"
+        )
+
+
 def server_info_ranks(payload: bytes | str | dict) -> list[dict | None]:
     """Each DP rank's `dspark_info_record` in a `GET /server_info` answer (None if absent)."""
-    data = msgspec.json.decode(payload) if isinstance(payload, (bytes, str)) else payload
+    try:
+        data = msgspec.json.decode(payload) if isinstance(payload, (bytes, str)) else payload
+    except msgspec.DecodeError as exc:
+        raise SGLangFormatError(f"server_info is not JSON: {exc}", "bad_json") from exc
     states = data.get("internal_states") if isinstance(data, dict) else None
     if not isinstance(states, list):
-        raise SGLangFormatError("server_info has no internal_states list")
+        raise SGLangFormatError("server_info has no internal_states list", "bad_json")
+    check_rank_count(states)
     return [s.get("dspark_info_record") if isinstance(s, dict) else None for s in states]

@@ -1,0 +1,267 @@
+"""Crash safety: `serve` and `run` killed at random moments leave a readable, honest run.
+
+The run store publishes a part per flush by atomic rename, so SIGKILL (the OOM
+killer, a power cut, `kill -9`) may cost what was buffered since the last part
+and nothing else. Each repeat starts a real child writing a run directory,
+kills it with SIGKILL after a seeded random delay (sometimes before it has
+created anything, often mid-flush), then checks:
+
+- every published part of every table reads (`scan`), `Run.batches()` gives the
+  stored steps and their request rows back, step keys are unique, and the
+  stored steps are a gap-free prefix of what the child produced;
+- the loss is at most one flush interval: `serve` (flushing every N steps) had
+  served at most N steps more than it stored, per the last `dspark_steps_total`
+  scraped before the kill; `run` (flushing every S seconds) published its last
+  part at most S seconds (plus one flush's slack) before the kill;
+- the manifest says `complete: false`;
+- starting the same command into the same directory is refused with one line and
+  exit status 2 and leaves the directory byte for byte as it was, or, when the
+  child died before writing `run.json`, starts afresh into it.
+
+SIGTERM and Ctrl-C, by contrast, flush and close: exit 0, `complete: true`, every
+step served stored, even with a flush interval longer than the run.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from dspark_obs.store import open_run
+
+from .test_serve_cli import Child, run_cli, sample_sum, scrape
+
+SEED = 20251130
+SERVE_KILLS = 12
+RUN_KILLS = 8
+SERVE_FLUSH_STEPS = (16, 40)  # drawn per repeat
+RUN_FLUSH_SECONDS = 0.4
+#: What a flush in progress may add to `run`'s bound: writing one part of RUN_FLUSH_SECONDS
+#: worth of steps, on a busy two-core machine.
+FLUSH_SLACK_SECONDS = 1.5
+
+RUNTIME = ["--sts", "none", "--concurrency", "32", "--max-new-tokens", "64"]
+
+
+def _serve_args(out: Path, seed: int, flush_steps: int, flush_seconds: float) -> list[str]:
+    return [
+        "serve",
+        "--source",
+        "runtime",
+        "--speed",
+        "0",
+        *RUNTIME,
+        "--seed",
+        str(seed),
+        "--listen",
+        "127.0.0.1:0",
+        "--out",
+        str(out),
+        "--flush-steps",
+        str(flush_steps),
+        "--flush-seconds",
+        str(flush_seconds),
+    ]
+
+
+def _run_args(out: Path, seed: int, flush_steps: int, flush_seconds: float) -> list[str]:
+    return [
+        "run",
+        *RUNTIME,
+        "--steps-per-level",
+        "1000000",
+        "--seed",
+        str(seed),
+        "--quiet",
+        "--out",
+        str(out),
+        "--flush-steps",
+        str(flush_steps),
+        "--flush-seconds",
+        str(flush_seconds),
+    ]
+
+
+def _snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
+def check_readable(run_dir: Path) -> tuple[int, int]:
+    """Everything published reads back consistently; (steps, request rows) stored."""
+    run = open_run(run_dir)
+    frames = {table: run.scan(table).collect() for table in run.tables()}
+    if "steps" not in frames:
+        # killed before the first flush: nothing else may have been published either
+        assert frames == {}, list(frames)
+        return 0, 0
+    steps, reqs = frames["steps"], frames.get("requests", pl.DataFrame())
+    # one rank, counting from 0: the stored steps are exactly the first n, each once
+    fct = steps["forward_ct"].to_numpy()
+    assert steps.select(pl.struct("rank", "forward_ct").is_unique().all()).item()
+    assert (np.sort(fct) == np.arange(len(fct))).all(), fct
+    per_step = reqs.group_by("forward_ct").len()
+    joined = steps.join(per_step, on="forward_ct", how="left").fill_null(0)
+    assert (joined["len"] == joined["bs"]).all()
+    batches = list(run.batches())
+    assert [b.forward_ct for b in batches] == fct.tolist()
+    assert sum(b.num_reqs for b in batches) == reqs.height == steps["bs"].sum()
+    # extra tables are published after their flush's steps: none outlives a killed flush
+    step_parts = {p.name for p in run.parts("steps")}
+    for table in frames:
+        assert {p.name for p in run.parts(table)} <= step_parts, table
+    if "ceilings" in frames:
+        assert frames["ceilings"]["forward_ct"].max() < len(fct)
+    # no temporary file is ever mistaken for a part
+    assert not any(p.name.endswith(".tmp") for t in frames for p in run.parts(t))
+    return steps.height, reqs.height
+
+
+def check_restart(args: list[str], run_dir: Path, cwd: Path, command: str) -> str:
+    """The same command into the killed run's directory; what it did ('refused' / 'fresh')."""
+    if not (run_dir / "run.json").exists():
+        # died before the writer began: the directory holds no run, so a restart begins one
+        assert not list(run_dir.rglob("*.parquet")) if run_dir.exists() else True
+        with Child(*args, workdir=cwd) as child:
+            if command == "serve":
+                child.url()
+            else:
+                assert _started(run_dir), child.describe()
+            rc = child.stop(signal.SIGTERM, timeout=10)
+        assert rc == 0, child.describe()
+        assert json.loads((run_dir / "run.json").read_text())["complete"] is True
+        check_readable(run_dir)
+        return "fresh"
+    before = _snapshot(run_dir)
+    proc = run_cli(*args, cwd=cwd, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        f"dspark-obs {command}: error: {run_dir} already holds a run (incomplete: its writer "
+        "was stopped before closing it); choose another --out\n"
+    ), proc.stderr
+    assert "serving" not in proc.stdout
+    assert _snapshot(run_dir) == before
+    return "refused"
+
+
+def _started(run_dir: Path, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not (run_dir / "run.json").exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_sigkill_at_random_moments_loses_at_most_one_flush_interval(tmp_path):
+    rng = random.Random(SEED)
+    outcomes = []
+    for i in range(SERVE_KILLS + RUN_KILLS):
+        command = "serve" if i < SERVE_KILLS else "run"
+        out = tmp_path / f"{command}{i}"
+        cwd = tmp_path / f"cwd{i}"
+        if command == "serve":
+            flush_steps, flush_seconds = rng.choice(SERVE_FLUSH_STEPS), 3600.0
+            args = _serve_args(out, i, flush_steps, flush_seconds)
+        else:
+            flush_steps, flush_seconds = 1_000_000, RUN_FLUSH_SECONDS
+            args = _run_args(out, i, flush_steps, flush_seconds)
+        # a delay from the start of the process: early kills land before anything exists
+        delay = rng.uniform(0.3, 3.5)
+        seen = None  # the last dspark_steps_total scraped (serve)
+        with Child(*args, workdir=cwd) as child:
+            deadline = time.monotonic() + delay
+            url = None
+            while time.monotonic() < deadline:
+                if command == "serve":
+                    if url is None and "serving" in child.stdout:
+                        url = child.url()
+                    if url is not None:
+                        seen = sample_sum(scrape(url), "dspark_steps_total")
+                time.sleep(0.01)
+            killed_at = time.time()
+            child.proc.send_signal(signal.SIGKILL)
+            assert child.proc.wait(10) == -signal.SIGKILL, child.describe()
+
+        behind = None  # run: seconds between the last published part and the kill
+        if not (out / "run.json").exists():
+            stored = rows = 0
+            assert seen is None or seen == 0
+        else:
+            manifest = json.loads((out / "run.json").read_text())
+            assert manifest["complete"] is False
+            stored, rows = check_readable(out)
+            if command == "serve" and seen is not None:
+                # everything served up to the last scrape, but one flush interval, is stored
+                assert seen - stored <= flush_steps, (seen, stored, flush_steps)
+            if command == "run":
+                parts = sorted((out / "steps").glob("part-*.parquet"))
+                last = (parts[-1] if parts else out / "run.json").stat().st_mtime
+                behind = killed_at - last
+                assert behind <= flush_seconds + FLUSH_SLACK_SECONDS, (behind, len(parts))
+        restart = check_restart(args, out, cwd, command)
+        outcomes.append(
+            (command, round(delay, 2), flush_steps, seen, stored, rows, restart, behind)
+        )
+
+    lost = [o[3] - o[4] for o in outcomes if o[0] == "serve" and o[3] is not None]
+    behind = [o[7] for o in outcomes if o[7] is not None]
+    kills = {c: sum(o[0] == c for o in outcomes) for c in ("serve", "run")}
+    restarts = {r: sum(o[6] == r for o in outcomes) for r in ("refused", "fresh")}
+    print(
+        f"\ncrash safety: {len(outcomes)} SIGKILLs ({kills['serve']} serve, {kills['run']} run); "
+        f"{sum(o[4] > 0 for o in outcomes)} left published parts, all readable; "
+        f"steps stored {sum(o[4] for o in outcomes):,}, "
+        f"request rows {sum(o[5] for o in outcomes):,}; "
+        f"serve loss vs last scrape max {max(lost, default=0):.0f} steps "
+        f"(bound {max(SERVE_FLUSH_STEPS)}); run's last part before the kill max "
+        f"{max(behind, default=0):.2f} s (flush every {RUN_FLUSH_SECONDS} s); "
+        f"restarts refused {restarts['refused']}, "
+        f"fresh {restarts['fresh']}"
+    )
+    for o in outcomes:
+        print("  ", o)
+    # the draw covered the cases: kills with parts published and kills mid-run in both commands
+    assert sum(o[4] > 0 for o in outcomes if o[0] == "serve") >= SERVE_KILLS // 2
+    assert sum(o[4] > 0 for o in outcomes if o[0] == "run") >= RUN_KILLS // 2
+
+
+@pytest.mark.parametrize("command", ["serve", "run"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_and_ctrl_c_flush_and_close(tmp_path, command, sig):
+    out = tmp_path / "run"
+    # a flush interval longer than the run: only the closing flush can store anything
+    build = _serve_args if command == "serve" else _run_args
+    args = build(out, 7, 1_000_000, 3600.0)
+    with Child(*args, workdir=tmp_path / "cwd") as child:
+        seen = 0.0
+        if command == "serve":
+            url = child.url()
+            deadline = time.monotonic() + 30
+            while (seen := sample_sum(scrape(url), "dspark_steps_total")) < 50:
+                assert time.monotonic() < deadline, child.describe()
+                time.sleep(0.05)
+        else:
+            assert _started(out), child.describe()
+            time.sleep(1.0)
+        assert not list(out.glob("steps/part-*.parquet"))  # nothing flushed before the signal
+        rc = child.stop(sig, timeout=15)
+    assert rc == 0, child.describe()
+    assert "Traceback" not in child.stderr
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["complete"] is True
+    stored, rows = check_readable(out)
+    assert stored == manifest["steps"] >= max(seen, 1)
+    assert rows == manifest["request_steps"] > 0
+    if command == "run":
+        assert manifest["interrupted"] is True
+        assert f"interrupted: {stored:,} steps stored in {out}" in child.stderr
+    else:
+        assert f"stopped: {stored:,} steps ingested, 0 rejected" in child.stderr
+        assert manifest["requests_arrived"] >= manifest["requests_finished"] > 0
