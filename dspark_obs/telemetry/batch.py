@@ -29,6 +29,13 @@ MAX_GAMMA = 64
 
 #: numpy's int64 range: integer fields from JSON are unbounded Python ints until here.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Largest `req_pool_index` accepted. It is a slot in the server's request pool (bounded by
+#: its running-request cap, a few thousand at most); the estimator keeps per-slot state in
+#: arrays indexed by it, so an absurd index would make it allocate without bound.
+MAX_REQ_POOL_INDEX = (1 << 20) - 1
+#: A step counter counts up from 0; the estimator keeps step numbers in float64 matrices,
+#: exact up to 2**53 (about 285 years at a million steps per second).
+MAX_FORWARD_CT = 2**53
 
 #: Per-request columns shaped `[bs]`, with their numpy dtype.
 REQUEST_COLUMNS: dict[str, type] = {
@@ -181,6 +188,8 @@ class StepBatch:
                 continue
             if not _is_int(value) or not INT64_MIN <= value <= INT64_MAX:
                 raise InvalidBatch("malformed", f"{name}={value!r} is not a 64-bit integer")
+        if not 0 <= self.forward_ct <= MAX_FORWARD_CT:
+            raise InvalidBatch("malformed", f"forward_ct {self.forward_ct} outside 0..2**53")
         for name in STEP_OPTIONAL_FLOAT_FIELDS:
             value = getattr(self, name)
             if value is not None and not isinstance(value, (float, int, np.floating, np.integer)):
@@ -202,6 +211,11 @@ class StepBatch:
         if self.has_reqs and self.bs not in (-1, n):
             raise InvalidBatch("malformed", f"bs={self.bs} but {n} request rows")
         if n:
+            pool = self.req_pool_index
+            if (pool < -1).any() or (pool > MAX_REQ_POOL_INDEX).any():
+                raise InvalidBatch(
+                    "pool_index_out_of_range", f"req_pool_index outside -1..{MAX_REQ_POOL_INDEX}"
+                )
             w = self.window
             if (w < 0).any() or (w > self.gamma).any():
                 raise InvalidBatch("window_out_of_range", f"window outside 0..gamma={self.gamma}")
