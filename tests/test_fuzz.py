@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -591,9 +592,14 @@ def test_block_accept_jsonl_counts_bad_lines_and_never_raises(lines):
 
 # -- STS and cost-table JSON files ------------------------------------------------------------
 
+
+def _json_containers(inner):
+    return st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner)
+
+
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=6),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner),
+    _json_containers,
     max_leaves=12,
 )
 STS_BASE = {
@@ -806,9 +812,9 @@ def isolated_reader(tmp_path_factory):
 
 @fuzz(500)
 @given(damages())
-@example(("truncate", "steps", 1, __import__("random").Random(1)))  # footer gone: polars error
-@example(("other_types", "steps", 0, __import__("random").Random(2)))
-@example(("flip", "requests", 2, __import__("random").Random(3)))
+@example(("truncate", "steps", 1, random.Random(1)))  # footer gone: polars error
+@example(("other_types", "steps", 0, random.Random(2)))
+@example(("flip", "requests", 2, random.Random(3)))
 def test_damaged_run_raises_run_store_error(small_run, isolated_reader, damage):
     """open_run / scan / batches / summarize: the data, or RunStoreError naming the path."""
     work = Path(tempfile.mkdtemp(prefix="fuzz-run-"))

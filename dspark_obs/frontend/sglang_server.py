@@ -281,6 +281,13 @@ def parse_generate(body: dict) -> tuple[list[dict], bool]:
     return out, batched
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # The standard library's backlog of 5 drops (and, under load, resets) connections when a
+    # benchmark or a shadow replay opens dozens at once; they should wait in the queue.
+    request_queue_size = 128
+
+
 class RuntimeFrontend:
     """The ranks and the HTTP server in front of them."""
 
@@ -308,8 +315,7 @@ class RuntimeFrontend:
         self.ranks = [Rank(i, config, speed, max_records) for i in range(dp_size)]
         self._next_rank = itertools.count()
         self._rr_lock = threading.Lock()
-        self.httpd = ThreadingHTTPServer((host, port), _make_handler(self))
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), _make_handler(self))
         self._serve_thread: threading.Thread | None = None
 
     @property
