@@ -42,6 +42,7 @@ import math
 import re
 from bisect import bisect_left
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
@@ -52,8 +53,7 @@ from dspark_obs.aggregates.cost_model import (
     DEFAULT_M_PROBES,
     M_BIN,
     REL_BUCKETS,
-    cell_m,
-    fit_cells,
+    fit_cell_map,
 )
 from dspark_obs.aggregates.steps import COUNT_BUCKETS, QUANTITIES
 from dspark_obs.aggregates.tokens import histogram_slices
@@ -75,54 +75,23 @@ _ERR_WIDTH = 7 + len(_REL_BUCKETS) + 1  # n, predicted, measured, |err|, err, er
 _HIGH = 1.0 - EPS_PROB
 
 
+@dataclass(slots=True)
 class ReqRecord:
     """One request in one step, as SGLang's `ReqDetail` (plus what our aggregates read)."""
 
-    __slots__ = (
-        "acc_len",
-        "bonus_token",
-        "cap_trim",
-        "confidence",
-        "correct_drafts",
-        "draft_tokens",
-        "prefix_len",
-        "req_pool_index",
-        "rid",
-        "shadow_ceiling",
-        "survival",
-        "verify_len",
-        "workload",
-    )
-
-    def __init__(
-        self,
-        rid,
-        workload,
-        req_pool_index,
-        prefix_len,
-        verify_len,
-        acc_len,
-        correct_drafts,
-        cap_trim,
-        bonus_token,
-        shadow_ceiling,
-        draft_tokens,
-        confidence,
-        survival,
-    ) -> None:
-        self.rid = rid
-        self.workload = workload
-        self.req_pool_index = req_pool_index
-        self.prefix_len = prefix_len
-        self.verify_len = verify_len
-        self.acc_len = acc_len
-        self.correct_drafts = correct_drafts
-        self.cap_trim = cap_trim
-        self.bonus_token = bonus_token
-        self.shadow_ceiling = shadow_ceiling
-        self.draft_tokens = draft_tokens
-        self.confidence = confidence
-        self.survival = survival
+    rid: str
+    workload: str
+    req_pool_index: int
+    prefix_len: int
+    verify_len: int
+    acc_len: int
+    correct_drafts: int
+    cap_trim: int
+    bonus_token: int
+    shadow_ceiling: int
+    draft_tokens: list | None
+    confidence: list | None
+    survival: list | None
 
 
 def req_records(batch: StepBatch) -> list[ReqRecord]:
@@ -410,7 +379,7 @@ class SGLangStyleAggregates:
             cell[2] += m * m
             self.since_refit[sg] += 1
             if self.since_refit[sg] >= REFIT_EVERY or self.refits[sg] is None:
-                self.refits[sg] = self._refit(sg)
+                self.refits[sg] = fit_cell_map(self.cells[sg], DEFAULT_BS_PROBES, DEFAULT_M_PROBES)
                 self.since_refit[sg] = 0
 
     def _tick(self) -> None:
@@ -419,22 +388,6 @@ class SGLangStyleAggregates:
         if self.interval_steps >= self.window_steps:
             self.cur.merge_into(self.total)
             self.interval_steps = 0
-
-    def _refit(self, sg: int):
-        cells = self.cells[sg]
-        if len(cells) < 2:
-            return None
-        keys = np.array(list(cells), dtype=np.float64)
-        stats = np.array(list(cells.values()))
-        return fit_cells(
-            keys[:, 0],
-            cell_m(keys[:, 1]),
-            stats[:, 0],
-            stats[:, 1],
-            stats[:, 2],
-            np.asarray(DEFAULT_BS_PROBES, dtype=np.float64),
-            np.asarray(DEFAULT_M_PROBES, dtype=np.float64),
-        )
 
     # -- reading -------------------------------------------------------------------
 

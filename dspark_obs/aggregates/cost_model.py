@@ -13,6 +13,7 @@ cell, and memory grows with distinct cells, not with steps.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,6 +94,30 @@ def fit_cells(
     return Refit(r2, float(np.sqrt(max(sse, 0.0) / total)), int(total), len(n), coef)
 
 
+def fit_cell_map(
+    cells: Mapping[tuple[int, int], Sequence[float]], bs_probes, m_probes
+) -> Refit | None:
+    """`fit_cells` over cells kept as `{(bs, M-bin): [count, sum, sum of squares]}`.
+
+    Live accumulators keep cells in a mapping because a step touches only a few;
+    both the live aggregate and the SGLang-style baseline refit from one, so the
+    mapping-to-columns step lives here once. Fewer than 2 cells: no fit yet.
+    """
+    if len(cells) < 2:
+        return None
+    keys = np.array(list(cells), dtype=np.float64)
+    stats = np.array(list(cells.values()), dtype=np.float64)
+    return fit_cells(
+        keys[:, 0],
+        cell_m(keys[:, 1]),
+        stats[:, 0],
+        stats[:, 1],
+        stats[:, 2],
+        bs_probes,
+        m_probes,
+    )
+
+
 class CostModelAggregate:
     def __init__(
         self,
@@ -169,20 +194,7 @@ class CostModelAggregate:
                 self._since_refit[gi] = 0
 
     def refit(self, gi: int) -> Refit | None:
-        cells = self.cells[gi]
-        if len(cells) < 2:
-            return None
-        keys = np.array(list(cells), dtype=np.float64)
-        stats = np.array(list(cells.values()))
-        return fit_cells(
-            keys[:, 0],
-            cell_m(keys[:, 1]),
-            stats[:, 0],
-            stats[:, 1],
-            stats[:, 2],
-            self.bs_probes,
-            self.m_probes,
-        )
+        return fit_cell_map(self.cells[gi], self.bs_probes, self.m_probes)
 
     def error_metrics(self, table: np.ndarray) -> dict[str, np.ndarray]:
         """Mean predicted and measured, MAE, bias, mean and median relative error per group."""
