@@ -11,7 +11,7 @@ cannot support (no shadow, no logits, no step times, no sweep) becomes a
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -202,6 +202,42 @@ def _slug(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "-" for c in label)
 
 
+def _arm_figures(
+    w: FigureQueue, section: int, label: str, args: tuple, figures: list[tuple[Callable, str, str]]
+) -> list[Figure]:
+    """Queue `(make, stem, caption)` figures of one arm over the same arguments.
+
+    The arm's label goes into every file stem and caption, so the views that
+    repeat per arm neither overwrite each other's files nor read ambiguously.
+    """
+    return [
+        w.save(section, make, args, f"{stem}-{_slug(label)}", f"{label}: {caption}")
+        for make, stem, caption in figures
+    ]
+
+
+Cell = Callable[[dict], str]
+
+
+def _num(key: str, digits: int = 3) -> Cell:
+    return lambda r: fmt(r[key], digits)
+
+
+def _name(key: str) -> Cell:
+    return lambda r: r[key] or "(none)"
+
+
+def _rows_table(
+    title: str, columns: dict[str, Cell], rows: Iterable[dict], note: str = ""
+) -> Table:
+    """A table of one row per record, from `{header: cell}`.
+
+    Each header sits beside the cell that fills it, so a column added or moved
+    cannot drift out of line with its values.
+    """
+    return Table(title, list(columns), [[cell(r) for cell in columns.values()] for r in rows], note)
+
+
 # -- sections ------------------------------------------------------------------------------
 
 
@@ -224,6 +260,22 @@ def _workload_rows(arm: Arm) -> list[dict]:
     return rows
 
 
+_WORKLOAD_COLUMNS: dict[str, Cell] = {
+    "workload": _name("workload"),
+    "request-steps": _num("request_steps"),
+    "window": _num("mean_window"),
+    "accepted": _num("mean_accepted"),
+    "committed": _num("mean_committed"),
+    "ceiling (observed)": _num("mean_ceiling"),
+    "ceiling (walk) [lo, hi]": lambda r: (
+        f"{fmt(r['estimated_ceiling'])} [{fmt(r['estimated_lo'])}, {fmt(r['estimated_hi'])}]"
+    ),
+    "ceiling (population)": _num("population_ceiling"),
+    "utilisation": _num("utilisation"),
+    "trimmed tokens": _num("trimmed_tokens"),
+}
+
+
 def workloads_section(arms: list[Arm], w: FigureQueue) -> Section:
     s = Section(
         "workloads",
@@ -235,38 +287,11 @@ def workloads_section(arms: list[Arm], w: FigureQueue) -> Section:
         "rows with a known ceiling.",
     )
     for arm in arms:
-        rows = _workload_rows(arm)
         s.tables.append(
-            Table(
+            _rows_table(
                 f"{arm.label}: per workload",
-                [
-                    "workload",
-                    "request-steps",
-                    "window",
-                    "accepted",
-                    "committed",
-                    "ceiling (observed)",
-                    "ceiling (walk) [lo, hi]",
-                    "ceiling (population)",
-                    "utilisation",
-                    "trimmed tokens",
-                ],
-                [
-                    [
-                        r["workload"] or "(none)",
-                        fmt(r["request_steps"]),
-                        fmt(r["mean_window"]),
-                        fmt(r["mean_accepted"]),
-                        fmt(r["mean_committed"]),
-                        fmt(r["mean_ceiling"]),
-                        f"{fmt(r['estimated_ceiling'])} "
-                        f"[{fmt(r['estimated_lo'])}, {fmt(r['estimated_hi'])}]",
-                        fmt(r["population_ceiling"]),
-                        fmt(r["utilisation"]),
-                        fmt(r["trimmed_tokens"]),
-                    ]
-                    for r in rows
-                ],
+                _WORKLOAD_COLUMNS,
+                _workload_rows(arm),
                 f"observed ceiling source: {arm.summary['overall']['ceiling_source'] or 'none'}",
             )
         )
@@ -305,6 +330,17 @@ def workloads_section(arms: list[Arm], w: FigureQueue) -> Section:
     return s
 
 
+_LOAD_COLUMNS: dict[str, Cell] = {
+    "bs": _num("bs"),
+    "steps": _num("steps"),
+    "budget/request": _num("budget_per_request"),
+    "verify tokens/step": _num("verify_tokens_per_step", 1),
+    "step ms": _num("mean_step_ms", 2),
+    "throughput tok/s": _num("throughput_tokens_per_s", 0),
+    "per-user tok/s": _num("per_user_tokens_per_s", 1),
+}
+
+
 def load_section(arms: list[Arm], w: FigureQueue) -> Section:
     s = Section(
         "load",
@@ -315,30 +351,7 @@ def load_section(arms: list[Arm], w: FigureQueue) -> Section:
     )
     for arm in arms:
         s.tables.append(
-            Table(
-                f"{arm.label}: load levels",
-                [
-                    "bs",
-                    "steps",
-                    "budget/request",
-                    "verify tokens/step",
-                    "step ms",
-                    "throughput tok/s",
-                    "per-user tok/s",
-                ],
-                [
-                    [
-                        fmt(r["bs"]),
-                        fmt(r["steps"]),
-                        fmt(r["budget_per_request"]),
-                        fmt(r["verify_tokens_per_step"], 1),
-                        fmt(r["mean_step_ms"], 2),
-                        fmt(r["throughput_tokens_per_s"], 0),
-                        fmt(r["per_user_tokens_per_s"], 1),
-                    ]
-                    for r in arm.load.iter_rows(named=True)
-                ],
-            )
+            _rows_table(f"{arm.label}: load levels", _LOAD_COLUMNS, arm.load.iter_rows(named=True))
         )
         if arm.load["throughput_tokens_per_s"].is_null().all():
             s.missing.append(f"{arm.label}: {NO_TIMES}")
@@ -403,23 +416,15 @@ def calibration_section(arms: list[Arm], w: FigureQueue) -> Section:
         if arm.run.manifest.get("sts") is None:
             note += " (this run had no STS, so both are the raw confidence)"
         s.tables.append(Table(f"{arm.label}: calibration per position", columns, rows, note))
-        s.figures.append(
-            w.save(
-                3,
-                calibration_fig.reliability_figure,
-                (arm.label, stages),
-                f"reliability-{_slug(arm.label)}",
-                f"{arm.label}: reliability per position",
-            )
-        )
-        s.figures.append(
-            w.save(
-                3,
-                calibration_fig.ece_figure,
-                (arm.label, stages),
-                f"ece-{_slug(arm.label)}",
-                f"{arm.label}: ECE per position",
-            )
+        s.figures += _arm_figures(
+            w,
+            3,
+            arm.label,
+            (arm.label, stages),
+            [
+                (calibration_fig.reliability_figure, "reliability", "reliability per position"),
+                (calibration_fig.ece_figure, "ece", "ECE per position"),
+            ],
         )
     return s
 
@@ -465,14 +470,17 @@ def cost_section(arms: list[Arm], w: FigureQueue) -> Section:
             s.missing.append(f"{arm.label}: {arm.cost_missing}")
             continue
         s.tables.append(cost_quality_table(fit, f"{arm.label}: predicted vs measured step time"))
-        for make, stem, caption in (
-            (cost_fig.surface_figure, "cost-surface", "cell means and the fitted table"),
-            (cost_fig.scatter_figure, "cost-scatter", "predicted vs measured step time"),
-            (cost_fig.residual_figure, "cost-residuals", "residuals of the fitted table"),
-        ):
-            s.figures.append(
-                w.save(4, make, (fit,), f"{stem}-{_slug(arm.label)}", f"{arm.label}: {caption}")
-            )
+        s.figures += _arm_figures(
+            w,
+            4,
+            arm.label,
+            (fit,),
+            [
+                (cost_fig.surface_figure, "cost-surface", "cell means and the fitted table"),
+                (cost_fig.scatter_figure, "cost-scatter", "predicted vs measured step time"),
+                (cost_fig.residual_figure, "cost-residuals", "residuals of the fitted table"),
+            ],
+        )
     return s
 
 
@@ -554,25 +562,31 @@ def estimator_section(arms: list[Arm], w: FigureQueue) -> Section:
                 f"{arm.label}: no shadow truth, so estimates are shown without errors "
                 "(run a cap-accept twin: `dspark-obs shadow` or `run --shadow cap-accept`)"
             )
-        s.figures.append(
-            w.save(
-                5,
-                estimator_fig.estimates_figure,
-                (arm.label, report),
-                f"estimates-{_slug(arm.label)}",
-                f"{arm.label}: estimated vs true ceiling",
-            )
-        )
-        s.figures.append(
-            w.save(
-                5,
-                estimator_fig.survival_figure,
-                (arm.label, report),
-                f"survival-{_slug(arm.label)}",
-                f"{arm.label}: survival of the ceiling",
-            )
+        s.figures += _arm_figures(
+            w,
+            5,
+            arm.label,
+            (arm.label, report),
+            [
+                (estimator_fig.estimates_figure, "estimates", "estimated vs true ceiling"),
+                (estimator_fig.survival_figure, "survival", "survival of the ceiling"),
+            ],
         )
     return s
+
+
+_REQUEST_COLUMNS: dict[str, Cell] = {
+    "rid": lambda r: r["rid"],
+    "workload": _name("workload"),
+    "steps": _num("steps"),
+    "committed": _num("committed"),
+    "window": _num("mean_window", 2),
+    "accepted": _num("mean_accepted", 2),
+    "ceiling (known rows)": _num("mean_ceiling", 2),
+    "trim loss": _num("trim_loss", 1),
+    "loss share": _num("loss_share", 3),
+    "unknown steps": _num("unknown_steps"),
+}
 
 
 def requests_section(arms: list[Arm], w: FigureQueue, top: int) -> Section:
@@ -594,56 +608,27 @@ def requests_section(arms: list[Arm], w: FigureQueue, top: int) -> Section:
             )
             continue
         s.tables.append(
-            Table(
+            _rows_table(
                 f"{arm.label}: top {arm.top.height} requests by trim loss",
-                [
-                    "rid",
-                    "workload",
-                    "steps",
-                    "committed",
-                    "window",
-                    "accepted",
-                    "ceiling (known rows)",
-                    "trim loss",
-                    "loss share",
-                    "unknown steps",
-                ],
-                [
-                    [
-                        r["rid"],
-                        r["workload"] or "(none)",
-                        fmt(r["steps"]),
-                        fmt(r["committed"]),
-                        fmt(r["mean_window"], 2),
-                        fmt(r["mean_accepted"], 2),
-                        fmt(r["mean_ceiling"], 2),
-                        fmt(r["trim_loss"], 1),
-                        fmt(r["loss_share"], 3),
-                        fmt(r["unknown_steps"]),
-                    ]
-                    for r in arm.top.iter_rows(named=True)
-                ],
+                _REQUEST_COLUMNS,
+                arm.top.iter_rows(named=True),
             )
         )
-        s.figures.append(
-            w.save(
-                6,
-                requests_fig.top_requests_figure,
-                (arm.label, arm.top),
-                f"top-requests-{_slug(arm.label)}",
-                f"{arm.label}: largest trim losses",
-            )
+        s.figures += _arm_figures(
+            w,
+            6,
+            arm.label,
+            (arm.label, arm.top),
+            [(requests_fig.top_requests_figure, "top-requests", "largest trim losses")],
         )
         if arm.traces is not None and arm.traces.height:
             rids = arm.top["rid"].head(TRACED_REQUESTS).to_list()
-            s.figures.append(
-                w.save(
-                    6,
-                    requests_fig.traces_figure,
-                    (arm.label, arm.traces, rids),
-                    f"traces-{_slug(arm.label)}",
-                    f"{arm.label}: windows of the top requests",
-                )
+            s.figures += _arm_figures(
+                w,
+                6,
+                arm.label,
+                (arm.label, arm.traces, rids),
+                [(requests_fig.traces_figure, "traces", "windows of the top requests")],
             )
     return s
 
