@@ -44,6 +44,7 @@ from dspark_obs.store.reader import MANIFEST
 from .baselines import SGLangStyleAggregates
 from .common import record, with_baseline
 from .report_large import _dspark, tile_run
+from .serve_child import SERVING, serve_args
 
 QUICK_REQUEST_STEPS = 250_000
 FULL_REQUEST_STEPS = 1_000_000
@@ -57,7 +58,6 @@ BASE_ARGS = (
     "64,256",
     "--quiet",
 )
-_SERVING = re.compile(r"^serving (?P<url>http://\S+/metrics)")
 _ENDED = re.compile(r"^source .* ended after (?P<steps>[\d,]+) steps")
 
 
@@ -93,18 +93,7 @@ def _scrape(url: str) -> dict[str, float]:
 
 def serve_once(run_dir: Path, core: int | None, timeout: float = 300.0) -> dict:
     """Replay `run_dir` through a `serve` child; its rates and final counters."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "dspark_obs",
-        "serve",
-        "--source",
-        f"run:{run_dir}",
-        "--speed",
-        "0",
-        "--listen",
-        "127.0.0.1:0",
-    ]
+    cmd = [sys.executable, "-m", "dspark_obs", *serve_args(f"run:{run_dir}", speed=0)]
     lines: queue.Queue = queue.Queue()
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(
@@ -143,7 +132,7 @@ def serve_once(run_dir: Path, core: int | None, timeout: float = 300.0) -> dict:
                     raise RuntimeError(
                         f"serve exited ({proc.wait()}):\n" + err.read().decode(errors="replace")
                     )
-                if m := _SERVING.match(line):
+                if m := SERVING.match(line):
                     url, start = m.group("url"), at
                 elif m := _ENDED.match(line):
                     end, steps = at, int(m.group("steps").replace(",", ""))

@@ -38,6 +38,7 @@ from dspark_obs.runtime.engine import DSparkRuntime
 from dspark_obs.telemetry.sglang import batch_to_record, batches_to_info_record
 
 from .test_serve_cli import Child, sample_sum, scrape
+from .test_sglang_poller import polling_args
 
 RANKS = 8
 PER_RANK = 256
@@ -50,7 +51,6 @@ SAMPLE_EVERY = 2.0
 POLL_INTERVAL = 1.0
 #: Distinct records served in a cycle (a rank's rids repeat after this many steps).
 POOL = 96
-RID = r"^(?P<workload>[a-z0-9]+)-"
 
 
 class StubRanks:
@@ -202,21 +202,7 @@ def test_serve_keeps_up_with_eight_busy_ranks(tmp_path):
     pool, envelope = _record_pool()
     stub = StubRanks(RANKS, STEPS_PER_SECOND, pool, envelope)
     serve = Child(
-        "serve",
-        "--source",
-        f"sglang:{stub.url}",
-        "--listen",
-        "127.0.0.1:0",
-        "--poll-interval",
-        str(POLL_INTERVAL),
-        "--gamma",
-        "7",
-        "--assume",
-        "greedy",
-        "--workload-from-rid",
-        RID,
-        "--out",
-        str(tmp_path / "run"),
+        *polling_args(stub.url, poll_interval=POLL_INTERVAL, out=tmp_path / "run"),
         workdir=tmp_path / "serve",
     )
     try:

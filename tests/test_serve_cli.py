@@ -23,6 +23,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from bench.serve_child import EPHEMERAL, SERVING, serve_args
+
 # Loopback only: a CI proxy from http_proxy must not swallow requests meant for 127.0.0.1.
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -39,7 +41,6 @@ RUNTIME = [
     "none",
 ]
 DEMO = ["--concurrency", "8", "--steps-per-level", "20", "--sts-warmup-steps", "20", "--quiet"]
-SERVING = re.compile(r"serving (https?://\S+/metrics)")
 
 
 class Child:
@@ -93,7 +94,7 @@ class Child:
             time.sleep(0.05)
 
     def url(self, timeout: float = 30.0) -> str:
-        return self.wait_for_line(SERVING, timeout).group(1)
+        return self.wait_for_line(SERVING, timeout).group("url")
 
     def stop(self, sig: int = signal.SIGINT, timeout: float = 5.0) -> int:
         """Signal and wait; a child that outlives `timeout` fails the test (and is killed)."""
@@ -158,7 +159,7 @@ def parquet_rows(table_dir: Path) -> int:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_runtime_serve_stops_on_signal_with_a_complete_run(tmp_path, sig):
     out = tmp_path / "served"
-    child = Child("serve", *RUNTIME, "--out", str(out), "--listen", "127.0.0.1:0", workdir=tmp_path)
+    child = Child("serve", *RUNTIME, "--out", str(out), "--listen", EPHEMERAL, workdir=tmp_path)
     try:
         url = child.url()
         deadline = time.monotonic() + 30
@@ -186,13 +187,7 @@ def test_replay_exits_by_itself_with_exit_when_done(compact_run, tmp_path):
     steps = summary["overall"]["steps"]
     out = tmp_path / "copy"
     proc = run_cli(
-        "serve",
-        "--source",
-        f"run:{run_dir}",
-        "--speed",
-        "0",
-        "--listen",
-        "127.0.0.1:0",
+        *serve_args(f"run:{run_dir}", speed=0),
         "--exit-when-done",
         "--out",
         str(out),

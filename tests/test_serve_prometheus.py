@@ -35,6 +35,8 @@ import polars as pl
 import pytest
 from dspark_obs.exporters.web_config import hash_password
 
+from bench.serve_child import serve_args
+
 from .pki import PKI, make_pki
 from .prometheus_harness import (
     PrometheusServer,
@@ -161,14 +163,7 @@ def _hostport(url: str) -> str:
 def plain_url(compact_run, tmp_path_factory) -> Iterator[str]:
     run_dir, _ = compact_run
     child = Child(
-        "serve",
-        "--source",
-        f"run:{run_dir}",
-        "--speed",
-        "0",
-        "--listen",
-        "127.0.0.1:0",
-        workdir=tmp_path_factory.mktemp("serve-plain"),
+        *serve_args(f"run:{run_dir}", speed=0), workdir=tmp_path_factory.mktemp("serve-plain")
     )
     try:
         yield child.url()
@@ -209,16 +204,7 @@ def secured(compact_run, tmp_path_factory) -> Iterator[Secured]:
     password_file = d / "password"
     password_file.write_text(PASSWORD)
     child = Child(
-        "serve",
-        "--source",
-        f"run:{run_dir}",
-        "--speed",
-        "0",
-        "--listen",
-        "127.0.0.1:0",
-        "--web-config",
-        str(web_config),
-        workdir=d / "proc",
+        *serve_args(f"run:{run_dir}", speed=0), "--web-config", str(web_config), workdir=d / "proc"
     )
     try:
         url = child.url()

@@ -23,8 +23,7 @@ from dspark_obs.runtime.config import RuntimeConfig
 from .conftest import cli
 from .prometheus_harness import PrometheusServer, prometheus_available
 from .test_serve_cli import Child
-
-RID = r"^(?P<workload>[a-z0-9]+)-"
+from .test_sglang_poller import RID, polling_args
 
 
 def _post(url: str, body: dict):
@@ -66,30 +65,14 @@ def test_poller_counts_every_record_once_per_rank_in_prometheus(fronts, tmp_path
         pytest.skip("prometheus not installed")
     prod, twin = fronts
     child = Child(
-        "serve",
-        "--source",
-        f"sglang:{prod.url}",
-        "--source",
-        f"sglang:{twin.url}",
-        "--listen",
-        "127.0.0.1:0",
-        "--poll-interval",
-        "0.2",
+        *polling_args(prod.url, twin.url, poll_interval=0.2, out=tmp_path / "run"),
         # without draining nothing is lost to the read/clear race (documented): every record a
         # rank keeps is served, and the overlapping reads must not double-count
         "--no-clear",
-        "--gamma",
-        "7",
-        "--assume",
-        "greedy",
-        "--workload-from-rid",
-        RID,
-        "--out",
-        str(tmp_path / "run"),
         workdir=tmp_path / "child",
     )
     request.addfinalizer(child.kill)
-    metrics = child.wait_for_line(r"serving (http://\S+/metrics)").group(1)
+    metrics = child.url()
     hostport = metrics.split("//")[1].split("/")[0]
     reqs = _requests(24)
     threads = [

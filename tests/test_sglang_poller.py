@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.serve_child import serve_args
 from dspark_obs.pipeline import IngestStats
 from dspark_obs.sources.sglang_poller import SGLangPoller
 from dspark_obs.sources.workloads import workload_rule
@@ -240,18 +241,30 @@ def test_bearer_token(sample_info, tmp_path):
 RID = r"^(?P<workload>[a-z0-9]+)-"
 
 
+def polling_args(*urls: str, poll_interval: float, out: Path) -> list[str]:
+    """`serve` polling SGLang servers, stored to `out`, as the poller tests run it.
+
+    SGLang's dumps do not say how requests sample; the tests' traffic is greedy,
+    which lets the ceiling walk run exactly. Their rids start with the workload.
+    """
+    return [
+        *serve_args(*(f"sglang:{url}" for url in urls)),
+        "--poll-interval", str(poll_interval),
+        "--gamma", "7",
+        "--assume", "greedy",
+        "--workload-from-rid", RID,
+        "--out", str(out),
+    ]  # fmt: skip
+
+
 def serve_polling(stub: Stub, n: int, out: Path, tmp_path: Path, request) -> tuple[Child, str]:
     """`serve --source sglang:URL` on the stub (reaped at teardown), once all `n` records are in.
 
     Returns the still running child and its last /metrics text.
     """
-    child = Child(
-        "serve", "--source", f"sglang:{stub.url}", "--listen", "127.0.0.1:0",
-        "--poll-interval", "0.1", "--gamma", "7", "--assume", "greedy",
-        "--workload-from-rid", RID, "--out", str(out), workdir=tmp_path / "child",
-    )  # fmt: skip
+    child = Child(*polling_args(stub.url, poll_interval=0.1, out=out), workdir=tmp_path / "child")
     request.addfinalizer(child.kill)
-    url = child.wait_for_line(r"serving (http://\S+/metrics)").group(1)
+    url = child.url()
     want = f'dspark_ingest_records_total{{source="sglang:{stub.url}"}} {n}'
     deadline = time.monotonic() + 20
     text = ""

@@ -38,6 +38,7 @@ import polars as pl
 import pytest
 from dspark_obs.estimator.tails import TailWalker
 
+from bench.serve_child import serve_args
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime
 
@@ -72,6 +73,23 @@ class Samples:
     manifest: dict = field(default_factory=dict)
 
 
+def runtime_serve(tmp_path: Path, *args: str) -> Child:
+    """`serve` on the embedded runtime as fast as it goes, without STS, stored to `tmp_path/run`.
+
+    The checks read the stored run back from there, and the child's cwd is
+    kept apart so nothing it writes by default lands in the checkout.
+    """
+    return Child(
+        *serve_args("runtime", speed=0),
+        "--sts",
+        "none",
+        "--out",
+        str(tmp_path / "run"),
+        *args,
+        workdir=tmp_path / "cwd",
+    )
+
+
 def soak(
     tmp_path: Path,
     *,
@@ -85,26 +103,15 @@ def soak(
     """Run serve until it has served `request_steps` (or `timeout` s), sampling, then SIGTERM."""
     out = tmp_path / "run"
     samples = Samples()
-    child = Child(
-        "serve",
-        "--source",
-        "runtime",
-        "--speed",
-        "0",
-        "--sts",
-        "none",
+    child = runtime_serve(
+        tmp_path,
         "--concurrency",
         concurrency,
         "--steps-per-level",
         str(steps_per_level),
         "--max-new-tokens",
         str(MAX_NEW_TOKENS),
-        "--listen",
-        "127.0.0.1:0",
-        "--out",
-        str(out),
         *extra,
-        workdir=tmp_path / "cwd",
     )
     with child:
         url = child.url(60)
@@ -273,14 +280,8 @@ def test_soak_twenty_million_request_steps(tmp_path):
 def test_workload_labels_are_capped_with_ten_thousand_names(tmp_path):
     cap = 16
     names = ",".join(f"w{i}={1 + i % 5}" for i in range(10_000))
-    child = Child(
-        "serve",
-        "--source",
-        "runtime",
-        "--speed",
-        "0",
-        "--sts",
-        "none",
+    child = runtime_serve(
+        tmp_path,
         "--concurrency",
         "256",
         "--max-new-tokens",
@@ -289,11 +290,6 @@ def test_workload_labels_are_capped_with_ten_thousand_names(tmp_path):
         names,
         "--workload-cap",
         str(cap),
-        "--listen",
-        "127.0.0.1:0",
-        "--out",
-        str(tmp_path / "run"),
-        workdir=tmp_path / "cwd",
     )
     with child:
         url = child.url(60)
