@@ -53,15 +53,13 @@ from ..aggregates.cost_model import (
 )
 from ..runtime.cost_table import AdditiveCostTable
 from ..store import Run, RunStoreError
+from .step_time import TIME_COLUMNS, measured_step_ms
 
 #: Smallest bias a written table gets, seconds (the table format requires bias > 0).
 BIAS_FLOOR = 1e-6
 
 #: Curve values below this many seconds (rounding dust of the solve) are written as 0.
 SNAP_SECONDS = 1e-15
-
-#: Which measured time a step contributes: `auto` is the online refit's choice.
-TIME_COLUMNS = ("auto", "step_gpu_ms", "step_cpu_ms")
 
 NO_TIMES = (
     "this run has no measured step times (step_gpu_ms or step_cpu_ms); SGLang records "
@@ -171,8 +169,7 @@ def timed_steps(steps: pl.LazyFrame, time_column: str = "auto") -> pl.LazyFrame:
     """Steps a fit can use: bs > 0, tokens > 0, a positive finite measured time.
 
     Columns: bs, m (verify tokens), measured_s and predicted_s (the run's own
-    table, null where the step has none). `auto` takes step_gpu_ms, else
-    step_cpu_ms, per step, as the online refit does.
+    table, null where the step has none); `time_column` as `measured_step_ms`.
     """
     if time_column not in TIME_COLUMNS:
         raise CostFitError(f"time column must be one of {', '.join(TIME_COLUMNS)}")
@@ -180,11 +177,6 @@ def timed_steps(steps: pl.LazyFrame, time_column: str = "auto") -> pl.LazyFrame:
     for need in ("bs", "num_verify_tokens"):
         if need not in schema:
             raise CostFitError(f"the steps table has no {need!r} column")
-    wanted = ("step_gpu_ms", "step_cpu_ms") if time_column == "auto" else (time_column,)
-    present = [pl.col(c).cast(pl.Float64) for c in wanted if c in schema]
-    if not present:
-        raise CostFitError(NO_TIMES)
-    measured = pl.coalesce(present) if len(present) > 1 else present[0]
     if "predicted_step_ms" in schema:
         p = pl.col("predicted_step_ms").cast(pl.Float64) / 1e3
         predicted = pl.when(p.is_finite()).then(p)
@@ -194,7 +186,7 @@ def timed_steps(steps: pl.LazyFrame, time_column: str = "auto") -> pl.LazyFrame:
     return steps.select(
         pl.col("bs").cast(pl.Int64),
         pl.col("num_verify_tokens").cast(pl.Int64).alias("m"),
-        (measured / 1e3).alias("measured_s"),
+        (measured_step_ms(time_column) / 1e3).alias("measured_s"),
         predicted.alias("predicted_s"),
     ).filter((pl.col("bs") > 0) & (pl.col("m") > 0) & y.is_finite() & (y > 0))
 

@@ -11,7 +11,16 @@ from __future__ import annotations
 
 import polars as pl
 
+#: Which measured time a step contributes: `auto` is GPU time where recorded, else CPU time.
+TIME_COLUMNS = ("auto", "step_gpu_ms", "step_cpu_ms")
 
-def measured_step_ms() -> pl.Expr:
-    """GPU step time where recorded, else CPU step time; null when neither."""
-    return pl.coalesce("step_gpu_ms", "step_cpu_ms").alias("step_ms")
+
+def measured_step_ms(column: str = "auto") -> pl.Expr:
+    """The step's measured time, null where not recorded.
+
+    `auto` is the choice every view makes (and the online refit); naming one
+    column forces it, for a cost fit on CPU time alone, say, in a run that
+    has both.
+    """
+    measured = pl.coalesce("step_gpu_ms", "step_cpu_ms") if column == "auto" else pl.col(column)
+    return measured.alias("step_ms")
