@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -52,7 +53,9 @@ from dspark_obs.cli.errors import CliError
 from dspark_obs.cli.main import main as cli_main
 from dspark_obs.pipeline import IngestStats, Pipeline
 from dspark_obs.runtime.cost_table import AdditiveCostTable, load_cost_table
+from dspark_obs.service import run_source
 from dspark_obs.sources.files import ServerInfoReader
+from dspark_obs.sources.replay import ReplaySource
 from dspark_obs.sources.sglang_poller import SGLangPoller
 from dspark_obs.sources.workloads import workload_rule
 from dspark_obs.store import RunWriter, open_run
@@ -691,11 +694,15 @@ def damages(draw):
     )  # fmt: skip
     table = draw(st.sampled_from(["steps", "requests"]))
     part = draw(st.integers(0, 2))
-    return kind, table, part, draw(st.randoms(use_true_random=False))
+    # without its checksum records the run is one written before parts had them
+    checksums = draw(st.booleans())
+    return kind, table, part, draw(st.randoms(use_true_random=False)), checksums
 
 
 def _damage_run(run: Path, damage) -> None:
-    kind, table, part, rnd = damage
+    kind, table, part, rnd, checksums = damage
+    if not checksums:
+        shutil.rmtree(run / "_checksums")
     target = run / table / f"part-{part:06d}.parquet"
     data = target.read_bytes()
     if kind == "truncate":
@@ -738,9 +745,10 @@ def _read_everything(run_dir: Path) -> None:
 
 
 #: polars aborts the whole process (Rust allocation failure, no exception) when a flipped bit
-#: turns a page's size into exabytes. Nothing in the reader can catch that; it needs a
-#: checksum of each part written beside it (docs/security.md, "Fuzzing"). Reads therefore
-#: run in a child process, and only this exact signature is tolerated (and counted).
+#: turns a page's size into exabytes. Part checksums catch that before polars reads the part;
+#: a part without a checksum record (a run written before parts had them) is still exposed.
+#: Reads therefore run in a child process, and this exact signature is tolerated (and
+#: counted) for such runs only.
 POLARS_ALLOC_ABORT = re.compile(r"memory allocation of \d+ bytes failed")
 
 _READER = """
@@ -812,45 +820,99 @@ def isolated_reader(tmp_path_factory):
 
 @fuzz(500)
 @given(damages())
-@example(("truncate", "steps", 1, random.Random(1)))  # footer gone: polars error
-@example(("other_types", "steps", 0, random.Random(2)))
-@example(("flip", "requests", 2, random.Random(3)))
+@example(("truncate", "steps", 1, random.Random(1), False))  # footer gone: polars error
+@example(("other_types", "steps", 0, random.Random(2), False))
+@example(("flip", "requests", 2, random.Random(3), False))
+@example(("truncate", "steps", 1, random.Random(1), True))
+@example(("other_types", "steps", 0, random.Random(2), True))
+@example(("flip", "requests", 2, random.Random(3), True))
 def test_damaged_run_raises_run_store_error(small_run, isolated_reader, damage):
-    """open_run / scan / batches / summarize: the data, or RunStoreError naming the path."""
+    """open_run / scan / batches / summarize: the data, or RunStoreError naming the path.
+
+    With checksum records, any change to a part's bytes is that part's damaged-part error.
+    """
+    kind_of_damage, table, part, _, checksums = damage
     work = Path(tempfile.mkdtemp(prefix="fuzz-run-"))
     try:
         run_dir = work / "run"
         shutil.copytree(small_run, run_dir)
+        target = run_dir / table / f"part-{part:06d}.parquet"
+        before = target.read_bytes()
         _damage_run(run_dir, damage)
+        changed = target.is_file() and target.read_bytes() != before
         kind, detail = isolated_reader.read(run_dir)
-        event(f"{damage[0]}: {kind}")
+        event(f"{kind_of_damage} (checksums={checksums}): {kind}")
         if kind == "died":
-            assert POLARS_ALLOC_ABORT.search(detail), detail
+            assert not checksums and POLARS_ALLOC_ABORT.search(detail), detail
             return
         assert kind in ("ok", "store"), detail
         if kind == "store":
             assert str(run_dir) in detail and "\n" not in detail, detail
+        if checksums and changed and kind_of_damage != "manifest":
+            assert kind == "store" and f"{target}: damaged" in detail, detail
     finally:
         shutil.rmtree(work)
 
 
-#: One bit of a `steps` part (byte 209, bit 0, in the first page header) that makes polars
-#: ask for 2 EiB and abort. Found by the long profile; kept until parts carry checksums.
+#: One bit of a `steps` part (byte 209, bit 0, in the first page header) that made polars
+#: ask for 2 EiB and abort before parts carried checksums. Found by the long profile.
 ABORTING_FLIP = ("steps", 1, 209, 0x01)
 
 
-@pytest.mark.xfail(strict=True, reason="polars aborts the process; needs part checksums")
-def test_a_flipped_page_header_is_a_run_store_error_not_an_abort(small_run, tmp_path):
+def _flip(part: Path, offset: int, bit: int) -> None:
+    raw = bytearray(part.read_bytes())
+    raw[offset % len(raw)] ^= bit
+    part.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize(
+    ("where", "offset"),
+    [("page header", ABORTING_FLIP[2]), ("page data", None), ("footer", -12)],
+)
+def test_a_flipped_bit_is_a_damaged_part_error_not_an_abort(small_run, tmp_path, where, offset):
+    run_dir = tmp_path / "run"
+    shutil.copytree(small_run, run_dir)
+    table, part, _, bit = ABORTING_FLIP
+    target = run_dir / table / f"part-{part:06d}.parquet"
+    size = target.stat().st_size
+    _flip(target, size // 2 if offset is None else offset, bit)
+    # `estimate` reads the steps part whole, as a replay (`serve --source run:DIR`) does
+    proc = cli("estimate", str(run_dir), check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{target}: damaged: CRC-32" in lines[0], proc.stderr
+    assert "memory allocation" not in proc.stderr
+
+
+def test_report_refuses_a_damaged_part_in_one_line(small_run, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(small_run, run_dir)
     table, part, offset, bit = ABORTING_FLIP
     target = run_dir / table / f"part-{part:06d}.parquet"
-    raw = bytearray(target.read_bytes())
-    raw[offset] ^= bit
-    target.write_bytes(bytes(raw))
-    # `estimate` reads the steps part whole, as a replay (`serve --source run:DIR`) does
-    proc = cli("estimate", str(run_dir), check=False)
-    assert proc.returncode == 2 and str(run_dir) in proc.stderr, proc.stderr
+    _flip(target, offset, bit)
+    proc = cli("report", str(run_dir), "--out", str(tmp_path / "report"), check=False)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{target}: damaged" in lines[0], proc.stderr
+
+
+def test_replaying_a_damaged_run_is_a_counted_source_failure(small_run, tmp_path, caplog):
+    """`serve --source run:DIR`: the steps before the damaged part are fed, then the source is
+    down and counted, and the service goes on."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(small_run, run_dir)
+    table, part, offset, bit = ABORTING_FLIP
+    target = run_dir / table / f"part-{part:06d}.parquet"
+    _flip(target, offset, bit)
+    source = ReplaySource(str(run_dir), speed=0)
+    pipeline = Pipeline(Aggregates(source.gamma), stats=IngestStats())
+    with caplog.at_level(logging.ERROR):
+        fed = run_source(source, pipeline, threading.Event())
+    first_part = pl.read_parquet(run_dir / table / "part-000000.parquet").height
+    assert fed == first_part
+    _, errors, up = pipeline.stats.snapshot()
+    assert errors == {(source.name, "source_failed"): 1} and up == {source.name: 0}
+    assert f"{target}: damaged" in caplog.text
 
 
 # -- CLI arguments ----------------------------------------------------------------------------

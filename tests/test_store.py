@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import zlib
 from dataclasses import fields
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import pandas as pd
 import polars as pl
 import pytest
 
-from dspark_obs.store import Run, RunStoreError, RunWriter, open_run
+from dspark_obs.store import Run, RunStoreError, RunWriter, checksums, open_run
 from dspark_obs.store.tables import batches_to_frames, frames_to_batches, requests_schema
 from dspark_obs.telemetry.batch import (
     MATRIX_COLUMNS,
@@ -511,3 +513,168 @@ def test_restored_request_dtypes(name):
         if b.num_reqs:
             want = np.dtype(REQUEST_COLUMNS[name])
             assert getattr(b, name).dtype == want
+
+
+# -- part checksums ---------------------------------------------------------------------
+
+
+def _records(run: Path) -> dict[str, dict]:
+    return {
+        f"{p.parent.name}/{p.name}": json.loads(p.read_text())
+        for p in (run / "_checksums").glob("*/*")
+    }
+
+
+def _written_with_extra_table(run: Path) -> list[StepBatch]:
+    batches = make_batches(20, steps=20)
+    with RunWriter(run, {"gamma": GAMMA}, flush_steps=6) as w:
+        for i, b in enumerate(batches):
+            w.append(b)
+            w.write_rows("estimates", pl.DataFrame({"forward_ct": [b.forward_ct], "i": [i]}))
+    return batches
+
+
+def test_every_part_has_a_checksum_record(tmp_path):
+    run = tmp_path / "run"
+    _written_with_extra_table(run)
+    parts = sorted(run.glob("*/part-*.parquet"))
+    assert len(parts) == 3 * 4  # three tables, a part per flush of 6 of the 20 steps
+    want = {
+        f"{p.parent.name}/{p.name}.json": {
+            "size": p.stat().st_size,
+            "crc32": zlib.crc32(p.read_bytes()),
+        }
+        for p in parts
+    }
+    assert _records(run) == want
+    assert not list(run.rglob("*.tmp"))
+    # table directories hold nothing but parts: any tool reads one as a Parquet dataset
+    for table in ("steps", "requests", "estimates"):
+        assert {p.suffix for p in (run / table).iterdir()} == {".parquet"}
+        assert (
+            pl.scan_parquet(run / table).collect().height == pd.read_parquet(run / table).shape[0]
+        )
+    assert open_run(run).tables() == ["estimates", "requests", "steps"]
+
+
+@pytest.mark.parametrize("keep", ["none", "some"])
+def test_parts_without_checksum_records_still_read(tmp_path, keep):
+    """Runs written before parts had checksums (or copied without them) read unverified."""
+    run = tmp_path / "run"
+    batches = _written_with_extra_table(run)
+    if keep == "none":
+        shutil.rmtree(run / "_checksums")
+    else:
+        for record in (run / "_checksums").glob("*/part-00000[13].parquet.json"):
+            record.unlink()
+    r = open_run(run)
+    assert_batches_equal(list(r.batches()), batches)
+    assert r.scan("estimates").select(pl.col("i").sum()).collect().item() == sum(range(20))
+
+
+def test_truncated_replaced_or_flipped_part_is_damaged(tmp_path):
+    run = tmp_path / "run"
+    write_run(run, make_batches(21, steps=20))
+    part1 = run / "requests" / "part-000001.parquet"
+    original = part1.read_bytes()
+
+    def damaged(match: str) -> None:
+        r = open_run(run)
+        with pytest.raises(RunStoreError, match=match) as err:
+            r.requests()
+        assert str(err.value).startswith(f"{part1}: damaged: ")
+        with pytest.raises(RunStoreError, match=match):
+            list(open_run(run).batches())
+
+    part1.write_bytes(original[: len(original) // 2])
+    damaged(rf"{len(original) // 2} bytes, its checksum record says {len(original)} ")
+    part1.write_bytes((run / "requests" / "part-000000.parquet").read_bytes())  # valid Parquet
+    damaged("truncated or replaced")
+    flipped = bytearray(original)
+    flipped[len(flipped) // 3] ^= 0x10
+    part1.write_bytes(bytes(flipped))
+    damaged(
+        f"CRC-32 {zlib.crc32(flipped):08x}, its checksum record says {zlib.crc32(original):08x}"
+    )
+    part1.write_bytes(original)
+    assert (
+        open_run(run).requests().collect().height == totals(make_batches(21, 20))["request_steps"]
+    )
+
+
+def test_first_damaged_part_in_order_is_reported(tmp_path):
+    run = tmp_path / "run"
+    write_run(run, make_batches(22, steps=30))
+    for n in (3, 1, 4):
+        part = run / "steps" / f"part-00000{n}.parquet"
+        part.write_bytes(part.read_bytes()[:-1])
+    with pytest.raises(RunStoreError, match=r"steps/part-000001\.parquet: damaged"):
+        open_run(run).steps()
+
+
+def test_damaged_checksum_record_names_the_record(tmp_path):
+    run = tmp_path / "run"
+    write_run(run, make_batches(23, steps=10))
+    record = run / "_checksums" / "steps" / "part-000001.parquet.json"
+    for text in (b"", b"{", b'{"size": -1, "crc32": 0}', b'{"size": 1}', b"[1]", b"x" * 10_000):
+        record.write_bytes(text)
+        with pytest.raises(RunStoreError, match="damaged checksum record") as err:
+            open_run(run).steps()
+        assert str(err.value).startswith(str(record))
+
+
+def test_each_part_is_verified_once_per_run_until_it_changes(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    write_run(run, make_batches(24, steps=18))
+    read: list[str] = []
+    original = checksums._crc32_file
+    monkeypatch.setattr(checksums, "_crc32_file", lambda p: read.append(p.name) or original(p))
+    r = open_run(run)
+    for _ in range(3):
+        r.requests().select(pl.len()).collect()
+    assert sorted(read) == [f"part-00000{n}.parquet" for n in range(3)]
+    part = run / "requests" / "part-000002.parquet"
+    part.write_bytes(part.read_bytes()[:-1])
+    with pytest.raises(RunStoreError, match="damaged"):
+        r.requests()
+
+
+def test_resume_verifies_parts_and_cleans_checksum_debris(tmp_path):
+    run = tmp_path / "run"
+    first, second = make_batches(25, steps=12), make_batches(26, steps=12)
+    for b in second:
+        b.forward_ct += 1000
+    write_run(run, first)
+    # a flush that died after its record and before its part, and a half-written record
+    orphan = run / "_checksums" / "steps" / "part-000009.parquet.json"
+    orphan.write_text('{"size": 1, "crc32": 1}')
+    (run / "_checksums" / "requests" / "part-000009.parquet.json.tmp").write_text("{")
+    write_run(run, second, resume=True)
+    assert not orphan.exists() and not list(run.rglob("*.tmp"))
+    assert set(_records(run)) == {f"{p.parent.name}/{p.name}.json" for p in run.glob("*/*.parquet")}
+    assert_batches_equal(list(open_run(run).batches()), first + second)
+
+    part = run / "steps" / "part-000001.parquet"
+    part.write_bytes(part.read_bytes()[:-1])
+    with pytest.raises(RunStoreError, match=rf"{part}: damaged"):
+        RunWriter(run, {}, resume=True)
+
+
+def test_resumed_old_run_gets_records_for_its_new_parts(tmp_path):
+    run = tmp_path / "run"
+    first, second = make_batches(27, steps=12), make_batches(28, steps=12)
+    for b in second:
+        b.forward_ct += 1000
+    write_run(run, first)
+    shutil.rmtree(run / "_checksums")
+    write_run(run, second, resume=True)
+    assert {k.split("/")[1] for k in _records(run)} == {
+        "part-000002.parquet.json",
+        "part-000003.parquet.json",
+    }
+    assert_batches_equal(list(open_run(run).batches()), first + second)
+
+
+def test_checksum_directory_is_not_a_table_name(tmp_path):
+    with RunWriter(tmp_path / "run", {"gamma": GAMMA}) as w, pytest.raises(RunStoreError):
+        w.write_rows("_checksums", pl.DataFrame({"a": [1]}))

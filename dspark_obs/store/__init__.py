@@ -8,6 +8,7 @@ each other directly; they meet at a directory:
     RUN_DIR/steps/part-000000.parquet      one row per step (StepBatch scalars)
     RUN_DIR/requests/part-000000.parquet   one row per request-step
     RUN_DIR/<table>/part-*.parquet         further tables (e.g. estimates), same mechanism
+    RUN_DIR/_checksums/<table>/part-*.parquet.json   each part's size and CRC-32, verified on read
 
 That keeps a long-running producer decoupled from analysis that may run later,
 elsewhere, or while the run is still being written (parts are published by

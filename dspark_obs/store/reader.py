@@ -11,6 +11,10 @@ The writer publishes a flush's `requests` part before its `steps` part, so a
 its `steps` part is what an interrupted flush leaves behind; it is ignored here
 (and removed when the writer resumes), so `steps()` and `requests()` always
 describe the same steps.
+
+Every part is checked against its checksum record (`checksums.py`) before
+polars reads anything of it, because polars aborts the process on some damaged
+page headers instead of raising.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 import polars as pl
 
 from ..telemetry.batch import StepBatch
+from .checksums import CHECKSUMS, verify_parts
 from .errors import READ_ERRORS, RunStoreError, unreadable
 from .tables import REQUESTS, STEPS, frames_to_batches, requests_schema, steps_schema
 
@@ -39,8 +44,8 @@ def part_name(number: int) -> str:
 
 
 def check_table_name(table: str) -> str:
-    """Table names become directory names, so they may not climb out of the run."""
-    if not isinstance(table, str) or not _TABLE_RE.match(table):
+    """Table names become directory names: none may leave the run or be `_checksums`."""
+    if not isinstance(table, str) or not _TABLE_RE.match(table) or table == CHECKSUMS:
         raise RunStoreError(f"invalid table name {table!r}")
     return table
 
@@ -77,8 +82,9 @@ class Run:
 
     path: Path
     manifest: dict[str, Any]
-    #: parts whose footer and schema were checked, by (path, size, mtime): checked once
-    _checked: dict[tuple[str, int, int], pl.Schema] = field(
+    #: parts whose checksum, footer and schema were checked, by (path, inode, size, mtime):
+    #: checked once, so a report's many queries over one table pay for one verification
+    _checked: dict[tuple[str, int, int, int], pl.Schema] = field(
         default_factory=dict, repr=False, compare=False
     )
 
@@ -89,7 +95,11 @@ class Run:
 
     def tables(self) -> list[str]:
         """Tables that have at least one published part."""
-        return sorted(d.name for d in self.path.iterdir() if d.is_dir() and self._part_list(d.name))
+        return sorted(
+            d.name
+            for d in self.path.iterdir()
+            if d.is_dir() and d.name != CHECKSUMS and self._part_list(d.name)
+        )
 
     def _part_list(self, table: str) -> list[tuple[int, Path]]:
         parts = list_parts(self.path / check_table_name(table))
@@ -105,10 +115,11 @@ class Run:
     def scan(self, table: str) -> pl.LazyFrame:
         """All parts of `table` as one lazy frame, so queries push down into Parquet.
 
-        Every part's footer and schema are checked first (once per part), so a
-        truncated, foreign or mismatched part is a RunStoreError naming it here
-        rather than a polars error deep inside someone's query. Damage inside a
-        data page can only show when the page is read.
+        Every part's checksum, footer and schema are checked first (once per
+        part), so a damaged, foreign or mismatched part is a RunStoreError naming
+        it here rather than a polars error (or abort) deep inside someone's
+        query. Only a part without a checksum record (written before parts had
+        them) can still hide damage inside a data page until the page is read.
         """
         files = self.parts(table)
         if not files:
@@ -128,18 +139,24 @@ class Run:
         return {}
 
     def check_parts(self, table: str, files: list[Path]) -> None:
-        """RunStoreError unless every part is readable Parquet with the table's schema."""
+        """RunStoreError unless each part matches its checksum and has the table's schema."""
         expected = self._expected_schema(table)
-        first: pl.Schema | None = None
+        keys = []
         for f in files:
             try:
                 st = f.stat()
-                key = (str(f), st.st_size, st.st_mtime_ns)
-                schema = self._checked.get(key)
-                if schema is None:
-                    schema = pl.read_parquet_schema(f)
-            except READ_ERRORS as exc:
+            except OSError as exc:
                 raise unreadable(f, exc) from exc
+            keys.append((str(f), st.st_ino, st.st_size, st.st_mtime_ns))
+        verify_parts([f for f, key in zip(files, keys, strict=True) if key not in self._checked])
+        first: pl.Schema | None = None
+        for f, key in zip(files, keys, strict=True):
+            schema = self._checked.get(key)
+            if schema is None:
+                try:
+                    schema = pl.read_parquet_schema(f)
+                except READ_ERRORS as exc:
+                    raise unreadable(f, exc) from exc
             for name, dtype in expected.items():
                 if name in schema and schema[name] != dtype:
                     raise RunStoreError(f"{f}: column {name} is {schema[name]}, expected {dtype}")

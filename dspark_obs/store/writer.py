@@ -6,7 +6,9 @@ So data is published in parts: each flush writes `part-NNNNNN.parquet.tmp`,
 fsyncs it, renames it over the final name (atomic on POSIX) and fsyncs the
 directory. A reader sees a part whole or not at all, and after a crash at most
 the last unflushed buffer is lost. `run.json` is replaced the same way; its
-`complete` flag tells a reader whether the writer finished.
+`complete` flag tells a reader whether the writer finished. Each part's
+checksum record (`checksums.py`) is published the same way just before the
+part, so that a part is never visible without the means to verify it.
 
 Appending is cheap on purpose: `append` checks shapes and keeps a reference to
 the batch; the one copy of the per-request data happens at flush, when the
@@ -21,6 +23,7 @@ and logged once per reason, while the rest of the buffer is written.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -34,6 +37,7 @@ import numpy as np
 import polars as pl
 
 from ..telemetry.batch import MATRIX_COLUMNS, REQUEST_COLUMNS, StepBatch
+from .checksums import CHECKSUMS, checksum_path, checksum_record, verify_parts
 from .errors import RunStoreError
 from .reader import MANIFEST, check_table_name, list_parts, part_name, read_manifest
 from .tables import REQUESTS, STEPS, batches_to_frames
@@ -177,18 +181,28 @@ class RunWriter:
         return out
 
     def _recover(self) -> None:
-        """Pick up an earlier writer's parts: clean its debris, count what it published."""
+        """Pick up an earlier writer's parts: clean its debris, count what it published.
+
+        The parts are verified before polars reads them, so that resuming a
+        damaged run is refused with the damaged part's name instead of aborting.
+        """
         for d in self._path.iterdir():
             if d.is_dir():
                 for tmp in d.glob("part-*.parquet.tmp"):
                     tmp.unlink()
+        for tmp in (self._path / CHECKSUMS).glob("*/part-*.parquet.json.tmp"):
+            tmp.unlink()
         steps_numbers = {n for n, _ in list_parts(self._path / STEPS)}
         for n, p in list_parts(self._path / REQUESTS):
             if n not in steps_numbers:  # its flush died before the steps part was published
                 p.unlink()
+        for record in (self._path / CHECKSUMS).glob("*/part-*.parquet.json"):
+            if not (self._path / record.parent.name / record.name.removesuffix(".json")).is_file():
+                record.unlink()  # its flush died before the part was published
         existing = self._existing_parts()
         if not existing:
             return
+        verify_parts([p for parts in existing.values() for _, p in parts])
         numbers = {n for parts in existing.values() for n, _ in parts}
         self._next_part = max(numbers) + 1
         self._parts = len(numbers)
@@ -317,13 +331,20 @@ class RunWriter:
         return steps, reqs, good
 
     def _write_part(self, table: str, number: int, df: pl.DataFrame) -> None:
-        table_dir = self._path / table
-        if not table_dir.is_dir():
-            table_dir.mkdir()
-            _fsync_dir(self._path)
-        _write_atomic(
-            table_dir / part_name(number), lambda f: df.write_parquet(f, compression="zstd")
-        )
+        """The record goes first, so that a published part always has one. A retried flush
+        rewrites both with the same bytes (the same rows encode the same), so a reader
+        never pairs a part with a record of other bytes."""
+        final = self._path / table / part_name(number)
+        record = checksum_path(final)
+        for d in (final.parent, record.parent.parent, record.parent):
+            if not d.is_dir():
+                d.mkdir()
+                _fsync_dir(d.parent)
+        buf = io.BytesIO()
+        df.write_parquet(buf, compression="zstd")
+        data = buf.getbuffer()
+        _write_atomic(record, lambda f: f.write(checksum_record(data)))
+        _write_atomic(final, lambda f: f.write(data))
 
     def flush(self) -> None:
         """Publish everything buffered as one part per table.
