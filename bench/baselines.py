@@ -52,6 +52,8 @@ from dspark_obs.aggregates.cost_model import (
     DEFAULT_BS_PROBES,
     DEFAULT_M_PROBES,
     M_BIN,
+    MAX_STEP_S,
+    MIN_STEP_S,
     REL_BUCKETS,
     fit_cell_map,
 )
@@ -356,9 +358,9 @@ class SGLangStyleAggregates:
             row[col + stride - 1] += v
         # cost model: error sums where both prediction and measurement exist
         m = None if measured_ms is None else measured_ms / 1e3
-        if m is None or not m > 0:
+        if m is None or not MIN_STEP_S <= m <= MAX_STEP_S:
             return
-        if predicted_ms is not None and math.isfinite(predicted_ms):
+        if predicted_ms is not None and abs(predicted_ms / 1e3) <= MAX_STEP_S:
             p = predicted_ms / 1e3
             err = m - p
             rel = abs(err) / m

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from collections import defaultdict
 
 import numpy as np
@@ -601,6 +602,28 @@ def test_cost_refit_per_step_group(mixed):
             assert sample(s, "dspark_step_predicted_seconds_total", mode=mode, rank=rank) == (
                 pytest.approx(sum(b.predicted_step_ms for b in steps) / 1e3, rel=1e-12)
             )
+
+
+def test_implausible_step_scalars_are_left_out_of_the_cost_model_quietly(sweep):
+    """Step scalars arrive from JSON unchecked for range (fuzzing found both of these): a
+    subnormal measured time overflowed the relative error, and a batch size of 2**63 - 1
+    rounded up to 2**63 in float64 and did not cast back to int64."""
+    good = sweep[:40]
+    odd = [
+        dataclasses.replace(good[0], step_gpu_ms=2.2250738585e-313, predicted_step_ms=1.0),
+        dataclasses.replace(good[1], step_gpu_ms=1e300, predicted_step_ms=1e300),
+        dataclasses.replace(good[2], predicted_step_ms=-1e300),
+        dataclasses.replace(good[3], bs=2**63 - 1, num_verify_tokens=2**63 - 1),
+    ]
+    agg = Aggregates(GAMMA, flush_rows=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for b in [*odd, *good[4:]]:
+            agg.update(b)
+        snap = agg.snapshot()
+    # the step counts as a step; only its implausible time or prediction is left out
+    assert int(snap.steps["total"][0][0]) == len(good)
+    check_cost_errors(snap.cost["total"], 0, [odd[3], *good[4:]])
 
 
 # ------------------------------------------------------ 5. label cardinality

@@ -112,15 +112,18 @@ class Aggregates:
         n_sg = len(self.step_groups)
         self.steps.sums.ensure_groups(n_sg)
         self.cost.ensure_groups(n_sg)
-        bs = np.array([b.bs if b.bs >= 0 else b.num_reqs for b in batches], dtype=np.float64)
-        verify = np.array([b.num_verify_tokens for b in batches], dtype=np.float64)
-        verify[verify < 0] = np.nan
+        # counts stay int64 up to the cost cells: validated int64 values near 2**63 round up
+        # to 2**63 in float64, which does not cast back
+        bs = np.array([b.bs if b.bs >= 0 else b.num_reqs for b in batches], dtype=np.int64)
+        verify_count = np.array([b.num_verify_tokens for b in batches], dtype=np.int64)
+        tokens = np.where(verify_count >= 0, verify_count, bs)
+        verify = np.where(verify_count >= 0, verify_count, np.nan)
         tier = np.array([b.verify_tokens_graph_key for b in batches], dtype=np.float64)
         tier[tier < 0] = np.nan
         self.steps.update(
             sgroup,
             {
-                "batch_size": bs,
+                "batch_size": bs.astype(np.float64),
                 "budget": np.array([_f(b.budget) for b in batches]),
                 "verify_tokens": verify,
                 "graph_tier": tier,
@@ -133,8 +136,7 @@ class Aggregates:
             / 1e3
         )
         predicted = np.array([_f(b.predicted_step_ms) for b in batches]) / 1e3
-        tokens = np.where(np.isfinite(verify), verify, bs).astype(np.int64)
-        self.cost.update(sgroup, bs.astype(np.int64), tokens, predicted, measured)
+        self.cost.update(sgroup, bs, tokens, predicted, measured)
         for sums in (self.tokens.sums, self.steps.sums, self.cost.errors):
             sums.advance(len(batches))
         self.confidence.advance(len(batches))

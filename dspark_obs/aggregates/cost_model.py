@@ -25,6 +25,12 @@ M_BIN = 64
 #: too costly to redo every few steps, and the table moves slowly.
 REFIT_EVERY = 1024
 REL_BUCKETS = np.logspace(-4, 1, 81)  # relative-error bucket upper bounds, 15% apart
+#: Step times (seconds) taken as real: a measured step lasts at least a nanosecond, and no
+#: step, measured or predicted, lasts a day. Step times arrive unchecked from JSON; outside
+#: these bounds a value is a recording or unit error, and left in it would overflow the
+#: relative error (a subnormal measured time) or the squared error (a huge one).
+MIN_STEP_S = 1e-9
+MAX_STEP_S = 86_400.0
 _ERR_COLUMNS = ("n", "predicted", "measured", "abs_error", "error", "sq_error", "rel_error")
 
 DEFAULT_BS_PROBES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -151,7 +157,8 @@ class CostModelAggregate:
         measured_s: np.ndarray,
     ) -> None:
         """Per step: group, batch size, verify tokens, predicted, measured seconds (NaN: absent)."""
-        both = np.isfinite(predicted_s) & np.isfinite(measured_s) & (measured_s > 0)
+        measured_ok = (measured_s >= MIN_STEP_S) & (measured_s <= MAX_STEP_S)
+        both = measured_ok & (np.abs(predicted_s) <= MAX_STEP_S)
         if both.any():
             g, p, m = group[both], predicted_s[both], measured_s[both]
             err = m - p
@@ -165,7 +172,7 @@ class CostModelAggregate:
                 np.concatenate([index, g * width + bucket]),
                 np.concatenate([values.ravel(), np.ones(len(g))]),
             )
-        timed = np.isfinite(measured_s) & (measured_s > 0) & (tokens > 0) & (bs > 0)
+        timed = measured_ok & (tokens > 0) & (bs > 0)
         if not timed.any():
             return
         # a fold's steps fall in a handful of (group, bs, M-bin) cells: sum them per cell

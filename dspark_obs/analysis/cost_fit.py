@@ -46,6 +46,8 @@ from ..aggregates.cost_model import (
     DEFAULT_BS_PROBES,
     DEFAULT_M_PROBES,
     M_BIN,
+    MAX_STEP_S,
+    MIN_STEP_S,
     Refit,
     cell_m,
     cost_design,
@@ -166,7 +168,7 @@ def table_seconds_expr(table: AdditiveCostTable, bs: pl.Expr, m: pl.Expr) -> pl.
 
 
 def timed_steps(steps: pl.LazyFrame, time_column: str = "auto") -> pl.LazyFrame:
-    """Steps a fit can use: bs > 0, tokens > 0, a positive finite measured time.
+    """Steps a fit can use: bs > 0, tokens > 0, a measured time within the step-time bounds.
 
     Columns: bs, m (verify tokens), measured_s and predicted_s (the run's own
     table, null where the step has none); `time_column` as `measured_step_ms`.
@@ -179,7 +181,7 @@ def timed_steps(steps: pl.LazyFrame, time_column: str = "auto") -> pl.LazyFrame:
             raise CostFitError(f"the steps table has no {need!r} column")
     if "predicted_step_ms" in schema:
         p = pl.col("predicted_step_ms").cast(pl.Float64) / 1e3
-        predicted = pl.when(p.is_finite()).then(p)
+        predicted = pl.when(p.abs() <= MAX_STEP_S).then(p)
     else:
         predicted = pl.lit(None, dtype=pl.Float64)
     y = pl.col("measured_s")
@@ -188,7 +190,7 @@ def timed_steps(steps: pl.LazyFrame, time_column: str = "auto") -> pl.LazyFrame:
         pl.col("num_verify_tokens").cast(pl.Int64).alias("m"),
         (measured_step_ms(time_column) / 1e3).alias("measured_s"),
         predicted.alias("predicted_s"),
-    ).filter((pl.col("bs") > 0) & (pl.col("m") > 0) & y.is_finite() & (y > 0))
+    ).filter((pl.col("bs") > 0) & (pl.col("m") > 0) & y.is_between(MIN_STEP_S, MAX_STEP_S))
 
 
 def cell_sums(timed: pl.LazyFrame) -> pl.DataFrame:
