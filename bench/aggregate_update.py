@@ -20,6 +20,7 @@ Ours and the baseline are timed alternately, so both see the same machine load.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import msgspec
 import numpy as np
@@ -70,94 +71,91 @@ def sglang_payloads(data: list, gamma: int = 7) -> list[bytes]:
     ]
 
 
+def compare(
+    name: str,
+    parameters: dict,
+    items: list,
+    steps: int,
+    ours_feed: Callable[[Aggregates, object], object],
+    baseline_feed: Callable[[SGLangStyleAggregates, object], object],
+    baseline: str,
+    quick: bool,
+    **extra,
+) -> dict:
+    """One figure: `items` (steps or payloads) fed to ours and to the baseline, totals
+    checked equal, then both timed alternately."""
+    repeats, base_repeats = (3, 3) if quick else (7, 5)
+
+    def ours() -> Aggregates:
+        agg = Aggregates(7)
+        for item in items:
+            ours_feed(agg, item)
+        agg.flush()
+        return agg
+
+    def theirs() -> SGLangStyleAggregates:
+        base = SGLangStyleAggregates(7)
+        for item in items:
+            baseline_feed(base, item)
+        return base
+
+    checked = check_totals(ours(), theirs())
+    times, base_times = repeat_pair(ours, theirs, repeats, base_repeats)
+    at_256 = parameters["bs"] == 256
+    target = {"target": TARGET_US} if at_256 and parameters["input"] == "StepBatch" else {}
+    rec = record(name, parameters, "us_per_step", times, 1e6 / steps, **target, **extra)
+    return with_baseline(
+        rec,
+        base_times,
+        1e6 / steps,
+        RATIO_TARGET if at_256 else None,
+        baseline=baseline,
+        baseline_check=checked,
+    )
+
+
 def run(quick: bool) -> list[dict]:
     out = []
     steps = 200 if quick else 2000
-    repeats, base_repeats = (3, 3) if quick else (7, 5)
+    workload_of = workload_rule(RID_WORKLOAD.pattern)
+
+    def from_json(agg: Aggregates, payload: bytes) -> None:
+        for b in info_record_to_batches(payload, workload_of=workload_of):
+            agg.update(b)
+
     for bs in (1, 64, 256):
         data = batches(bs, steps)
-        targets = {"target": TARGET_US} if bs == 256 else {}
-        ratio_target = RATIO_TARGET if bs == 256 else None
-
-        # (a) from StepBatches
-        def ours(data=data) -> Aggregates:
-            agg = Aggregates(7)
-            for b in data:
-                agg.update(b)
-            agg.flush()
-            return agg
-
-        def baseline(data=data) -> SGLangStyleAggregates:
-            base = SGLangStyleAggregates(7)
-            for b in data:
-                base.update_batch(b)
-            return base
-
-        checked = check_totals(ours(), baseline())
-        times, base_times = repeat_pair(ours, baseline, repeats, base_repeats)
-        rec = record(
-            "P1_aggregate_update",
-            {"bs": bs, "gamma": 7, "steps": steps, "input": "StepBatch"},
-            "us_per_step",
-            times,
-            1e6 / steps,
-            **targets,
-        )
+        parameters = {"bs": bs, "gamma": 7, "steps": steps}
         out.append(
-            with_baseline(
-                rec,
-                base_times,
-                1e6 / steps,
-                ratio_target,
-                baseline="SGLang-style: .tolist() per step into per-request records, "
+            compare(
+                "P1_aggregate_update",
+                {**parameters, "input": "StepBatch"},
+                data,
+                steps,
+                Aggregates.update,
+                SGLangStyleAggregates.update_batch,
+                "SGLang-style: .tolist() per step into per-request records, "
                 "Python loop updating the same counters and histograms",
-                baseline_check=checked,
+                quick,
             )
         )
-
-        # (b) from SGLang's dspark_info_record JSON
         payloads = sglang_payloads(data)
-        workload_of = workload_rule(RID_WORKLOAD.pattern)
-
-        def ours_json(payloads=payloads, workload_of=workload_of) -> Aggregates:
-            agg = Aggregates(7)
-            for p in payloads:
-                for b in info_record_to_batches(p, workload_of=workload_of):
-                    agg.update(b)
-            agg.flush()
-            return agg
-
-        def baseline_json(payloads=payloads) -> SGLangStyleAggregates:
-            base = SGLangStyleAggregates(7)
-            for p in payloads:
-                base.update_json(p)
-            return base
-
-        checked = check_totals(ours_json(), baseline_json())
-        times, base_times = repeat_pair(ours_json, baseline_json, repeats, base_repeats)
-        rec = record(
-            "P1_aggregate_update_from_json",
-            {
-                "bs": bs,
-                "gamma": 7,
-                "steps": steps,
-                "input": "dspark_info_record JSON",
-                "steps_per_payload": JSON_STEPS_PER_PAYLOAD,
-            },
-            "us_per_step",
-            times,
-            1e6 / steps,
-            json_bytes_per_step=sum(map(len, payloads)) / steps,
-        )
         out.append(
-            with_baseline(
-                rec,
-                base_times,
-                1e6 / steps,
-                ratio_target,
-                baseline="SGLang-style: json.loads, then a Python loop over each record's reqs "
+            compare(
+                "P1_aggregate_update_from_json",
+                {
+                    **parameters,
+                    "input": "dspark_info_record JSON",
+                    "steps_per_payload": JSON_STEPS_PER_PAYLOAD,
+                },
+                payloads,
+                steps,
+                from_json,
+                SGLangStyleAggregates.update_json,
+                "SGLang-style: json.loads, then a Python loop over each record's reqs "
                 "updating the same counters and histograms",
-                baseline_check=checked,
+                quick,
+                json_bytes_per_step=sum(map(len, payloads)) / steps,
             )
         )
     return out

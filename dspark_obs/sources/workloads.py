@@ -47,14 +47,20 @@ def workload_rule(
         return name or OTHER
 
     def workload_of(rids: np.ndarray) -> np.ndarray:
-        out = np.empty(len(rids), dtype=object)
-        for i, rid in enumerate(rids.tolist()):
-            name = cache.get(rid)
-            if name is None:
-                if len(cache) >= _CACHE_LIMIT:
-                    cache.clear()
-                name = cache[rid] = one(str(rid))
-            out[i] = name
+        keys = rids.tolist()
+        # one C-level pass over the cache; Python runs only for rids not seen before
+        names = list(map(cache.get, keys))
+        if None in names:
+            for i, rid in enumerate(keys):
+                if names[i] is None:
+                    name = cache.get(rid)
+                    if name is None:
+                        if len(cache) >= _CACHE_LIMIT:
+                            cache.clear()
+                        name = cache[rid] = one(str(rid))
+                    names[i] = name
+        out = np.empty(len(names), dtype=object)
+        out[:] = names
         return out
 
     return workload_of

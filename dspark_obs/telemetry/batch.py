@@ -17,6 +17,7 @@ are `None`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import get_type_hints
 
 import numpy as np
 
@@ -178,22 +179,7 @@ class StepBatch:
 
     def validate(self) -> None:
         """Raise InvalidBatch when columns disagree in shape or break DSpark's invariants."""
-        if not _is_int(self.gamma) or not 1 <= self.gamma <= MAX_GAMMA:
-            raise InvalidBatch("gamma_out_of_range", f"gamma {self.gamma!r} outside 1..{MAX_GAMMA}")
-        # Step scalars come straight from JSON: a value numpy cannot hold would crash the
-        # aggregates (OverflowError) far from where it entered, so it is refused here.
-        for name in ("forward_ct", "rank", *STEP_INT_FIELDS, *STEP_OPTIONAL_INT_FIELDS):
-            value = getattr(self, name)
-            if value is None and name in STEP_OPTIONAL_INT_FIELDS:
-                continue
-            if not _is_int(value) or not INT64_MIN <= value <= INT64_MAX:
-                raise InvalidBatch("malformed", f"{name}={value!r} is not a 64-bit integer")
-        if not 0 <= self.forward_ct <= MAX_FORWARD_CT:
-            raise InvalidBatch("malformed", f"forward_ct {self.forward_ct} outside 0..2**53")
-        for name in STEP_OPTIONAL_FLOAT_FIELDS:
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, (float, int, np.floating, np.integer)):
-                raise InvalidBatch("malformed", f"{name}={value!r} is not a number")
+        self.validate_step()
         n = self.num_reqs
         for name in REQUEST_COLUMNS:
             col = getattr(self, name)
@@ -210,7 +196,35 @@ class StepBatch:
                 )
         if self.has_reqs and self.bs not in (-1, n):
             raise InvalidBatch("malformed", f"bs={self.bs} but {n} request rows")
-        if n:
+        self.validate_rows()
+
+    def validate_step(self) -> None:
+        """The step scalars' part of `validate`.
+
+        Apart so that a decoder holding the rows of many steps in one set of columns
+        checks the scalars step by step and the rows once for all steps.
+        """
+        if not _is_int(self.gamma) or not 1 <= self.gamma <= MAX_GAMMA:
+            raise InvalidBatch("gamma_out_of_range", f"gamma {self.gamma!r} outside 1..{MAX_GAMMA}")
+        # Step scalars come straight from JSON: a value numpy cannot hold would crash the
+        # aggregates (OverflowError) far from where it entered, so it is refused here.
+        for name in ("forward_ct", "rank", *STEP_INT_FIELDS, *STEP_OPTIONAL_INT_FIELDS):
+            value = getattr(self, name)
+            if value is None and name in STEP_OPTIONAL_INT_FIELDS:
+                continue
+            if not _is_int(value) or not INT64_MIN <= value <= INT64_MAX:
+                raise InvalidBatch("malformed", f"{name}={value!r} is not a 64-bit integer")
+        if not 0 <= self.forward_ct <= MAX_FORWARD_CT:
+            raise InvalidBatch("malformed", f"forward_ct {self.forward_ct} outside 0..2**53")
+        for name in STEP_OPTIONAL_FLOAT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, (float, int, np.floating, np.integer)):
+                raise InvalidBatch("malformed", f"{name}={value!r} is not a number")
+
+    def validate_rows(self) -> None:
+        """The per-request part of `validate`: every check is row by row, so it holds for
+        columns stacking the rows of several steps exactly when it holds for each step."""
+        if self.num_reqs:
             pool = self.req_pool_index
             if (pool < -1).any() or (pool > MAX_REQ_POOL_INDEX).any():
                 raise InvalidBatch(
@@ -269,3 +283,14 @@ def step_field_names() -> list[str]:
         }
     )
     return [f.name for f in fields(StepBatch) if f.name not in skip]
+
+
+def step_scalar_fields(names: tuple[str, ...]) -> list[tuple[str, object, object]]:
+    """`(name, type, default)` of the named step scalars, as `StepBatch` declares them.
+
+    SGLang's wire record shares these fields with `StepBatch`; it is built from this
+    declaration so the two cannot drift apart.
+    """
+    hints = get_type_hints(StepBatch)
+    defaults = {f.name: f.default for f in fields(StepBatch)}
+    return [(name, hints[name], defaults[name]) for name in names]

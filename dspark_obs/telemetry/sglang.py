@@ -9,8 +9,11 @@ a batch back reproduces the server's JSON byte for byte.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from itertools import chain
+from operator import attrgetter
 
 import msgspec
+import msgspec.structs
 import numpy as np
 
 from .batch import (
@@ -22,6 +25,7 @@ from .batch import (
     InvalidBatch,
     StepBatch,
     empty_request_columns,
+    step_scalar_fields,
 )
 
 #: Record components SGLang can dump (`SGLANG_DSPARK_DEBUG_DUMP`).
@@ -49,24 +53,28 @@ class ReqDetail(msgspec.Struct, omit_defaults=True):
     survival: list[float] | None = None
 
 
-class DecodeStepRecord(msgspec.Struct, omit_defaults=True):
-    forward_ct: int
-    bs: int = -1
-    mode: str = ""
-    budget: int | None = None
-    lag_steps: int | None = None
-    num_running_reqs: int = -1
-    num_verify_tokens: int = -1
-    verify_tokens_local: int = -1
-    verify_tokens_dp_synced: int = -1
-    verify_tokens_graph_key: int = -1
-    predicted_step_ms: float | None = None
-    predicted_theta: float | None = None
-    step_cpu_ms: float | None = None
-    step_gpu_ms: float | None = None
-    draft_gpu_ms: float | None = None
-    target_verify_gpu_ms: float | None = None
-    reqs: list[ReqDetail] | None = None
+#: SGLang's step record fields after `forward_ct`, in its order (`mode` follows `bs` there).
+_STEP_SCALARS = (
+    "bs",
+    "mode",
+    *STEP_OPTIONAL_INT_FIELDS,
+    *STEP_INT_FIELDS[1:],
+    *STEP_OPTIONAL_FLOAT_FIELDS,
+)
+
+#: The step scalars a record hands to `StepBatch` as they are (all but `mode`).
+_RECORD_SCALARS = (*STEP_INT_FIELDS, *STEP_OPTIONAL_INT_FIELDS, *STEP_OPTIONAL_FLOAT_FIELDS)
+
+DecodeStepRecord = msgspec.defstruct(
+    "DecodeStepRecord",
+    [
+        ("forward_ct", int),
+        *step_scalar_fields(_STEP_SCALARS),
+        ("reqs", list[ReqDetail] | None, None),
+    ],
+    omit_defaults=True,
+    module=__name__,
+)
 
 
 class InfoRecord(msgspec.Struct):
@@ -164,8 +172,7 @@ def record_to_batch(
             f"forward_ct {rec.forward_ct}: gamma {gamma} outside 1..{MAX_GAMMA}",
             "gamma_out_of_range",
         )
-    scalars = {name: getattr(rec, name) for name in (*STEP_INT_FIELDS, *STEP_OPTIONAL_INT_FIELDS)}
-    scalars.update({name: getattr(rec, name) for name in STEP_OPTIONAL_FLOAT_FIELDS})
+    scalars = {name: getattr(rec, name) for name in _RECORD_SCALARS}
     reqs = rec.reqs
     if reqs is None:
         # validated too: its step scalars reach the aggregates like any other step's
@@ -241,12 +248,219 @@ def info_record_to_batches(
     rank: int = 0,
     workload_of: WorkloadOf = _no_workload,
 ) -> list[StepBatch]:
-    """Every step record of one rank's `dspark_info_record`, in server order."""
+    """Every step record of one rank's `dspark_info_record`, in server order.
+
+    JSON text goes through `_columnar_batches` first: converting record by record
+    costs a Python object per number and a loop per request. Whatever that path
+    does not take (an error anywhere, or a valid but unusual spelling) is converted
+    record by record, so results and errors are the same either way.
+    """
+    if isinstance(payload, (bytes, str)):
+        batches = _columnar_batches(payload, rank, workload_of)
+        if batches is not None:
+            return batches
     info = payload if isinstance(payload, InfoRecord) else decode_info_record(payload)
     return [
         record_to_batch(rec, gamma=info.gamma, mode=info.mode, rank=rank, workload_of=workload_of)
         for rec in info.records
     ]
+
+
+def _variant(base: type, name: str, **retyped: tuple[object, object]) -> type:
+    """`base` with the named fields retyped (`(type, default)`), all else as in `base`.
+
+    gc=False: decoding a poll creates tens of thousands of these, none in a cycle.
+    """
+    specs = []
+    for f in msgspec.structs.fields(base):
+        type_, default = retyped.get(f.name, (f.type, f.default))
+        specs.append((f.name, type_) if default is msgspec.NODEFAULT else (f.name, type_, default))
+    return msgspec.defstruct(name, specs, gc=False, module=__name__)
+
+
+#: An absent list adds nothing to the joined text of a payload's lists.
+_ABSENT = msgspec.Raw(b"")
+
+# The wire types with the per-position lists kept as raw JSON text, to be parsed for
+# all requests of a payload at once.
+_ColumnarReq = _variant(
+    ReqDetail,
+    "_ColumnarReq",
+    draft_tokens=(msgspec.Raw, msgspec.NODEFAULT),
+    confidence=(msgspec.Raw, _ABSENT),
+    survival=(msgspec.Raw, _ABSENT),
+)
+_ColumnarStep = _variant(DecodeStepRecord, "_ColumnarStep", reqs=(list[_ColumnarReq] | None, None))
+_ColumnarInfo = _variant(
+    InfoRecord, "_ColumnarInfo", records=(list[_ColumnarStep], msgspec.NODEFAULT)
+)
+
+_JSON_SPACE = b" \t\r\n"
+_POW10 = np.array([float(10**k) for k in range(23)])
+#: JSON lists run together as one comma-separated list (`[` separates, `]` is blank).
+_UNBRACKET = bytes.maketrans(b"[]", b", ")
+#: Integers below this parse exactly; numpy clamps what int64 cannot hold to above it.
+_SAFE_INT = 10**18
+
+
+def _columnar_batches(
+    payload: bytes | str, rank: int, workload_of: WorkloadOf
+) -> list[StepBatch] | None:
+    """All steps of a payload from one decode and one numpy column per field.
+
+    The rows of every step are gathered into payload-wide columns, checked once, and
+    each step gets slices of them. Only the plainly valid is taken: None for a payload
+    that does not decode, a list that is not `gamma` plain non-negative numbers, values
+    near the int64 limits or beyond exact float parsing, confidence present on some
+    requests only, or a step `record_to_batch` would refuse. Those are left to it.
+    """
+    try:
+        info = msgspec.json.decode(payload, type=_ColumnarInfo)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    gamma = info.gamma
+    if not 1 <= gamma <= MAX_GAMMA:
+        return None
+    reqs = list(chain.from_iterable(rec.reqs for rec in info.records if rec.reqs is not None))
+    n = len(reqs)
+    cols = empty_request_columns(n, gamma)
+    try:
+        for name in REQ_INT_FIELDS:
+            cols[name] = np.fromiter(map(attrgetter(name), reqs), dtype=np.int64, count=n)
+    except OverflowError:
+        return None
+    draft = _int_rows(b"".join(map(attrgetter("draft_tokens"), reqs)), n, gamma)
+    if draft is None:
+        return None
+    probs: dict[str, np.ndarray | None] = {}
+    for name in ("confidence", "survival"):
+        text = b"".join(map(attrgetter(name), reqs))
+        probs[name] = _float_rows(text, n, gamma) if text else None
+        if text and probs[name] is None:
+            return None
+    rid_list = list(map(attrgetter("rid"), reqs))
+    cols["rid"] = np.array([*rid_list, None], dtype=object)[:n]
+    all_rids = None not in rid_list
+    if n and all_rids:
+        cols["workload"] = workload_of(cols["rid"])
+        if cols["workload"].shape != (n,):
+            return None
+    else:
+        cols["workload"] = np.full(n, "other", dtype=object)
+    try:
+        StepBatch(forward_ct=0, gamma=gamma, **cols, draft_tokens=draft, **probs).validate_rows()
+    except InvalidBatch:
+        return None
+    out = []
+    start = 0
+    for rec in info.records:
+        step_mode = rec.mode or info.mode
+        if step_mode not in MODES:
+            return None
+        scalars = {name: getattr(rec, name) for name in _RECORD_SCALARS}
+        if rec.reqs is None:
+            batch = StepBatch(
+                forward_ct=rec.forward_ct,
+                gamma=gamma,
+                mode=step_mode,
+                rank=rank,
+                has_reqs=False,
+                **scalars,
+            )
+        else:
+            k = len(rec.reqs)
+            rows = slice(start, start + k)
+            start += k
+            if rec.bs not in (-1, k):
+                return None
+            step_cols = {name: col[rows] for name, col in cols.items()}
+            if k and not all_rids and None not in rid_list[rows]:
+                step_cols["workload"] = workload_of(step_cols["rid"])
+                if step_cols["workload"].shape != (k,):
+                    return None
+            batch = StepBatch(
+                forward_ct=rec.forward_ct,
+                gamma=gamma,
+                mode=step_mode,
+                rank=rank,
+                **scalars,
+                **step_cols,
+                draft_tokens=draft[rows],
+                **{name: None if m is None or not k else m[rows] for name, m in probs.items()},
+            )
+        try:
+            batch.validate_step()
+        except InvalidBatch:
+            return None
+        out.append(batch)
+    return out
+
+
+def _rows(text: bytes, allowed: bytes, n: int, gamma: int) -> tuple[bytes, np.ndarray] | None:
+    """`n` concatenated JSON lists without whitespace, and where each item ends; None
+    unless each is a flat list of `gamma` items spelt with the characters in `allowed`.
+
+    The text comes from msgspec, so each piece is one valid JSON value. Without
+    letters or quotes, with `n` opening brackets, each at the start or right after
+    a `]` (not nested, no bare number between lists) and none right before a `]`
+    (not empty), the pieces are `n` flat lists of plain numbers; every item ends at a
+    `,` or `]`, so with `n * gamma` ends and every gamma-th a `]`, each list is
+    `gamma` long.
+    """
+    rest = text.translate(None, allowed)
+    if rest:
+        if rest.translate(None, _JSON_SPACE):
+            return None
+        text = text.translate(None, _JSON_SPACE)
+    chars = np.frombuffer(text, dtype=np.uint8)
+    opens = np.flatnonzero(chars == ord("["))
+    ends = np.flatnonzero((chars == ord(",")) | (chars == ord("]")))
+    if (
+        len(opens) != n
+        or len(ends) != n * gamma
+        or opens[0] != 0
+        or (chars[opens[1:] - 1] != ord("]")).any()
+        or (chars[opens + 1] == ord("]")).any()
+        or (chars[ends[gamma - 1 :: gamma]] != ord("]")).any()
+    ):
+        return None
+    return text, ends
+
+
+def _int_rows(text: bytes, n: int, gamma: int) -> np.ndarray | None:
+    """`n` concatenated JSON lists of `gamma` non-negative integers as an [n, gamma] matrix."""
+    if not n:
+        return np.empty((0, gamma), dtype=np.int64)
+    rows = _rows(text, b"0123456789,[]", n, gamma)
+    if rows is None:
+        return None
+    values = np.fromstring(rows[0].translate(_UNBRACKET)[1:], dtype=np.int64, sep=",")
+    if len(values) != n * gamma or (values >= _SAFE_INT).any():
+        return None
+    return values.reshape(n, gamma)
+
+
+def _float_rows(text: bytes, n: int, gamma: int) -> np.ndarray | None:
+    """`n` concatenated JSON lists of `gamma` non-negative decimals as an [n, gamma] matrix.
+
+    numpy's own text-to-float is several times slower than its integer parsing, so a
+    decimal `d.ddd` is read as the integer `dddd` over a power of ten. With both
+    exact in float64 (below 2**53, at most 10**22) the one IEEE division rounds to the
+    same double that parsing the decimal does; anything else is None.
+    """
+    rows = _rows(text, b"0123456789.,[]", n, gamma)
+    if rows is None:
+        return None
+    text, ends = rows
+    dots = np.flatnonzero(np.frombuffer(text, dtype=np.uint8) == ord("."))
+    # a JSON number has at most one dot: as many dots as numbers means one in each
+    token = np.arange(len(ends)) if len(dots) == len(ends) else np.searchsorted(ends, dots)
+    decimals = np.zeros(len(ends), dtype=np.int64)
+    decimals[token] = ends[token] - dots - 1
+    mantissa = np.fromstring(text.translate(_UNBRACKET, b".")[1:], dtype=np.int64, sep=",")
+    if len(mantissa) != n * gamma or (mantissa >= 2**53).any() or (decimals >= len(_POW10)).any():
+        return None
+    return (mantissa / _POW10[decimals]).reshape(n, gamma)
 
 
 def batch_to_record(batch: StepBatch, *, step_mode: bool = True) -> DecodeStepRecord:
