@@ -45,8 +45,9 @@ COLUMNS = (
 )
 _COL = {name: i for i, name in enumerate(COLUMNS)}
 
-#: Steps whose rows the population model learns from at once.
-POPULATION_BATCH_STEPS = 64
+#: Steps whose rows the population model learns from at once: at B = 256 about 4,096
+#: rows, where its per-row cost is lowest (larger batches pay for fresh temporaries).
+POPULATION_BATCH_STEPS = 16
 
 
 @dataclass

@@ -132,11 +132,15 @@ class HazardModel:
         c = np.asarray(confidence, dtype=np.float64)
         if c.shape != (rows, self.gamma):
             raise ValueError(f"confidence has shape {c.shape}, expected ({rows}, {self.gamma})")
-        missing = np.isnan(c)
-        if ((c[~missing] < 0) | (c[~missing] > 1)).any():
+        if c.size and (np.fmin.reduce(c, axis=None) < 0 or np.fmax.reduce(c, axis=None) > 1):
             raise ValueError("confidence outside [0, 1]")
-        k = np.minimum((np.where(missing, 0.0, c) * self.bins).astype(np.int64), self.bins - 1)
-        return np.where(missing, self.bins, k).astype(np.uint8)
+        # scaled in place of a copy; NaN (no confidence) goes to the pooled code after the cast
+        x = c * self.bins
+        np.minimum(x, self.bins - 1, out=x)
+        missing = np.isnan(x)
+        if missing.any():
+            x[missing] = self.bins
+        return x.astype(np.uint8)
 
     def update(
         self,
@@ -177,33 +181,39 @@ class HazardModel:
         codes = self._bin_codes(confidence, n)
         G, B = self.groups, self.bins
 
-        pos = np.arange(gam, dtype=np.int32)[None, :]
-        at_risk = (pos <= a[:, None]) & (pos < w[:, None])
+        # a block is at risk at positions 0..reach-1 (verified, every earlier draft accepted)
+        reach = np.minimum(a + 1, w)
         event = a < w
-        # (group, position) flat index, [n, gamma]; int32 halves the memory traffic
-        gi = (grp.astype(np.int32) * gam)[:, None] + pos
-        self._n0 += np.bincount(gi[at_risk], minlength=G * gam).reshape(G, gam)
-        self._d0 += np.bincount(grp[event] * gam + a[event], minlength=G * gam).reshape(G, gam)
+        # unstratified counts from per-block reach: a histogram, then a reverse cumulative sum
+        hist = np.bincount(grp * (gam + 1) + reach, minlength=G * (gam + 1)).reshape(G, gam + 1)
+        self._n0 += np.cumsum(hist[:, ::-1], axis=1)[:, ::-1][:, 1:]
+        # events at a (< w); a block without one lands in a spare column that is dropped
+        stop = np.where(event, a, gam)
+        self._d0 += np.bincount(grp * (gam + 1) + stop, minlength=G * (gam + 1)).reshape(
+            G, gam + 1
+        )[:, :gam]
 
-        stratified = codes < B
-        if stratified.any():
-            c = np.asarray(confidence, dtype=np.float64)
-            cell = gi * B + np.minimum(codes, B - 1)
+        pooled = codes == B
+        if not pooled.all():
+            # (group, position, bin) cell per entry; int32 halves the memory traffic
+            base = (grp.astype(np.int32) * (gam * B))[:, None] + np.arange(0, gam * B, B, np.int32)
+            cell = base + np.minimum(codes, B - 1)
             size = G * gam * B
+            at_risk = np.arange(gam)[None, :] < reach[:, None]
             rows = np.flatnonzero(event)
-            if stratified.all():  # the usual case: every position has a confidence
-                ev_cell = cell[rows, a[rows]]
-                risk_cells, strat_cells, strat_c = cell[at_risk], cell.ravel(), c.ravel()
-            else:
-                ev_cell = cell[rows, a[rows]][stratified[rows, a[rows]]]
-                risk_cells = cell[at_risk & stratified]
-                strat_cells, strat_c = cell[stratified], c[stratified]
-            self._n += np.bincount(risk_cells, minlength=size).reshape(G, gam, B)
-            self._d += np.bincount(ev_cell, minlength=size).reshape(G, gam, B)
-            self._ccnt += np.bincount(strat_cells, minlength=size).reshape(G, gam, B)
-            self._csum += np.bincount(strat_cells, weights=strat_c, minlength=size).reshape(
-                G, gam, B
-            )
+            if pooled.any():
+                strat = ~pooled
+                at_risk &= strat
+                rows = rows[strat[rows, a[rows]]]
+                flat_cells = cell[strat]
+                flat_c = np.asarray(confidence, dtype=np.float64)[strat]
+            else:  # the usual case: every position has a confidence
+                flat_cells = cell.ravel()
+                flat_c = np.asarray(confidence, dtype=np.float64).ravel()
+            self._n += np.bincount(cell[at_risk], minlength=size).reshape(G, gam, B)
+            self._d += np.bincount(cell[rows, a[rows]], minlength=size).reshape(G, gam, B)
+            self._ccnt += np.bincount(flat_cells, minlength=size).reshape(G, gam, B)
+            self._csum += np.bincount(flat_cells, weights=flat_c, minlength=size).reshape(G, gam, B)
 
         order = np.argsort(grp, kind="stable")
         ids, starts = np.unique(grp[order], return_index=True)

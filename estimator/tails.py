@@ -21,21 +21,21 @@ A request that ends (its slot shows another rid or a discontinuous position, or
 it goes idle) before its block resolves leaves the block censored: reported as
 a lower bound, never as exact.
 
-Cost. Per step the walker only notes: which request instance each row is,
-the trimmed blocks (popped from a free stack, never searched for), and (in
-band) the verify log-probabilities of the few sampled tails whose positions
-this step verified, while the step's distributions exist. The committed
-tokens are written into the requests' history rings, and the comparison runs,
-every `walk_every` steps over all pending steps and blocks at once, so numpy's
-per-call overhead is paid per walk, not per step. A request instance (its history) lives
-until its last block is settled, so a slot reused by the next request never
-overwrites what an unsettled block still needs.
+Cost. A block is walked, vectorised with every other block its rank has in
+the step, at each step its request appears in: from the opening step on (its
+first tail position holds that step's bonus) until the first mismatch or the
+end of the tail. Most blocks resolve at once (the bonus differs from the first
+tail draft), so only a few stay open, and only their rows are looked at
+later; the sampled walk's single gather per block happens at the step that
+committed the mismatching position, while its verify distributions exist, so
+the walk needs no history of committed tokens. Settled blocks wait and are
+emitted together every `walk_every` steps, where the population model's
+extrapolation runs once for all of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -46,31 +46,26 @@ Gather = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 #: `extrapolate(groups, start_position, confidence [k, gamma]) -> expected further acceptance`.
 Extrapolate = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
-# block scalars, packed (exact in float64: positions, counts and ids stay far below 2**53)
-OPEN_PREFIX, WINDOW, OPEN_FCT, GROUP, GREEDY, INSTANCE = range(6)
-_FIELDS = 6
-
-
-@dataclass
-class Outcomes:
-    """Blocks that left the walk (columns over blocks)."""
-
-    rid: list = field(default_factory=list)
-    columns: dict[str, list[np.ndarray]] = field(default_factory=dict)
-
-    def add(self, rid: np.ndarray, **cols: np.ndarray) -> None:
-        if len(rid) == 0:
-            return
-        self.rid.append(rid)
-        for k, v in cols.items():
-            self.columns.setdefault(k, []).append(np.asarray(v))
-
-    def frame(self) -> dict[str, np.ndarray]:
-        if not self.rid:
-            return {}
-        out = {k: np.concatenate(v) for k, v in self.columns.items()}
-        out["rid"] = np.concatenate(self.rid)
-        return out
+# block state, packed in one float64 row (exact: positions, counts, ids and forward_cts stay
+# below 2**53), so that taking, updating and settling a set of blocks is one indexing each
+(
+    OPEN_PREFIX,  # the opening step's prefix length: tail draft j sits at OPEN_PREFIX + j
+    WINDOW,
+    OPEN_FCT,
+    GROUP,
+    GREEDY,  # 1 greedy, 0 sampled
+    RANK,
+    POOL,  # the request's req_pool_index on its rank
+    NEXT,  # the next tail index to compare; once settled, the position the walk reached
+    EXPECT,  # the prefix length the request's next step must have
+    SEEN,  # the walker step that last walked the block (idle timeout)
+    CUM,  # sampled: running product of the acceptance ratios so far
+    LO_EXTRA,  # sampled: sum of the running products (expected accepted tail drafts)
+    VAR_TERMS,  # sampled: sum of (2m - 1) times the running product at tail draft m
+    RESOLVED_FCT,
+    CENSORED,
+) = range(15)
+_FIELDS = 15
 
 
 def _grown(arr: np.ndarray, size: int, fill) -> np.ndarray:
@@ -80,10 +75,12 @@ def _grown(arr: np.ndarray, size: int, fill) -> np.ndarray:
 
 
 class TailWalker:
-    """Opens a block per trimmed request-step; settles pending blocks every `walk_every` steps.
+    """Opens a block per trimmed request-step and walks it as its request's steps arrive.
 
     `assume_greedy` decides for rows whose source does not say (SGLang dumps):
-    None skips them, True or False treats them as greedy or sampled.
+    None skips them, True or False treats them as greedy or sampled. A block
+    whose request is gone (its slot shows another rid or a prefix that does not
+    continue it), or has not appeared for `idle_steps` steps, is censored.
     """
 
     def __init__(
@@ -98,59 +95,30 @@ class TailWalker:
         self.assume_greedy = assume_greedy
         self.idle_steps = idle_steps
         self.walk_every = walk_every
-        # a block needs the history from its tail's first position; between walks a request
-        # commits at most gamma + 1 tokens a step
-        self.horizon = (walk_every + 2) * (g + 1) + g
         self.steps = 0
         self.skipped = 0  # trimmed blocks no walk can follow (unknown sampling, no log-probs)
         self.opened = 0
         self.opened_rows = np.zeros(0, dtype=bool)
         self.skipped_rows = np.zeros(0, dtype=bool)
-        self.slots: dict[int, np.ndarray] = {}  # rank -> instance id per req_pool_index
-        # request instances: their committed-token history
-        self.inst_live = np.zeros(0, dtype=bool)
-        self.inst_rid = np.zeros(0, dtype=object)
-        self.inst_expect = np.zeros(0, dtype=np.int64)
-        self.inst_ended = np.zeros(0, dtype=bool)
-        self.inst_seen = np.zeros(0, dtype=np.int64)
-        self.hist_tok = np.zeros((0, self.horizon), dtype=np.int64)
-        self.hist_lp = np.zeros((0, self.horizon))
-        # blocks
+        self._j = np.arange(g)
+        self._upper = np.triu(np.ones((g, g)))  # x @ _upper: running sums along a row
+        self._ones = np.ones(g)
+        self.one_rank: bool | None = None  # every step so far from a single rank
+        self.rank: int | None = None
+        # open blocks, in a pool whose free ids sit on a stack
         self.blk_live = np.zeros(0, dtype=bool)
         self.blk = np.zeros((0, _FIELDS))
+        self.blk_rid = np.zeros(0, dtype=object)
         self.blk_tail = np.zeros((0, g), dtype=np.int64)
         self.blk_q = np.zeros((0, g))
         self.blk_conf = np.zeros((0, g))
-        self.blk_p = np.zeros((0, g))  # gathered target log-prob of each tail token
-        self.free_inst = np.zeros(0, dtype=np.int64)  # stacks of free ids
         self.free_blk = np.zeros(0, dtype=np.int64)
-        self.gathering = np.zeros(0, dtype=np.int64)  # sampled blocks a later step may verify
-        self.row_of = np.zeros(0, dtype=np.int64)  # instance -> row of the current step, or -1
-        self.unrecorded: list[tuple[StepBatch, np.ndarray]] = []  # steps not yet in history
+        self.row_of = np.zeros(0, dtype=np.int64)  # req_pool_index -> row of the current step
+        # settled blocks waiting for the next emission: (state rows, rids, confidence)
+        self.settled: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def pending(self) -> int:
         return int(np.count_nonzero(self.blk_live))
-
-    # -- allocation ---------------------------------------------------------
-
-    def _new_instances(self, n: int) -> np.ndarray:
-        if len(self.free_inst) < n:
-            old = len(self.inst_live)
-            size = max(2 * old, old + n, 64)
-            self.inst_live = _grown(self.inst_live, size, False)
-            self.inst_rid = _grown(self.inst_rid, size, None)
-            self.inst_expect = _grown(self.inst_expect, size, -1)
-            self.inst_ended = _grown(self.inst_ended, size, False)
-            self.inst_seen = _grown(self.inst_seen, size, 0)
-            self.hist_tok = _grown(self.hist_tok, size, -1)
-            self.hist_lp = _grown(self.hist_lp, size, np.nan)
-            self.row_of = _grown(self.row_of, size, -1)
-            self.free_inst = np.concatenate([np.arange(size - 1, old - 1, -1), self.free_inst])
-        ids = self.free_inst[len(self.free_inst) - n :][::-1]
-        self.free_inst = self.free_inst[: len(self.free_inst) - n]
-        self.inst_live[ids] = True
-        self.inst_ended[ids] = False
-        return ids
 
     def _new_blocks(self, n: int) -> np.ndarray:
         if len(self.free_blk) < n:
@@ -158,10 +126,10 @@ class TailWalker:
             size = max(2 * old, old + n, 256)
             self.blk_live = _grown(self.blk_live, size, False)
             self.blk = _grown(self.blk, size, 0.0)
+            self.blk_rid = _grown(self.blk_rid, size, None)
             self.blk_tail = _grown(self.blk_tail, size, 0)
             self.blk_q = _grown(self.blk_q, size, np.nan)
             self.blk_conf = _grown(self.blk_conf, size, np.nan)
-            self.blk_p = _grown(self.blk_p, size, np.nan)
             self.free_blk = np.concatenate([np.arange(size - 1, old - 1, -1), self.free_blk])
         ids = self.free_blk[len(self.free_blk) - n :][::-1]
         self.free_blk = self.free_blk[: len(self.free_blk) - n]
@@ -177,78 +145,96 @@ class TailWalker:
         gather: Gather | None = None,
         extrapolate: Extrapolate | None = None,
     ) -> dict[str, np.ndarray]:
-        """Record one validated step; every `walk_every` steps, settle what can be settled."""
+        """Walk one validated step; every `walk_every` steps, emit the blocks settled so far."""
         self.steps += 1
         n = batch.num_reqs
         if batch.has_reqs and n and batch.draft_tokens is not None:
-            inst = self._instances(batch)
-            self.inst_expect[inst] = batch.prefix_len + batch.correct_drafts + 1
-            self.inst_seen[inst] = self.steps
-            self.unrecorded.append((batch, inst))
-            self._open(batch, inst, group)
-            if gather is not None:  # also the block just opened: its first tail position
-                self._gather(batch, inst, gather)  # is where this step drew the bonus
+            if self.rank != batch.rank:
+                self.one_rank = self.rank is None
+                self.rank = batch.rank
+            top = int(batch.req_pool_index.max()) + 1  # every open block's slot came from a step
+            if top > len(self.row_of):
+                self.row_of = _grown(self.row_of, max(top, 2 * len(self.row_of), 64), -1)
+            self._advance(batch, group, gather)
         else:
             self.opened_rows = self.skipped_rows = np.zeros(n, dtype=bool)
         if self.steps % self.walk_every:
             return {}
         return self.settle(extrapolate, batch.forward_ct)
 
-    def _instances(self, batch: StepBatch) -> np.ndarray:
-        """The request instance of every row: the slot's, or a new one when the request changed."""
-        pool = batch.req_pool_index
-        slots = self.slots.get(batch.rank)
-        if slots is None or pool.max() >= len(slots):
-            size = max(int(pool.max()) + 1, 2 * (0 if slots is None else len(slots)), 64)
-            slots = self.slots[batch.rank] = _grown(
-                np.zeros(0, np.int64) if slots is None else slots, size, -1
-            )
-        inst = slots[pool]
-        known = inst >= 0
-        same = known.copy()
-        same[known] = (self.inst_rid[inst[known]] == batch.rid[known]) & (
-            self.inst_expect[inst[known]] == batch.prefix_len[known]
-        )
-        if not same.all():
-            changed = np.flatnonzero(~same)
-            self.inst_ended[inst[changed][known[changed]]] = True
-            ids = self._new_instances(len(changed))
-            self.inst_rid[ids] = batch.rid[changed]
-            slots[pool[changed]] = ids
-            inst[changed] = ids
-        return inst
+    def _advance(self, batch: StepBatch, group: np.ndarray, gather: Gather | None) -> None:
+        """Walk the open blocks this step continues and the ones it opens, in one pass.
 
-    def _record(self) -> None:
-        """Write the pending steps' committed tokens into their requests' history rings.
-
-        Each step's tokens go to distinct ring slots of its instance (the ring
-        holds more positions than `walk_every` steps can commit), and instance
-        ids are only reused after a walk, so the steps can be written at once.
+        A new block enters the pool only if its opening step leaves it open, so
+        the common block (resolved by its own bonus) is never stored. (Row
+        gathers use `take`, which numpy does far faster than fancy indexing of
+        2-D arrays at these sizes.)
         """
-        steps, self.unrecorded = self.unrecorded, []
-        if not steps:
+        ids, rows = self._continuing(batch)
+        new_rows, f_new = self._open(batch, group)
+        k = len(ids)
+        if k + len(new_rows) == 0:
             return
-        g, h = self.gamma, self.horizon
-        inst = np.concatenate([i for _, i in steps])
-        cl = np.concatenate([b.correct_drafts for b, _ in steps])
-        prefix = np.concatenate([b.prefix_len for b, _ in steps])
-        n = len(inst)
-        rows = np.arange(n)
-        tok = np.empty((n, g + 1), np.int64)
-        tok[:, :g] = np.concatenate([b.draft_tokens for b, _ in steps])
-        tok[rows, cl] = np.concatenate([b.bonus_token for b, _ in steps])
-        lp = np.full((n, g + 1), np.nan)
-        lp[:, :g] = np.concatenate(
-            [
-                np.full((b.num_reqs, g), np.nan) if b.target_logprobs is None else b.target_logprobs
-                for b, _ in steps
-            ]
+        new_tail = batch.draft_tokens.take(new_rows, axis=0)
+        draft_q = batch.draft_logprobs
+        new_q = np.full(new_tail.shape, np.nan) if draft_q is None else draft_q.take(new_rows, 0)
+        if k:
+            f = np.concatenate([self.blk.take(ids, axis=0), f_new])
+            tail = np.concatenate([self.blk_tail.take(ids, axis=0), new_tail])
+            q = np.concatenate([self.blk_q.take(ids, axis=0), new_q])
+            rows = np.concatenate([rows, new_rows])
+        else:
+            f, tail, q, rows = f_new, new_tail, new_q, new_rows
+        done = self._walk(batch, f, tail, q, rows, gather)
+        fct = batch.forward_ct
+        if k:
+            self.blk[ids] = f[:k]
+            old_done = done[:k].nonzero()[0]
+            if len(old_done):
+                self._settle_ids(ids[old_done], fct, censored=False)
+        if len(new_rows) == 0:
+            return
+        f, done = f[k:], done[k:]
+        conf = batch.confidence
+        new_conf = np.full(new_tail.shape, np.nan) if conf is None else conf.take(new_rows, 0)
+        fin = done.nonzero()[0]
+        if len(fin):
+            settled = f.take(fin, axis=0)
+            settled[:, RESOLVED_FCT] = fct
+            self.settled.append(
+                (settled, batch.rid.take(new_rows[fin]), new_conf.take(fin, axis=0))
+            )
+        if len(fin) < len(done):
+            stay = (~done).nonzero()[0]
+            ids = self._new_blocks(len(stay))
+            self.blk[ids] = f.take(stay, axis=0)
+            self.blk_rid[ids] = batch.rid.take(new_rows[stay])
+            self.blk_tail[ids] = new_tail.take(stay, axis=0)
+            self.blk_q[ids] = new_q.take(stay, axis=0)
+            self.blk_conf[ids] = new_conf.take(stay, axis=0)
+
+    def _continuing(self, batch: StepBatch) -> tuple[np.ndarray, np.ndarray]:
+        """Open blocks whose request is in this step, and their rows; censor those it replaced."""
+        live = self.blk_live if self.one_rank else self.blk_live & (self.blk[:, RANK] == batch.rank)
+        ids = live.nonzero()[0]
+        if len(ids) == 0:
+            return ids, ids
+        f = self.blk.take(ids, axis=0)
+        pool = batch.req_pool_index
+        self.row_of[pool] = np.arange(len(pool))
+        rows = self.row_of.take(f[:, POOL].astype(np.int64))
+        self.row_of[pool] = -1
+        gone = rows < 0
+        if np.count_nonzero(gone):
+            here = (~gone).nonzero()[0]
+            ids, rows, f = ids[here], rows[here], f.take(here, axis=0)
+        same = (batch.rid.take(rows) == self.blk_rid.take(ids)) & (
+            batch.prefix_len.take(rows) == f[:, EXPECT]
         )
-        lp[rows, cl] = np.concatenate([b.bonus_logprob for b, _ in steps])
-        valid = np.arange(g + 1) <= cl[:, None]
-        flat = (inst[:, None] * h + (prefix[:, None] + np.arange(g + 1)) % h)[valid]
-        self.hist_tok.reshape(-1)[flat] = tok[valid]
-        self.hist_lp.reshape(-1)[flat] = lp[valid]
+        if np.count_nonzero(same) < len(same):
+            self._settle_ids(ids[~same], batch.forward_ct, censored=True)
+            ids, rows = ids[same], rows[same]
+        return ids, rows
 
     def _greedy_rows(self, batch: StepBatch) -> np.ndarray:
         flag = batch.greedy.astype(np.int8)
@@ -256,7 +242,8 @@ class TailWalker:
             flag = np.where(flag < 0, np.int8(self.assume_greedy), flag)
         return flag
 
-    def _open(self, batch: StepBatch, inst: np.ndarray, group: np.ndarray) -> None:
+    def _open(self, batch: StepBatch, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows that open a block, and the blocks' initial state."""
         g = self.gamma
         w, a = batch.window, batch.correct_drafts
         trimmed = (a == w) & (w < g)
@@ -265,196 +252,171 @@ class TailWalker:
         can_walk = (greedy == 1) | ((greedy == 0) & logprobs)
         self.opened_rows = trimmed & can_walk
         self.skipped_rows = trimmed & ~can_walk
-        self.skipped += int(np.count_nonzero(self.skipped_rows))
-        rows = np.flatnonzero(self.opened_rows)
-        if len(rows) == 0:
-            return
+        self.skipped += np.count_nonzero(self.skipped_rows)
+        rows = self.opened_rows.nonzero()[0]
         self.opened += len(rows)
-        ids = self._new_blocks(len(rows))
-        fields = np.empty((len(rows), _FIELDS))
-        fields[:, OPEN_PREFIX] = batch.prefix_len[rows]
-        fields[:, WINDOW] = w[rows]
-        fields[:, OPEN_FCT] = batch.forward_ct
-        fields[:, GROUP] = group[rows]
-        fields[:, GREEDY] = greedy[rows]
-        fields[:, INSTANCE] = inst[rows]
-        self.blk[ids] = fields
-        self.blk_tail[ids] = batch.draft_tokens[rows]
-        self.blk_q[ids] = np.nan if batch.draft_logprobs is None else batch.draft_logprobs[rows]
-        self.blk_conf[ids] = np.nan if batch.confidence is None else batch.confidence[rows]
-        self.blk_p[ids] = np.nan
-        sampled = ids[greedy[rows] == 0]
-        if len(sampled):
-            self.gathering = np.concatenate([self.gathering, sampled])
+        # filled field by field in a [fields, blocks] array, whose rows are contiguous
+        f = np.zeros((_FIELDS, len(rows)))
+        f[OPEN_PREFIX] = batch.prefix_len.take(rows)
+        f[WINDOW] = f[NEXT] = w.take(rows)
+        f[OPEN_FCT] = batch.forward_ct
+        f[GROUP] = group.take(rows)
+        f[GREEDY] = greedy.take(rows)
+        f[RANK] = batch.rank
+        f[POOL] = batch.req_pool_index.take(rows)
+        f[CUM] = 1.0
+        return rows, f.T
 
-    def _gather(self, batch: StepBatch, inst: np.ndarray, gather: Gather) -> None:
-        """Target log-probs of pending sampled tail tokens at this step's verified positions.
+    def _walk(
+        self,
+        batch: StepBatch,
+        f: np.ndarray,
+        tail: np.ndarray,
+        q: np.ndarray,
+        rows: np.ndarray,
+        gather: Gather | None,
+    ) -> np.ndarray:
+        """Compare the blocks' tails with what their rows committed in this step.
 
-        Only the first mismatch needs one (matched positions use the committed
-        token's), but the walk runs later, when this step's distributions are gone.
+        Updates the block states `f` in place; returns which blocks resolved.
+        Along the short position axis numpy's cumulative and reducing ufuncs
+        cost a loop per block, so the run's end is an argmin and the running
+        products are a triangular matrix product in log space.
         """
-        cand = self.gathering
-        if len(cand) == 0:
-            return
-        g = self.gamma
-        f = self.blk[cand]
-        cinst = f[:, INSTANCE].astype(np.int64)
-        tail_end = f[:, OPEN_PREFIX].astype(np.int64) + g  # one past the last drafted position
-        # a block is done gathering once it settled or its request moved past the tail
-        keep = self.blk_live[cand] & (self.inst_expect[cinst] < tail_end)
-        self.row_of[inst] = np.arange(len(inst))
-        rows = self.row_of[cinst]
-        self.row_of[inst] = -1
-        self.gathering = cand[keep]
-        here = (rows >= 0) & self.blk_live[cand]
-        if not here.any():
-            return
-        live, rows, f = cand[here], rows[here], f[here]
-        j = np.arange(g)
-        offset = (f[:, OPEN_PREFIX].astype(np.int64) - batch.prefix_len[rows])[:, None] + j
-        want = (j >= f[:, WINDOW][:, None]) & (offset >= 0)
-        want &= offset <= batch.correct_drafts[rows][:, None]
-        b, jj = np.nonzero(want)
-        if len(b):
-            self.blk_p[live[b], jj] = gather(rows[b], offset[b, jj], self.blk_tail[live[b], jj])
+        g, j = self.gamma, self._j
+        k = len(rows)
+        prefix, a = batch.prefix_len.take(rows), batch.correct_drafts.take(rows)
+        # tail draft j sits at offset j - (prefix - open prefix) of the row's committed tokens
+        off = (f[:, OPEN_PREFIX] - prefix)[:, None] + j
+        ahead = j >= f[:, NEXT][:, None]
+        committed_here = ahead & (off <= a[:, None])
+        row_base = np.arange(0, k * (g + 1), g + 1)
+        flat = row_base[:, None] + np.maximum(off, 0).astype(np.int64)
+        bonus_at = row_base + a
+        tok = np.empty((k, g + 1), np.int64)
+        tok[:, :g] = batch.draft_tokens.take(rows, axis=0)
+        tok.ravel()[bonus_at] = batch.bonus_token.take(rows)
+        match = committed_here & (tok.take(flat) == tail)
+        # the run ends at the first position at or past NEXT that is not a match (g: none)
+        stops = np.ones((k, g + 1), dtype=bool)
+        stops[:, :g] = ahead & ~match
+        run_end = stops.argmax(axis=1)
+        at = np.minimum(run_end, g - 1)
+        mismatch = (run_end < g) & committed_here.ravel().take(np.arange(0, k * g, g) + at)
+        sampled = f[:, GREEDY] == 0
+        reached = run_end
+        if np.count_nonzero(sampled):
+            evaluated = match & (j < run_end[:, None]) & sampled[:, None]
+            lp = np.full((k, g + 1), np.nan)
+            if batch.target_logprobs is not None:
+                lp[:, :g] = batch.target_logprobs.take(rows, axis=0)
+            lp.ravel()[bonus_at] = batch.bonus_logprob.take(rows)
+            p = lp.take(flat)
+            div = (mismatch & sampled).nonzero()[0]
+            if gather is not None and len(div):
+                # the first mismatch: the target's log-prob of the tail draft, from this step
+                d_at = at[div]
+                got = np.asarray(
+                    gather(rows[div], off[div, d_at].astype(np.int64), tail[div, d_at])
+                )
+                known = ~np.isnan(got)  # -inf: the target excludes the draft, a ratio of 0
+                div, d_at = div[known], d_at[known]
+                p[div, d_at] = got[known]
+                evaluated[div, d_at] = True
+                reached = run_end + np.bincount(div, minlength=k)
+            # floored so that a zero probability (-inf) is a finite log that exp takes to 0:
+            # in the product with the triangle, -inf * 0 would poison the earlier positions
+            log_ratio = np.where(evaluated, np.clip(p - q, -1e300, 0.0), 0.0)
+            if np.isnan(log_ratio).any():  # a NaN must poison only what follows it
+                running = np.cumprod(np.exp(log_ratio), axis=1)
+            else:
+                running = np.exp(log_ratio @ self._upper)
+            cum = f[:, CUM][:, None] * running
+            counted = np.where(evaluated, cum, 0.0)
+            f[:, LO_EXTRA] += counted @ self._ones
+            # tail draft m (1-based) adds (2m - 1) times its running product
+            f[:, VAR_TERMS] += (counted * (2 * (j - f[:, WINDOW][:, None]) + 1)) @ self._ones
+            f[:, CUM] = cum[:, -1]
+        f[:, NEXT] = reached
+        f[:, EXPECT] = prefix + a + 1
+        f[:, SEEN] = self.steps
+        return mismatch | (run_end >= g)
 
     # -- settling -------------------------------------------------------------
+
+    def _settle_ids(self, ids: np.ndarray, fct: int, *, censored: bool) -> None:
+        f = self.blk.take(ids, axis=0)
+        f[:, RESOLVED_FCT] = fct
+        f[:, CENSORED] = censored
+        self.settled.append((f, self.blk_rid.take(ids), self.blk_conf.take(ids, axis=0)))
+        self.blk_live[ids] = False
+        self.blk_rid[ids] = None
+        self.free_blk = np.concatenate([self.free_blk, ids])
 
     def settle(
         self, extrapolate: Extrapolate | None, fct: int, *, final: bool = False
     ) -> dict[str, np.ndarray]:
-        """Walk every pending block against its request's history; emit the settled ones."""
-        out = Outcomes()
-        self._record()
-        idle = self.inst_live & (self.inst_seen < self.steps - self.idle_steps)
-        self.inst_ended |= idle | (self.inst_live & final)
-        live = np.flatnonzero(self.blk_live)
-        if len(live):
-            self._walk(live, extrapolate, fct, out)
-        # instances that ended and hold no pending block are free again
-        held = np.zeros(len(self.inst_live), dtype=bool)
-        held[self.blk[self.blk_live, INSTANCE].astype(np.int64)] = True
-        done = self.inst_live & self.inst_ended & ~held
-        self.inst_live[done] = False
-        self.inst_rid[done] = None
-        self.free_inst = np.concatenate([self.free_inst, np.flatnonzero(done)])
-        for slots in self.slots.values():
-            known = slots >= 0
-            slots[known & done[np.maximum(slots, 0)]] = -1
-        return out.frame()
-
-    def _walk(
-        self, live: np.ndarray, extrapolate: Extrapolate | None, fct: int, out: Outcomes
-    ) -> None:
-        g, h = self.gamma, self.horizon
-        f = self.blk[live]
-        inst = f[:, INSTANCE].astype(np.int64)
-        op = f[:, OPEN_PREFIX].astype(np.int64)
-        w = f[:, WINDOW].astype(np.int64)
-        j = np.arange(g)
-        pos = op[:, None] + j
-        in_tail = j >= w[:, None]
-        seen = pos < self.inst_expect[inst][:, None]
-        flat = inst[:, None] * h + pos % h
-        realized = np.take(self.hist_tok, flat)
-        tail = self.blk_tail[live]
-        match = (tail == realized) & seen
-        run_end = np.cumprod(match | ~in_tail, axis=1).sum(axis=1)  # draft index after the run
-        at = np.minimum(run_end, g - 1)
-        rows = np.arange(len(live))
-        diverged = (run_end < g) & seen[rows, at]
-        resolved = diverged | (run_end >= g)
-        ended = self.inst_ended[inst]
-        settle = resolved | ended
-        if not settle.any():
-            return
-        greedy = f[:, GREEDY] == 1
-        reached = run_end.copy()
-        lo_extra = np.zeros(len(live))
-        var_terms = np.zeros(len(live))
-        prod = np.ones(len(live))
-        sampled = np.flatnonzero(settle & ~greedy)
-        if len(sampled):
-            sl = live[sampled]
-            p = np.take(self.hist_lp, flat[sampled])
-            p_div = self.blk_p[sl, at[sampled]]
-            dv = diverged[sampled] & np.isfinite(p_div)
-            p[dv, at[sampled][dv]] = p_div[dv]
-            end = run_end[sampled] + dv
-            reached[sampled] = end
-            evaluated = in_tail[sampled] & (j < end[:, None])
-            a = np.where(evaluated, np.exp(np.minimum(p - self.blk_q[sl], 0.0)), 1.0)
-            cum = np.cumprod(a, axis=1)
-            lo_extra[sampled] = np.where(evaluated, cum, 0.0).sum(axis=1)
-            tail_pos = j - w[sampled, None] + 1  # 1-based within the tail
-            var_terms[sampled] = np.where(evaluated, (2 * tail_pos - 1) * cum, 0.0).sum(axis=1)
-            prod[sampled] = cum[:, -1]
-        fin = np.flatnonzero(settle)
-        self._emit(
-            live[fin],
-            f[fin],
-            out,
-            extrapolate,
-            fct,
-            censored=~resolved[fin],
-            reached=reached[fin],
-            prod=prod[fin],
-            lo_extra=lo_extra[fin],
-            var_terms=var_terms[fin],
+        """Censor idle blocks (all, when `final`), then emit every block settled so far."""
+        stale = (
+            self.blk_live
+            if final
+            else self.blk_live & (self.blk[:, SEEN] < self.steps - self.idle_steps)
         )
-        self.blk_live[live[fin]] = False
-        self.free_blk = np.concatenate([self.free_blk, live[fin]])
+        ids = np.flatnonzero(stale)
+        if len(ids):
+            self._settle_ids(ids, fct, censored=True)
+        chunks, self.settled = self.settled, []
+        if not chunks:
+            return {}
+        return self._emit(
+            np.concatenate([c[0] for c in chunks]),
+            np.concatenate([c[1] for c in chunks]),
+            np.concatenate([c[2] for c in chunks]),
+            extrapolate,
+        )
 
     def _emit(
-        self,
-        ids: np.ndarray,
-        f: np.ndarray,
-        out: Outcomes,
-        extrapolate: Extrapolate | None,
-        fct: int,
-        *,
-        censored: np.ndarray,
-        reached: np.ndarray,
-        prod: np.ndarray,
-        lo_extra: np.ndarray,
-        var_terms: np.ndarray,
-    ) -> None:
+        self, f: np.ndarray, rid: np.ndarray, conf: np.ndarray, extrapolate: Extrapolate | None
+    ) -> dict[str, np.ndarray]:
         """Ceilings in accepted drafts: (lo, point, hi) per block and its status."""
         g = self.gamma
         window = f[:, WINDOW].astype(np.int64)
         greedy = f[:, GREEDY] == 1
         group = f[:, GROUP].astype(np.int64)
+        censored = f[:, CENSORED] == 1
+        reached = f[:, NEXT].astype(np.int64)
         remaining = g - reached
         exact = greedy & ~censored  # a greedy walk that ended inside the tail
         if extrapolate is not None:
             # only blocks with something left to extrapolate ask the model
-            extra = np.zeros(len(ids))
+            extra = np.zeros(len(f))
             need = np.flatnonzero(~exact & (remaining > 0))
             if len(need):
-                extra[need] = extrapolate(group[need], reached[need], self.blk_conf[ids[need]])
+                extra[need] = extrapolate(group[need], reached[need], conf[need])
         else:
             extra = 0.5 * remaining
         # greedy: the matched run is certain; sampled: the running products of a
+        lo_extra = f[:, LO_EXTRA]
         lo = np.where(greedy, reached, window + lo_extra).astype(np.float64)
-        reach_prob = np.where(greedy, 1.0, prod)
+        reach_prob = np.where(greedy, 1.0, f[:, CUM])
         hi = lo + reach_prob * remaining
         point = lo + reach_prob * np.minimum(extra, remaining)
         hi = np.where(exact, lo, hi)
         point = np.where(exact, lo, point)
-        var = np.where(greedy, 0.0, np.maximum(var_terms - lo_extra**2, 0.0))
-        out.add(
-            self.inst_rid[f[:, INSTANCE].astype(np.int64)],
-            open_fct=f[:, OPEN_FCT].astype(np.int64),
-            resolved_fct=np.full(len(ids), fct, dtype=np.int64),
-            group=group,
-            window=window,
-            greedy=greedy,
-            status=np.where(censored, 2, 1).astype(np.int8),  # 1 resolved, 2 censored
-            lo=lo,
-            point=point,
-            hi=hi,
-            var=var,
-        )
+        var = np.where(greedy, 0.0, np.maximum(f[:, VAR_TERMS] - lo_extra**2, 0.0))
+        return {
+            "open_fct": f[:, OPEN_FCT].astype(np.int64),
+            "resolved_fct": f[:, RESOLVED_FCT].astype(np.int64),
+            "group": group,
+            "window": window,
+            "greedy": greedy,
+            "status": np.where(censored, 2, 1).astype(np.int8),  # 1 resolved, 2 censored
+            "lo": lo,
+            "point": point,
+            "hi": hi,
+            "var": var,
+            "rid": rid,
+        }
 
     def close(self, extrapolate: Extrapolate | None = None) -> dict[str, np.ndarray]:
         """Settle everything: the source ended, so unresolved blocks are censored."""

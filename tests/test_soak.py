@@ -1,7 +1,7 @@
 """Bounded memory: `serve --source runtime` streaming requests for a long time stays flat.
 
 A long-running exporter must not grow with the traffic it has seen: per-request
-state (the tail walker's request instances and open blocks) is freed when a
+state (the tail walker's open walks) is freed when a
 request ends, whether the runtime reuses its slot (finish) or the request just
 stops appearing (idle timeout, `idle_steps` = 4096 steps), the run store holds at
 most one flush interval in memory, and workload labels are capped however many
@@ -49,7 +49,7 @@ IDLE_STEPS = 4096  # the tail walker's idle timeout (estimator/tails.py)
 WALK_EVERY = 16  # ... and how often it walks
 MAX_NEW_TOKENS = 32
 #: After a level change a finished request's last step is at most MAX_NEW_TOKENS steps in;
-#: its instance is idle IDLE_STEPS later and freed at the next walk.
+#: its open walks are idle IDLE_STEPS later and censored at the next walk.
 EVICTED_AFTER = MAX_NEW_TOKENS + IDLE_STEPS + 2 * WALK_EVERY
 #: Open walks of the one request left running at concurrency 1.
 PENDING_AT_ONE = 8
@@ -225,29 +225,29 @@ def test_idle_requests_are_freed_after_the_timeout():
         )
     )
     walker = TailWalker(runtime.gamma, idle_steps=idle, walk_every=WALK_EVERY)
-    trace = []  # (step, open walks, live request instances)
+    trace = []  # (step, open walks, open walks of requests not in the step, settled chunks)
     for batch in runtime.run():
         walker.step(batch, np.zeros(batch.num_reqs, dtype=np.int64), None, None)
-        trace.append((batch.forward_ct, walker.pending(), int(walker.inst_live.sum())))
+        stale = set(walker.blk_rid[walker.blk_live]) - set(batch.rid)
+        trace.append((batch.forward_ct, walker.pending(), len(stale), len(walker.settled)))
     trace = np.array(trace)
     busy = trace[trace[:, 0] < 400]
     drained = trace[trace[:, 0] >= 400 + MAX_NEW_TOKENS + idle + 2 * WALK_EVERY]
     waiting = trace[(trace[:, 0] >= 400 + MAX_NEW_TOKENS) & (trace[:, 0] < 400 + idle)]
-    # while 48 run: the running requests, plus the finished ones since the last walk (a
-    # request can finish every step), which the walk frees
-    assert busy[:, 2].max() <= level * (WALK_EVERY + 2), busy[:, 2].max()
-    assert (busy[1:, 2] <= level + 1).any()  # right after a walk: about the running ones
-    # after the drop to one request: the requests that finished in the other slots linger
-    # (nothing reuses their slots), with their unsettled walks, until the timeout...
-    assert waiting[:, 2].min() >= level // 2 and waiting[:, 1].max() > 0, waiting
-    # ...then only the one slot's requests are left (those since the last walk)
-    assert drained[:, 2].max() <= WALK_EVERY + 2, drained
-    assert drained[:, 1].max() <= PENDING_AT_ONE, drained
+    # the only per-request state is an open walk: at most gamma per running request
+    assert busy[:, 1].max() <= level * runtime.gamma, busy[:, 1].max()
+    # settled blocks wait at most one walk interval to be emitted (at most three chunks a
+    # step: walks censored, walks resolved, new blocks resolved at once)
+    assert trace[:, 3].max() <= 3 * WALK_EVERY, trace[:, 3].max()
+    # after the drop to one request: a walk of a request that stopped in another slot
+    # lingers (nothing reuses its slot) until the timeout...
+    assert waiting[:, 2].min() > 0, waiting
+    # ...then only the running request's walks are left
+    assert drained[:, 2].max() == 0 and drained[:, 1].max() <= PENDING_AT_ONE, drained
     print(
-        f"\nidle eviction: {level} -> 1 requests, idle_steps={idle}: live instances "
-        f"{int(waiting[:, 2].min())}..{int(waiting[:, 2].max())} before the timeout, "
-        f"{int(drained[:, 2].max())} after; open walks {int(waiting[:, 1].max())} -> "
-        f"{int(drained[:, 1].max())}"
+        f"\nidle eviction: {level} -> 1 requests, idle_steps={idle}: walks of stopped "
+        f"requests {int(waiting[:, 2].min())}..{int(waiting[:, 2].max())} before the timeout, "
+        f"{int(drained[:, 2].max())} after"
     )
 
 
