@@ -4,7 +4,8 @@ The large run is the reference runtime's own output repeated: one modest run
 (compact mode, cap-accept shadow, a concurrency sweep 1..256, ~49k
 request-steps) is recorded through the real `run` command, then its Parquet
 parts are tiled K times into a new run directory until it holds at least 10M
-request-steps (quick: ~500k). Each copy is its own part (zstd, same schema),
+request-steps (quick: ~500k). Each copy is its own part (zstd, same schema,
+published with its checksum record as the run store does, so `report` verifies it),
 with `forward_ct` shifted by the base run's span, `rid` suffixed with `.k` and
 `resolved_at` (where >= 0) shifted in every table that has those columns; the
 counts in run.json are scaled. So the distributions (windows, ceilings, load,
@@ -34,6 +35,7 @@ same slice, a like-for-like ratio.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -47,6 +49,7 @@ from pathlib import Path
 
 import polars as pl
 
+from dspark_obs.store.checksums import checksum_path, checksum_record
 from dspark_obs.store.reader import MANIFEST, list_parts, part_name
 
 from .baselines import per_row_workload_summary, polars_workload_summary
@@ -143,8 +146,16 @@ def tile_run(base: Path, out: Path, copies: int) -> dict:
         for name, parts in frames.items():
             for n, df in parts:
                 final = out / name / part_name(k * len(numbers) + index[n])
+                buf = io.BytesIO()
+                _shifted(df, k, span).write_parquet(buf, compression="zstd")
+                data = buf.getvalue()
+                # as the run store publishes a part: its checksum record first, so that
+                # `report` pays for verifying every part, as it does on a real run
+                record = checksum_path(final)
+                record.parent.mkdir(parents=True, exist_ok=True)
+                record.write_bytes(checksum_record(data))
                 tmp = final.with_name(final.name + ".tmp")
-                _shifted(df, k, span).write_parquet(tmp, compression="zstd")
+                tmp.write_bytes(data)
                 os.replace(tmp, final)
     for key in COUNTS:
         if isinstance(manifest.get(key), int):
