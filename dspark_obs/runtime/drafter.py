@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .hashing import mix, normal
+from .hashing import extend, mix, normal
 
 _TAG_DRAFT_NOISE = 21
 _TAG_CONF_NOISE = 22
@@ -34,30 +34,51 @@ class DrafterConfig:
     confidence_noise: float = 0.35
 
 
+def _row_std(x: np.ndarray) -> np.ndarray:
+    """`x.std(axis=1, keepdims=True)`, the same operations without `np.std`'s per-call
+    overhead, which is most of its cost at a few rows."""
+    mean = x.sum(axis=1, keepdims=True)
+    mean /= x.shape[1]
+    dev = x - mean
+    dev *= dev
+    var = dev.sum(axis=1, keepdims=True)
+    var /= x.shape[1]
+    return np.sqrt(var, out=var)
+
+
 class BlockDrafter:
     def __init__(self, config: DrafterConfig, gamma: int, vocab_size: int, seed: int) -> None:
         self.config = config
         self.gamma = gamma
         self.seed = np.uint64(seed)
         self._vocab = np.arange(vocab_size, dtype=np.uint64)[None, :]
+        self._positions = np.arange(gamma)
         j = np.arange(gamma)
         self.rho = np.clip(config.fidelity * config.decay**j, 0.0, 1.0)
         self.slope = config.confidence_slope + config.confidence_slope_growth * j
 
+    def block_keys(self, salt: np.ndarray, prefix: np.ndarray, anchor: np.ndarray) -> np.ndarray:
+        """`[rows, gamma]` hash-chain prefixes of the block's noise keys.
+
+        The key of position j is (seed, salt, position, anchor, previous draft,
+        j); all but the last two are known before drafting, so they are hashed
+        once per block rather than once per position.
+        """
+        pos = prefix[:, None] + self._positions
+        return extend(mix(self.seed, salt)[:, None], pos, anchor[:, None])
+
     def logits(
-        self,
-        target_logits: np.ndarray,
-        salt: np.ndarray,
-        pos: np.ndarray,
-        anchor: np.ndarray,
-        prev_draft: np.ndarray,
-        j: int,
+        self, target_logits: np.ndarray, block_key: np.ndarray, prev_draft: np.ndarray, j: int
     ) -> np.ndarray:
+        """Draft logits at block position j; `block_key` is that column of `block_keys`."""
         rho = self.rho[j]
-        spread = target_logits.std(axis=1, keepdims=True)
-        key = mix(self.seed, salt, pos, anchor, prev_draft, j)
+        spread = _row_std(target_logits)
+        key = extend(block_key, prev_draft, j)
         noise = normal(key[:, None], self._vocab, _TAG_DRAFT_NOISE)
-        return rho * target_logits + np.sqrt(1.0 - rho * rho) * spread * noise
+        noise *= np.sqrt(1.0 - rho * rho) * spread
+        out = rho * target_logits
+        out += noise
+        return out
 
     @staticmethod
     def greedy_accept_signal(target_prob: np.ndarray) -> np.ndarray:

@@ -34,7 +34,7 @@ from .acceptance import accept_probability, leading_run, log_softmax, residual, 
 from .config import RuntimeConfig
 from .cost_table import round_to_tier
 from .drafter import BlockDrafter
-from .hashing import mix, uniform
+from .hashing import extend, mix, uniform, unit
 from .language import EOS_TOKEN, SyntheticTarget
 from .scheduler import schedule
 from .traffic import Traffic
@@ -45,6 +45,7 @@ _TAG_BONUS = 43
 _TAG_SHADOW = 44
 _TAG_LEN = 45
 _TAG_EXTERNAL_SALT = 46
+_DRAW_TAGS = np.array([_TAG_DRAFT, _TAG_ACCEPT], dtype=np.uint64)[:, None, None]
 
 #: The workload of an external request named like SGLang benchmark rids (`gsm8k-17`).
 RID_WORKLOAD = re.compile(r"^(?P<workload>[^-]+)-")
@@ -140,6 +141,11 @@ class DSparkRuntime:
         self.verify_ct = np.zeros(cap, dtype=np.int64)
         self.prompt_tokens = np.zeros(cap, dtype=np.int64)
         self.outputs: list[list[int]] = [[] for _ in range(cap)]
+        # the verify distributions, reused every step: `gather` reads only the last step's
+        self._p_all = np.empty((cap, c.gamma + 1, c.vocab_size))
+        self._q_all = np.empty((cap, c.gamma, c.vocab_size))
+        self._positions = np.arange(c.gamma)
+        self._block = np.arange(c.gamma + 1)
         self.pending: deque[ExternalRequest] = deque()
         self.arrived = 0
         self.finished = 0
@@ -186,43 +192,49 @@ class DSparkRuntime:
         names = self.names[new.workload]
         self.rid[slots] = [f"{w}-{i}" for w, i in zip(names, new.index.tolist(), strict=True)]
 
-    def _draft_and_verify(self, salt, wl, prefix, prev2, prev1, greedy, temp):
-        """Draft one block per row and run the full accept chain against the target."""
-        b, g, v = len(salt), self.gamma, self.config.vocab_size
+    def _draft_and_verify(self, salt, wl, prefix, prev2, prev1, greedy, temp, block):
+        """Draft one block per row and run the full accept chain against the target.
+
+        The draws that depend only on the request and block position (`block`
+        is their shared hash prefix) are made for the whole block up front, and
+        sampling work is done for the sampled rows only, greedy rows taking the
+        argmax: per position, what remains is the `[rows, vocab]` work that
+        needs the previous draft.
+        """
+        b, g = len(salt), self.gamma
         rows = np.arange(b)
+        sampled = np.flatnonzero(~greedy)
+        u_draft, u_accept = unit(extend(block[:, None], self._positions, _DRAW_TAGS))
+        draft_keys = self.drafter.block_keys(salt, prefix, prev1)
+        # [g + 1, b]: row j is position j of every block, contiguous for the per-position hashes
+        pos_keys = self.target.position_keys(salt, prefix + self._block[:, None])
         draft = np.empty((b, g), dtype=np.int64)
         q_lp = np.empty((b, g))
         p_lp = np.empty((b, g))
         accepted = np.empty((b, g), dtype=bool)
         accept_prob = np.empty((b, g))
-        p_all = np.empty((b, g + 1, v))
-        q_all = np.empty((b, g, v))
-        ctx = np.empty((3, b, g + 1), dtype=np.int64)
+        p_all = self._p_all[:b]
+        q_all = self._q_all[:b]
+        ctx = np.empty((2, b, g + 1), dtype=np.int64)
         c2, c1, prev_draft = prev2, prev1, prev1
         for j in range(g):
-            pos = prefix + j
-            ctx[:, :, j] = pos, c2, c1
-            lt = self.target.logits_at(salt, pos, c2, c1, wl)
-            ld = self.drafter.logits(lt, salt, pos, prev1, prev_draft, j)
+            ctx[:, :, j] = c2, c1
+            lt = self.target.logits_at(pos_keys[j], c2, c1, wl)
+            ld = self.drafter.logits(lt, draft_keys[:, j], prev_draft, j)
             lp, lq = log_softmax(lt, temp), log_softmax(ld, temp)
-            p, q = np.exp(lp), np.exp(lq)
-            d = np.where(
-                greedy,
-                ld.argmax(axis=1),
-                sample(q, uniform(self.seed, salt, prefix, j, _TAG_DRAFT)),
-            )
+            p, q = np.exp(lp, out=p_all[:, j]), np.exp(lq, out=q_all[:, j])
+            d = ld.argmax(axis=1)
+            d[sampled] = sample(q[sampled], u_draft[sampled, j])
             draft[:, j] = d
             q_lp[:, j], p_lp[:, j] = lq[rows, d], lp[rows, d]
             ap = accept_probability(p_lp[:, j], q_lp[:, j])
-            u = uniform(self.seed, salt, prefix, j, _TAG_ACCEPT)
-            accepted[:, j] = np.where(greedy, d == lt.argmax(axis=1), u < ap)
+            accepted[:, j] = np.where(greedy, d == lt.argmax(axis=1), u_accept[:, j] < ap)
             accept_prob[:, j] = np.where(greedy, self.drafter.greedy_accept_signal(p[rows, d]), ap)
-            p_all[:, j], q_all[:, j] = p, q
             c2, c1, prev_draft = c1, d, d
-        ctx[:, :, g] = prefix + g, c2, c1
-        lt = self.target.logits_at(salt, prefix + g, c2, c1, wl)
-        p_all[:, g] = np.exp(log_softmax(lt, temp))
-        return draft, q_lp, p_lp, accepted, accept_prob, p_all, q_all, ctx
+        ctx[:, :, g] = c2, c1
+        lt = self.target.logits_at(pos_keys[g], c2, c1, wl)
+        np.exp(log_softmax(lt, temp), out=p_all[:, g])
+        return draft, q_lp, p_lp, accepted, accept_prob, p_all, q_all, (pos_keys.T, *ctx)
 
     def step(self, level: int) -> StepBatch:
         self._admit(level)
@@ -383,8 +395,9 @@ class DSparkRuntime:
         salt, wl, prefix = self.salt[slots], self.workload[slots], self.prefix[slots]
         greedy, temp = self.greedy[slots], self.temperature[slots]
         start = time.perf_counter()
+        block = mix(self.seed, salt, prefix)
         draft, q_lp, p_lp, acc, acc_prob, p_all, q_all, ctx = self._draft_and_verify(
-            salt, wl, prefix, self.prev2[slots], self.prev1[slots], greedy, temp
+            salt, wl, prefix, self.prev2[slots], self.prev1[slots], greedy, temp, block
         )
         self._verified = p_all
         conf_logits = self.drafter.confidence_logits(acc_prob, salt, prefix)
@@ -400,18 +413,17 @@ class DSparkRuntime:
             budget, predicted, theta = plan.budget, plan.predicted_seconds * 1e3, plan.objective
         chain = leading_run(acc)
         accepted = np.minimum(chain, windows)
-        rejected_inside = accepted < windows
-        at = (rows, accepted)
-        bonus_dist = p_all[at]
-        if rejected_inside.any():
-            bonus_dist[rejected_inside] = residual(
-                p_all[at][rejected_inside], q_all[rows[rejected_inside], accepted[rejected_inside]]
-            )
-        bonus = np.where(
-            greedy,
-            p_all[at].argmax(axis=1),
-            sample(bonus_dist, uniform(self.seed, salt, prefix, _TAG_BONUS)),
-        )
+        # the bonus: the target's argmax for greedy rows; sampled rows draw it from the target,
+        # or from the residual where a draft inside the window was rejected
+        target_at = p_all[rows, accepted]
+        bonus = target_at.argmax(axis=1)
+        sampled = np.flatnonzero(~greedy)
+        bonus_dist = target_at[sampled]
+        redraw = np.flatnonzero(accepted[sampled] < windows[sampled])
+        if len(redraw):
+            at = sampled[redraw]
+            bonus_dist[redraw] = residual(bonus_dist[redraw], q_all[at, accepted[at]])
+        bonus[sampled] = sample(bonus_dist, unit(extend(block[sampled], _TAG_BONUS)))
         bonus_logprob = np.log(p_all[rows, accepted, bonus])
 
         verify_full = c.mode != "compact"
@@ -454,7 +466,7 @@ class DSparkRuntime:
             target_logprobs=target_lp,
         )
         draft_seconds = time.perf_counter() - start
-        self._time(batch, salt, ctx, verified, draft_seconds, start)
+        self._time(batch, ctx, verified, draft_seconds, start)
         self._commit(slots, draft, accepted, bonus)
         self.forward_ct += 1
         return batch
@@ -471,14 +483,14 @@ class DSparkRuntime:
         """
         return np.log(self._verified[rows, positions, tokens])
 
-    def _time(self, batch, salt, ctx, verified, draft_seconds, start) -> None:
+    def _time(self, batch, ctx, verified, draft_seconds, start) -> None:
         """Step timings: measured on a torch target, else the cost table with noise.
 
         Either way the verify size is the packed tokens (anchor plus window per
         request) rounded up to the captured tier.
         """
         c = self.config
-        bs = len(salt)
+        bs = len(verified)
         tokens = bs + int(verified.sum())
         tier = round_to_tier(tokens, c.capture_tiers)
         batch.verify_tokens_local = tokens
@@ -486,11 +498,8 @@ class DSparkRuntime:
         batch.verify_tokens_graph_key = tier
         table = c.cost_table
         if getattr(self.target, "measured", False):
-            keep = np.arange(self.gamma + 1)[None, :] <= verified[:, None]
-            rows = np.broadcast_to(salt[:, None], keep.shape)[keep]
-            verify_s = self.target.timed_verify(
-                rows, ctx[0][keep], ctx[1][keep], ctx[2][keep], tier
-            )
+            keep = self._block[None, :] <= verified[:, None]
+            verify_s = self.target.timed_verify(ctx[0][keep], ctx[1][keep], ctx[2][keep], tier)
             batch.draft_gpu_ms = draft_seconds * 1e3
             batch.target_verify_gpu_ms = verify_s * 1e3
             batch.step_gpu_ms = (draft_seconds + verify_s) * 1e3

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .hashing import mix, normal, uniform
+from .hashing import extend, gaussian, mix, normal, unit
 
 EOS_TOKEN = 0
 
@@ -22,6 +22,7 @@ _TAG_SCALE = 12
 _TAG_PEAK = 13
 _TAG_EOS = 14
 _TAG_PEAK_TOKEN = 15
+_SHAPE_TAGS = np.array([_TAG_SCALE, _TAG_PEAK_TOKEN, _TAG_PEAK, _TAG_EOS], dtype=np.uint64)[:, None]
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,18 @@ class SyntheticTarget:
         self.eos_rate = np.array([1.0 / max(w.mean_output_len, 1.0) for w in workloads])
         self._vocab = np.arange(vocab_size, dtype=np.uint64)[None, :]
 
+    def position_keys(self, salt: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """The (seed, salt, position) prefix of context keys.
+
+        A block's positions are known before it is drafted, so the runtime
+        hashes them once per block; each draft then only adds its two tokens.
+        """
+        return mix(self.seed, salt, pos)
+
     def context_key(
         self, salt: np.ndarray, pos: np.ndarray, prev2: np.ndarray, prev1: np.ndarray
     ) -> np.ndarray:
-        return mix(self.seed, salt, pos, prev2, prev1)
+        return extend(self.position_keys(salt, pos), prev2, prev1)
 
     def logits(self, key: np.ndarray, workload: np.ndarray) -> np.ndarray:
         """`[rows, vocab]` logits at the contexts `key` (uint64 `[rows]`)."""
@@ -93,29 +102,34 @@ class SyntheticTarget:
 
     def logits_at(
         self,
-        salt: np.ndarray,
-        pos: np.ndarray,
+        position_key: np.ndarray,
         prev2: np.ndarray,
         prev1: np.ndarray,
         workload: np.ndarray,
     ) -> np.ndarray:
-        return self.logits(self.context_key(salt, pos, prev2, prev1), workload)
+        """Logits after tokens `prev2, prev1` at the positions of `position_keys`."""
+        return self.logits(extend(position_key, prev2, prev1), workload)
 
     def shape(self, key: np.ndarray, base: np.ndarray, workload: np.ndarray) -> np.ndarray:
         """Turn unit-scale base logits into the workload's language: scale, peak token, EOS.
 
         The base term is where targets differ (a hash here, a network in the
         torch target); the workload's difficulty lives entirely in this shaping,
-        so both targets order workloads the same way.
+        so both targets order workloads the same way. `base` is a fresh table in
+        every caller and is shaped in place, saving a `[rows, vocab]` pass per
+        block position.
         """
-        scale = self.scale[workload] * np.exp(0.35 * normal(key, _TAG_SCALE))
-        out = base * scale[:, None]
+        draws = extend(mix(key), _SHAPE_TAGS)  # the context's four draws, one chain prefix
+        scale = self.scale[workload] * np.exp(0.35 * gaussian(draws[0]))
+        out = base
+        out *= scale[:, None]
         rows = np.arange(len(key))
-        peak_token = 1 + (mix(key, _TAG_PEAK_TOKEN) % np.uint64(self.vocab_size - 1)).astype(
-            np.int64
-        )
-        peak = self.peak[workload] * (0.5 + uniform(key, _TAG_PEAK))
+        peak_token = 1 + (draws[1] % np.uint64(self.vocab_size - 1)).astype(np.int64)
+        peak = self.peak[workload] * (0.5 + unit(draws[2]))
         out[rows, peak_token] += peak * scale
-        ends = uniform(key, _TAG_EOS) < self.eos_rate[workload]
-        out[:, EOS_TOKEN] = np.where(ends, out.max(axis=1) + 3.0, out[:, EOS_TOKEN] - 4.0)
+        # an ending context lifts EOS above the row's maximum; rare, so only its rows are read
+        ends = np.flatnonzero(unit(draws[3]) < self.eos_rate[workload])
+        eos = out[:, EOS_TOKEN] - 4.0
+        eos[ends] = out[ends].max(axis=1) + 3.0
+        out[:, EOS_TOKEN] = eos
         return out

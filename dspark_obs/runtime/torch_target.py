@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from .hashing import mix
+from .hashing import extend
 from .language import SyntheticTarget, WorkloadProfile
 
 _BUCKETS = 8192
@@ -64,9 +64,9 @@ class TorchTarget(SyntheticTarget):
         }
         self.description = f"torch MLP target, hidden {hidden}, {layers} layers, {self.device}"
 
-    def _forward(self, salt, pos, prev2, prev1):
+    def _forward(self, position_key, prev2, prev1):
         torch, p = self.torch, self.params
-        bucket = (mix(self.seed, salt, pos, _TAG_BUCKET) % np.uint64(_BUCKETS)).astype(np.int64)
+        bucket = (extend(position_key, _TAG_BUCKET) % np.uint64(_BUCKETS)).astype(np.int64)
         idx = [
             torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
             for a in (prev1, prev2, bucket)
@@ -77,24 +77,24 @@ class TorchTarget(SyntheticTarget):
         out = x @ p["out"]
         return (out - out.mean(dim=1, keepdim=True)) / out.std(dim=1, keepdim=True)
 
-    def logits_at(self, salt, pos, prev2, prev1, workload):
+    def logits_at(self, position_key, prev2, prev1, workload):
         with self.torch.no_grad():
-            base = self._forward(salt, pos, prev2, prev1).cpu().numpy()
-        key = self.context_key(salt, pos, prev2, prev1)
+            base = self._forward(position_key, prev2, prev1).cpu().numpy()
+        key = extend(position_key, prev2, prev1)
         return self.shape(key, np.round(base, 6), workload)
 
-    def timed_verify(self, salt, pos, prev2, prev1, padded_rows: int) -> float:
+    def timed_verify(self, position_key, prev2, prev1, padded_rows: int) -> float:
         """Seconds of one verify forward over the packed contexts, padded to `padded_rows`."""
-        pad = padded_rows - len(salt)
+        pad = padded_rows - len(position_key)
         if pad > 0:
-            salt, pos, prev2, prev1 = (
-                np.concatenate([a, np.repeat(a[-1:], pad)]) for a in (salt, pos, prev2, prev1)
+            position_key, prev2, prev1 = (
+                np.concatenate([a, np.repeat(a[-1:], pad)]) for a in (position_key, prev2, prev1)
             )
         torch = self.torch
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         with torch.no_grad():
             sync()
             start = time.perf_counter()
-            self._forward(salt, pos, prev2, prev1)
+            self._forward(position_key, prev2, prev1)
             sync()
         return time.perf_counter() - start
