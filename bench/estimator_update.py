@@ -60,7 +60,7 @@ def run(quick: bool) -> list[dict]:
     data, verified = [], []
     for batch in runtime.run():
         data.append(batch)
-        verified.append(runtime._verified)
+        verified.append(runtime._verified.copy())  # the runtime reuses its table each step
 
     def feed() -> CeilingEstimator:
         est = CeilingEstimator(7)
