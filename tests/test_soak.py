@@ -18,9 +18,8 @@ The default run streams what fits in about a minute at 256 running requests
 the workload label cap with 10,000 names. The full profile (>= 20M
 request-steps, >= 1M requests, sweeps 256 -> 1 so that every concurrency-1
 phase frees the other slots' requests by the idle timeout; about 17 minutes on
-two cores) is marked `soak`: a plain `pytest` leaves it out, the test command
-(tools/test.sh, what CI runs) runs it after everything else (`pytest -m soak
-tests/test_soak.py -s` alone). docs/reliability.md records the last figures.
+two cores) is marked `soak` and excluded by default (`pytest -m soak
+tests/test_soak.py -s`). docs/reliability.md records the last figures.
 """
 
 from __future__ import annotations

@@ -48,9 +48,4 @@ $PY -m bandit -q -r dspark_obs estimator exporters -c pyproject.toml
 # service only prints that nothing was audited (docs/security.md, "Hardening and limits").
 $PY tools/audit.py
 $PY -m pytest "$@"
-# The full run (no arguments, as CI runs it) also streams the >= 20M request-step soak
-# through `serve` (about 17 minutes on two cores; docs/reliability.md).
-if [ $# -eq 0 ]; then
-    $PY -m pytest -m soak tests/test_soak.py
-fi
 $PY -m bench --quick --json > bench-quick.jsonl
