@@ -34,6 +34,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from bench.serve_child import serve_args
 from dspark_obs.store import open_run
 
 from .test_serve_cli import Child, run_cli, sample_sum, scrape
@@ -50,36 +51,17 @@ FLUSH_SLACK_SECONDS = 1.5
 RUNTIME = ["--sts", "none", "--concurrency", "32", "--max-new-tokens", "64"]
 
 
-def _serve_args(out: Path, seed: int, flush_steps: int, flush_seconds: float) -> list[str]:
+def _args(command: str, out: Path, seed: int, flush_steps: int, flush_seconds: float) -> list[str]:
+    """`serve` (the runtime, unpaced) or `run` (steps enough to outlast any kill) into `out`."""
+    if command == "serve":
+        head = serve_args("runtime", speed=0)
+    else:
+        head = ["run", "--steps-per-level", "1000000", "--quiet"]
     return [
-        "serve",
-        "--source",
-        "runtime",
-        "--speed",
-        "0",
+        *head,
         *RUNTIME,
         "--seed",
         str(seed),
-        "--listen",
-        "127.0.0.1:0",
-        "--out",
-        str(out),
-        "--flush-steps",
-        str(flush_steps),
-        "--flush-seconds",
-        str(flush_seconds),
-    ]
-
-
-def _run_args(out: Path, seed: int, flush_steps: int, flush_seconds: float) -> list[str]:
-    return [
-        "run",
-        *RUNTIME,
-        "--steps-per-level",
-        "1000000",
-        "--seed",
-        str(seed),
-        "--quiet",
         "--out",
         str(out),
         "--flush-steps",
@@ -168,10 +150,9 @@ def test_sigkill_at_random_moments_loses_at_most_one_flush_interval(tmp_path):
         cwd = tmp_path / f"cwd{i}"
         if command == "serve":
             flush_steps, flush_seconds = rng.choice(SERVE_FLUSH_STEPS), 3600.0
-            args = _serve_args(out, i, flush_steps, flush_seconds)
         else:
             flush_steps, flush_seconds = 1_000_000, RUN_FLUSH_SECONDS
-            args = _run_args(out, i, flush_steps, flush_seconds)
+        args = _args(command, out, i, flush_steps, flush_seconds)
         # a delay from the start of the process: early kills land before anything exists
         delay = rng.uniform(0.3, 3.5)
         seen = None  # the last dspark_steps_total scraped (serve)
@@ -237,8 +218,7 @@ def test_sigkill_at_random_moments_loses_at_most_one_flush_interval(tmp_path):
 def test_sigterm_and_ctrl_c_flush_and_close(tmp_path, command, sig):
     out = tmp_path / "run"
     # a flush interval longer than the run: only the closing flush can store anything
-    build = _serve_args if command == "serve" else _run_args
-    args = build(out, 7, 1_000_000, 3600.0)
+    args = _args(command, out, 7, 1_000_000, 3600.0)
     with Child(*args, workdir=tmp_path / "cwd") as child:
         seen = 0.0
         if command == "serve":
