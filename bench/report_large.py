@@ -35,7 +35,6 @@ same slice, a like-for-like ratio.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -49,8 +48,8 @@ from pathlib import Path
 
 import polars as pl
 
-from dspark_obs.store.checksums import checksum_path, checksum_record
 from dspark_obs.store.reader import MANIFEST, list_parts, part_name
+from dspark_obs.store.writer import publish_part
 
 from .baselines import per_row_workload_summary, polars_workload_summary
 from .common import record, repeat_pair, with_baseline
@@ -136,8 +135,6 @@ def tile_run(base: Path, out: Path, copies: int) -> dict:
     span = int(hi) - int(lo) + 1
 
     out.mkdir(parents=True)
-    for name in tables:
-        (out / name).mkdir()
     for f in base.iterdir():  # sidecar files (sts.json, ...) come along unchanged
         if f.is_file() and f.name != MANIFEST:
             shutil.copy2(f, out / f.name)
@@ -145,18 +142,11 @@ def tile_run(base: Path, out: Path, copies: int) -> dict:
     for k in range(copies):
         for name, parts in frames.items():
             for n, df in parts:
-                final = out / name / part_name(k * len(numbers) + index[n])
-                buf = io.BytesIO()
-                _shifted(df, k, span).write_parquet(buf, compression="zstd")
-                data = buf.getvalue()
-                # as the run store publishes a part: its checksum record first, so that
-                # `report` pays for verifying every part, as it does on a real run
-                record = checksum_path(final)
-                record.parent.mkdir(parents=True, exist_ok=True)
-                record.write_bytes(checksum_record(data))
-                tmp = final.with_name(final.name + ".tmp")
-                tmp.write_bytes(data)
-                os.replace(tmp, final)
+                # published as the run store publishes a part, checksum record included,
+                # so that `report` pays for verifying every part as on a real run
+                publish_part(
+                    out / name / part_name(k * len(numbers) + index[n]), _shifted(df, k, span)
+                )
     for key in COUNTS:
         if isinstance(manifest.get(key), int):
             manifest[key] *= copies

@@ -81,6 +81,25 @@ def _write_atomic(final: Path, write) -> None:
     _fsync_dir(final.parent)
 
 
+def publish_part(final: Path, df: pl.DataFrame) -> None:
+    """Publish `df` as the part `final` (`RUN_DIR/<table>/part-NNNNNN.parquet`).
+
+    The record goes first, so that a published part always has one. A retried flush
+    rewrites both with the same bytes (the same rows encode the same), so a reader
+    never pairs a part with a record of other bytes.
+    """
+    record = checksum_path(final)
+    for d in (final.parent, record.parent.parent, record.parent):
+        if not d.is_dir():
+            d.mkdir()
+            _fsync_dir(d.parent)
+    buf = io.BytesIO()
+    df.write_parquet(buf, compression="zstd")
+    data = buf.getbuffer()
+    _write_atomic(record, lambda f: f.write(checksum_record(data)))
+    _write_atomic(final, lambda f: f.write(data))
+
+
 class RunWriter:
     """Writes one run directory: a manifest plus `steps`, `requests` and extra tables.
 
@@ -331,20 +350,7 @@ class RunWriter:
         return steps, reqs, good
 
     def _write_part(self, table: str, number: int, df: pl.DataFrame) -> None:
-        """The record goes first, so that a published part always has one. A retried flush
-        rewrites both with the same bytes (the same rows encode the same), so a reader
-        never pairs a part with a record of other bytes."""
-        final = self._path / table / part_name(number)
-        record = checksum_path(final)
-        for d in (final.parent, record.parent.parent, record.parent):
-            if not d.is_dir():
-                d.mkdir()
-                _fsync_dir(d.parent)
-        buf = io.BytesIO()
-        df.write_parquet(buf, compression="zstd")
-        data = buf.getbuffer()
-        _write_atomic(record, lambda f: f.write(checksum_record(data)))
-        _write_atomic(final, lambda f: f.write(data))
+        publish_part(self._path / table / part_name(number), df)
 
     def flush(self) -> None:
         """Publish everything buffered as one part per table.
