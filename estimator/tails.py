@@ -103,8 +103,8 @@ class TailWalker:
         self._j = np.arange(g)
         self._upper = np.triu(np.ones((g, g)))  # x @ _upper: running sums along a row
         self._ones = np.ones(g)
-        self.one_rank: bool | None = None  # every step so far from a single rank
-        self.rank: int | None = None
+        self.first_rank: int | None = None
+        self.one_rank = True  # every step so far from `first_rank`: no rank filter needed
         # open blocks, in a pool whose free ids sit on a stack
         self.blk_live = np.zeros(0, dtype=bool)
         self.blk = np.zeros((0, _FIELDS))
@@ -149,9 +149,9 @@ class TailWalker:
         self.steps += 1
         n = batch.num_reqs
         if batch.has_reqs and n and batch.draft_tokens is not None:
-            if self.rank != batch.rank:
-                self.one_rank = self.rank is None
-                self.rank = batch.rank
+            if self.first_rank is None:
+                self.first_rank = batch.rank
+            self.one_rank &= batch.rank == self.first_rank
             top = int(batch.req_pool_index.max()) + 1  # every open block's slot came from a step
             if top > len(self.row_of):
                 self.row_of = _grown(self.row_of, max(top, 2 * len(self.row_of), 64), -1)
