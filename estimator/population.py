@@ -323,10 +323,16 @@ class HazardModel:
         self.ensure_groups(int(grp.max()) + 1)
         codes = self._bin_codes(confidence, k)
         hazard, _ = self._tables()
-        pos = np.arange(self.gamma)[None, :]
-        after = pos >= st[:, None]
-        keep = np.where(after, 1.0 - hazard[grp[:, None], pos, codes], 1.0)
-        return np.where(after, np.cumprod(keep, axis=1), 0.0).sum(axis=1)
+        gam = self.gamma
+        width = hazard.shape[2]
+        # position-major [gamma, k]: numpy's cumulative product then runs down the short
+        # axis as gamma vector multiplies instead of one small loop per block
+        pos = np.arange(gam)[:, None]
+        cell = (grp * (gam * width))[None, :] + pos * width + codes.T
+        after = pos >= st[None, :]
+        keep = np.where(after, 1.0 - hazard.take(cell), 1.0)
+        np.cumprod(keep, axis=0, out=keep)
+        return np.where(after, keep, 0.0).sum(axis=0)
 
 
 def population_estimates(

@@ -41,6 +41,11 @@ import numpy as np
 
 from dspark_obs.telemetry import StepBatch
 
+try:  # the per-step pass in C (see _tailwalk.c); the numpy form below where it did not build
+    from . import _tailwalk
+except ImportError:  # pragma: no cover - exercised by installs without a compiler
+    _tailwalk = None
+
 #: `gather(batch_rows, verify_rows, tokens) -> log p` from the step just verified.
 Gather = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 #: `extrapolate(groups, start_position, confidence [k, gamma]) -> expected further acceptance`.
@@ -66,6 +71,10 @@ Extrapolate = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
     CENSORED,
 ) = range(15)
 _FIELDS = 15
+FIELD_NAMES = (
+    "OPEN_PREFIX", "WINDOW", "OPEN_FCT", "GROUP", "GREEDY", "RANK", "POOL", "NEXT", "EXPECT",
+    "SEEN", "CUM", "LO_EXTRA", "VAR_TERMS", "RESOLVED_FCT", "CENSORED",
+)  # fmt: skip
 
 
 def _grown(arr: np.ndarray, size: int, fill) -> np.ndarray:
@@ -81,6 +90,8 @@ class TailWalker:
     None skips them, True or False treats them as greedy or sampled. A block
     whose request is gone (its slot shows another rid or a prefix that does not
     continue it), or has not appeared for `idle_steps` steps, is censored.
+    `compiled` picks the per-step pass: C where it built (None, the default) or numpy
+    (False); both give the same blocks.
     """
 
     def __init__(
@@ -90,7 +101,11 @@ class TailWalker:
         assume_greedy: bool | None = None,
         idle_steps: int = 4096,
         walk_every: int = 16,
+        compiled: bool | None = None,
     ) -> None:
+        if compiled and _tailwalk is None:
+            raise RuntimeError("the compiled tail walker is not built in this install")
+        self.compiled = _tailwalk is not None if compiled is None else compiled
         g = self.gamma = gamma
         self.assume_greedy = assume_greedy
         self.idle_steps = idle_steps
@@ -112,27 +127,45 @@ class TailWalker:
         self.blk_tail = np.zeros((0, g), dtype=np.int64)
         self.blk_q = np.zeros((0, g))
         self.blk_conf = np.zeros((0, g))
-        self.free_blk = np.zeros(0, dtype=np.int64)
+        self.free_blk = np.zeros(0, dtype=np.int64)  # a stack: ids [0, n_free) are free
+        self.n_free = 0
         self.row_of = np.zeros(0, dtype=np.int64)  # req_pool_index -> row of the current step
         # settled blocks waiting for the next emission: (state rows, rids, confidence)
         self.settled: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        # the compiled pass settles into these buffers instead; `settle` empties them first
+        self.set_f = np.zeros((0, _FIELDS))
+        self.set_rid = np.zeros(0, dtype=object)
+        self.set_conf = np.zeros((0, g))
+        self.set_count = 0
+        self._requests = np.zeros((4, 0), dtype=np.int64)  # compiled: gathers (block, row, ...)
+        self._done = np.zeros(0, dtype=np.int64)
+        self._done_censored = np.zeros(0, dtype=np.int8)
 
     def pending(self) -> int:
         return int(np.count_nonzero(self.blk_live))
 
+    def _reserve(self, n: int) -> None:
+        """Grow the pool until `n` ids are free (the new ids go under the free ones)."""
+        if self.n_free >= n:
+            return
+        old = len(self.blk_live)
+        size = max(2 * old, old + n, 256)
+        self.blk_live = _grown(self.blk_live, size, False)
+        self.blk = _grown(self.blk, size, 0.0)
+        self.blk_rid = _grown(self.blk_rid, size, None)
+        self.blk_tail = _grown(self.blk_tail, size, 0)
+        self.blk_q = _grown(self.blk_q, size, np.nan)
+        self.blk_conf = _grown(self.blk_conf, size, np.nan)
+        free = np.empty(size, dtype=np.int64)
+        added = size - old
+        free[:added] = np.arange(size - 1, old - 1, -1)
+        free[added : added + self.n_free] = self.free_blk[: self.n_free]
+        self.free_blk, self.n_free = free, added + self.n_free
+
     def _new_blocks(self, n: int) -> np.ndarray:
-        if len(self.free_blk) < n:
-            old = len(self.blk_live)
-            size = max(2 * old, old + n, 256)
-            self.blk_live = _grown(self.blk_live, size, False)
-            self.blk = _grown(self.blk, size, 0.0)
-            self.blk_rid = _grown(self.blk_rid, size, None)
-            self.blk_tail = _grown(self.blk_tail, size, 0)
-            self.blk_q = _grown(self.blk_q, size, np.nan)
-            self.blk_conf = _grown(self.blk_conf, size, np.nan)
-            self.free_blk = np.concatenate([np.arange(size - 1, old - 1, -1), self.free_blk])
-        ids = self.free_blk[len(self.free_blk) - n :][::-1]
-        self.free_blk = self.free_blk[: len(self.free_blk) - n]
+        self._reserve(n)
+        ids = self.free_blk[self.n_free - n : self.n_free][::-1].copy()
+        self.n_free -= n
         self.blk_live[ids] = True
         return ids
 
@@ -155,12 +188,111 @@ class TailWalker:
             top = int(batch.req_pool_index.max()) + 1  # every open block's slot came from a step
             if top > len(self.row_of):
                 self.row_of = _grown(self.row_of, max(top, 2 * len(self.row_of), 64), -1)
-            self._advance(batch, group, gather)
+            if self.compiled:
+                self._advance_compiled(batch, group, gather)
+            else:
+                self._advance(batch, group, gather)
         else:
             self.opened_rows = self.skipped_rows = np.zeros(n, dtype=bool)
         if self.steps % self.walk_every:
             return {}
         return self.settle(extrapolate, batch.forward_ct)
+
+    def _advance_compiled(
+        self, batch: StepBatch, group: np.ndarray, gather: Gather | None
+    ) -> None:
+        """The same pass as `_advance`, in C: a loop over the step's blocks costs less
+        than numpy's per-call overhead on arrays this small."""
+        n = batch.num_reqs
+        self._reserve(n)
+        cap = len(self.blk_live)
+        if self._requests.shape[1] < cap:
+            self._requests = np.zeros((4, cap), dtype=np.int64)
+            self._done = np.zeros(cap, dtype=np.int64)
+            self._done_censored = np.zeros(cap, dtype=np.int8)
+        if len(self.set_f) < self.set_count + cap:
+            size = max(2 * len(self.set_f), self.set_count + cap)
+            self.set_f = _grown(self.set_f, size, 0.0)
+            self.set_rid = _grown(self.set_rid, size, None)
+            self.set_conf = _grown(self.set_conf, size, np.nan)
+        i64, f64 = np.int64, np.float64
+        req, done, done_censored = self._requests, self._done, self._done_censored
+        opened, skipped = np.empty(n, dtype=bool), np.empty(n, dtype=bool)
+        logprobs = batch.draft_logprobs is not None and batch.target_logprobs is not None
+
+        def matrix(x: np.ndarray | None) -> np.ndarray | None:
+            return None if x is None else np.ascontiguousarray(x, f64)
+
+        self.n_free, m, n_done = _tailwalk.advance(
+            self.gamma,
+            self.steps,
+            batch.forward_ct,
+            batch.rank,
+            self.one_rank,
+            -1 if self.assume_greedy is None else int(self.assume_greedy),
+            logprobs,
+            np.ascontiguousarray(batch.prefix_len, i64),
+            np.ascontiguousarray(batch.correct_drafts, i64),
+            np.ascontiguousarray(batch.window, i64),
+            np.ascontiguousarray(batch.req_pool_index, i64),
+            np.ascontiguousarray(batch.greedy, np.int8),
+            np.ascontiguousarray(group, i64),
+            np.ascontiguousarray(batch.bonus_token, i64),
+            np.ascontiguousarray(batch.bonus_logprob, f64),
+            np.ascontiguousarray(batch.rid, object),
+            np.ascontiguousarray(batch.draft_tokens, i64),
+            matrix(batch.target_logprobs),
+            matrix(batch.draft_logprobs),
+            matrix(batch.confidence),
+            self.blk,
+            self.blk_live,
+            self.blk_rid,
+            self.blk_tail,
+            self.blk_q,
+            self.blk_conf,
+            self.free_blk,
+            self.n_free,
+            self.row_of,
+            opened,
+            skipped,
+            req[0],
+            req[1],
+            req[2],
+            req[3],
+            done,
+            done_censored,
+        )
+        self.opened_rows, self.skipped_rows = opened, skipped
+        self.opened += int(np.count_nonzero(opened))
+        self.skipped += int(np.count_nonzero(skipped))
+        if n_done == 0:
+            return
+        logp = None
+        if m and gather is not None:
+            # the first mismatch of each sampled block: the target's log-prob of its tail draft
+            got = gather(req[1, :m].copy(), req[2, :m].copy(), req[3, :m].copy())
+            logp = np.ascontiguousarray(got, f64)
+        self.n_free, self.set_count = _tailwalk.finish(
+            self.gamma,
+            batch.forward_ct,
+            req[0],
+            logp,
+            m,
+            self.blk,
+            self.blk_q,
+            done,
+            done_censored,
+            n_done,
+            self.blk_live,
+            self.blk_rid,
+            self.blk_conf,
+            self.free_blk,
+            self.n_free,
+            self.set_f,
+            self.set_rid,
+            self.set_conf,
+            self.set_count,
+        )
 
     def _advance(self, batch: StepBatch, group: np.ndarray, gather: Gather | None) -> None:
         """Walk the open blocks this step continues and the ones it opens, in one pass.
@@ -351,7 +483,8 @@ class TailWalker:
         self.settled.append((f, self.blk_rid.take(ids), self.blk_conf.take(ids, axis=0)))
         self.blk_live[ids] = False
         self.blk_rid[ids] = None
-        self.free_blk = np.concatenate([self.free_blk, ids])
+        self.free_blk[self.n_free : self.n_free + len(ids)] = ids
+        self.n_free += len(ids)
 
     def settle(
         self, extrapolate: Extrapolate | None, fct: int, *, final: bool = False
@@ -366,6 +499,10 @@ class TailWalker:
         if len(ids):
             self._settle_ids(ids, fct, censored=True)
         chunks, self.settled = self.settled, []
+        if self.set_count:
+            c, self.set_count = self.set_count, 0
+            chunks.insert(0, (self.set_f[:c].copy(), self.set_rid[:c].copy(), self.set_conf[:c].copy()))
+            self.set_rid[:c] = None
         if not chunks:
             return {}
         return self._emit(

@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 import pytest
 from dspark_obs.estimator.online import CeilingEstimator
+from dspark_obs.estimator import tails
 from dspark_obs.estimator.tails import TailWalker
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -106,6 +107,33 @@ def expect_block(out: dict[str, np.ndarray], **want) -> None:
             assert got[k] == pytest.approx(v, abs=1e-12), (k, got)
         else:
             assert got[k] == v, (k, got)
+
+
+#: The per-step passes under test: numpy always, C where it built (a CI install builds it).
+PASSES = [False] + ([True] if tails._tailwalk is not None else [])
+
+
+@pytest.fixture(autouse=True, params=PASSES, ids=lambda c: "compiled" if c else "numpy")
+def compiled(request, monkeypatch) -> bool:
+    """Every test here runs once per pass: the walkers it builds use that pass."""
+    monkeypatch.setattr(
+        tails.TailWalker, "__init__", _with_pass(tails.TailWalker.__init__, request.param)
+    )
+    return request.param
+
+
+def _with_pass(init, compiled: bool):
+    def patched(self, *args, **kw):
+        init(self, *args, compiled=compiled, **kw)
+
+    return patched
+
+
+def test_compiled_pass_is_built_and_shares_the_state_layout():
+    """CI installs with a compiler, so the C pass must be there, with the same fields."""
+    assert tails._tailwalk is not None
+    assert tails._tailwalk.FIELD_NAMES == tails.FIELD_NAMES
+    assert [getattr(tails, name) for name in tails.FIELD_NAMES] == list(range(tails._FIELDS))
 
 
 def walker(**kw) -> TailWalker:

@@ -1,0 +1,437 @@
+/*
+ * The tail walker's per-step pass, compiled.
+ *
+ * Why C: the walk touches about 25 open blocks and opens about 170 new ones per
+ * step at B = 256, with at most gamma positions each. Vectorised in numpy it
+ * costs ~50 array calls per step whatever the sizes, which is most of the
+ * estimator's budget; the same pass as a plain loop is a few microseconds.
+ * `tails.py` keeps the numpy form as the fallback where this did not build and
+ * owns everything that is not per step (settling idle blocks, emitting ceilings).
+ *
+ * The block pool is the Python walker's own numpy arrays (state rows, rids,
+ * tails, draft log-probs, confidence, a stack of free ids); this file reads and
+ * writes them in place. A step is two calls, because the sampled walk's gather
+ * is a Python callable that must run between them:
+ *
+ *   advance(...)  walks every open block of the rank whose request is in the step
+ *                 and opens (and walks) a block for each trimmed row it can walk;
+ *                 lists the first mismatches of sampled blocks, whose target
+ *                 log-probabilities only the step's verify distribution has, and
+ *                 the blocks that are done, in the order they settle;
+ *   finish(...)   folds the gathered log-probabilities in and settles the done
+ *                 blocks into the settled buffers, freeing their ids.
+ *
+ * Arithmetic is the numpy form's, position by position: a sampled position's
+ * acceptance ratio is exp(min(p - q, 0)) (a zero probability gives 0; a NaN
+ * poisons the products after it), its running product multiplies into the
+ * block's, and the sums take the running product (and (2m - 1) times it).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <math.h>
+#include <stdint.h>
+
+/* The state row's fields; tails.py checks that its names are in this order. */
+enum {
+    OPEN_PREFIX, WINDOW, OPEN_FCT, GROUP, GREEDY, RANK, POOL, NEXT, EXPECT, SEEN,
+    CUM, LO_EXTRA, VAR_TERMS, RESOLVED_FCT, CENSORED, FIELDS
+};
+static const char *FIELD_NAMES[FIELDS] = {
+    "OPEN_PREFIX", "WINDOW", "OPEN_FCT", "GROUP", "GREEDY", "RANK", "POOL", "NEXT",
+    "EXPECT", "SEEN", "CUM", "LO_EXTRA", "VAR_TERMS", "RESOLVED_FCT", "CENSORED",
+};
+
+/* An array argument checked for dtype, C order and shape; NULL data for an allowed None. */
+typedef struct {
+    PyArrayObject *arr;
+    char *data;
+} View;
+
+static int
+view(PyObject *obj, View *v, const char *name, int type, npy_intp rows, npy_intp cols,
+     int allow_none)
+{
+    v->arr = NULL;
+    v->data = NULL;
+    if (obj == Py_None && allow_none)
+        return 0;
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a numpy array", name);
+        return -1;
+    }
+    PyArrayObject *a = (PyArrayObject *)obj;
+    int nd = cols < 0 ? 1 : 2;
+    if (PyArray_TYPE(a) != type || PyArray_NDIM(a) != nd || !PyArray_IS_C_CONTIGUOUS(a)
+        || (rows >= 0 && PyArray_DIM(a, 0) != rows) || (nd == 2 && PyArray_DIM(a, 1) != cols)) {
+        PyErr_Format(PyExc_ValueError, "%s: wrong dtype, shape or layout", name);
+        return -1;
+    }
+    v->arr = a;
+    v->data = PyArray_DATA(a);
+    return 0;
+}
+
+#define I64(v) ((int64_t *)(v).data)
+#define F64(v) ((double *)(v).data)
+#define I8(v) ((int8_t *)(v).data)
+#define OBJ(v) ((PyObject **)(v).data)
+
+/* Moves a block's result into the settled buffers and frees its id. */
+static void
+settle(double *blk, char *live, PyObject **prid, double *pconf, int64_t *freestack,
+       int64_t *nfree, double *sf, PyObject **srid, double *sconf, int64_t *scount,
+       int64_t b, int g, double fct, int censored)
+{
+    int64_t s = (*scount)++;
+    double *src = blk + b * FIELDS, *dst = sf + s * FIELDS;
+    for (int i = 0; i < FIELDS; i++)
+        dst[i] = src[i];
+    dst[RESOLVED_FCT] = fct;
+    dst[CENSORED] = censored;
+    for (int j = 0; j < g; j++)
+        sconf[s * g + j] = pconf[b * g + j];
+    PyObject *old = srid[s];
+    srid[s] = prid[b]; /* the reference moves */
+    Py_INCREF(Py_None);
+    prid[b] = Py_None;
+    Py_XDECREF(old);
+    live[b] = 0;
+    freestack[(*nfree)++] = b;
+}
+
+/* Accumulates one evaluated sampled position j (ratio from log p - log q) into a block. */
+static inline void
+evaluate(double *f, double p, double q, int j)
+{
+    double d = p - q;
+    if (d > 0.0)
+        d = 0.0;
+    double cum = f[CUM] * exp(d);
+    f[CUM] = cum;
+    f[LO_EXTRA] += cum;
+    f[VAR_TERMS] += cum * (2.0 * (j - f[WINDOW]) + 1.0);
+}
+
+/*
+ * advance(gamma, steps, fct, rank, one_rank, assume_greedy, logprobs,
+ *         prefix, accepted, window, slot, greedy, group, bonus, bonus_lp, rid,
+ *         draft, target_lp, draft_lp, confidence,
+ *         blk, live, prid, ptail, pq, pconf, freestack, nfree, row_of,
+ *         opened, skipped, g_block, g_row, g_off, g_tok, done, done_censored)
+ * -> (nfree, gathers, done)
+ *
+ * Pool capacity must leave room for every row of the step (nfree >= n) and the
+ * request/done lists room for every live block plus every row; row_of must be
+ * all -1 and cover every slot in the step (it is restored before returning).
+ */
+static PyObject *
+advance(PyObject *self, PyObject *args)
+{
+    int g, one_rank, assume, logprobs;
+    long long steps, fct, rank, nfree_in;
+    PyObject *o[30];
+    if (!PyArg_ParseTuple(args, "iLLLiii" "OOOOOOOOOOOOO" "OOOOOOOLO" "OOOOOOOO", &g, &steps,
+                          &fct, &rank, &one_rank, &assume, &logprobs,
+                          &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9],
+                          &o[10], &o[11], &o[12],
+                          &o[13], &o[14], &o[15], &o[16], &o[17], &o[18], &o[19], &nfree_in,
+                          &o[20],
+                          &o[21], &o[22], &o[23], &o[24], &o[25], &o[26], &o[27], &o[28]))
+        return NULL;
+    if (g < 1 || g > 64) {
+        PyErr_SetString(PyExc_ValueError, "gamma outside 1..64");
+        return NULL;
+    }
+    if (!PyArray_Check(o[0])) {
+        PyErr_SetString(PyExc_TypeError, "prefix: expected a numpy array");
+        return NULL;
+    }
+    npy_intp n = PyArray_SIZE((PyArrayObject *)o[0]);
+    if (!PyArray_Check(o[13])) {
+        PyErr_SetString(PyExc_TypeError, "blk: expected a numpy array");
+        return NULL;
+    }
+    npy_intp cap = PyArray_DIM((PyArrayObject *)o[13], 0);
+    View prefix, acc, win, slot, greedy, group, bonus, blp, rid, draft, tlp, dlp, conf;
+    View blk, live, prid, ptail, pq, pconf, freestack, row_of;
+    View opened, skipped, gb, gr, go, gt, done, done_c;
+    if (view(o[0], &prefix, "prefix", NPY_INT64, n, -1, 0) < 0
+        || view(o[1], &acc, "accepted", NPY_INT64, n, -1, 0) < 0
+        || view(o[2], &win, "window", NPY_INT64, n, -1, 0) < 0
+        || view(o[3], &slot, "slot", NPY_INT64, n, -1, 0) < 0
+        || view(o[4], &greedy, "greedy", NPY_INT8, n, -1, 0) < 0
+        || view(o[5], &group, "group", NPY_INT64, n, -1, 0) < 0
+        || view(o[6], &bonus, "bonus", NPY_INT64, n, -1, 0) < 0
+        || view(o[7], &blp, "bonus_lp", NPY_FLOAT64, n, -1, 0) < 0
+        || view(o[8], &rid, "rid", NPY_OBJECT, n, -1, 0) < 0
+        || view(o[9], &draft, "draft", NPY_INT64, n, g, 0) < 0
+        || view(o[10], &tlp, "target_lp", NPY_FLOAT64, n, g, 1) < 0
+        || view(o[11], &dlp, "draft_lp", NPY_FLOAT64, n, g, 1) < 0
+        || view(o[12], &conf, "confidence", NPY_FLOAT64, n, g, 1) < 0
+        || view(o[13], &blk, "blk", NPY_FLOAT64, cap, FIELDS, 0) < 0
+        || view(o[14], &live, "live", NPY_BOOL, cap, -1, 0) < 0
+        || view(o[15], &prid, "prid", NPY_OBJECT, cap, -1, 0) < 0
+        || view(o[16], &ptail, "ptail", NPY_INT64, cap, g, 0) < 0
+        || view(o[17], &pq, "pq", NPY_FLOAT64, cap, g, 0) < 0
+        || view(o[18], &pconf, "pconf", NPY_FLOAT64, cap, g, 0) < 0
+        || view(o[19], &freestack, "freestack", NPY_INT64, cap, -1, 0) < 0
+        || view(o[20], &row_of, "row_of", NPY_INT64, -1, -1, 0) < 0
+        || view(o[21], &opened, "opened", NPY_BOOL, n, -1, 0) < 0
+        || view(o[22], &skipped, "skipped", NPY_BOOL, n, -1, 0) < 0
+        || view(o[23], &gb, "g_block", NPY_INT64, -1, -1, 0) < 0
+        || view(o[24], &gr, "g_row", NPY_INT64, -1, -1, 0) < 0
+        || view(o[25], &go, "g_off", NPY_INT64, -1, -1, 0) < 0
+        || view(o[26], &gt, "g_tok", NPY_INT64, -1, -1, 0) < 0
+        || view(o[27], &done, "done", NPY_INT64, -1, -1, 0) < 0
+        || view(o[28], &done_c, "done_censored", NPY_INT8, -1, -1, 0) < 0)
+        return NULL;
+    npy_intp slots = PyArray_DIM(row_of.arr, 0);
+    npy_intp room = PyArray_DIM(gb.arr, 0);
+    if (nfree_in < n || nfree_in > cap || PyArray_DIM(gr.arr, 0) < room
+        || PyArray_DIM(go.arr, 0) < room || PyArray_DIM(gt.arr, 0) < room
+        || PyArray_DIM(done.arr, 0) < room || PyArray_DIM(done_c.arr, 0) < room
+        || room < cap - nfree_in + n) {
+        PyErr_SetString(PyExc_ValueError, "pool or output buffers too small for the step");
+        return NULL;
+    }
+    const int64_t *P = I64(prefix), *A = I64(acc), *W = I64(win), *S = I64(slot);
+    const int64_t *GRP = I64(group), *BON = I64(bonus), *D = I64(draft);
+    const int8_t *GR = I8(greedy);
+    const double *BLP = F64(blp), *TLP = F64(tlp), *DLP = F64(dlp), *CONF = F64(conf);
+    PyObject **RID = OBJ(rid), **PRID = OBJ(prid);
+    double *BLK = F64(blk), *PQ = F64(pq), *PCONF = F64(pconf);
+    int64_t *PT = I64(ptail), *FREE = I64(freestack), *ROW = I64(row_of);
+    char *LIVE = (char *)live.data, *OPENED = (char *)opened.data, *SKIPPED = (char *)skipped.data;
+    int64_t *GB = I64(gb), *GRW = I64(gr), *GO = I64(go), *GT = I64(gt), *DONE = I64(done);
+    int8_t *DONE_C = I8(done_c);
+    int64_t nfree = nfree_in, ngather = 0, ndone = 0;
+    double rank_d = (double)rank;
+
+    for (npy_intp r = 0; r < n; r++) {
+        if (S[r] < 0 || S[r] >= slots || A[r] < 0 || A[r] > W[r] || W[r] > g) {
+            PyErr_SetString(PyExc_ValueError, "step rows outside the walker's bounds");
+            return NULL;
+        }
+    }
+    for (npy_intp r = 0; r < n; r++)
+        ROW[S[r]] = r;
+
+    /* one pass over the pool, in id order: first the open blocks this step continues,
+       then (ids handed out below) the blocks it opens */
+    for (int stage = 0; stage < 2; stage++) {
+        npy_intp count = stage == 0 ? cap : 0;
+        if (stage == 1) {
+            /* open a block per trimmed row that can be walked */
+            for (npy_intp r = 0; r < n; r++) {
+                int flag = GR[r];
+                if (flag < 0 && assume >= 0)
+                    flag = assume;
+                int trimmed = A[r] == W[r] && W[r] < g;
+                int can_walk = flag == 1 || (flag == 0 && logprobs);
+                OPENED[r] = trimmed && can_walk;
+                SKIPPED[r] = trimmed && !can_walk;
+            }
+            count = n;
+        }
+        for (npy_intp i = 0; i < count; i++) {
+            int64_t b, r;
+            if (stage == 0) {
+                b = i;
+                if (!LIVE[b])
+                    continue;
+                double *f = BLK + b * FIELDS;
+                if (!one_rank && f[RANK] != rank_d)
+                    continue;
+                int64_t sl = (int64_t)f[POOL];
+                if (sl < 0 || sl >= slots || ROW[sl] < 0)
+                    continue;
+                r = ROW[sl];
+                int same = PyObject_RichCompareBool(RID[r], PRID[b], Py_EQ);
+                if (same < 0)
+                    return NULL;
+                if (!same || (double)P[r] != f[EXPECT]) {
+                    DONE[ndone] = b;
+                    DONE_C[ndone++] = 1;
+                    continue;
+                }
+            }
+            else {
+                r = i;
+                if (!OPENED[r])
+                    continue;
+                b = FREE[--nfree];
+                double *f = BLK + b * FIELDS;
+                for (int k = 0; k < FIELDS; k++)
+                    f[k] = 0.0;
+                f[OPEN_PREFIX] = (double)P[r];
+                f[WINDOW] = f[NEXT] = (double)W[r];
+                f[OPEN_FCT] = (double)fct;
+                f[GROUP] = (double)GRP[r];
+                f[GREEDY] = GR[r] < 0 ? (double)assume : (double)GR[r];
+                f[RANK] = rank_d;
+                f[POOL] = (double)S[r];
+                f[CUM] = 1.0;
+                for (int j = 0; j < g; j++) {
+                    PT[b * g + j] = D[r * g + j];
+                    PQ[b * g + j] = DLP ? DLP[r * g + j] : NAN;
+                    PCONF[b * g + j] = CONF ? CONF[r * g + j] : NAN;
+                }
+                Py_INCREF(RID[r]);
+                Py_XSETREF(PRID[b], RID[r]);
+                LIVE[b] = 1;
+            }
+            /* walk block b along row r */
+            double *f = BLK + b * FIELDS;
+            int sampled = f[GREEDY] == 0.0;
+            int64_t a = A[r];
+            int64_t shift = (int64_t)f[OPEN_PREFIX] - P[r]; /* tail j sits at offset j + shift */
+            int j = (int)f[NEXT];
+            int resolved = 0;
+            for (; j < g; j++) {
+                int64_t off = j + shift;
+                if (off > a)
+                    break; /* not committed in this step: the block stays open */
+                if (off < 0)
+                    off = 0; /* cannot happen for a continuing request; kept in bounds */
+                int64_t tok = off < a ? D[r * g + off] : BON[r];
+                int64_t want = PT[b * g + j];
+                if (tok != want) {
+                    resolved = 1; /* the first mismatch, committed in this step */
+                    if (sampled && ngather < room) {
+                        GB[ngather] = b;
+                        GRW[ngather] = r;
+                        GO[ngather] = off;
+                        GT[ngather++] = want;
+                    }
+                    break;
+                }
+                if (sampled) {
+                    double p = off < a ? (TLP ? TLP[r * g + off] : NAN) : BLP[r];
+                    evaluate(f, p, PQ[b * g + j], j);
+                }
+            }
+            if (j >= g)
+                resolved = 1;
+            f[NEXT] = j;
+            f[EXPECT] = (double)(P[r] + a + 1);
+            f[SEEN] = (double)steps;
+            if (resolved) {
+                DONE[ndone] = b;
+                DONE_C[ndone++] = 0;
+            }
+        }
+    }
+    for (npy_intp r = 0; r < n; r++)
+        ROW[S[r]] = -1;
+    return Py_BuildValue("LLL", (long long)nfree, (long long)ngather, (long long)ndone);
+}
+
+/*
+ * finish(gamma, fct, g_block, g_tok_lp, gathers, blk, pq, done, done_censored, ndone,
+ *        live, prid, pconf, freestack, nfree, sf, srid, sconf, scount) -> (nfree, scount)
+ *
+ * g_tok_lp: the gathered log-probabilities (NaN: unknown, the walk stops before it),
+ * or None when there was no gather.
+ */
+static PyObject *
+finish(PyObject *self, PyObject *args)
+{
+    int g;
+    long long fct, ngather, ndone, nfree, scount;
+    PyObject *o[13];
+    if (!PyArg_ParseTuple(args, "iLOOLOOOOLOOOOLOOOL", &g, &fct, &o[0], &o[1], &ngather, &o[2],
+                          &o[3], &o[4], &o[5], &ndone, &o[6], &o[7], &o[8], &o[9], &nfree, &o[10],
+                          &o[11], &o[12], &scount))
+        return NULL;
+    if (g < 1 || g > 64 || !PyArray_Check(o[2])) {
+        PyErr_SetString(PyExc_ValueError, "finish: bad gamma or pool");
+        return NULL;
+    }
+    npy_intp cap = PyArray_DIM((PyArrayObject *)o[2], 0);
+    View gb, glp, blk, pq, done, done_c, live, prid, pconf, freestack, sf, srid, sconf;
+    if (view(o[0], &gb, "g_block", NPY_INT64, -1, -1, 0) < 0
+        || view(o[1], &glp, "g_tok_lp", NPY_FLOAT64, -1, -1, 1) < 0
+        || view(o[2], &blk, "blk", NPY_FLOAT64, cap, FIELDS, 0) < 0
+        || view(o[3], &pq, "pq", NPY_FLOAT64, cap, g, 0) < 0
+        || view(o[4], &done, "done", NPY_INT64, -1, -1, 0) < 0
+        || view(o[5], &done_c, "done_censored", NPY_INT8, -1, -1, 0) < 0
+        || view(o[6], &live, "live", NPY_BOOL, cap, -1, 0) < 0
+        || view(o[7], &prid, "prid", NPY_OBJECT, cap, -1, 0) < 0
+        || view(o[8], &pconf, "pconf", NPY_FLOAT64, cap, g, 0) < 0
+        || view(o[9], &freestack, "freestack", NPY_INT64, cap, -1, 0) < 0
+        || view(o[10], &sf, "sf", NPY_FLOAT64, -1, FIELDS, 0) < 0
+        || view(o[11], &srid, "srid", NPY_OBJECT, -1, -1, 0) < 0
+        || view(o[12], &sconf, "sconf", NPY_FLOAT64, -1, g, 0) < 0)
+        return NULL;
+    npy_intp settled_room = PyArray_DIM(sf.arr, 0);
+    if (ngather < 0 || ngather > PyArray_DIM(gb.arr, 0)
+        || (glp.data && PyArray_DIM(glp.arr, 0) < ngather) || ndone < 0
+        || ndone > PyArray_DIM(done.arr, 0) || ndone > PyArray_DIM(done_c.arr, 0)
+        || nfree < 0 || nfree + ndone > cap || scount < 0
+        || PyArray_DIM(srid.arr, 0) < settled_room || PyArray_DIM(sconf.arr, 0) < settled_room
+        || scount + ndone > settled_room) {
+        PyErr_SetString(PyExc_ValueError, "finish: buffers too small");
+        return NULL;
+    }
+    double *BLK = F64(blk), *PQ = F64(pq), *GLP = F64(glp);
+    int64_t *GB = I64(gb), *DONE = I64(done), *FREE = I64(freestack);
+    int64_t nf = nfree, sc = scount;
+    if (GLP) {
+        for (int64_t i = 0; i < ngather; i++) {
+            int64_t b = GB[i];
+            if (b < 0 || b >= cap)
+                continue;
+            double *f = BLK + b * FIELDS;
+            int j = (int)f[NEXT];
+            double p = GLP[i];
+            if (isnan(p) || j >= g)
+                continue; /* unknown: the walk reached the mismatch but cannot count it */
+            evaluate(f, p, PQ[b * g + j], j);
+            f[NEXT] = j + 1;
+        }
+    }
+    int8_t *DC = I8(done_c);
+    for (int64_t i = 0; i < ndone; i++) {
+        int64_t b = DONE[i];
+        if (b < 0 || b >= cap)
+            continue;
+        settle(BLK, (char *)live.data, OBJ(prid), F64(pconf), FREE, &nf, F64(sf), OBJ(srid),
+               F64(sconf), &sc, b, g, (double)fct, DC[i]);
+    }
+    return Py_BuildValue("LL", (long long)nf, (long long)sc);
+}
+
+static PyMethodDef methods[] = {
+    {"advance", advance, METH_VARARGS, "Walk one step's open and new blocks (see the file)."},
+    {"finish", finish, METH_VARARGS, "Fold the gathers in and settle the done blocks."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_tailwalk", "The tail walker's per-step pass, compiled.", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__tailwalk(void)
+{
+    import_array();
+    PyObject *m = PyModule_Create(&module);
+    if (!m)
+        return NULL;
+    PyObject *names = PyTuple_New(FIELDS);
+    if (!names) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    for (int i = 0; i < FIELDS; i++)
+        PyTuple_SET_ITEM(names, i, PyUnicode_FromString(FIELD_NAMES[i]));
+    if (PyModule_AddObject(m, "FIELD_NAMES", names) < 0) {
+        Py_DECREF(names);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
