@@ -115,24 +115,78 @@ evaluate(double *f, double p, double q, int j)
     f[VAR_TERMS] += cum * (2.0 * (j - f[WINDOW]) + 1.0);
 }
 
+/* The step's columns, in the order `advance` takes them: converted when they are not
+   already C-ordered arrays of the right dtype (they usually are; then no copy). */
+enum { IN_PREFIX, IN_ACC, IN_WIN, IN_SLOT, IN_GREEDY, IN_GROUP, IN_BONUS, IN_BLP, IN_RID,
+       IN_DRAFT, IN_TLP, IN_DLP, IN_CONF, INPUTS };
+static const struct {
+    const char *name;
+    int type, matrix, optional;
+} INPUT_SPEC[INPUTS] = {
+    {"prefix", NPY_INT64, 0, 0},     {"accepted", NPY_INT64, 0, 0},
+    {"window", NPY_INT64, 0, 0},     {"slot", NPY_INT64, 0, 0},
+    {"greedy", NPY_INT8, 0, 0},      {"group", NPY_INT64, 0, 0},
+    {"bonus", NPY_INT64, 0, 0},      {"bonus_lp", NPY_FLOAT64, 0, 0},
+    {"rid", NPY_OBJECT, 0, 0},       {"draft", NPY_INT64, 1, 0},
+    {"target_lp", NPY_FLOAT64, 1, 1}, {"draft_lp", NPY_FLOAT64, 1, 1},
+    {"confidence", NPY_FLOAT64, 1, 1},
+};
+
+/* Converts the step's columns into `in` (new references, NULL for an allowed None). */
+static int
+step_inputs(PyObject **obj, PyArrayObject **in, int g, npy_intp *n)
+{
+    for (int i = 0; i < INPUTS; i++)
+        in[i] = NULL;
+    for (int i = 0; i < INPUTS; i++) {
+        if (obj[i] == Py_None && INPUT_SPEC[i].optional)
+            continue;
+        int nd = INPUT_SPEC[i].matrix ? 2 : 1;
+        PyArrayObject *a = (PyArrayObject *)obj[i];
+        if (PyArray_Check(obj[i]) && PyArray_TYPE(a) == INPUT_SPEC[i].type
+            && PyArray_NDIM(a) == nd && PyArray_ISCARRAY_RO(a)) {
+            Py_INCREF(obj[i]); /* the usual case, without PyArray_FromAny's general path */
+            in[i] = a;
+        }
+        else {
+            in[i] = (PyArrayObject *)PyArray_FROMANY(obj[i], INPUT_SPEC[i].type, nd, nd,
+                                                     NPY_ARRAY_IN_ARRAY);
+            if (!in[i])
+                return -1;
+        }
+        if (i == 0)
+            *n = PyArray_DIM(in[0], 0);
+        if (PyArray_DIM(in[i], 0) != *n || (nd == 2 && PyArray_DIM(in[i], 1) != g)) {
+            PyErr_Format(PyExc_ValueError, "%s: shape does not match the step", INPUT_SPEC[i].name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *walk(int g, long long steps, long long fct, long long rank, int one_rank,
+                      int assume, int logprobs, PyArrayObject **in, npy_intp n, PyObject **o,
+                      long long nfree_in);
+
 /*
  * advance(gamma, steps, fct, rank, one_rank, assume_greedy, logprobs,
  *         prefix, accepted, window, slot, greedy, group, bonus, bonus_lp, rid,
  *         draft, target_lp, draft_lp, confidence,
  *         blk, live, prid, ptail, pq, pconf, freestack, nfree, row_of,
  *         opened, skipped, g_block, g_row, g_off, g_tok, done, done_censored)
- * -> (nfree, gathers, done)
+ * -> (nfree, gathers, done, opened, skipped)
  *
  * Pool capacity must leave room for every row of the step (nfree >= n) and the
  * request/done lists room for every live block plus every row; row_of must be
  * all -1 and cover every slot in the step (it is restored before returning).
+ * The pool and output arrays are written in place, so they are never converted.
  */
 static PyObject *
 advance(PyObject *self, PyObject *args)
 {
     int g, one_rank, assume, logprobs;
     long long steps, fct, rank, nfree_in;
-    PyObject *o[30];
+    PyObject *o[29];
     if (!PyArg_ParseTuple(args, "iLLLiii" "OOOOOOOOOOOOO" "OOOOOOOLO" "OOOOOOOO", &g, &steps,
                           &fct, &rank, &one_rank, &assume, &logprobs,
                           &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9],
@@ -145,49 +199,46 @@ advance(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "gamma outside 1..64");
         return NULL;
     }
+    PyArrayObject *in[INPUTS];
+    npy_intp n = 0;
+    PyObject *result = NULL;
+    if (step_inputs(o, in, g, &n) == 0)
+        result = walk(g, steps, fct, rank, one_rank, assume, logprobs, in, n, o + INPUTS,
+                      nfree_in);
+    for (int i = 0; i < INPUTS; i++)
+        Py_XDECREF(in[i]);
+    return result;
+}
+
+static PyObject *
+walk(int g, long long steps, long long fct, long long rank, int one_rank, int assume,
+     int logprobs, PyArrayObject **in, npy_intp n, PyObject **o, long long nfree_in)
+{
     if (!PyArray_Check(o[0])) {
-        PyErr_SetString(PyExc_TypeError, "prefix: expected a numpy array");
-        return NULL;
-    }
-    npy_intp n = PyArray_SIZE((PyArrayObject *)o[0]);
-    if (!PyArray_Check(o[13])) {
         PyErr_SetString(PyExc_TypeError, "blk: expected a numpy array");
         return NULL;
     }
-    npy_intp cap = PyArray_DIM((PyArrayObject *)o[13], 0);
-    View prefix, acc, win, slot, greedy, group, bonus, blp, rid, draft, tlp, dlp, conf;
+    npy_intp cap = PyArray_DIM((PyArrayObject *)o[0], 0);
     View blk, live, prid, ptail, pq, pconf, freestack, row_of;
     View opened, skipped, gb, gr, go, gt, done, done_c;
-    if (view(o[0], &prefix, "prefix", NPY_INT64, n, -1, 0) < 0
-        || view(o[1], &acc, "accepted", NPY_INT64, n, -1, 0) < 0
-        || view(o[2], &win, "window", NPY_INT64, n, -1, 0) < 0
-        || view(o[3], &slot, "slot", NPY_INT64, n, -1, 0) < 0
-        || view(o[4], &greedy, "greedy", NPY_INT8, n, -1, 0) < 0
-        || view(o[5], &group, "group", NPY_INT64, n, -1, 0) < 0
-        || view(o[6], &bonus, "bonus", NPY_INT64, n, -1, 0) < 0
-        || view(o[7], &blp, "bonus_lp", NPY_FLOAT64, n, -1, 0) < 0
-        || view(o[8], &rid, "rid", NPY_OBJECT, n, -1, 0) < 0
-        || view(o[9], &draft, "draft", NPY_INT64, n, g, 0) < 0
-        || view(o[10], &tlp, "target_lp", NPY_FLOAT64, n, g, 1) < 0
-        || view(o[11], &dlp, "draft_lp", NPY_FLOAT64, n, g, 1) < 0
-        || view(o[12], &conf, "confidence", NPY_FLOAT64, n, g, 1) < 0
-        || view(o[13], &blk, "blk", NPY_FLOAT64, cap, FIELDS, 0) < 0
-        || view(o[14], &live, "live", NPY_BOOL, cap, -1, 0) < 0
-        || view(o[15], &prid, "prid", NPY_OBJECT, cap, -1, 0) < 0
-        || view(o[16], &ptail, "ptail", NPY_INT64, cap, g, 0) < 0
-        || view(o[17], &pq, "pq", NPY_FLOAT64, cap, g, 0) < 0
-        || view(o[18], &pconf, "pconf", NPY_FLOAT64, cap, g, 0) < 0
-        || view(o[19], &freestack, "freestack", NPY_INT64, cap, -1, 0) < 0
-        || view(o[20], &row_of, "row_of", NPY_INT64, -1, -1, 0) < 0
-        || view(o[21], &opened, "opened", NPY_BOOL, n, -1, 0) < 0
-        || view(o[22], &skipped, "skipped", NPY_BOOL, n, -1, 0) < 0
-        || view(o[23], &gb, "g_block", NPY_INT64, -1, -1, 0) < 0
-        || view(o[24], &gr, "g_row", NPY_INT64, -1, -1, 0) < 0
-        || view(o[25], &go, "g_off", NPY_INT64, -1, -1, 0) < 0
-        || view(o[26], &gt, "g_tok", NPY_INT64, -1, -1, 0) < 0
-        || view(o[27], &done, "done", NPY_INT64, -1, -1, 0) < 0
-        || view(o[28], &done_c, "done_censored", NPY_INT8, -1, -1, 0) < 0)
+    if (view(o[0], &blk, "blk", NPY_FLOAT64, cap, FIELDS, 0) < 0
+        || view(o[1], &live, "live", NPY_BOOL, cap, -1, 0) < 0
+        || view(o[2], &prid, "prid", NPY_OBJECT, cap, -1, 0) < 0
+        || view(o[3], &ptail, "ptail", NPY_INT64, cap, g, 0) < 0
+        || view(o[4], &pq, "pq", NPY_FLOAT64, cap, g, 0) < 0
+        || view(o[5], &pconf, "pconf", NPY_FLOAT64, cap, g, 0) < 0
+        || view(o[6], &freestack, "freestack", NPY_INT64, cap, -1, 0) < 0
+        || view(o[7], &row_of, "row_of", NPY_INT64, -1, -1, 0) < 0
+        || view(o[8], &opened, "opened", NPY_BOOL, n, -1, 0) < 0
+        || view(o[9], &skipped, "skipped", NPY_BOOL, n, -1, 0) < 0
+        || view(o[10], &gb, "g_block", NPY_INT64, -1, -1, 0) < 0
+        || view(o[11], &gr, "g_row", NPY_INT64, -1, -1, 0) < 0
+        || view(o[12], &go, "g_off", NPY_INT64, -1, -1, 0) < 0
+        || view(o[13], &gt, "g_tok", NPY_INT64, -1, -1, 0) < 0
+        || view(o[14], &done, "done", NPY_INT64, -1, -1, 0) < 0
+        || view(o[15], &done_c, "done_censored", NPY_INT8, -1, -1, 0) < 0)
         return NULL;
+#define IN_DATA(i) (in[i] ? PyArray_DATA(in[i]) : NULL)
     npy_intp slots = PyArray_DIM(row_of.arr, 0);
     npy_intp room = PyArray_DIM(gb.arr, 0);
     if (nfree_in < n || nfree_in > cap || PyArray_DIM(gr.arr, 0) < room
@@ -197,17 +248,20 @@ advance(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "pool or output buffers too small for the step");
         return NULL;
     }
-    const int64_t *P = I64(prefix), *A = I64(acc), *W = I64(win), *S = I64(slot);
-    const int64_t *GRP = I64(group), *BON = I64(bonus), *D = I64(draft);
-    const int8_t *GR = I8(greedy);
-    const double *BLP = F64(blp), *TLP = F64(tlp), *DLP = F64(dlp), *CONF = F64(conf);
-    PyObject **RID = OBJ(rid), **PRID = OBJ(prid);
+    const int64_t *P = IN_DATA(IN_PREFIX), *A = IN_DATA(IN_ACC), *W = IN_DATA(IN_WIN);
+    const int64_t *S = IN_DATA(IN_SLOT), *GRP = IN_DATA(IN_GROUP), *BON = IN_DATA(IN_BONUS);
+    const int64_t *D = IN_DATA(IN_DRAFT);
+    const int8_t *GR = IN_DATA(IN_GREEDY);
+    const double *BLP = IN_DATA(IN_BLP), *TLP = IN_DATA(IN_TLP), *DLP = IN_DATA(IN_DLP);
+    const double *CONF = IN_DATA(IN_CONF);
+    PyObject **RID = IN_DATA(IN_RID), **PRID = OBJ(prid);
+#undef IN_DATA
     double *BLK = F64(blk), *PQ = F64(pq), *PCONF = F64(pconf);
     int64_t *PT = I64(ptail), *FREE = I64(freestack), *ROW = I64(row_of);
     char *LIVE = (char *)live.data, *OPENED = (char *)opened.data, *SKIPPED = (char *)skipped.data;
     int64_t *GB = I64(gb), *GRW = I64(gr), *GO = I64(go), *GT = I64(gt), *DONE = I64(done);
     int8_t *DONE_C = I8(done_c);
-    int64_t nfree = nfree_in, ngather = 0, ndone = 0;
+    int64_t nfree = nfree_in, ngather = 0, ndone = 0, n_opened = 0, n_skipped = 0;
     double rank_d = (double)rank;
 
     for (npy_intp r = 0; r < n; r++) {
@@ -233,6 +287,8 @@ advance(PyObject *self, PyObject *args)
                 int can_walk = flag == 1 || (flag == 0 && logprobs);
                 OPENED[r] = trimmed && can_walk;
                 SKIPPED[r] = trimmed && !can_walk;
+                n_opened += OPENED[r];
+                n_skipped += SKIPPED[r];
             }
             count = n;
         }
@@ -326,7 +382,8 @@ advance(PyObject *self, PyObject *args)
     }
     for (npy_intp r = 0; r < n; r++)
         ROW[S[r]] = -1;
-    return Py_BuildValue("LLL", (long long)nfree, (long long)ngather, (long long)ndone);
+    return Py_BuildValue("LLLLL", (long long)nfree, (long long)ngather, (long long)ndone,
+                         (long long)n_opened, (long long)n_skipped);
 }
 
 /*

@@ -44,6 +44,11 @@ COLUMNS = (
     "var_sum",  # sampled blocks: variance of the realised ceiling around the point
 )
 _COL = {name: i for i, name in enumerate(COLUMNS)}
+#: The count column of a walked block, by 2 * greedy + censored.
+_KIND_COLUMNS = [
+    _COL[name]
+    for name in ("sampled_resolved", "sampled_censored", "greedy_exact", "greedy_censored")
+]
 
 #: Steps whose rows the population model learns from at once: at B = 256 about 4,096
 #: rows, where its per-row cost is lowest (larger batches pay for fresh temporaries).
@@ -106,27 +111,25 @@ class CeilingEstimator:
                 self._fold(outcomes)
 
     def _fold(self, outcomes: dict) -> None:
-        width = self.sums.width
+        """Sum the queued steps (and the walk's outcomes) per group into the windowed sums.
+
+        One histogram per column over all queued rows: cheaper than gathering each
+        column's rows first, at a few groups and thousands of rows.
+        """
         counts, self._counts = self._counts, []
-        empty = (np.zeros(0, np.int64), *(np.zeros(0, bool),) * 4)
-        group, observed, a, opened, skipped = (
-            np.concatenate([c[i] for c in counts]) if counts else empty[i] for i in range(5)
-        )
-        index = [
-            group[observed] * width + _COL["observed_blocks"],
-            group[observed] * width + _COL["observed_sum"],
-            group[opened] * width + _COL["trimmed_blocks"],
-            group[skipped] * width + _COL["skipped_blocks"],
-        ]
-        weights = [
-            np.ones(int(observed.sum())),
-            a[observed].astype(np.float64),
-            np.ones(int(opened.sum())),
-            np.ones(int(skipped.sum())),
-        ]
+        n = self.sums.groups
+        delta = np.zeros((len(COLUMNS), n))  # column-major: each histogram fills one row
+        if counts:
+            group, observed, a, opened, skipped = (
+                np.concatenate([c[i] for c in counts]) for i in range(5)
+            )
+            delta[_COL["observed_blocks"]] = np.bincount(group, observed, n)
+            delta[_COL["observed_sum"]] = np.bincount(group, a * observed, n)
+            delta[_COL["trimmed_blocks"]] = np.bincount(group, opened, n)
+            delta[_COL["skipped_blocks"]] = np.bincount(group, skipped, n)
         if outcomes:
-            self._fold_outcomes(outcomes, index, weights)
-        self.sums.add_flat(np.concatenate(index), np.concatenate(weights))
+            self._fold_outcomes(outcomes, delta)
+        self.sums.add(delta.T)
         self.sums.advance(len(counts))
 
     def _teach_population(self) -> None:
@@ -151,25 +154,14 @@ class CeilingEstimator:
             conf,
         )
 
-    def _fold_outcomes(self, out: dict, index: list, weights: list) -> None:
-        width = self.sums.width
+    def _fold_outcomes(self, out: dict, delta: np.ndarray) -> None:
+        n = delta.shape[1]
         g = out["group"]
-        greedy = out["greedy"]
-        censored = out["status"] == 2
-        kind = np.where(
-            greedy,
-            np.where(censored, _COL["greedy_censored"], _COL["greedy_exact"]),
-            np.where(censored, _COL["sampled_censored"], _COL["sampled_resolved"]),
-        )
-        base = g * width
-        index += [
-            base + kind,
-            base + _COL["lo_sum"],
-            base + _COL["point_sum"],
-            base + _COL["hi_sum"],
-            base + _COL["var_sum"],
-        ]
-        weights += [np.ones(len(g)), out["lo"], out["point"], out["hi"], out["var"]]
+        # (greedy, censored) as 0..3 picks the block's count column
+        kind = 2 * out["greedy"] + (out["status"] == 2)
+        delta[_KIND_COLUMNS] += np.bincount(kind * n + g, minlength=4 * n).reshape(4, n)
+        for name in ("lo", "point", "hi", "var"):
+            delta[_COL[f"{name}_sum"]] += np.bincount(g, out[name], n)
         self._rows.append(out)
 
     def close(self) -> None:

@@ -217,15 +217,11 @@ class TailWalker:
             self.set_f = _grown(self.set_f, size, 0.0)
             self.set_rid = _grown(self.set_rid, size, None)
             self.set_conf = _grown(self.set_conf, size, np.nan)
-        i64, f64 = np.int64, np.float64
         req, done, done_censored = self._requests, self._done, self._done_censored
         opened, skipped = np.empty(n, dtype=bool), np.empty(n, dtype=bool)
         logprobs = batch.draft_logprobs is not None and batch.target_logprobs is not None
-
-        def matrix(x: np.ndarray | None) -> np.ndarray | None:
-            return None if x is None else np.ascontiguousarray(x, f64)
-
-        self.n_free, m, n_done = _tailwalk.advance(
+        # the step's columns go as they are: the C side converts only what needs it
+        self.n_free, m, n_done, n_opened, n_skipped = _tailwalk.advance(
             self.gamma,
             self.steps,
             batch.forward_ct,
@@ -233,19 +229,19 @@ class TailWalker:
             self.one_rank,
             -1 if self.assume_greedy is None else int(self.assume_greedy),
             logprobs,
-            np.ascontiguousarray(batch.prefix_len, i64),
-            np.ascontiguousarray(batch.correct_drafts, i64),
-            np.ascontiguousarray(batch.window, i64),
-            np.ascontiguousarray(batch.req_pool_index, i64),
-            np.ascontiguousarray(batch.greedy, np.int8),
-            np.ascontiguousarray(group, i64),
-            np.ascontiguousarray(batch.bonus_token, i64),
-            np.ascontiguousarray(batch.bonus_logprob, f64),
-            np.ascontiguousarray(batch.rid, object),
-            np.ascontiguousarray(batch.draft_tokens, i64),
-            matrix(batch.target_logprobs),
-            matrix(batch.draft_logprobs),
-            matrix(batch.confidence),
+            batch.prefix_len,
+            batch.correct_drafts,
+            batch.window,
+            batch.req_pool_index,
+            batch.greedy,
+            group,
+            batch.bonus_token,
+            batch.bonus_logprob,
+            batch.rid,
+            batch.draft_tokens,
+            batch.target_logprobs,
+            batch.draft_logprobs,
+            batch.confidence,
             self.blk,
             self.blk_live,
             self.blk_rid,
@@ -265,15 +261,15 @@ class TailWalker:
             done_censored,
         )
         self.opened_rows, self.skipped_rows = opened, skipped
-        self.opened += int(np.count_nonzero(opened))
-        self.skipped += int(np.count_nonzero(skipped))
+        self.opened += n_opened
+        self.skipped += n_skipped
         if n_done == 0:
             return
         logp = None
         if m and gather is not None:
             # the first mismatch of each sampled block: the target's log-prob of its tail draft
             got = gather(req[1, :m].copy(), req[2, :m].copy(), req[3, :m].copy())
-            logp = np.ascontiguousarray(got, f64)
+            logp = np.ascontiguousarray(got, np.float64)
         self.n_free, self.set_count = _tailwalk.finish(
             self.gamma,
             batch.forward_ct,
@@ -501,12 +497,15 @@ class TailWalker:
         if len(ids):
             self._settle_ids(ids, fct, censored=True)
         chunks, self.settled = self.settled, []
-        if self.set_count:
-            c, self.set_count = self.set_count, 0
-            chunks.insert(0, (self.set_f[:c].copy(), self.set_rid[:c].copy(), self.set_conf[:c].copy()))
-            self.set_rid[:c] = None
+        c, self.set_count = self.set_count, 0
+        if c:
+            # the compiled pass's buffers are read in place (`_emit` copies what it keeps;
+            # the rids are copied here, as the buffer's slots are reused)
+            chunks.insert(0, (self.set_f[:c], self.set_rid[:c].copy(), self.set_conf[:c]))
         if not chunks:
             return {}
+        if len(chunks) == 1:
+            return self._emit(*chunks[0], extrapolate)
         return self._emit(
             np.concatenate([c[0] for c in chunks]),
             np.concatenate([c[1] for c in chunks]),

@@ -58,7 +58,7 @@ def test_compiled_pass_emits_what_the_numpy_pass_emits(mode, concurrency):
 
 
 def test_compiled_pass_refuses_malformed_arguments():
-    """Wrong dtypes, shapes or short buffers raise; the pool is left as it was."""
+    """Unsafe dtypes, wrong shapes or rows out of bounds raise; the pool is left as it was."""
     w = TailWalker(4, compiled=True, walk_every=1)
     w._reserve(8)
     good = dict(
@@ -89,15 +89,20 @@ def test_compiled_pass_refuses_malformed_arguments():
 
     before = w.blk.copy()
     for change in (
-        {"prefix": np.zeros(2, np.int32)},
+        {"prefix": np.zeros(2, np.float64)},  # not safely castable to int64
+        {"prefix": np.zeros(3, np.int64)},
         {"draft": np.zeros((2, 3), np.int64)},
-        {"draft": np.zeros((4, 2), np.int64).T},
         {"slot": np.array([0, 9], np.int64)},  # beyond the slot map
         {"accepted": np.array([2, 0], np.int64)},  # accepted past the window
-        {"rid": ["a", "b"]},
     ):
         with pytest.raises((ValueError, TypeError)):
             call(**change)
     assert np.array_equal(w.blk, before) and w.pending() == 0
-    n_free, gathers, done = call()
-    assert (n_free, gathers, done) == (w.n_free - 2, 0, 2)  # both open and resolve at once
+    n_free, gathers, done, opened, skipped = call()
+    # both rows open and resolve at once
+    assert (n_free, gathers, done, opened, skipped) == (w.n_free - 2, 0, 2, 2, 0)
+    # lists and other layouts convert like arrays; the first call's blocks are still live
+    # (`finish` was not called) and the same prefix does not continue them: censored, so
+    # 2 + 2 blocks are done
+    again = call(prefix=[0, 0], rid=["a", "b"], draft=np.ones((4, 2), np.int64).T)
+    assert again[2:] == (4, 2, 0)
