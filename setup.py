@@ -1,7 +1,9 @@
-"""The optional compiled part (everything else is in pyproject.toml).
+"""The optional compiled parts (everything else is in pyproject.toml).
 
-`optional=True`: where no C compiler is available the install still succeeds
-without it, and `estimator/tails.py` walks with numpy (same results).
+Both are `optional=True`: where no C compiler is available the install still
+succeeds without them, and the package falls back to its numpy forms (same results):
+`telemetry/sglang.py` decodes with msgspec and numpy alone, and `estimator/tails.py`
+walks with numpy.
 """
 
 import numpy
@@ -9,6 +11,11 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
+        Extension(
+            "dspark_obs.telemetry._sglang_json",
+            sources=["dspark_obs/telemetry/_sglang_json.c"],
+            optional=True,
+        ),
         Extension(
             "dspark_obs.estimator._tailwalk",
             sources=["estimator/_tailwalk.c"],

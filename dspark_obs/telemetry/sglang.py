@@ -303,17 +303,86 @@ _UNBRACKET = bytes.maketrans(b"[]", b", ")
 _SAFE_INT = 10**18
 
 
+try:  # the optional compiled parser (setup.py); without it, msgspec and numpy do the work
+    from . import _sglang_json as _compiled
+except ImportError:  # pragma: no cover - an install without a C compiler
+    _compiled = None
+if _compiled is not None and _compiled.STEP_FIELDS != _RECORD_SCALARS:  # pragma: no cover
+    _compiled = None  # built from an older source: its tuples would be misread
+
+
+class _Columns(msgspec.Struct, gc=False):
+    """A payload's rows as payload-wide columns, before they are checked and sliced.
+
+    `steps` holds one `(forward_ct, mode, number of reqs or None, *_RECORD_SCALARS)`
+    tuple per step record, in server order; the rows of the steps with reqs follow one
+    another in the columns.
+    """
+
+    mode: str
+    gamma: int
+    steps: list
+    ints: dict
+    rids: list
+    draft: np.ndarray
+    probs: dict
+
+
 def _columnar_batches(
     payload: bytes | str, rank: int, workload_of: WorkloadOf
 ) -> list[StepBatch] | None:
-    """All steps of a payload from one decode and one numpy column per field.
+    """All steps of a payload from one parse and one numpy column per field.
 
     The rows of every step are gathered into payload-wide columns, checked once, and
-    each step gets slices of them. Only the plainly valid is taken: None for a payload
-    that does not decode, a list that is not `gamma` plain non-negative numbers, values
-    near the int64 limits or beyond exact float parsing, confidence present on some
-    requests only, or a step `record_to_batch` would refuse. Those are left to it.
+    each step gets slices of them. The compiled parser reads the columns where it is
+    built and the payload is in the plain form SGLang writes; otherwise msgspec and
+    numpy do. Only the plainly valid is taken: None for a payload that neither takes,
+    confidence present on some requests only, or a step `record_to_batch` would
+    refuse. Those are left to it.
     """
+    columns = _compiled_columns(payload) if _compiled is not None else None
+    if columns is None:
+        columns = _msgspec_columns(payload)
+        if columns is None:
+            return None
+    return _assemble(columns, rank, workload_of)
+
+
+def _compiled_columns(payload: bytes | str) -> _Columns | None:
+    """The compiled parser's columns, or None where it declines (`_sglang_json.c`)."""
+    if isinstance(payload, str):
+        try:
+            payload = payload.encode()
+        except UnicodeEncodeError:  # a lone surrogate: msgspec decides
+            return None
+    parsed = _compiled.parse(payload, MAX_GAMMA)
+    if parsed is None:
+        return None
+    mode, gamma, steps, n, data, has_conf, has_surv, rids = parsed
+    # one buffer: the integer columns, draft_tokens, then confidence and survival if there
+    k = len(REQ_INT_FIELDS)
+    ints = np.frombuffer(data, dtype=np.int64, count=(k + gamma) * n)
+    floats = np.frombuffer(data, dtype=np.float64, offset=ints.nbytes)
+    probs = {"confidence": None, "survival": None}
+    for name, present in (("confidence", has_conf), ("survival", has_surv)):
+        if present:
+            probs[name], floats = floats[: n * gamma].reshape(n, gamma), floats[n * gamma :]
+    return _Columns(
+        mode=mode,
+        gamma=gamma,
+        steps=steps,
+        ints=dict(zip(REQ_INT_FIELDS, ints[: k * n].reshape(k, n), strict=True)),
+        rids=rids,
+        draft=ints[k * n :].reshape(n, gamma),
+        probs=probs,
+    )
+
+
+_step_tuple = attrgetter("forward_ct", "mode", *_RECORD_SCALARS)
+
+
+def _msgspec_columns(payload: bytes | str) -> _Columns | None:
+    """The columns from one msgspec decode, the per-position lists parsed by numpy."""
     try:
         info = msgspec.json.decode(payload, type=_ColumnarInfo)
     except (msgspec.ValidationError, msgspec.DecodeError):
@@ -323,10 +392,10 @@ def _columnar_batches(
         return None
     reqs = list(chain.from_iterable(rec.reqs for rec in info.records if rec.reqs is not None))
     n = len(reqs)
-    cols = empty_request_columns(n, gamma)
+    ints = {}
     try:
         for name in REQ_INT_FIELDS:
-            cols[name] = np.fromiter(map(attrgetter(name), reqs), dtype=np.int64, count=n)
+            ints[name] = np.fromiter(map(attrgetter(name), reqs), dtype=np.int64, count=n)
     except OverflowError:
         return None
     draft = _int_rows(b"".join(map(attrgetter("draft_tokens"), reqs)), n, gamma)
@@ -338,7 +407,27 @@ def _columnar_batches(
         probs[name] = _float_rows(text, n, gamma) if text else None
         if text and probs[name] is None:
             return None
-    rid_list = list(map(attrgetter("rid"), reqs))
+    steps = []
+    for rec in info.records:
+        forward_ct, mode, *scalars = _step_tuple(rec)
+        steps.append((forward_ct, mode, None if rec.reqs is None else len(rec.reqs), *scalars))
+    return _Columns(
+        mode=info.mode,
+        gamma=gamma,
+        steps=steps,
+        ints=ints,
+        rids=list(map(attrgetter("rid"), reqs)),
+        draft=draft,
+        probs=probs,
+    )
+
+
+def _assemble(columns: _Columns, rank: int, workload_of: WorkloadOf) -> list[StepBatch] | None:
+    """The steps of a payload's columns, or None where `record_to_batch` must decide."""
+    gamma, draft, probs, rid_list = columns.gamma, columns.draft, columns.probs, columns.rids
+    n = len(draft)
+    cols = empty_request_columns(n, gamma)
+    cols.update(columns.ints)
     cols["rid"] = np.array([*rid_list, None], dtype=object)[:n]
     all_rids = None not in rid_list
     if n and all_rids:
@@ -353,14 +442,14 @@ def _columnar_batches(
         return None
     out = []
     start = 0
-    for rec in info.records:
-        step_mode = rec.mode or info.mode
+    for forward_ct, mode, k, *values in columns.steps:
+        step_mode = mode or columns.mode
         if step_mode not in MODES:
             return None
-        scalars = {name: getattr(rec, name) for name in _RECORD_SCALARS}
-        if rec.reqs is None:
+        scalars = dict(zip(_RECORD_SCALARS, values, strict=True))
+        if k is None:
             batch = StepBatch(
-                forward_ct=rec.forward_ct,
+                forward_ct=forward_ct,
                 gamma=gamma,
                 mode=step_mode,
                 rank=rank,
@@ -368,10 +457,9 @@ def _columnar_batches(
                 **scalars,
             )
         else:
-            k = len(rec.reqs)
             rows = slice(start, start + k)
             start += k
-            if rec.bs not in (-1, k):
+            if scalars["bs"] not in (-1, k):
                 return None
             step_cols = {name: col[rows] for name, col in cols.items()}
             if k and not all_rids and None not in rid_list[rows]:
@@ -379,7 +467,7 @@ def _columnar_batches(
                 if step_cols["workload"].shape != (k,):
                     return None
             batch = StepBatch(
-                forward_ct=rec.forward_ct,
+                forward_ct=forward_ct,
                 gamma=gamma,
                 mode=step_mode,
                 rank=rank,
