@@ -265,13 +265,15 @@ walk(int g, long long steps, long long fct, long long rank, int one_rank, int as
     double rank_d = (double)rank;
 
     for (npy_intp r = 0; r < n; r++) {
-        if (S[r] < 0 || S[r] >= slots || A[r] < 0 || A[r] > W[r] || W[r] > g) {
+        if (S[r] < -1 || S[r] >= slots || A[r] < 0 || A[r] > W[r] || W[r] > g) {
             PyErr_SetString(PyExc_ValueError, "step rows outside the walker's bounds");
             return NULL;
         }
     }
+    /* a row without a slot (-1: not recorded) opens blocks that no later step continues */
     for (npy_intp r = 0; r < n; r++)
-        ROW[S[r]] = r;
+        if (S[r] >= 0)
+            ROW[S[r]] = r;
 
     /* one pass over the pool, in id order: first the open blocks this step continues,
        then (ids handed out below) the blocks it opens */
@@ -343,15 +345,17 @@ walk(int g, long long steps, long long fct, long long rank, int one_rank, int as
             double *f = BLK + b * FIELDS;
             int sampled = f[GREEDY] == 0.0;
             int64_t a = A[r];
-            int64_t shift = (int64_t)f[OPEN_PREFIX] - P[r]; /* tail j sits at offset j + shift */
+            /* tail j sits at offset j + shift of the row; positions are doubles, as in the
+               state row, so no prefix however large overflows */
+            double shift = f[OPEN_PREFIX] - (double)P[r];
             int j = (int)f[NEXT];
             int resolved = 0;
             for (; j < g; j++) {
-                int64_t off = j + shift;
-                if (off > a)
+                double at = j + shift;
+                if (at > (double)a)
                     break; /* not committed in this step: the block stays open */
-                if (off < 0)
-                    off = 0; /* cannot happen for a continuing request; kept in bounds */
+                /* below 0 cannot happen for a request that continues; kept in bounds */
+                int64_t off = at < 0.0 ? 0 : (int64_t)at;
                 int64_t tok = off < a ? D[r * g + off] : BON[r];
                 int64_t want = PT[b * g + j];
                 if (tok != want) {
@@ -372,7 +376,7 @@ walk(int g, long long steps, long long fct, long long rank, int one_rank, int as
             if (j >= g)
                 resolved = 1;
             f[NEXT] = j;
-            f[EXPECT] = (double)(P[r] + a + 1);
+            f[EXPECT] = (double)P[r] + (double)(a + 1);
             f[SEEN] = (double)steps;
             if (resolved) {
                 DONE[ndone] = b;
@@ -381,7 +385,8 @@ walk(int g, long long steps, long long fct, long long rank, int one_rank, int as
         }
     }
     for (npy_intp r = 0; r < n; r++)
-        ROW[S[r]] = -1;
+        if (S[r] >= 0)
+            ROW[S[r]] = -1;
     return Py_BuildValue("LLLLL", (long long)nfree, (long long)ngather, (long long)ndone,
                          (long long)n_opened, (long long)n_skipped);
 }

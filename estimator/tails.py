@@ -187,9 +187,11 @@ class TailWalker:
             if self.first_rank is None:
                 self.first_rank = batch.rank
             self.one_rank &= batch.rank == self.first_rank
-            top = int(batch.req_pool_index.max()) + 1  # every open block's slot came from a step
-            if top > len(self.row_of):
-                self.row_of = _grown(self.row_of, max(top, 2 * len(self.row_of), 64), -1)
+            # every open block's slot came from a step; the last entry stays -1, so that a
+            # row without a slot (-1) never continues a block
+            top = int(batch.req_pool_index.max()) + 1
+            if top >= len(self.row_of):
+                self.row_of = _grown(self.row_of, max(top + 1, 2 * len(self.row_of), 64), -1)
             if self.compiled:
                 self._advance_compiled(batch, group, gather)
             else:
@@ -352,6 +354,7 @@ class TailWalker:
         f = self.blk.take(ids, axis=0)
         pool = batch.req_pool_index
         self.row_of[pool] = np.arange(len(pool))
+        self.row_of[-1] = -1  # a slotless row (-1) wrote there
         rows = self.row_of.take(f[:, POOL].astype(np.int64))
         self.row_of[pool] = -1
         gone = rows < 0

@@ -202,6 +202,39 @@ def test_block_stays_pending_until_the_mismatch_steps_later():
     expect_block(out, rid="D", open_fct=0, resolved_fct=2, window=0, status=1, lo=3.0, hi=3.0)
 
 
+def test_rows_without_a_slot_walk_only_their_own_step():
+    """req_pool_index -1 (not recorded): a block resolves in its opening step or is
+    censored; no later step can be matched to it, and no slotted request is mixed in."""
+    tw = walker()
+    # E resolves at once (bonus 1 != tail[2] = 7); F's bonus matches its first tail draft
+    # and stays open; G holds the highest slot, the entry a slotless row would alias
+    out = step(
+        tw,
+        make_batch(
+            0,
+            [
+                Req("E", -1, 10, 2, 2, [5, 6, 7, 8], 1),
+                Req("F", -1, 20, 1, 1, [5, 6, 7, 8], 6),
+                Req("G", 3, 30, 1, 1, [5, 6, 7, 8], 6),
+            ],
+        ),
+    )
+    expect_block(out, rid="E", open_fct=0, resolved_fct=0, status=1, lo=2.0, hi=2.0)
+    assert tw.pending() == 2
+    # the next steps reject inside their windows (nothing new opens); their bonus 0 at
+    # the second tail position would resolve F, and does resolve G
+    out = step(
+        tw,
+        make_batch(
+            1,
+            [Req("F", -1, 22, 1, 0, [7, 0, 0, 0], 0), Req("G", 3, 32, 1, 0, [7, 0, 0, 0], 0)],
+        ),
+    )
+    expect_block(out, rid="G", open_fct=0, resolved_fct=1, status=1, lo=2.0, hi=2.0)
+    assert tw.pending() == 1  # F could not be followed
+    expect_block(tw.close(), rid="F", open_fct=0, status=2)
+
+
 def stub_extra(value: float, calls: list):
     def extrapolate(groups, start, conf):
         calls.append((np.asarray(groups).copy(), np.asarray(start).copy(), np.asarray(conf).copy()))
