@@ -177,11 +177,13 @@ typedef struct {
     const unsigned char *p, *end;
     Py_ssize_t list_len; /* length of every per-position list; -1 before the first */
     Py_ssize_t n;        /* request rows so far */
+    Py_ssize_t n_rids;   /* rows with a rid (not absent, not null) */
     Buf ints[N_REQ_INTS];
     Buf draft, conf, surv;
     Py_ssize_t n_conf, n_surv; /* rows that carried confidence / survival */
     Buf scratch;               /* for unescaping strings */
-    PyObject *rids;            /* list: str or None per row */
+    PyObject *rids;            /* list of str: the rids, a rid the previous step had at
+                                * the same position not repeated */
     Buf rid_text;              /* per row: a RidText, to reuse the previous step's str */
     Py_ssize_t step_first;     /* first row of the step being read */
     Py_ssize_t prev_first, prev_rows; /* rows of the last step read with reqs */
@@ -741,46 +743,51 @@ skip_string_list(Parser *s)
 
 /* ---- the three object levels ------------------------------------------------------ */
 
-/* Where a row's rid came from, so the next step's request at the same position can
- * reuse its str (SGLang keeps a batch's order from step to step): NULL unless the
- * rid was plain ASCII without escapes. */
+/* A row's rid: its index in s->rids (-1 for none) and, so that
+ * the next step's request at the same position can be matched by its text (SGLang
+ * keeps a batch's order from step to step), where its text lies: NULL unless plain
+ * ASCII without escapes. */
 typedef struct {
     const unsigned char *raw;
     size_t len;
+    int64_t code;
 } RidText;
 
 static int
-take_rid(Parser *s, PyObject **rid, RidText *text)
+take_rid(Parser *s, RidText *text)
 {
     const unsigned char *raw;
     size_t len;
     int escaped, ascii;
     const unsigned char *at = s->p;
+    PyObject *str;
     TRY(scan_string(s, &raw, &len, &escaped, &ascii));
     if (escaped || !ascii) {
         s->p = at;
-        return take_string(s, rid);
+        TRY(take_string(s, &str));
+        raw = NULL;
     }
-    Py_ssize_t j = s->n - s->step_first;
-    if (j < s->prev_rows) {
-        Py_ssize_t row = s->prev_first + j;
-        const RidText *prev = (const RidText *)s->rid_text.data + row;
-        if (prev->raw && prev->len == len && memcmp(prev->raw, raw, len) == 0) {
-            *rid = Py_NewRef(PyList_GET_ITEM(s->rids, row));
-            *text = *prev;
-            return OK;
+    else {
+        Py_ssize_t j = s->n - s->step_first;
+        if (j < s->prev_rows) {
+            const RidText *prev = (const RidText *)s->rid_text.data + s->prev_first + j;
+            if (prev->raw && prev->len == len && memcmp(prev->raw, raw, len) == 0) {
+                *text = *prev;
+                return OK;
+            }
         }
+        if (len > PY_SSIZE_T_MAX)
+            return DECLINE;
+        if ((str = PyUnicode_New((Py_ssize_t)len, 127)) == NULL)
+            return ERROR;
+        memcpy(PyUnicode_1BYTE_DATA(str), raw, len);
     }
-    if (len > PY_SSIZE_T_MAX)
-        return DECLINE;
-    PyObject *str = PyUnicode_New((Py_ssize_t)len, 127);
-    if (str == NULL)
-        return ERROR;
-    memcpy(PyUnicode_1BYTE_DATA(str), raw, len);
-    *rid = str;
     text->raw = raw;
     text->len = len;
-    return OK;
+    text->code = PyList_GET_SIZE(s->rids);
+    int rc = PyList_Append(s->rids, str) < 0 ? ERROR : OK;
+    Py_DECREF(str);
+    return rc;
 }
 
 /* One `ReqDetail`, as row s->n. Lists are parsed straight into the column buffers:
@@ -791,8 +798,7 @@ take_request(Parser *s)
 {
     int64_t ints[N_REQ_INTS];
     Py_ssize_t k;
-    PyObject *rid = NULL;
-    RidText text = {NULL, 0};
+    RidText text = {NULL, 0, -1};
     unsigned seen = 0;
     int rc = OK, key = N_REQ_KEYS - 1, more = 1;
     const size_t row = MAX_LIST * sizeof(int64_t); /* a list's most bytes */
@@ -821,7 +827,7 @@ take_request(Parser *s)
             s->draft.len += (size_t)k * sizeof(int64_t);
         }
         else if (key == K_RID) {
-            rc = take_null(s) ? OK : take_rid(s, &rid, &text);
+            rc = take_null(s) ? OK : take_rid(s, &text);
         }
         else if (!take_null(s)) { /* confidence or survival: null is as good as absent */
             Buf *b = key == K_CONF ? &s->conf : &s->surv;
@@ -845,13 +851,9 @@ take_request(Parser *s)
     }
     memcpy(s->rid_text.data + s->rid_text.len, &text, sizeof(text));
     s->rid_text.len += sizeof(text);
-    if (PyList_Append(s->rids, rid ? rid : Py_None) < 0) {
-        rc = ERROR;
-        goto done;
-    }
+    s->n_rids += text.code >= 0;
     s->n++;
 done:
-    Py_XDECREF(rid);
     return rc;
 }
 
@@ -1088,11 +1090,14 @@ cache_return(Parser *s, int lent)
 PyDoc_STRVAR(parse_doc,
 "parse(payload, max_gamma) -> tuple | None\n\n"
 "One rank's dspark_info_record JSON (a bytes-like object) as columns:\n"
-"(mode, gamma, records, n, data, has_confidence, has_survival, rids), where\n"
+"(mode, gamma, records, n, data, has_confidence, has_survival, rids, all_rids),\n"
+"where\n"
 "records holds one (forward_ct, mode, n_reqs | None, *STEP_FIELDS) tuple per step,\n"
 "data is a bytearray holding, one after the other, 7 int64 columns of n rows\n"
-"(REQ_INT_FIELDS order), draft_tokens as [n, gamma] int64, then confidence and\n"
-"survival as [n, gamma] float64 where present; rids a list of n str or None.\n"
+"(REQ_INT_FIELDS order), each row's rid as an int64 index into rids (-1: none),\n"
+"draft_tokens as [n, gamma] int64, then confidence and survival as [n, gamma]\n"
+"float64 where present; rids a list of str (a rid that the previous step had\n"
+"at the same position is not repeated), all_rids whether every row has one.\n"
 "None: not taken (any payload outside the narrow grammar SGLang writes); decode\n"
 "it the Python way.");
 
@@ -1133,7 +1138,7 @@ parse(PyObject *self, PyObject *args)
      * to the largest block freed), so its pages are not faulted in anew each time. */
     rc = ERROR;
     size_t column = (size_t)s.n * sizeof(int64_t);
-    size_t total = N_REQ_INTS * column + s.draft.len + s.conf.len * (s.n_conf != 0) +
+    size_t total = (N_REQ_INTS + 1) * column + s.draft.len + s.conf.len * (s.n_conf != 0) +
                    s.surv.len * (s.n_surv != 0);
     if ((data = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)total)) == NULL)
         goto done;
@@ -1141,6 +1146,8 @@ parse(PyObject *self, PyObject *args)
     for (int i = 0; i < N_REQ_INTS; i++, out += column)
         if (column)
             memcpy(out, s.ints[i].data, column);
+    for (Py_ssize_t i = 0; i < s.n; i++, out += sizeof(int64_t))
+        memcpy(out, &((const RidText *)s.rid_text.data)[i].code, sizeof(int64_t));
     const Buf *lists[3] = {&s.draft, s.n_conf ? &s.conf : NULL, s.n_surv ? &s.surv : NULL};
     for (int i = 0; i < 3; i++) {
         if (lists[i] && lists[i]->len) {
@@ -1148,8 +1155,8 @@ parse(PyObject *self, PyObject *args)
             out += lists[i]->len;
         }
     }
-    result = Py_BuildValue("(OLOnOiiO)", mode, (long long)gamma, s.records, s.n, data,
-                           s.n_conf != 0, s.n_surv != 0, s.rids);
+    result = Py_BuildValue("(OLOnOiiOi)", mode, (long long)gamma, s.records, s.n, data,
+                           s.n_conf != 0, s.n_surv != 0, s.rids, s.n_rids == s.n);
     rc = result ? OK : ERROR;
 done:
     PyBuffer_Release(&view);

@@ -323,7 +323,12 @@ class _Columns(msgspec.Struct, gc=False):
     gamma: int
     steps: list
     ints: dict
-    rids: list
+    rid: np.ndarray
+    #: which rows have a rid; None when all do
+    rid_present: np.ndarray | None
+    #: (rids, index): the rid column is rids[index], with fewer rids than rows, so the
+    #: workload is looked up once per rid; None where not known
+    rid_index: tuple[np.ndarray, np.ndarray] | None
     draft: np.ndarray
     probs: dict
 
@@ -358,10 +363,13 @@ def _compiled_columns(payload: bytes | str) -> _Columns | None:
     parsed = _compiled.parse(payload, MAX_GAMMA)
     if parsed is None:
         return None
-    mode, gamma, steps, n, data, has_conf, has_surv, rids = parsed
-    # one buffer: the integer columns, draft_tokens, then confidence and survival if there
+    mode, gamma, steps, n, data, has_conf, has_surv, rids, all_rids = parsed
+    # one buffer: the integer columns, the rid index, draft_tokens, then confidence and
+    # survival if there
     k = len(REQ_INT_FIELDS)
-    ints = np.frombuffer(data, dtype=np.int64, count=(k + gamma) * n)
+    ints = np.frombuffer(data, dtype=np.int64, count=(k + 1 + gamma) * n)
+    index = ints[k * n : (k + 1) * n]
+    rid_values = np.array([*rids, None], dtype=object)
     floats = np.frombuffer(data, dtype=np.float64, offset=ints.nbytes)
     probs = {"confidence": None, "survival": None}
     for name, present in (("confidence", has_conf), ("survival", has_surv)):
@@ -372,8 +380,10 @@ def _compiled_columns(payload: bytes | str) -> _Columns | None:
         gamma=gamma,
         steps=steps,
         ints=dict(zip(REQ_INT_FIELDS, ints[: k * n].reshape(k, n), strict=True)),
-        rids=rids,
-        draft=ints[k * n :].reshape(n, gamma),
+        rid=rid_values[index],  # index -1 (no rid) picks the None at the end
+        rid_present=None if all_rids else index >= 0,
+        rid_index=(rid_values[:-1], index) if all_rids else None,
+        draft=ints[(k + 1) * n :].reshape(n, gamma),
         probs=probs,
     )
 
@@ -407,6 +417,7 @@ def _msgspec_columns(payload: bytes | str) -> _Columns | None:
         probs[name] = _float_rows(text, n, gamma) if text else None
         if text and probs[name] is None:
             return None
+    rids = list(map(attrgetter("rid"), reqs))
     steps = []
     for rec in info.records:
         forward_ct, mode, *scalars = _step_tuple(rec)
@@ -416,7 +427,9 @@ def _msgspec_columns(payload: bytes | str) -> _Columns | None:
         gamma=gamma,
         steps=steps,
         ints=ints,
-        rids=list(map(attrgetter("rid"), reqs)),
+        rid=np.array([*rids, None], dtype=object)[:n],
+        rid_present=None if None not in rids else np.array([r is not None for r in rids]),
+        rid_index=None,
         draft=draft,
         probs=probs,
     )
@@ -424,16 +437,27 @@ def _msgspec_columns(payload: bytes | str) -> _Columns | None:
 
 def _assemble(columns: _Columns, rank: int, workload_of: WorkloadOf) -> list[StepBatch] | None:
     """The steps of a payload's columns, or None where `record_to_batch` must decide."""
-    gamma, draft, probs, rid_list = columns.gamma, columns.draft, columns.probs, columns.rids
+    gamma, draft, probs, present = columns.gamma, columns.draft, columns.probs, columns.rid_present
     n = len(draft)
-    cols = empty_request_columns(n, gamma)
+    # the columns no SGLang field fills, as `empty_request_columns` fills them
+    cols = {
+        name: np.full(n, col[0], dtype=col.dtype)
+        for name, col in empty_request_columns(1, gamma).items()
+        if name not in columns.ints and name not in ("rid", "workload")
+    }
     cols.update(columns.ints)
-    cols["rid"] = np.array([*rid_list, None], dtype=object)[:n]
-    all_rids = None not in rid_list
-    if n and all_rids:
-        cols["workload"] = workload_of(cols["rid"])
-        if cols["workload"].shape != (n,):
-            return None
+    cols["rid"] = columns.rid
+    if n and present is None:
+        if columns.rid_index is not None:
+            rids, index = columns.rid_index
+            names = workload_of(rids)
+            if names.shape != rids.shape:
+                return None
+            cols["workload"] = names[index]
+        else:
+            cols["workload"] = workload_of(cols["rid"])
+            if cols["workload"].shape != (n,):
+                return None
     else:
         cols["workload"] = np.full(n, "other", dtype=object)
     try:
@@ -462,7 +486,7 @@ def _assemble(columns: _Columns, rank: int, workload_of: WorkloadOf) -> list[Ste
             if scalars["bs"] not in (-1, k):
                 return None
             step_cols = {name: col[rows] for name, col in cols.items()}
-            if k and not all_rids and None not in rid_list[rows]:
+            if k and present is not None and present[rows].all():
                 step_cols["workload"] = workload_of(step_cols["rid"])
                 if step_cols["workload"].shape != (k,):
                     return None
