@@ -15,6 +15,10 @@ from ..telemetry import StepBatch
 OTHER = "other"
 
 
+#: Most workload tables (one per distinct `workload_names` tuple, mode and rank) kept.
+_LUT_LIMIT = 4096
+
+
 class GroupIndex:
     def __init__(self, workload_cap: int = 16) -> None:
         if workload_cap < 1:
@@ -53,6 +57,10 @@ class GroupIndex:
             key = (batch.mode, batch.rank, batch.workload_names)
             lut = self._lut.get(key)
             if lut is None:
+                # SGLang's decoder names each step's own workloads, so the keys vary with
+                # what the rids say: bounded, or a stream of new names would grow it
+                if len(self._lut) >= _LUT_LIMIT:
+                    self._lut.clear()
                 lut = np.array(
                     [self.group(w, batch.mode, batch.rank) for w in batch.workload_names],
                     dtype=np.int64,

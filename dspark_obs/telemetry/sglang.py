@@ -9,7 +9,7 @@ a batch back reproduces the server's JSON byte for byte.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from itertools import chain
+from itertools import chain, compress
 from operator import attrgetter
 
 import msgspec
@@ -124,6 +124,17 @@ def _no_workload(rids: np.ndarray) -> np.ndarray:
     return np.full(len(rids), "other", dtype=object)
 
 
+def _categories(workload: np.ndarray) -> dict[str, object]:
+    """A step's workload column in categorical form (`StepBatch.workload_codes` into
+    `workload_names`, its distinct names sorted), so that the aggregates group its rows
+    with a table lookup instead of sorting strings at every step."""
+    names, codes = np.unique(workload.astype(str), return_inverse=True)
+    return {
+        "workload_codes": codes.reshape(-1).astype(np.int64, copy=False),
+        "workload_names": tuple(names.tolist()),
+    }
+
+
 def decode_info_record(payload: bytes | str | dict) -> InfoRecord:
     """Parse one rank's `dspark_info_record` (JSON text or an already-decoded dict)."""
     if not isinstance(payload, (bytes, str, dict)):
@@ -229,6 +240,7 @@ def record_to_batch(
         rank=rank,
         **scalars,
         **cols,
+        **_categories(cols["workload"]),
         **matrices,
     )
     return _validated(rec, batch)
@@ -447,19 +459,25 @@ def _assemble(columns: _Columns, rank: int, workload_of: WorkloadOf) -> list[Ste
     }
     cols.update(columns.ints)
     cols["rid"] = columns.rid
-    if n and present is None:
-        if columns.rid_index is not None:
-            rids, index = columns.rid_index
-            names = workload_of(rids)
-            if names.shape != rids.shape:
-                return None
-            cols["workload"] = names[index]
-        else:
+    if n and present is None and columns.rid_index is not None:
+        # a workload per rid rather than per row, and its categories from those
+        rids, index = columns.rid_index
+        names = workload_of(rids)
+        if names.shape != rids.shape:
+            return None
+        cols["workload"] = names[index]
+        categories, codes = np.unique(names.astype(str), return_inverse=True)
+        codes = codes.reshape(-1)[index]
+    else:
+        if n and present is None:
             cols["workload"] = workload_of(cols["rid"])
             if cols["workload"].shape != (n,):
                 return None
-    else:
-        cols["workload"] = np.full(n, "other", dtype=object)
+        else:
+            cols["workload"] = np.full(n, "other", dtype=object)
+        categories, codes = np.unique(cols["workload"].astype(str), return_inverse=True)
+        codes = codes.reshape(-1)
+    categories = categories.tolist()
     try:
         StepBatch(forward_ct=0, gamma=gamma, **cols, draft_tokens=draft, **probs).validate_rows()
     except InvalidBatch:
@@ -490,6 +508,19 @@ def _assemble(columns: _Columns, rank: int, workload_of: WorkloadOf) -> list[Ste
                 step_cols["workload"] = workload_of(step_cols["rid"])
                 if step_cols["workload"].shape != (k,):
                     return None
+                step_cols.update(_categories(step_cols["workload"]))
+            elif k:
+                # the payload's categories narrowed to those of this step, as
+                # `_categories` of the step's own column gives them
+                step_codes = codes[rows]
+                seen = np.zeros(len(categories), dtype=bool)
+                seen[step_codes] = True
+                if not seen.all():
+                    step_codes = (np.cumsum(seen) - 1)[step_codes]
+                step_cols["workload_codes"] = step_codes
+                step_cols["workload_names"] = tuple(compress(categories, seen))
+            else:
+                step_cols.update(_categories(step_cols["workload"]))
             batch = StepBatch(
                 forward_ct=forward_ct,
                 gamma=gamma,
