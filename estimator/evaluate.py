@@ -14,9 +14,12 @@ their expectations (`var`); the truth mean should fall inside it.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import polars as pl
 
+from dspark_obs.analysis.workload_codes import workload_code
 from dspark_obs.store import Run
 
 from .online import CeilingEstimator
@@ -106,33 +109,31 @@ def _all_steps(stats: dict, walked: pl.DataFrame, gamma: int) -> dict:
     }
 
 
-def _population(req: pl.LazyFrame, names: list, gamma: int) -> list[dict]:
-    """The population model per workload, fitted in one pass over the confidence matrix.
+def _population_rows(req: pl.LazyFrame, names: list, gamma: int) -> tuple:
+    """`population_estimates`' arguments: group, window, accepted and the confidence matrix.
 
     A row without confidence (a source with no confidence head) falls into the
-    pooled stratum, as NaN confidence does in `HazardModel`.
+    pooled stratum, as NaN confidence does in `HazardModel`. The polars frame
+    is dropped here, so only the numpy copies stay in memory during the fit.
     """
     known = [n for n in names if n is not None]  # sorted with None last, so None is len(known)
-    code = pl.col("workload").replace_strict(known, list(range(len(known))), default=len(known))
     # a null confidence row becomes a NaN row in to_numpy, the pooled stratum
-    rows = req.select(code.alias("group"), "window", "correct_drafts", "confidence").collect()
+    rows = req.select(workload_code(known), "window", "correct_drafts", "confidence").collect()
     confidence = rows["confidence"].to_numpy().reshape(-1, gamma)
-    return population_estimates(
+    return (
         rows["group"].to_numpy(),
         rows["window"].to_numpy(),
         rows["correct_drafts"].to_numpy(),
         None if np.isnan(confidence).all() else confidence,
-        gamma,
-        groups=len(names),
     )
 
 
 def evaluate(run: Run) -> dict:
     """The `dspark-obs estimate --json` object.
 
-    Lazy throughout: the truth joins only trimmed request-steps, and the
-    population model reads one workload's columns at a time, so a run of tens
-    of millions of request-steps fits in memory.
+    Lazy where it can be: the truth joins only trimmed request-steps, and the
+    population model reads its four columns once, as numpy arrays that it fits
+    in a worker thread while that join runs.
     """
     gamma = int(run.manifest["gamma"])
     if "requests" not in run.tables():  # walks only (an ingested block-accept JSONL)
@@ -174,20 +175,26 @@ def evaluate(run: Run) -> dict:
         .iter_rows(named=True)
     }
     names = sorted(stats, key=lambda w: (w is None, w))
-    pops = _population(req, names, gamma)  # first: its rows are freed before the join
-    keys = ["rank", "forward_ct", "rid"]
-    blocks = walked_blocks(run)
-    if blocks.collect_schema().names():
-        used = ("workload", "method", "status", "window", "lo", "point", "hi", "var")
-        blocks = (
-            blocks.select(*keys, *used)
-            .join(req.filter(trimmed).select(*keys, "truth"), on=keys, how="left")
-            .drop(keys)
-            .collect()
-        )
-    else:
-        blocks = pl.DataFrame()
-    by_workload = blocks.partition_by("workload", as_dict=True) if blocks.height else {}
+    rows = _population_rows(req, names, gamma)
+    with ThreadPoolExecutor(1, thread_name_prefix="population") as pool:
+        # the model is numpy on one core: it fits while polars joins the walks with
+        # their truth, instead of leaving the other core idle
+        fit = pool.submit(population_estimates, *rows, gamma, groups=len(names))
+        del rows
+        keys = ["rank", "forward_ct", "rid"]
+        blocks = walked_blocks(run)
+        if blocks.collect_schema().names():
+            used = ("workload", "method", "status", "window", "lo", "point", "hi", "var")
+            blocks = (
+                blocks.select(*keys, *used)
+                .join(req.filter(trimmed).select(*keys, "truth"), on=keys, how="left")
+                .drop(keys)
+                .collect()
+            )
+        else:
+            blocks = pl.DataFrame()
+        by_workload = blocks.partition_by("workload", as_dict=True) if blocks.height else {}
+    pops = fit.result()
     empty = blocks.clear() if blocks.width else blocks
     out = {"run": str(run.path), "gamma": gamma, "workloads": {}}
     for name, pop in zip(names, pops, strict=True):

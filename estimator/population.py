@@ -199,30 +199,37 @@ class HazardModel:
             base = (grp.astype(np.int32) * (gam * B))[:, None] + np.arange(0, gam * B, B, np.int32)
             cell = base + np.minimum(codes, B - 1)
             size = G * gam * B
+            # one histogram counts both the cell's blocks and those at risk in it:
+            # key 2 * cell + (at risk), so no masked copy of the cells is made
             at_risk = np.arange(gam)[None, :] < reach[:, None]
+            pair = cell * 2 + at_risk
             rows = np.flatnonzero(event)
             if pooled.any():
                 strat = ~pooled
-                at_risk &= strat
                 rows = rows[strat[rows, a[rows]]]
-                flat_cells = cell[strat]
+                flat_pairs, flat_cells = pair[strat], cell[strat]
                 flat_c = np.asarray(confidence, dtype=np.float64)[strat]
             else:  # the usual case: every position has a confidence
-                flat_cells = cell.ravel()
+                flat_pairs, flat_cells = pair.ravel(), cell.ravel()
                 flat_c = np.asarray(confidence, dtype=np.float64).ravel()
-            self._n += np.bincount(cell[at_risk], minlength=size).reshape(G, gam, B)
+            both = np.bincount(flat_pairs, minlength=2 * size).reshape(G, gam, B, 2)
+            self._n += both[..., 1]
+            self._ccnt += both[..., 0] + both[..., 1]
             self._d += np.bincount(cell[rows, a[rows]], minlength=size).reshape(G, gam, B)
-            self._ccnt += np.bincount(flat_cells, minlength=size).reshape(G, gam, B)
             self._csum += np.bincount(flat_cells, weights=flat_c, minlength=size).reshape(G, gam, B)
 
-        order = np.argsort(grp, kind="stable")
-        ids, starts = np.unique(grp[order], return_index=True)
-        for g, rows in zip(ids.tolist(), np.split(order, starts[1:]), strict=True):
-            rows = rows[-self.reservoir :]
-            slot = (self._head[g] + np.arange(len(rows))) % self.reservoir
-            self._ring[g, slot] = codes[rows]
-            self._head[g] = (self._head[g] + len(rows)) % self.reservoir
-            self._fill[g] = min(self._fill[g] + len(rows), self.reservoir)
+        # each group's newest blocks into its ring, in order: at most two slices (the
+        # ring wraps once), written by slice rather than by per-row fancy index
+        for g in np.flatnonzero(hist.any(axis=1)).tolist():
+            mine = (codes if len(hist) == 1 else np.compress(grp == g, codes, axis=0))[
+                -self.reservoir :
+            ]
+            k, head = len(mine), int(self._head[g])
+            first = min(k, self.reservoir - head)
+            self._ring[g, head : head + first] = mine[:first]
+            self._ring[g, : k - first] = mine[first:]
+            self._head[g] = (head + k) % self.reservoir
+            self._fill[g] = min(self._fill[g] + k, self.reservoir)
 
     # -- hazards -----------------------------------------------------------
 
@@ -290,12 +297,18 @@ class HazardModel:
         offset = (np.arange(self.gamma) * width)[None, :]
         keep, known = (1.0 - hazard[g]).ravel(), data[g].ravel()
         s_sum = np.zeros(self.gamma)
-        data_sum = np.zeros(self.gamma)
+        visits = np.zeros(self.gamma * width, np.int64)  # blocks per (position, bin)
         for lo in range(0, len(codes), UPDATE_CHUNK):
             idx = offset + codes[lo : lo + UPDATE_CHUNK]  # flat (position, bin) per block
-            s_sum += np.cumprod(keep.take(idx), axis=1).sum(axis=0)
-            data_sum += known.take(idx).sum(axis=0)
+            s = keep.take(idx)
+            # the running product column by column: the same products as cumprod(axis=1),
+            # which loops per row of 7 and costs five times as much
+            for j in range(1, self.gamma):
+                s[:, j] *= s[:, j - 1]
+            s_sum += s.sum(axis=0)
+            visits += np.bincount(idx.ravel(), minlength=len(visits))
         s = s_sum / len(codes)
+        data_sum = (visits * known).reshape(self.gamma, width).sum(axis=1)
         share = np.cumsum(data_sum / len(codes)) / np.arange(1, self.gamma + 1)
         # S_j rests on every S_i before it: once unidentified, it stays so
         return s, np.logical_and.accumulate(share >= IDENTIFIABLE_SHARE)

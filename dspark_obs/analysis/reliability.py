@@ -21,6 +21,7 @@ import polars as pl
 from ..calibration import CalibrationAccumulator
 from ..calibration.metrics import EPS_PROB
 from ..store import Run
+from .workload_codes import workload_code
 
 RECORDED = "survival"
 RAW = "raw"
@@ -58,10 +59,7 @@ def calibration_histograms(
     )
     known_names = [n for n in names if n is not None]
     base = req.select(
-        pl.col("workload")
-        .replace_strict(known_names, list(range(len(known_names))), default=len(known_names))
-        .cast(pl.Int64)
-        .alias("group"),
+        workload_code(known_names),
         pl.col("correct_drafts").cast(pl.Int16),  # counts are at most gamma
         pl.col("window").cast(pl.Int16),
         pl.coalesce("ceiling", "shadow_ceiling").cast(pl.Int16).alias("known"),
