@@ -202,9 +202,7 @@ class TailWalker:
             return {}
         return self.settle(extrapolate, batch.forward_ct)
 
-    def _advance_compiled(
-        self, batch: StepBatch, group: np.ndarray, gather: Gather | None
-    ) -> None:
+    def _advance_compiled(self, batch: StepBatch, group: np.ndarray, gather: Gather | None) -> None:
         """The same pass as `_advance`, in C: a loop over the step's blocks costs less
         than numpy's per-call overhead on arrays this small."""
         n = batch.num_reqs

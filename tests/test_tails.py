@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 import pytest
-from dspark_obs.estimator.online import CeilingEstimator
 from dspark_obs.estimator import tails
+from dspark_obs.estimator.online import CeilingEstimator
 from dspark_obs.estimator.tails import TailWalker
 from hypothesis import given, settings
 from hypothesis import strategies as st
