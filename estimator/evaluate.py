@@ -187,7 +187,14 @@ def evaluate(run: Run) -> dict:
             used = ("workload", "method", "status", "window", "lo", "point", "hi", "var")
             blocks = (
                 blocks.select(*keys, *used)
-                .join(req.filter(trimmed).select(*keys, "truth"), on=keys, how="left")
+                # in the blocks' order, so that sums over them, and the report, repeat
+                # bit for bit from run to run
+                .join(
+                    req.filter(trimmed).select(*keys, "truth"),
+                    on=keys,
+                    how="left",
+                    maintain_order="left",
+                )
                 .drop(keys)
                 .collect()
             )

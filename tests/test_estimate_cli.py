@@ -124,6 +124,15 @@ def test_method_means_match_the_parquet(report, tables, method):
             assert (part["lo"] <= part["point"]).all() and (part["point"] <= part["hi"]).all()
 
 
+def test_estimate_repeats_bit_for_bit(report, compact_run):
+    """polars joins and sums in parallel; the walks keep their order, so a second
+    estimate of the same run prints the same bytes."""
+    run, _ = compact_run
+    again = cli("estimate", str(run), "--json").stdout
+    assert json.loads(again) == report
+    assert again == cli("estimate", str(run), "--json").stdout
+
+
 def test_text_output_names_every_workload(compact_run):
     run, summary = compact_run
     out = cli("estimate", str(run)).stdout
