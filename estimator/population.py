@@ -338,13 +338,15 @@ class HazardModel:
         hazard, _ = self._tables()
         gam = self.gamma
         width = hazard.shape[2]
-        # position-major [gamma, k]: numpy's cumulative product then runs down the short
-        # axis as gamma vector multiplies instead of one small loop per block
+        # position-major [gamma, k], the running product one position row at a time:
+        # gamma vector multiplies, where numpy's cumprod along either axis of so short a
+        # dimension costs about five times as much
         pos = np.arange(gam)[:, None]
         cell = (grp * (gam * width))[None, :] + pos * width + codes.T
         after = pos >= st[None, :]
         keep = np.where(after, 1.0 - hazard.take(cell), 1.0)
-        np.cumprod(keep, axis=0, out=keep)
+        for j in range(1, gam):
+            keep[j] *= keep[j - 1]
         return np.where(after, keep, 0.0).sum(axis=0)
 
 
