@@ -108,6 +108,11 @@ class HazardModel:
         self._fill = np.zeros(0, np.int64)
         self._head = np.zeros(0, np.int64)
         self._cache: tuple[np.ndarray, np.ndarray] | None = None
+        # per reach r (row) and position j: 2 * (j's first cell) + (j < r)
+        j = np.arange(g)
+        self._pair_rows = (2 * bins * j[None, :] + (j[None, :] < np.arange(g + 1)[:, None])).astype(
+            np.int32
+        )
 
     # -- state -------------------------------------------------------------
 
@@ -195,14 +200,15 @@ class HazardModel:
 
         pooled = codes == B
         if not pooled.all():
-            # (group, position, bin) cell per entry; int32 halves the memory traffic
-            base = (grp.astype(np.int32) * (gam * B))[:, None] + np.arange(0, gam * B, B, np.int32)
-            cell = base + np.minimum(codes, B - 1)
             size = G * gam * B
-            # one histogram counts both the cell's blocks and those at risk in it:
-            # key 2 * cell + (at risk), so no masked copy of the cells is made
-            at_risk = np.arange(gam)[None, :] < reach[:, None]
-            pair = cell * 2 + at_risk
+            # one histogram counts both the cell's blocks and those at risk in it: key
+            # 2 * (group, position, bin) cell + (at risk), so no masked copy of the cells is
+            # made; int32 halves the memory traffic. The positions' part comes from a table
+            # row per reach: comparing [n, 1] with [1, gamma] costs numpy a loop per row.
+            pair = self._pair_rows.take(reach, axis=0)
+            pair += np.minimum(codes, B - 1).astype(np.int32) * 2
+            pair += (grp.astype(np.int32) * (2 * gam * B))[:, None]
+            cell = pair >> 1
             rows = np.flatnonzero(event)
             if pooled.any():
                 strat = ~pooled

@@ -184,6 +184,40 @@ def test_survival_is_a_non_increasing_probability(blocks, bins, min_at_risk, wit
 
 
 @settings(max_examples=150, deadline=None)
+@given(_blocks(), st.integers(1, 12), st.data())
+def test_cell_counts_match_a_per_block_loop(blocks, bins, data):
+    """At-risk, event, visit and confidence-sum counts per (group, position, bin), and the
+    pooled Kaplan-Meier counts, against the definitions walked block by block; some
+    entries without confidence (NaN) go to the pooled stratum only."""
+    gamma, w, a, conf, groups = blocks
+    missing = np.array(data.draw(st.lists(st.booleans(), min_size=conf.size, max_size=conf.size)))
+    conf = np.where(missing.reshape(conf.shape), np.nan, conf)
+    m = HazardModel(gamma, bins=bins)
+    m.update(groups, w, a, conf)
+    shape = (int(groups.max()) + 1, gamma, bins)
+    n, d, cnt, csum = np.zeros(shape), np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    n0, d0 = np.zeros(shape[:2]), np.zeros(shape[:2])
+    for g, wi, ai, ci in zip(groups, w, a, conf, strict=True):
+        for j in range(gamma):
+            at_risk = j <= ai and j < wi
+            n0[g, j] += at_risk
+            d0[g, j] += j == ai < wi
+            if np.isnan(ci[j]):
+                continue
+            k = min(int(ci[j] * bins), bins - 1)
+            n[g, j, k] += at_risk
+            d[g, j, k] += j == ai < wi
+            cnt[g, j, k] += 1
+            csum[g, j, k] += ci[j]
+    np.testing.assert_array_equal(m._n, n)
+    np.testing.assert_array_equal(m._d, d)
+    np.testing.assert_array_equal(m._ccnt, cnt)
+    np.testing.assert_allclose(m._csum, csum, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(m._n0, n0)
+    np.testing.assert_array_equal(m._d0, d0)
+
+
+@settings(max_examples=150, deadline=None)
 @given(_blocks(censored=False), st.integers(1, 12), st.booleans())
 def test_without_censoring_the_estimate_is_the_empirical_survival(blocks, bins, shared_conf):
     """Every block fully verified: a is the ceiling, and KM (or one shared bin path) is exact."""
