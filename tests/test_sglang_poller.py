@@ -25,9 +25,11 @@ from bench.serve_child import serve_args
 from dspark_obs.pipeline import IngestStats
 from dspark_obs.sources.sglang_poller import SGLangPoller
 from dspark_obs.sources.workloads import workload_rule
+from dspark_obs.telemetry.sglang import decode_info_record
 
 from .prometheus_harness import free_port
 from .test_serve_cli import Child
+from .test_sglang_columnar import assert_same
 
 SAMPLE = Path(__file__).parent / "data" / "sglang" / "server_info.compact.greedy.json"
 
@@ -219,6 +221,34 @@ def test_a_bad_record_is_counted_and_the_rest_kept(sample_info):
     assert len(got) == 4
     assert stats.snapshot()[1][(poller.name, "bad_record")] == 1
     stub.close()
+
+
+def test_a_valid_poll_is_converted_in_one_pass_as_record_by_record(sample_info, monkeypatch):
+    """Each rank's records go through the one-pass conversion (never a Python object per
+    number); the batches are what converting each record gives, and a poll with a bad
+    record still goes record by record (see the test above)."""
+    from dspark_obs.sources import sglang_poller
+
+    per_record_calls = []
+    real = sglang_poller.record_to_batch
+    monkeypatch.setattr(
+        sglang_poller,
+        "record_to_batch",
+        lambda *a, **k: per_record_calls.append(1) or real(*a, **k),
+    )
+    workload_of = workload_rule(r"^(?P<workload>[a-z0-9]+)-")
+    stub = Stub(copy.deepcopy(sample_info))
+    poller = SGLangPoller(stub.url, stats=IngestStats(), interval=0.05, workload_of=workload_of)
+    n = len(sample_info["records"])
+    got = collect(poller, threading.Event(), lambda out: len(out) >= n)
+    stub.close()
+    assert per_record_calls == [] and poller.mode == sample_info["mode"]
+    info = decode_info_record(sample_info)
+    want = [
+        real(rec, gamma=info.gamma, mode=info.mode, rank=0, workload_of=workload_of)
+        for rec in info.records
+    ]
+    assert_same(got, want)
 
 
 def test_bearer_token(sample_info, tmp_path):

@@ -19,6 +19,12 @@ over. Gaps are counted as dropped steps. A component the server does not dump
 byte limit, a record that breaks the schema) is counted by reason and logged
 once per reason; the poller backs off and keeps trying, and `dspark_source_up`
 says whether it is getting data.
+
+A rank's records are converted in one pass over their JSON text (the compiled
+parser where it is built): at B = 256 a record-by-record conversion costs
+milliseconds per step, more than a busy server's step rate allows. A rank whose
+records are not all plainly valid goes record by record instead, so that each
+bad record is counted by its reason and the rest are kept.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
+from msgspec import Raw
 
 from ..pipeline import IngestStats
 from ..telemetry import StepBatch
@@ -43,6 +50,7 @@ from ..telemetry.sglang import (
     check_rank_count,
     decode_info_record,
     decode_step_record,
+    info_record_to_batches,
     record_to_batch,
 )
 from .sglang_http import DEFAULT_MAX_BYTES, ResponseTooLarge, SGLangClient
@@ -51,6 +59,23 @@ log = logging.getLogger(__name__)
 
 #: Ranks of the n-th polled server are offset by n * RANK_STRIDE so series stay apart.
 RANK_STRIDE = 1000
+
+
+class _ServerInfo(msgspec.Struct):
+    """`GET /server_info`, each rank's state kept as its JSON text: only the record is read."""
+
+    internal_states: list[Raw]
+
+
+class _RankState(msgspec.Struct):
+    dspark_info_record: Raw = Raw(b"null")
+
+
+class _Envelope(msgspec.Struct):
+    """A `dspark_info_record` without its records, for a payload converted in one pass."""
+
+    mode: str
+    components: list[str]
 
 
 def read_api_key(path: Path | None = None) -> str | None:
@@ -120,15 +145,17 @@ class SGLangPoller:
             return "bad_json"
         return "poll_failed"
 
-    def _decode(self, raw: bytes) -> list:
+    def _decode(self, raw: bytes) -> list[Raw]:
+        """Each rank's state as JSON text: the records of a rank are converted in one pass
+        over their text (`_rank_batches`), never as a Python object per number."""
         try:
-            data = msgspec.json.decode(raw)
+            info = msgspec.json.decode(raw, type=_ServerInfo)
+        except msgspec.ValidationError:
+            raise SGLangFormatError("server_info has no internal_states list", "bad_json") from None
         except msgspec.DecodeError as exc:
             raise ValueError(f"truncated or invalid JSON ({exc})") from None
-        if not isinstance(data, dict) or not isinstance(data.get("internal_states"), list):
-            raise SGLangFormatError("server_info has no internal_states list", "bad_json")
-        check_rank_count(data["internal_states"])
-        return data["internal_states"]
+        check_rank_count(info.internal_states)
+        return info.internal_states
 
     def _report_once(self, key: str, message: str) -> None:
         if key not in self._reported:
@@ -175,10 +202,21 @@ class SGLangPoller:
             yield from self._records(states)
             stop.wait(max(0.0, self.interval - (time.monotonic() - start)))
 
-    def _records(self, states: list) -> Iterator[StepBatch]:
-        for dp_rank, state in enumerate(states):
+    def _records(self, states: list[Raw]) -> Iterator[StepBatch]:
+        for dp_rank, state_raw in enumerate(states):
             rank = self.rank_offset + dp_rank
-            info_raw = state.get("dspark_info_record") if isinstance(state, dict) else None
+            try:
+                record_raw = msgspec.json.decode(state_raw, type=_RankState).dspark_info_record
+            except msgspec.ValidationError:  # a state that is not an object has no record
+                record_raw = Raw(b"null")
+            if bytes(record_raw) != b"null":
+                batches = self._rank_batches(record_raw, rank)
+                if batches is not None:
+                    yield from self._fresh(rank, dp_rank, batches)
+                    continue
+            # anything the one-pass conversion does not take, record by record: one bad
+            # record must not cost the rest, and each is counted by its reason
+            info_raw = msgspec.json.decode(record_raw)
             if info_raw is None:
                 self._report_once(
                     f"norecord{dp_rank}",
@@ -199,31 +237,8 @@ class SGLangPoller:
                     info.records.append(decode_step_record(raw))
                 except SGLangFormatError as exc:
                     self.stats.error(self.name, exc.reason, str(exc))
-            self.mode = info.mode
-            self.timed |= bool({"step_cpu_time", "step_gpu_time"} & set(info.components))
-            if "reqs" not in info.components:
-                self._report_once(
-                    "noreqs",
-                    "records carry no `reqs` component: per-request "
-                    "metrics (windows, ceilings, calibration) are unavailable",
-                )
-            records = sorted(info.records, key=lambda r: r.forward_ct)
-            if records and rank in self.last_fct and records[-1].forward_ct < self.last_fct[rank]:
-                self._report_once(
-                    f"restart{rank}", f"rank {dp_rank}: step counter went back; server restarted"
-                )
-                self.stats.error(self.name, "server_restart", "step counter went backwards")
-                del self.last_fct[rank]
-            for rec in records:
-                last = self.last_fct.get(rank)
-                if last is not None and rec.forward_ct <= last:
-                    self.duplicates += 1
-                    continue
-                if last is not None and rec.forward_ct > last + 1:
-                    gap = rec.forward_ct - last - 1
-                    self.dropped_steps += gap
-                    self.stats.error(self.name, "dropped_steps", f"{gap} steps missing", count=gap)
-                self.last_fct[rank] = rec.forward_ct
+            self._note_envelope(info.mode, info.components)
+            for rec in self._fresh(rank, dp_rank, info.records):
                 try:
                     kwargs = {} if self.workload_of is None else {"workload_of": self.workload_of}
                     yield record_to_batch(
@@ -231,3 +246,46 @@ class SGLangPoller:
                     )
                 except SGLangFormatError as exc:
                     self.stats.error(self.name, exc.reason, str(exc))
+
+    def _note_envelope(self, mode: str, components: list) -> None:
+        self.mode = mode
+        self.timed |= bool({"step_cpu_time", "step_gpu_time"} & set(components))
+        if "reqs" not in components:
+            self._report_once(
+                "noreqs",
+                "records carry no `reqs` component: per-request "
+                "metrics (windows, ceilings, calibration) are unavailable",
+            )
+
+    def _rank_batches(self, record_raw: Raw, rank: int) -> list[StepBatch] | None:
+        """A rank's steps converted in one pass, or None where a record needs a closer look."""
+        kwargs = {} if self.workload_of is None else {"workload_of": self.workload_of}
+        try:
+            batches = info_record_to_batches(bytes(record_raw), rank=rank, **kwargs)
+            envelope = msgspec.json.decode(record_raw, type=_Envelope)
+        except (InvalidBatch, TypeError, ValueError, msgspec.MsgspecError):
+            return None
+        self._note_envelope(envelope.mode, envelope.components)
+        return batches
+
+    def _fresh(self, rank: int, dp_rank: int, steps: list) -> Iterator:
+        """The steps (records or batches) this rank has not delivered yet, oldest first;
+        a restart, duplicates and gaps are counted."""
+        steps = sorted(steps, key=lambda r: r.forward_ct)
+        if steps and rank in self.last_fct and steps[-1].forward_ct < self.last_fct[rank]:
+            self._report_once(
+                f"restart{rank}", f"rank {dp_rank}: step counter went back; server restarted"
+            )
+            self.stats.error(self.name, "server_restart", "step counter went backwards")
+            del self.last_fct[rank]
+        for step in steps:
+            last = self.last_fct.get(rank)
+            if last is not None and step.forward_ct <= last:
+                self.duplicates += 1
+                continue
+            if last is not None and step.forward_ct > last + 1:
+                gap = step.forward_ct - last - 1
+                self.dropped_steps += gap
+                self.stats.error(self.name, "dropped_steps", f"{gap} steps missing", count=gap)
+            self.last_fct[rank] = step.forward_ct
+            yield step
