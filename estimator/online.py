@@ -50,9 +50,11 @@ _KIND_COLUMNS = [
     for name in ("sampled_resolved", "sampled_censored", "greedy_exact", "greedy_censored")
 ]
 
-#: Steps whose rows the population model learns from at once: at B = 256 about 4,096
-#: rows, where its per-row cost is lowest (larger batches pay for fresh temporaries).
-POPULATION_BATCH_STEPS = 16
+#: Steps whose rows the population model learns from at once (its hazards move slowly):
+#: at B = 256 about 8,192 rows, enough to amortise its ~50 numpy calls, few enough that
+#: its temporaries stay in cache. With the walker emitting every 32 steps too, the
+#: estimator's per-step cost at B = 256 fell by about 8 % against 16 (bench/RESULTS.md).
+POPULATION_BATCH_STEPS = 32
 
 
 @dataclass

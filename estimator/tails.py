@@ -102,7 +102,7 @@ class TailWalker:
         *,
         assume_greedy: bool | None = None,
         idle_steps: int = 4096,
-        walk_every: int = 16,
+        walk_every: int = 32,
         compiled: bool | None = None,
     ) -> None:
         if compiled and _tailwalk is None:
