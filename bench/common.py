@@ -15,6 +15,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+#: Whether this process keeps freed memory for reuse, as `dspark-obs` processes do.
+ALLOCATOR = {"kept": False}
+
 
 def machine() -> dict:
     return {
@@ -22,6 +25,7 @@ def machine() -> dict:
         "numpy": np.__version__,
         "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
+        "freed_memory_kept": ALLOCATOR["kept"],
     }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..allocator import keep_freed_memory
 from . import (
     calibration_cmd,
     compare_cmd,
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    keep_freed_memory()  # this is a dspark-obs process: see dspark_obs/allocator.py
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
