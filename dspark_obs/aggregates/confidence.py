@@ -37,11 +37,21 @@ class ConfidenceAggregate:
         self.coarse_stride = 4 * ECE_BINS + 1
         self.coarse = WindowedSums(gamma * self.coarse_stride, window_steps, blocks)
         j = np.arange(gamma)
+        # per (group, reach) row: 2 * slot + label of each position, the label being
+        # j < reach; grown with the groups (one take instead of a broadcast add per row)
         self._offsets = 2 * j[None, :] + (j[None, :] < np.arange(gamma + 1)[:, None])
+        self._slot_labels = np.zeros((0, gamma), np.int32)
 
     def ensure_groups(self, n: int) -> None:
         self.fine.ensure_groups(n)
         self.coarse.ensure_groups(n)
+        g = self.gamma
+        if len(self._slot_labels) < n * (g + 1):
+            shift = (np.arange(n) * (2 * g))[:, None, None]
+            # int32 like the fine bins added to it: numpy mixes int32 and int64 slowly
+            self._slot_labels = (
+                (self._offsets[None] + shift).reshape(n * (g + 1), g).astype(np.int32)
+            )
 
     def advance(self, steps: int) -> None:
         self.fine.advance(steps)
@@ -67,7 +77,7 @@ class ConfidenceAggregate:
         reach = np.where(observed, ceiling, accepted)
         settled = observed | (accepted < window)
         # 2 * slot + label, the label of position j being j < reach (a table row per reach)
-        slot_label = np.take(self._offsets, reach, axis=0) + (group * (2 * g))[:, None]
+        slot_label = self._slot_labels.take(group * (g + 1) + reach, axis=0)
         probs = survival
         if not settled.all():
             sel = np.flatnonzero(settled[:, None] | (j < accepted[:, None]))
