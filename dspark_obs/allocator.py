@@ -23,11 +23,12 @@ import sys
 #: glibc's `mallopt` parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-#: Blocks below this come from the heap: above the largest per-step temporary, within
-#: glibc's own ceiling for the parameter (32 MiB on 64-bit).
-MMAP_BYTES = 16 << 20
-#: Free heap kept before trimming: a few steps' worth of temporaries.
-TRIM_BYTES = 64 << 20
+#: Blocks below this come from the heap: above the per-step temporaries at B = 256
+#: (at most about 1 MiB each).
+MMAP_BYTES = 4 << 20
+#: Free heap kept before trimming: a few steps' worth of temporaries. Four times this
+#: kept the quick soak's resident size climbing for its whole minute (tests/test_soak.py).
+TRIM_BYTES = 16 << 20
 
 
 def keep_freed_memory() -> bool:

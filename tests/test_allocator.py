@@ -2,7 +2,7 @@
 
 Each case runs in a fresh interpreter (the setting is process-wide) and counts the
 minor page faults of 200 steps that allocate and free arrays of the size a step's
-columns have at B = 256 (256 KiB to 4 MiB).
+columns have at B = 256 (256 KiB to 2 MiB).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def step(n):  # two temporaries alive at once, then both freed, as in a step
 
 
 faults = []
-for n in (1 << 15, 1 << 17, 1 << 19):  # float64: 256 KiB, 1 MiB, 4 MiB
+for n in (1 << 15, 1 << 17, 1 << 18):  # float64: 256 KiB, 1 MiB, 2 MiB
     step(n)  # the first step may fault; later ones are measured
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(200):
