@@ -92,16 +92,6 @@ buf_reserve(Buf *b, size_t extra)
     return extra <= b->cap - b->len ? OK : buf_grow(b, extra);
 }
 
-static int
-buf_append(Buf *b, const void *src, size_t n)
-{
-    TRY(buf_reserve(b, n));
-    if (n)
-        memcpy(b->data + b->len, src, n);
-    b->len += n;
-    return OK;
-}
-
 /* `ReqDetail`'s integer fields, in sglang.REQ_INT_FIELDS order. */
 #define N_REQ_INTS 7
 typedef struct {
@@ -677,10 +667,12 @@ check_list_len(Parser *s, Py_ssize_t k)
     return k == s->list_len ? OK : DECLINE;
 }
 
-/* A list of at most MAX_LIST integers into dst (room for MAX_LIST); *count is how many
- * were written, also when it declines. */
-static int
-take_int_list(Parser *s, int64_t *dst, Py_ssize_t *count)
+/* A list of at most MAX_LIST numbers into dst (room for MAX_LIST): int64 when
+ * `integers`, else double (both 8 bytes; the two call sites pass a constant, so each
+ * gets its own specialised copy). *count is how many were written, also when it
+ * declines. */
+static inline int
+take_number_list(Parser *s, void *dst, int integers, Py_ssize_t *count)
 {
     *count = 0;
     TRY(expect(s, '['));
@@ -693,29 +685,7 @@ take_int_list(Parser *s, int64_t *dst, Py_ssize_t *count)
     while (more) {
         if (k >= MAX_LIST)
             return DECLINE;
-        TRY(scan_int64(s, &dst[k]));
-        *count = ++k;
-        TRY(next_item(s, ']', &more));
-    }
-    *count = k;
-    return check_list_len(s, k);
-}
-
-static int
-take_double_list(Parser *s, double *dst, Py_ssize_t *count)
-{
-    *count = 0;
-    TRY(expect(s, '['));
-    Py_ssize_t k = 0;
-    int more = 1;
-    if (peek(s) == ']') {
-        s->p++;
-        more = 0;
-    }
-    while (more) {
-        if (k >= MAX_LIST)
-            return DECLINE;
-        TRY(scan_double(s, &dst[k]));
+        TRY(integers ? scan_int64(s, (int64_t *)dst + k) : scan_double(s, (double *)dst + k));
         *count = ++k;
         TRY(next_item(s, ']', &more));
     }
@@ -823,7 +793,7 @@ take_request(Parser *s)
             rc = scan_int64(s, &ints[key]);
         }
         else if (key == K_DRAFT) {
-            rc = take_int_list(s, (int64_t *)(s->draft.data + s->draft.len), &k);
+            rc = take_number_list(s, s->draft.data + s->draft.len, 1, &k);
             s->draft.len += (size_t)k * sizeof(int64_t);
         }
         else if (key == K_RID) {
@@ -832,7 +802,7 @@ take_request(Parser *s)
         else if (!take_null(s)) { /* confidence or survival: null is as good as absent */
             Buf *b = key == K_CONF ? &s->conf : &s->surv;
             if ((rc = buf_reserve(b, row)) == OK) {
-                rc = take_double_list(s, (double *)(b->data + b->len), &k);
+                rc = take_number_list(s, b->data + b->len, 0, &k);
                 b->len += (size_t)k * sizeof(double);
                 /* rows with them are counted: used only if every row has them */
                 *(key == K_CONF ? &s->n_conf : &s->n_surv) += 1;
