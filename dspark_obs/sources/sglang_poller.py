@@ -119,7 +119,8 @@ class SGLangPoller:
         self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
         self.clear = clear
         self.gamma = gamma
-        self.workload_of = workload_of
+        # for both conversions (their default: no workload)
+        self._workload = {} if workload_of is None else {"workload_of": workload_of}
         self.client = SGLangClient(self.url, api_key, timeout, max_bytes)
         self.last_fct: dict[int, int] = {}
         self.dropped_steps = 0
@@ -240,9 +241,8 @@ class SGLangPoller:
             self._note_envelope(info.mode, info.components)
             for rec in self._fresh(rank, dp_rank, info.records):
                 try:
-                    kwargs = {} if self.workload_of is None else {"workload_of": self.workload_of}
                     yield record_to_batch(
-                        rec, gamma=info.gamma, mode=info.mode, rank=rank, **kwargs
+                        rec, gamma=info.gamma, mode=info.mode, rank=rank, **self._workload
                     )
                 except SGLangFormatError as exc:
                     self.stats.error(self.name, exc.reason, str(exc))
@@ -259,9 +259,8 @@ class SGLangPoller:
 
     def _rank_batches(self, record_raw: Raw, rank: int) -> list[StepBatch] | None:
         """A rank's steps converted in one pass, or None where a record needs a closer look."""
-        kwargs = {} if self.workload_of is None else {"workload_of": self.workload_of}
         try:
-            batches = info_record_to_batches(bytes(record_raw), rank=rank, **kwargs)
+            batches = info_record_to_batches(bytes(record_raw), rank=rank, **self._workload)
             envelope = msgspec.json.decode(record_raw, type=_Envelope)
         except (InvalidBatch, TypeError, ValueError, msgspec.MsgspecError):
             return None
