@@ -298,6 +298,14 @@ def compiled_list_value(text: bytes):
     return struct.unpack_from("<d", data, 8 * (8 * n + 1))[0]  # after 8 int columns, draft
 
 
+def msgspec_value(text, type_):
+    """What msgspec decodes `text` to as `type_`, or "error"."""
+    try:
+        return msgspec.json.decode(text, type=type_)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return "error"
+
+
 def bits(x: float) -> bytes:
     return struct.pack("<d", x)
 
@@ -318,10 +326,7 @@ def bits(x: float) -> bytes:
 @example("1e23")
 @example("8.98846567431158e307")
 def test_doubles_equal_msgspec_bit_for_bit(text):
-    try:
-        ref = msgspec.json.decode(text.encode(), type=float | None)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        ref = "error"
+    ref = msgspec_value(text.encode(), float | None)
     for value in (
         compiled_step_value("step_gpu_ms", text.encode()),
         compiled_list_value(text.encode()),
@@ -345,10 +350,7 @@ def test_doubles_equal_msgspec_bit_for_bit(text):
 @example("-0")
 @example("0123")
 def test_integers_exact_or_declined(text):
-    try:
-        ref = msgspec.json.decode(text.encode(), type=int | None)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        ref = "error"
+    ref = msgspec_value(text.encode(), int | None)
     value = compiled_step_value("budget", text.encode())
     if ref == "error" or not -(2**63) <= ref < 2**63:
         assert value is None
@@ -373,10 +375,7 @@ def test_integers_exact_or_declined(text):
 @example(b'"\\ud83d"')
 @example(b'"\\u00e9\\/\\"\\\\"')
 def test_strings_equal_msgspec(text):
-    try:
-        ref = msgspec.json.decode(text, type=str)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        ref = "error"
+    ref = msgspec_value(text, str)
     parsed = compiled.parse(step_payload("mode", text), MAX_GAMMA)
     if ref == "error":
         assert parsed is None
