@@ -34,7 +34,7 @@
 #include <math.h>
 #include <stdint.h>
 
-/* The state row's fields; tails.py checks that its names are in this order. */
+/* The state row's fields, in the order of tails.py's constants (tests/test_tails.py checks). */
 enum {
     OPEN_PREFIX, WINDOW, OPEN_FCT, GROUP, GREEDY, RANK, POOL, NEXT, EXPECT, SEEN,
     CUM, LO_EXTRA, VAR_TERMS, RESOLVED_FCT, CENSORED, FIELDS

@@ -72,11 +72,7 @@ Extrapolate = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
     RESOLVED_FCT,
     CENSORED,
 ) = range(15)
-_FIELDS = 15
-FIELD_NAMES = (
-    "OPEN_PREFIX", "WINDOW", "OPEN_FCT", "GROUP", "GREEDY", "RANK", "POOL", "NEXT", "EXPECT",
-    "SEEN", "CUM", "LO_EXTRA", "VAR_TERMS", "RESOLVED_FCT", "CENSORED",
-)  # fmt: skip
+_FIELDS = 15  # _tailwalk.c names the same fields in this order (tests/test_tails.py)
 
 
 def _grown(arr: np.ndarray, size: int, fill) -> np.ndarray:
