@@ -190,14 +190,14 @@ class Aggregates:
                 groups=list(self.index.groups),
                 step_groups=list(self.step_groups),
                 tokens={
-                    "total": self.tokens.sums.total.copy(),
+                    "total": self.tokens.sums.total,
                     "window": self.tokens.sums.window(),
                 },
-                steps={"total": self.steps.sums.total.copy(), "window": self.steps.sums.window()},
+                steps={"total": self.steps.sums.total, "window": self.steps.sums.window()},
                 confidence={
                     # AUROC is published over the window only
                     "total": conf.metrics(None, conf.coarse.total),
-                    "window": conf.metrics(conf.fine.win, conf.coarse.win),
+                    "window": conf.metrics(conf.fine.window(), conf.coarse.window()),
                 },
                 reliability=conf.reliability(conf.coarse.total),
                 cost={

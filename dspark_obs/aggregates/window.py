@@ -2,11 +2,12 @@
 
 Prometheus derives rates from counters itself, but ratios such as ECE or
 utilisation cannot be recovered from rates of their parts, so they are also
-published over a sliding window. The window is a ring of blocks: adding goes to
-the current block and to a running window sum; when a block fills, the oldest
-block is subtracted from the running sum and cleared. Reading the window is
-then a copy, not a reduction over the ring. Memory is
-blocks x groups x width, whatever the run length.
+published over a sliding window. The window is a ring of blocks. Adding writes
+to the current block only, the one write per cell the hot path pays; the sums
+of the closed blocks (since start, and those still in the window) are kept
+apart and move on when a block fills, once per block rather than once per
+update. Reading either sum is then one addition, not a reduction over the ring.
+Memory is blocks x groups x width, whatever the run length.
 """
 
 from __future__ import annotations
@@ -27,48 +28,52 @@ class WindowedSums:
         self.blocks = blocks
         self.block_steps = max(1, -(-window_steps // blocks))
         self.window_steps = self.block_steps * blocks
-        self.total = np.zeros((0, width), dtype=dtype)
-        self.win = np.zeros((0, width), dtype=dtype)
+        # the closed blocks' sums: all of them, and those still in the window
+        self._closed_total = np.zeros((0, width), dtype=dtype)
+        self._closed_win = np.zeros((0, width), dtype=dtype)
         self.ring = np.zeros((blocks, 0, width), dtype=dtype)
         self._current = 0
         self._steps_in_block = 0
 
     @property
     def groups(self) -> int:
-        return self.total.shape[0]
+        return self._closed_total.shape[0]
+
+    @property
+    def current(self) -> np.ndarray:
+        """The block being filled, `[groups, width]`: where updates add."""
+        return self.ring[self._current]
+
+    @property
+    def total(self) -> np.ndarray:
+        """Sums since start, `[groups, width]` (a new array)."""
+        return self._closed_total + self.current
 
     def ensure_groups(self, n: int) -> None:
         grow = n - self.groups
         if grow > 0:
-            pad = np.zeros((grow, self.width), self.total.dtype)
-            self.total = np.concatenate([self.total, pad])
-            self.win = np.concatenate([self.win, pad])
+            pad = np.zeros((grow, self.width), self._closed_total.dtype)
+            self._closed_total = np.concatenate([self._closed_total, pad])
+            self._closed_win = np.concatenate([self._closed_win, pad])
             self.ring = np.concatenate(
                 [self.ring, np.broadcast_to(pad, (self.blocks, *pad.shape))], axis=1
             )
 
     def add(self, delta: np.ndarray) -> None:
         """Add a dense `[groups, width]` array."""
-        delta = delta.astype(self.total.dtype, copy=False)
-        self.total += delta
-        self.win += delta
-        self.ring[self._current] += delta
+        self.current[...] += delta.astype(self.ring.dtype, copy=False)
 
     def add_flat(self, index: np.ndarray, weights: np.ndarray | None = None) -> None:
         """Add weights (or ones) at flat positions `group * width + column`."""
-        size = self.groups * self.width
-        flats = (self.total.reshape(-1), self.win.reshape(-1), self.ring[self._current].reshape(-1))
-        if len(index) < _SPARSE_SHARE * size:
+        flat = self.current.reshape(-1)
+        if len(index) < _SPARSE_SHARE * len(flat):
             cells, inverse = np.unique(index, return_inverse=True)
             delta = np.bincount(inverse.reshape(-1), weights=weights, minlength=len(cells))
-            delta = delta.astype(self.total.dtype, copy=False)
-            for flat in flats:
-                flat[cells] += delta
+            flat[cells] += delta.astype(flat.dtype, copy=False)
         else:
-            delta = np.bincount(index, weights=weights, minlength=size)
-            delta = delta.astype(self.total.dtype, copy=False)
-            for flat in flats:
-                flat += delta
+            flat += np.bincount(index, weights=weights, minlength=len(flat)).astype(
+                flat.dtype, copy=False
+            )
 
     @property
     def room(self) -> int:
@@ -80,9 +85,12 @@ class WindowedSums:
         self._steps_in_block += steps
         while self._steps_in_block >= self.block_steps:
             self._steps_in_block -= self.block_steps
+            self._closed_total += self.current
+            self._closed_win += self.current
             self._current = (self._current + 1) % self.blocks
-            self.win -= self.ring[self._current]
-            self.ring[self._current] = 0
+            self._closed_win -= self.current
+            self.current[...] = 0
 
     def window(self) -> np.ndarray:
-        return self.win.copy()
+        """Sums over the window, `[groups, width]` (a new array)."""
+        return self._closed_win + self.current
