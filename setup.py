@@ -1,9 +1,10 @@
 """The optional compiled parts (everything else is in pyproject.toml).
 
-Both are `optional=True`: where no C compiler is available the install still
+All are `optional=True`: where no C compiler is available the install still
 succeeds without them, and the package falls back to its numpy forms (same results):
-`telemetry/sglang.py` decodes with msgspec and numpy alone, and `estimator/tails.py`
-walks with numpy.
+`telemetry/sglang.py` decodes with msgspec and numpy alone, `aggregates/tokens.py` and
+`aggregates/confidence.py` fold request rows with numpy, and `estimator/tails.py` walks
+with numpy.
 """
 
 import numpy
@@ -14,6 +15,11 @@ setup(
         Extension(
             "dspark_obs.telemetry._sglang_json",
             sources=["dspark_obs/telemetry/_sglang_json.c"],
+            optional=True,
+        ),
+        Extension(
+            "dspark_obs.aggregates._rowfold",
+            sources=["dspark_obs/aggregates/_rowfold.c"],
             optional=True,
         ),
         Extension(

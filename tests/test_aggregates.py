@@ -10,6 +10,7 @@ the cost model), so a mistake in the histogram bookkeeping cannot cancel out.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import warnings
 from collections import defaultdict
@@ -21,7 +22,7 @@ from dspark_obs.exporters.render import Renderer
 from sklearn.metrics import roc_auc_score
 from torchmetrics.classification import BinaryCalibrationError
 
-from dspark_obs.aggregates import Aggregates, cost_model
+from dspark_obs.aggregates import Aggregates, cost_model, tokens
 from dspark_obs.aggregates.cost_model import DEFAULT_BS_PROBES, DEFAULT_M_PROBES
 from dspark_obs.aggregates.steps import quantity_histogram
 from dspark_obs.aggregates.tokens import histogram_slices
@@ -239,11 +240,24 @@ def check_calibration(
 
 # -------------------------------------------------------------------- fixtures
 
+FOLDS = [False] + ([True] if tokens._rowfold is not None else [])
+
+
+@pytest.fixture(scope="module", autouse=True, params=FOLDS, ids=lambda c: "C" if c else "numpy")
+def row_fold(request):
+    """Every test here runs once per request-row fold: each Aggregates built uses it."""
+    with pytest.MonkeyPatch.context() as mp:
+        init = functools.partialmethod(Aggregates.__init__, compiled=request.param)
+        mp.setattr(Aggregates, "__init__", init)
+        yield request.param
+
+
 
 @pytest.fixture(scope="module")
-def mixed():
-    """Four runs interleaved into one Aggregates: compact with a half shadow, compact
-    alone (moved to rank 1 to keep its groups apart), cap-accept and static."""
+def mixed(row_fold):
+    """Four runs interleaved into one Aggregates (of the fold in use): compact with a half
+    shadow, compact alone (moved to rank 1 to keep its groups apart), cap-accept and
+    static."""
     runs = [
         runtime(100, 3, mode="compact", shadow="cap-accept", shadow_fraction=0.5),
         [dataclasses.replace(b, rank=1) for b in runtime(100, 4, mode="compact")],

@@ -57,13 +57,16 @@ class Aggregates:
         blocks: int = 8,
         flush_rows: int = 4096,
         cost_probes: tuple | None = None,
+        compiled: bool | None = None,
     ) -> None:
+        """`compiled` picks the request-row fold: C where it was built (None, the default)
+        or numpy (False); True insists on C. Both add the same counts."""
         self.gamma = gamma
         self.flush_rows = flush_rows
         self.index = GroupIndex(workload_cap)
         self.step_groups: dict[tuple[str, int], int] = {}
-        self.tokens = TokenAggregate(gamma, window_steps, blocks)
-        self.confidence = ConfidenceAggregate(gamma, window_steps, blocks)
+        self.tokens = TokenAggregate(gamma, window_steps, blocks, compiled)
+        self.confidence = ConfidenceAggregate(gamma, window_steps, blocks, compiled)
         self.steps = StepAggregate(window_steps, blocks)
         bs_probes, m_probes = cost_probes or (DEFAULT_BS_PROBES, DEFAULT_M_PROBES)
         self.cost = CostModelAggregate(window_steps, blocks, bs_probes, m_probes)

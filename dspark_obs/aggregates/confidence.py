@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..calibration.metrics import EPS_PROB, auroc_from_hist, ece_from_bins
+from .tokens import compiled_fold
 from .window import WindowedSums
 
 ECE_BINS = 15
@@ -28,8 +29,11 @@ FINE_BINS = ECE_BINS * FINE_PER_ECE_BIN
 
 
 class ConfidenceAggregate:
-    def __init__(self, gamma: int, window_steps: int, blocks: int) -> None:
+    def __init__(
+        self, gamma: int, window_steps: int, blocks: int, compiled: bool | None = None
+    ) -> None:
         self.gamma = gamma
+        self._fold = compiled_fold(compiled)
         # per position: {label 0, label 1} x FINE_BINS counts (AUROC)
         self.fine = WindowedSums(gamma * 2 * FINE_BINS, window_steps, blocks, np.int64)
         # per position: {label 0, label 1} x ECE_BINS rows, the same of prediction sums, then
@@ -72,6 +76,19 @@ class ConfidenceAggregate:
         checks because the rows come from validated batches.
         """
         g = self.gamma
+        if self._fold is not None:
+            self._fold.confidence(
+                self.fine.current,
+                self.coarse.current,
+                g,
+                EPS_PROB,
+                group,
+                survival,
+                accepted,
+                window,
+                ceiling,
+            )
+            return
         j = np.arange(g)
         observed = ceiling >= 0
         reach = np.where(observed, ceiling, accepted)

@@ -13,6 +13,11 @@ import numpy as np
 
 from .window import WindowedSums
 
+try:  # the row fold in C (see _rowfold.c); the numpy form below where it did not build
+    from . import _rowfold
+except ImportError:  # pragma: no cover - an install without a C compiler
+    _rowfold = None
+
 #: Histograms kept per group, in column order, with their value range (gamma + extra).
 HISTOGRAMS = (
     ("window", 1),  # drafts verified, 0..gamma
@@ -45,15 +50,39 @@ def histogram_slices(gamma: int) -> dict[str, slice]:
     return out
 
 
+def compiled_fold(compiled: bool | None):
+    """The C row fold when `compiled` asks for it (None: where it was built), else None."""
+    if compiled and _rowfold is None:
+        raise RuntimeError("the compiled row fold is not built in this install")
+    return _rowfold if compiled is None or compiled else None
+
+
 class TokenAggregate:
-    def __init__(self, gamma: int, window_steps: int, blocks: int) -> None:
+    def __init__(
+        self, gamma: int, window_steps: int, blocks: int, compiled: bool | None = None
+    ) -> None:
         self.gamma = gamma
         self.slices = histogram_slices(gamma)
         width = max(s.stop for s in self.slices.values())
         self.sums = WindowedSums(width, window_steps, blocks, dtype=np.int64)
+        self._starts = tuple(self.slices[name].start for name, _ in HISTOGRAMS)
+        self._fold = compiled_fold(compiled)
 
     def update(self, rows: TokenRows) -> None:
         """Rows of validated batches (values within their histogram's range)."""
+        if self._fold is not None:
+            self._fold.tokens(
+                self.sums.current,
+                self.sums.width,
+                self._starts,
+                rows.group,
+                rows.window,
+                rows.accepted,
+                rows.committed,
+                rows.ceiling,
+                rows.shadow,
+            )
+            return
         at = {name: sl.start for name, sl in self.slices.items()}
         base = rows.group * self.sums.width
         observed = rows.ceiling >= 0
