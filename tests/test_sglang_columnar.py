@@ -210,6 +210,8 @@ def test_damaged_requests_end_as_per_record(name):
         lambda p: p["records"][-1].update(bs=12345),
         lambda p: p["records"][-1].update(forward_ct=-1),
         lambda p: p["records"][-1].update(forward_ct=2**60),
+        lambda p: p["records"][-1].update(forward_ct=2**53 + 1),
+        lambda p: p["records"][-1].update(forward_ct=2**53),  # the largest taken
         lambda p: p["records"][-1].update(budget=2**64 - 1),
         lambda p: p["records"].append({"bs": 1}),
         lambda p: p.update(records=None),

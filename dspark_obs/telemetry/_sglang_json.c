@@ -40,6 +40,8 @@
 
 /* Longest per-position list accepted: MAX_GAMMA in telemetry/batch.py. */
 #define MAX_LIST 64
+/* Largest step counter: MAX_FORWARD_CT in telemetry/batch.py. */
+#define MAX_FORWARD_CT (INT64_C(1) << 53)
 
 /* Function results: OK, DECLINE (not our grammar: the Python path decides), or ERROR
  * (a Python exception is set, e.g. MemoryError). */
@@ -903,7 +905,9 @@ take_record(Parser *s)
         if (rc != OK || (rc = next_item(s, '}', &more)) != OK)
             goto done;
     }
-    if (!(seen & (1u << K_FORWARD_CT))) {
+    /* the one check of StepBatch.validate_step that the types read here do not make
+     * already, so the steps of this parser need no second look (sglang._assemble) */
+    if (!(seen & (1u << K_FORWARD_CT)) || forward_ct < 0 || forward_ct > MAX_FORWARD_CT) {
         rc = DECLINE;
         goto done;
     }

@@ -250,7 +250,8 @@ class StepBatch:
                 raise InvalidBatch("ceiling_out_of_range", "shadow_ceiling outside -1..gamma")
             for name in ("confidence", "survival"):
                 mat = getattr(self, name)
-                if mat is not None and not ((mat >= 0) & (mat <= 1)).all():
+                # two reductions, no temporaries; a NaN makes min or max NaN, failing both
+                if mat is not None and mat.size and not (mat.min() >= 0 and mat.max() <= 1):
                     raise InvalidBatch("probability_out_of_range", f"{name} outside [0, 1] or NaN")
 
 

@@ -124,15 +124,24 @@ def _no_workload(rids: np.ndarray) -> np.ndarray:
     return np.full(len(rids), "other", dtype=object)
 
 
+def _sorted_codes(values: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """The distinct names of a column as text, sorted, and each row's index among them.
+
+    What `np.unique(..., return_inverse=True)` gives, through a dictionary: a column
+    holds a few names among thousands of rows, and sorting every row is the slow part.
+    """
+    keys = list(map(str, values.tolist()))
+    names = sorted(set(keys))
+    index = {name: i for i, name in enumerate(names)}
+    return names, np.fromiter(map(index.__getitem__, keys), np.int64, len(keys))
+
+
 def _categories(workload: np.ndarray) -> dict[str, object]:
     """A step's workload column in categorical form (`StepBatch.workload_codes` into
     `workload_names`, its distinct names sorted), so that the aggregates group its rows
     with a table lookup instead of sorting strings at every step."""
-    names, codes = np.unique(workload.astype(str), return_inverse=True)
-    return {
-        "workload_codes": codes.reshape(-1).astype(np.int64, copy=False),
-        "workload_names": tuple(names.tolist()),
-    }
+    names, codes = _sorted_codes(workload)
+    return {"workload_codes": codes, "workload_names": tuple(names)}
 
 
 def decode_info_record(payload: bytes | str | dict) -> InfoRecord:
@@ -343,6 +352,9 @@ class _Columns(msgspec.Struct, gc=False):
     rid_index: tuple[np.ndarray, np.ndarray] | None
     draft: np.ndarray
     probs: dict
+    #: every step passes `StepBatch.validate_step` as parsed (the compiled parser's types
+    #: and forward_ct range), so `_assemble` need not check them again
+    steps_checked: bool = False
 
 
 def _columnar_batches(
@@ -397,6 +409,7 @@ def _compiled_columns(payload: bytes | str) -> _Columns | None:
         rid_index=(rid_values[:-1], index) if all_rids else None,
         draft=ints[(k + 1) * n :].reshape(n, gamma),
         probs=probs,
+        steps_checked=True,
     )
 
 
@@ -466,8 +479,8 @@ def _assemble(columns: _Columns, rank: int, workload_of: WorkloadOf) -> list[Ste
         if names.shape != rids.shape:
             return None
         cols["workload"] = names[index]
-        categories, codes = np.unique(names.astype(str), return_inverse=True)
-        codes = codes.reshape(-1)[index]
+        categories, codes = _sorted_codes(names)
+        codes = codes[index]
     else:
         if n and present is None:
             cols["workload"] = workload_of(cols["rid"])
@@ -475,9 +488,7 @@ def _assemble(columns: _Columns, rank: int, workload_of: WorkloadOf) -> list[Ste
                 return None
         else:
             cols["workload"] = np.full(n, "other", dtype=object)
-        categories, codes = np.unique(cols["workload"].astype(str), return_inverse=True)
-        codes = codes.reshape(-1)
-    categories = categories.tolist()
+        categories, codes = _sorted_codes(cols["workload"])
     try:
         StepBatch(forward_ct=0, gamma=gamma, **cols, draft_tokens=draft, **probs).validate_rows()
     except InvalidBatch:
@@ -531,10 +542,11 @@ def _assemble(columns: _Columns, rank: int, workload_of: WorkloadOf) -> list[Ste
                 draft_tokens=draft[rows],
                 **{name: None if m is None or not k else m[rows] for name, m in probs.items()},
             )
-        try:
-            batch.validate_step()
-        except InvalidBatch:
-            return None
+        if not columns.steps_checked:
+            try:
+                batch.validate_step()
+            except InvalidBatch:
+                return None
         out.append(batch)
     return out
 
