@@ -493,55 +493,48 @@ def _assemble(columns: _Columns, rank: int, workload_of: WorkloadOf) -> list[Ste
         StepBatch(forward_ct=0, gamma=gamma, **cols, draft_tokens=draft, **probs).validate_rows()
     except InvalidBatch:
         return None
+    counts = [0 if step[2] is None else step[2] for step in columns.steps]
+    # which of the payload's workloads each step holds, for all steps at once: a step's
+    # names are its own, as `_categories` of its column gives them
+    holds = np.zeros((len(counts), len(categories)), dtype=bool)
+    holds[np.repeat(np.arange(len(counts)), counts), codes] = True
+    holds_all = holds.all(axis=1).tolist()
+    all_names = tuple(categories)
     out = []
     start = 0
-    for forward_ct, mode, k, *values in columns.steps:
+    for i, (forward_ct, mode, k, *values) in enumerate(columns.steps):
         step_mode = mode or columns.mode
         if step_mode not in MODES:
             return None
-        scalars = dict(zip(_RECORD_SCALARS, values, strict=True))
+        fields = dict(zip(_RECORD_SCALARS, values, strict=True))
+        fields.update(forward_ct=forward_ct, gamma=gamma, mode=step_mode, rank=rank)
         if k is None:
-            batch = StepBatch(
-                forward_ct=forward_ct,
-                gamma=gamma,
-                mode=step_mode,
-                rank=rank,
-                has_reqs=False,
-                **scalars,
-            )
+            fields["has_reqs"] = False
         else:
+            if fields["bs"] not in (-1, k):
+                return None
             rows = slice(start, start + k)
             start += k
-            if scalars["bs"] not in (-1, k):
-                return None
-            step_cols = {name: col[rows] for name, col in cols.items()}
+            fields.update((name, col[rows]) for name, col in cols.items())
+            fields["draft_tokens"] = draft[rows]
+            for name, m in probs.items():
+                fields[name] = None if m is None or not k else m[rows]
             if k and present is not None and present[rows].all():
-                step_cols["workload"] = workload_of(step_cols["rid"])
-                if step_cols["workload"].shape != (k,):
+                fields["workload"] = workload_of(fields["rid"])
+                if fields["workload"].shape != (k,):
                     return None
-                step_cols.update(_categories(step_cols["workload"]))
+                fields.update(_categories(fields["workload"]))
+            elif k and holds_all[i]:
+                fields["workload_codes"] = codes[rows]
+                fields["workload_names"] = all_names
             elif k:
-                # the payload's categories narrowed to those of this step, as
-                # `_categories` of the step's own column gives them
-                step_codes = codes[rows]
-                seen = np.zeros(len(categories), dtype=bool)
-                seen[step_codes] = True
-                if not seen.all():
-                    step_codes = (np.cumsum(seen) - 1)[step_codes]
-                step_cols["workload_codes"] = step_codes
-                step_cols["workload_names"] = tuple(compress(categories, seen))
+                # the payload's categories narrowed to those of this step
+                seen = holds[i]
+                fields["workload_codes"] = (np.cumsum(seen) - 1)[codes[rows]]
+                fields["workload_names"] = tuple(compress(categories, seen))
             else:
-                step_cols.update(_categories(step_cols["workload"]))
-            batch = StepBatch(
-                forward_ct=forward_ct,
-                gamma=gamma,
-                mode=step_mode,
-                rank=rank,
-                **scalars,
-                **step_cols,
-                draft_tokens=draft[rows],
-                **{name: None if m is None or not k else m[rows] for name, m in probs.items()},
-            )
+                fields.update(_categories(fields["workload"]))
+        batch = StepBatch(**fields)
         if not columns.steps_checked:
             try:
                 batch.validate_step()
