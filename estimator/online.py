@@ -93,7 +93,7 @@ class CeilingEstimator:
         with self._lock:
             if not batch.has_reqs or batch.num_reqs == 0:
                 return
-            group = self.index.rows(batch)
+            group = self.index.rows([batch])
             n_groups = len(self.index.groups)
             self.sums.ensure_groups(n_groups)
             self.population.ensure_groups(n_groups)

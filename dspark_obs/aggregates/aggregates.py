@@ -149,7 +149,7 @@ class Aggregates:
         batches = [b for b in batches if b.num_reqs]
         if not batches:
             return
-        group = np.concatenate([self.index.rows(b) for b in batches])
+        group = self.index.rows(batches)
         n_groups = len(self.index.groups)
         self.tokens.sums.ensure_groups(n_groups)
         self.confidence.ensure_groups(n_groups)

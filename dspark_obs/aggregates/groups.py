@@ -8,6 +8,8 @@ many names a source invents.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from ..telemetry import StepBatch
@@ -51,26 +53,36 @@ class GroupIndex:
             self.is_other = np.append(self.is_other, key[0] == OTHER)
         return gid
 
-    def rows(self, batch: StepBatch) -> np.ndarray:
-        """Group id of every request row: a table lookup when the batch has workload codes."""
+    def rows(self, batches: Sequence[StepBatch]) -> np.ndarray:
+        """Group id of every request row of `batches`, in order: one lookup for all of them,
+        into the tables of their workloads, laid end to end."""
+        tables, codes = zip(*map(self._table, batches), strict=True) if batches else ((), ())
+        if len(tables) == 1:
+            gids = tables[0][codes[0]]
+        else:
+            starts = np.cumsum([0, *map(len, tables[:-1])])
+            shift = np.repeat(starts, list(map(len, codes)))
+            gids = np.concatenate(tables)[np.concatenate(codes) + shift]
+        if self.overflow_names:
+            self.overflow_rows += int(np.count_nonzero(self.is_other[gids]))
+        return gids
+
+    def _table(self, batch: StepBatch) -> tuple[np.ndarray, np.ndarray]:
+        """A batch's rows as (group id of each of its workloads, each row's workload)."""
         if batch.workload_codes is not None and batch.workload_names is not None:
             key = (batch.mode, batch.rank, batch.workload_names)
-            lut = self._lut.get(key)
-            if lut is None:
+            table = self._lut.get(key)
+            if table is None:
                 # SGLang's decoder names each step's own workloads, so the keys vary with
                 # what the rids say: bounded, or a stream of new names would grow it
                 if len(self._lut) >= _LUT_LIMIT:
                     self._lut.clear()
-                lut = np.array(
+                table = np.array(
                     [self.group(w, batch.mode, batch.rank) for w in batch.workload_names],
                     dtype=np.int64,
                 )
-                self._lut[key] = lut
-            gids = np.take(lut, batch.workload_codes)
-        else:
-            names, inverse = np.unique(batch.workload.astype(str), return_inverse=True)
-            lut = np.array([self.group(w, batch.mode, batch.rank) for w in names], dtype=np.int64)
-            gids = lut[inverse.reshape(-1)]
-        if self.overflow_names:
-            self.overflow_rows += int(np.count_nonzero(self.is_other[gids]))
-        return gids
+                self._lut[key] = table
+            return table, batch.workload_codes
+        names, inverse = np.unique(batch.workload.astype(str), return_inverse=True)
+        table = np.array([self.group(w, batch.mode, batch.rank) for w in names], dtype=np.int64)
+        return table, inverse.reshape(-1)
