@@ -43,10 +43,6 @@ class Snapshot:
 _MODE_CODE = {"static": 0, "compact": 1, "cap-accept": 2, "": 1}
 
 
-def _f(x) -> float:
-    return np.nan if x is None else float(x)
-
-
 class Aggregates:
     def __init__(
         self,
@@ -111,34 +107,49 @@ class Aggregates:
         if not batches:
             return
         self._fold_requests(batches[done:])
-        sgroup = np.array([self._step_group(b.mode, b.rank) for b in batches], dtype=np.int64)
+        # one pass over the steps for their scalars; counts stay int64 up to the cost cells
+        # (validated int64 values near 2**63 round up to 2**63 in float64, which does not
+        # cast back), and None becomes NaN in the float64 ones
+        ints = np.array(
+            [
+                (
+                    self._step_group(b.mode, b.rank),
+                    b.bs,
+                    b.num_verify_tokens,
+                    b.verify_tokens_graph_key,
+                )
+                for b in batches
+            ],
+            dtype=np.int64,
+        ).reshape(-1, 4)
+        floats = np.array(
+            [
+                (
+                    b.budget,
+                    b.predicted_step_ms,
+                    b.step_gpu_ms if b.step_gpu_ms is not None else b.step_cpu_ms,
+                )
+                for b in batches
+            ],
+            dtype=np.float64,
+        ).reshape(-1, 3)
+        sgroup, bs, verify_count, tier = ints.T
+        if (bs < 0).any():
+            bs = np.where(bs >= 0, bs, [b.num_reqs for b in batches])
         n_sg = len(self.step_groups)
         self.steps.sums.ensure_groups(n_sg)
         self.cost.ensure_groups(n_sg)
-        # counts stay int64 up to the cost cells: validated int64 values near 2**63 round up
-        # to 2**63 in float64, which does not cast back
-        bs = np.array([b.bs if b.bs >= 0 else b.num_reqs for b in batches], dtype=np.int64)
-        verify_count = np.array([b.num_verify_tokens for b in batches], dtype=np.int64)
         tokens = np.where(verify_count >= 0, verify_count, bs)
-        verify = np.where(verify_count >= 0, verify_count, np.nan)
-        tier = np.array([b.verify_tokens_graph_key for b in batches], dtype=np.float64)
-        tier[tier < 0] = np.nan
         self.steps.update(
             sgroup,
             {
                 "batch_size": bs.astype(np.float64),
-                "budget": np.array([_f(b.budget) for b in batches]),
-                "verify_tokens": verify,
-                "graph_tier": tier,
+                "budget": floats[:, 0],
+                "verify_tokens": np.where(verify_count >= 0, verify_count, np.nan),
+                "graph_tier": np.where(tier >= 0, tier, np.nan),
             },
         )
-        measured = (
-            np.array(
-                [_f(b.step_gpu_ms if b.step_gpu_ms is not None else b.step_cpu_ms) for b in batches]
-            )
-            / 1e3
-        )
-        predicted = np.array([_f(b.predicted_step_ms) for b in batches]) / 1e3
+        predicted, measured = floats[:, 1] / 1e3, floats[:, 2] / 1e3
         self.cost.update(sgroup, bs, tokens, predicted, measured)
         for sums in (self.tokens.sums, self.steps.sums, self.cost.errors):
             sums.advance(len(batches))
