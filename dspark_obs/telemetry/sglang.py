@@ -515,7 +515,7 @@ def _assemble(columns: _Columns, rank: int, workload_of: WorkloadOf) -> list[Ste
                 return None
             rows = slice(start, start + k)
             start += k
-            fields.update((name, col[rows]) for name, col in cols.items())
+            fields.update({name: col[rows] for name, col in cols.items()})
             fields["draft_tokens"] = draft[rows]
             for name, m in probs.items():
                 fields[name] = None if m is None or not k else m[rows]
