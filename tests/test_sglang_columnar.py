@@ -48,6 +48,7 @@ def assert_same(ours, ref):
         return
     assert len(ours) == len(ref)
     for a, b in zip(ours, ref, strict=True):
+        assert vars(a).keys() == vars(b).keys()  # built without __init__: no more, no fewer
         for f in dataclasses.fields(a):
             x, y = getattr(a, f.name), getattr(b, f.name)
             if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):

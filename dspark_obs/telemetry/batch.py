@@ -16,7 +16,7 @@ are `None`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import get_type_hints
 
 import numpy as np
@@ -153,6 +153,21 @@ class StepBatch:
         if self.mode and self.mode not in MODES:
             raise ValueError(f"unknown verify mode {self.mode!r}; expected one of {MODES}")
 
+    @classmethod
+    def from_columns(cls, values: dict) -> StepBatch:
+        """A batch from a dict of its fields, without `__init__`.
+
+        For decoders building the many steps of one payload: matching some forty keyword
+        arguments costs more than all the rest of assembling a step. `values` holds
+        forward_ct, gamma, every per-request column (REQUEST_COLUMNS) and whatever else
+        differs from its default. Nothing is checked, `__post_init__`'s mode included:
+        the caller has.
+        """
+        batch = cls.__new__(cls)
+        batch.__dict__.update(_PLAIN_DEFAULTS)
+        batch.__dict__.update(values)
+        return batch
+
     @property
     def num_reqs(self) -> int:
         """Rows actually present (0 when the source had no `reqs`)."""
@@ -253,6 +268,10 @@ class StepBatch:
                 # two reductions, no temporaries; a NaN makes min or max NaN, failing both
                 if mat is not None and mat.size and not (mat.min() >= 0 and mat.max() <= 1):
                     raise InvalidBatch("probability_out_of_range", f"{name} outside [0, 1] or NaN")
+
+
+#: The fields with a plain default (the others are forward_ct, gamma and the request columns).
+_PLAIN_DEFAULTS = {f.name: f.default for f in fields(StepBatch) if f.default is not MISSING}
 
 
 def _is_int(value) -> bool:

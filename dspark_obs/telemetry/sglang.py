@@ -534,7 +534,7 @@ def _assemble(columns: _Columns, rank: int, workload_of: WorkloadOf) -> list[Ste
                 fields["workload_names"] = tuple(compress(categories, seen))
             else:
                 fields.update(_categories(fields["workload"]))
-        batch = StepBatch(**fields)
+        batch = StepBatch(**fields) if k is None else StepBatch.from_columns(fields)
         if not columns.steps_checked:
             try:
                 batch.validate_step()
