@@ -20,6 +20,7 @@ setup(
         Extension(
             "dspark_obs.aggregates._rowfold",
             sources=["dspark_obs/aggregates/_rowfold.c"],
+            include_dirs=[numpy.get_include()],
             optional=True,
         ),
         Extension(

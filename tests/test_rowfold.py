@@ -15,8 +15,11 @@ import numpy as np
 import pytest
 
 from dspark_obs.aggregates import Aggregates, confidence, tokens
+from dspark_obs.aggregates.rows import MODE_CODE
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime
+from dspark_obs.telemetry import StepBatch
+from dspark_obs.telemetry.batch import empty_request_columns
 
 pytestmark = pytest.mark.skipif(tokens._rowfold is None, reason="the C fold is not built")
 GAMMA = 7
@@ -31,12 +34,14 @@ def test_compiled_fold_is_built_and_shares_the_layout():
         confidence.ECE_BINS,
         confidence.FINE_PER_ECE_BIN,
     )
+    assert (fold.MODE_STATIC, fold.MODE_CAP_ACCEPT) == (
+        MODE_CODE["static"],
+        MODE_CODE["cap-accept"],
+    )
 
 
 def runtime(steps: int, seed: int, **kw) -> list:
-    config = RuntimeConfig(
-        concurrency=[24], steps_per_level=steps, gamma=GAMMA, seed=seed, **kw
-    )
+    config = RuntimeConfig(concurrency=[24], steps_per_level=steps, gamma=GAMMA, seed=seed, **kw)
     return list(DSparkRuntime(config).run())
 
 
@@ -69,7 +74,10 @@ def test_both_folds_hold_the_same_cells(flush_rows):
     compact = [b for b in batches if b.mode == "compact" and b.survival is not None]
     assert any((b.correct_drafts == b.window).any() for b in compact)
     assert any((b.shadow_ceiling >= 0).any() for b in compact)
-    c, py = folded(batches, True, flush_rows=flush_rows), folded(batches, False, flush_rows=flush_rows)
+    c, py = (
+        folded(batches, True, flush_rows=flush_rows),
+        folded(batches, False, flush_rows=flush_rows),
+    )
     assert c.index.groups == py.index.groups and len(c.index.groups) >= 8
     for name in ("tokens", "confidence"):
         for sums in ("sums",) if name == "tokens" else ("fine", "coarse"):
@@ -92,44 +100,54 @@ def blocks():
     return agg
 
 
-def rows(n: int = 3, **over) -> dict:
-    cols = {
-        "group": np.array([0, 1, 1][:n], np.int64),
-        "window": np.array([3, 7, 0][:n], np.int64),
-        "accepted": np.array([1, 7, 0][:n], np.int64),
-        "committed": np.array([2, 8, 1][:n], np.int64),
-        "ceiling": np.array([-1, 7, 0][:n], np.int64),
-        "shadow": np.array([2, -1, -1][:n], np.int64),
-        "survival": np.linspace(0, 1, n * GAMMA).reshape(n, GAMMA),
-    }
-    cols.update(over)
-    return cols
+def step(mode: str, survival=None, **cols) -> StepBatch:
+    """A step of `len(verify_len)` rows: the given columns, the rest at their defaults."""
+    n = len(cols["verify_len"])
+    values = empty_request_columns(n, GAMMA)
+    values.update(cap_trim=np.zeros(n, np.int64), shadow_ceiling=np.full(n, -1, np.int64))
+    values.update({name: np.asarray(col, np.int64) for name, col in cols.items()})
+    return StepBatch(forward_ct=0, gamma=GAMMA, mode=mode, **values, survival=survival)
 
 
-def call_tokens(agg: Aggregates, cols: dict) -> None:
+def hand_steps(**over) -> tuple[list[StepBatch], np.ndarray]:
+    """Row 0 (group 0) a compact row with a shadow twin; rows 1 and 2 (group 1) static."""
+    survival = np.linspace(0, 1, 3 * GAMMA).reshape(3, GAMMA)
+    steps = [
+        step("compact", verify_len=[4], correct_drafts=[1], acc_len=[2], shadow_ceiling=[2],
+             survival=survival[:1]),
+        step("static", verify_len=[8, 1], correct_drafts=[7, 0], acc_len=[8, 1],
+             survival=over.pop("survival", survival[1:])),
+    ]  # fmt: skip
+    for name, value in over.items():
+        setattr(steps[1], name, value)
+    return steps, np.array([0, 1, 1], np.int64)
+
+
+def fold_tokens(agg: Aggregates, steps: list, group: np.ndarray, modes=None) -> None:
     t = agg.tokens
-    names = ("group", "window", "accepted", "committed", "ceiling", "shadow")
-    tokens._rowfold.tokens(t.sums.current, t.sums.width, t._starts, *(cols[k] for k in names))
+    modes = [MODE_CODE[b.mode] for b in steps] if modes is None else modes
+    tokens._rowfold.tokens(t.sums.current, t.sums.width, t._starts, steps, modes, group)
 
 
-def call_confidence(agg: Aggregates, cols: dict) -> None:
+def fold_confidence(agg: Aggregates, steps: list, group: np.ndarray, modes=None) -> None:
     c = agg.confidence
-    names = ("group", "survival", "accepted", "window", "ceiling")
-    tokens._rowfold.confidence(
-        c.fine.current, c.coarse.current, GAMMA, 1e-8, *(cols[k] for k in names)
-    )
+    modes = [MODE_CODE[b.mode] for b in steps] if modes is None else modes
+    tokens._rowfold.confidence(c.fine.current, c.coarse.current, GAMMA, 1e-8, steps, modes, group)
 
 
 def test_a_hand_sized_case_lands_in_the_right_cells(blocks):
     """Three rows worked out by hand, one cell at a time."""
-    call_tokens(blocks, rows())
+    steps, group = hand_steps()
+    for b in steps:
+        b.validate()
+    fold_tokens(blocks, steps, group)
     s = blocks.tokens.slices
     t = blocks.tokens.sums.total
     # row 0 (group 0): window 3, accepted 1, committed 2, shadow ceiling 2, known accepted 1
     assert t[0, s["window"]][3] == 1 and t[0, s["accepted"]][1] == 1
     assert t[0, s["committed"]][2] == 1 and t[0, s["ceiling_shadow"]][2] == 1
     assert t[0, s["accepted_known"]][1] == 1 and t[0, s["ceiling_observed"]].sum() == 0
-    # rows 1 and 2 (group 1): observed ceilings 7 and 0
+    # rows 1 and 2 (group 1): static, so observed ceilings 7 and 0
     assert t[1, s["ceiling_observed"]][[7, 0]].tolist() == [1, 1]
     assert t[1, s["accepted_known"]][[7, 0]].tolist() == [1, 1]
     assert t[1, s["ceiling_shadow"]].sum() == 0
@@ -139,15 +157,11 @@ def test_a_hand_sized_case_lands_in_the_right_cells(blocks):
 def test_compact_rows_reveal_only_what_they_saw(blocks):
     """A compact row (no ceiling) that accepted its whole window of 2 reveals positions 0
     and 1, both accepted; one that stopped at 1 of 3 reveals every position."""
-    cols = rows(
-        2,
-        group=np.array([0, 0], np.int64),
-        window=np.array([2, 3], np.int64),
-        accepted=np.array([2, 1], np.int64),
-        ceiling=np.array([-1, -1], np.int64),
-        survival=np.full((2, GAMMA), 0.5),
-    )
-    call_confidence(blocks, cols)
+    steps = [
+        step("compact", verify_len=[3, 4], correct_drafts=[2, 1], acc_len=[3, 2],
+             survival=np.full((2, GAMMA), 0.5)),
+    ]  # fmt: skip
+    fold_confidence(blocks, steps, np.array([0, 0], np.int64))
     fine = blocks.confidence.fine.total.reshape(2, GAMMA, 2, -1)[0].sum(axis=-1)
     # [position, label]: both rows accept position 0; position 1 accepted by the first
     # row, rejected by the second; positions 2.. only from the second row, label 0
@@ -160,35 +174,57 @@ def test_compact_rows_reveal_only_what_they_saw(blocks):
     np.testing.assert_allclose(coarse[:, -1], fine.sum(axis=1) * 0.25)  # squared sums
 
 
+@pytest.mark.parametrize("fold", [fold_tokens, fold_confidence])
 @pytest.mark.parametrize(
-    "call, over, message",
+    "over, group, modes, message",
     [
-        (call_tokens, {"group": np.array([0, 2, 1], np.int64)}, "validated range"),
-        (call_tokens, {"group": np.array([0, -1, 1], np.int64)}, "validated range"),
-        (call_tokens, {"window": np.array([3, 99, 0], np.int64)}, "validated range"),
-        (call_tokens, {"shadow": np.array([2, -1], np.int64)}, "differ in length"),
-        (call_tokens, {"window": np.array([3.0, 7.0, 0.0])}, "int64"),
-        (call_confidence, {"group": np.array([0, 5, 1], np.int64)}, "validated range"),
-        (call_confidence, {"survival": np.full((3, GAMMA), np.nan)}, "validated range"),
-        (call_confidence, {"survival": np.zeros((3, GAMMA - 1))}, "differ in length"),
-        (call_confidence, {"survival": np.zeros((GAMMA, 3)).T}, "C-ordered"),
+        ({}, [0, 2, 1], None, "validated range"),
+        ({}, [0, -1, 1], None, "validated range"),
+        ({}, [0, 1], None, "fewer entries"),
+        ({}, [0, 1, 1], [0], "one mode code"),
+        ({"correct_drafts": np.array([7.0, 0.0])}, [0, 1, 1], None, "int64"),
+        ({"acc_len": np.array([8, 1], np.int32)}, [0, 1, 1], None, "int64"),
+        ({"verify_len": np.array([8, 1, 1])}, [0, 1, 1], None, "one value per row"),
     ],
 )
-def test_malformed_arguments_raise(blocks, call, over, message):
-    with pytest.raises((ValueError, TypeError), match=message):
-        call(blocks, rows(**over))
+def test_malformed_arguments_raise(blocks, fold, over, group, modes, message):
+    steps, _ = hand_steps(**over)
+    with pytest.raises(ValueError, match=message):
+        fold(blocks, steps, np.array(group, np.int64), modes)
+
+
+@pytest.mark.parametrize(
+    "survival, message",
+    [
+        (np.full((2, GAMMA), np.nan), "validated range"),
+        (np.zeros((2, GAMMA - 1)), r"\[rows, gamma\]"),
+        (np.zeros((GAMMA, 2)).T, r"\[rows, gamma\]"),
+    ],
+)
+def test_malformed_survival_raises(blocks, survival, message):
+    steps, group = hand_steps(survival=survival)
+    with pytest.raises(ValueError, match=message):
+        fold_confidence(blocks, steps, group)
+
+
+def test_ranges_beyond_the_histograms_raise(blocks):
+    """A window past gamma would land in the next histogram's cells: refused."""
+    steps, group = hand_steps(verify_len=np.array([99, 1]))
+    with pytest.raises(ValueError, match="validated range"):
+        fold_tokens(blocks, steps, group)
 
 
 def test_blocks_that_do_not_fit_the_layout_raise(blocks):
-    c = blocks.confidence
-    cols = rows()
-    with pytest.raises(ValueError, match="do not fit"):
+    steps, group = hand_steps()
+    c, t = blocks.confidence, blocks.tokens
+    modes = [MODE_CODE[b.mode] for b in steps]
+    with pytest.raises(ValueError, match="different groups"):
         tokens._rowfold.confidence(
-            c.fine.current, c.coarse.current[:, :-1].copy(), GAMMA, 1e-8,
-            cols["group"], cols["survival"], cols["accepted"], cols["window"], cols["ceiling"],
-        )  # fmt: skip
-    with pytest.raises(ValueError, match="rows of"):
-        t = blocks.tokens.sums
-        tokens._rowfold.tokens(t.current, t.width + 1, blocks.tokens._starts, *(
-            cols[k] for k in ("group", "window", "accepted", "committed", "ceiling", "shadow")
-        ))  # fmt: skip
+            c.fine.current, c.coarse.current[:1].copy(), GAMMA, 1e-8, steps, modes, group
+        )
+    with pytest.raises(ValueError, match="block of rows"):
+        tokens._rowfold.tokens(t.sums.current, t.sums.width + 1, t._starts, steps, modes, group)
+    with pytest.raises(ValueError, match="block of rows"):
+        frozen = t.sums.current.copy()
+        frozen.flags.writeable = False
+        tokens._rowfold.tokens(frozen, t.sums.width, t._starts, steps, modes, group)

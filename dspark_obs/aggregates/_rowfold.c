@@ -4,20 +4,24 @@
  * Why C: every request row of every step lands in a few histogram cells (six token
  * histograms; two calibration histograms per block position). In numpy that is about
  * fifteen whole-array passes per fold (labels, clipping, bin numbers, three
- * bincounts, the adds), ~10 ns per position; as one loop it is one read of the row
- * and one add per cell. `tokens.py` and `confidence.py` keep the numpy forms, used
- * where this did not build; both forms write the same cells (tests/test_rowfold.py).
+ * bincounts, the adds) after joining the steps' columns, ~10 ns per position; as one
+ * loop over each step's own columns it is one read of the row and one add per cell.
+ * `tokens.py` and `confidence.py` keep the numpy forms, used where this did not
+ * build; both forms write the same cells (tests/test_rowfold.py).
  *
- * Both functions add into the windowed sums' current block (`window.py`), a C-ordered
- * array the caller owns, in place. The rows come from validated batches, yet every
- * cell index is still checked against the block, so a wrong argument raises
- * ValueError instead of writing outside it.
+ * Both functions take the fold's steps (`rows.RequestRows`: validated StepBatches
+ * with request rows, each one's verify-mode code, and the group of every row, in
+ * order) and add into the windowed sums' current block (`window.py`), a C-ordered
+ * array the caller owns, in place. Every column is checked for its dtype, layout and
+ * length, and every cell index against the block, so a wrong argument raises instead
+ * of reading or writing outside an array.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
 
 #include <stdint.h>
-#include <string.h>
 
 /* The calibration histograms' bins, as confidence.py lays them out (a constant divisor
  * is a multiply, a variable one a division; tests/test_rowfold.py checks both files
@@ -30,56 +34,121 @@
 enum { H_WINDOW, H_ACCEPTED, H_COMMITTED, H_CEILING_OBSERVED, H_CEILING_SHADOW,
        H_ACCEPTED_KNOWN, N_HISTOGRAMS };
 
-/* A C-contiguous buffer of 8-byte items of one kind: 'i' (int64) or 'd' (double). */
-static int
-get_buffer(PyObject *obj, Py_buffer *view, char kind, int writable, const char *name)
+/* Verify-mode codes, as rows.MODE_CODE numbers them. */
+enum { MODE_STATIC = 0, MODE_CAP_ACCEPT = 2 };
+
+/* The StepBatch columns read, interned at import. */
+enum { C_VERIFY_LEN, C_CORRECT_DRAFTS, C_ACC_LEN, C_CAP_TRIM, C_SHADOW, C_SURVIVAL, N_COLUMNS };
+static const char *COLUMN_NAMES[N_COLUMNS] = {
+    "verify_len", "correct_drafts", "acc_len", "cap_trim", "shadow_ceiling", "survival",
+};
+static PyObject *column_names[N_COLUMNS];
+
+/* An array checked for dtype, C order and shape (cols < 0: one dimension); its data. */
+static void *
+array_data(PyObject *obj, int type, npy_intp rows, npy_intp cols, const char *name)
 {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    int ok = PyObject_GetBuffer(obj, view, flags) == 0;
-    if (ok) {
-        const char *f = view->format;
-        if (f && (*f == '<' || *f == '=' || *f == '@'))
-            f++;
-        ok = view->itemsize == 8 && f && f[1] == '\0'
-             && (kind == 'd' ? *f == 'd' : (*f == 'q' || *f == 'l'));
-        if (!ok)
-            PyBuffer_Release(view);
+    PyArrayObject *a = (PyArrayObject *)obj;
+    int nd = cols < 0 ? 1 : 2;
+    if (!PyArray_Check(obj) || PyArray_TYPE(a) != type || PyArray_NDIM(a) != nd
+        || !PyArray_IS_C_CONTIGUOUS(a) || (rows >= 0 && PyArray_DIM(a, 0) != rows)
+        || (nd == 2 && PyArray_DIM(a, 1) != cols)) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a C-ordered %s array, %s", name,
+                     type == NPY_DOUBLE ? "float64" : "int64",
+                     nd == 2 ? "[rows, gamma]" : "one value per row");
+        return NULL;
     }
-    if (!ok) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s: expected a C-ordered%s %s array", name,
-                     writable ? " writable" : "", kind == 'd' ? "float64" : "int64");
+    return PyArray_DATA(a);
+}
+
+/* A writable block of whole rows of `width` cells; the number of rows in *rows. */
+static void *
+block_data(PyObject *obj, int type, npy_intp width, npy_intp *rows, const char *name)
+{
+    PyArrayObject *a = (PyArrayObject *)obj;
+    if (!PyArray_Check(obj) || PyArray_TYPE(a) != type || !PyArray_IS_C_CONTIGUOUS(a)
+        || !PyArray_ISWRITEABLE(a) || width < 1 || PyArray_SIZE(a) % width != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: expected a writable C-ordered block of rows", name);
+        return NULL;
+    }
+    *rows = PyArray_SIZE(a) / width;
+    return PyArray_DATA(a);
+}
+
+/* One step's columns: new references to the arrays (released by `release_step`). */
+typedef struct {
+    PyObject *obj[N_COLUMNS];
+    npy_intp n;
+    int mode;
+    const int64_t *verify_len, *accepted, *committed, *cap_trim, *shadow;
+    const double *survival; /* NULL: the step has none */
+} Step;
+
+static void
+release_step(Step *st)
+{
+    for (int c = 0; c < N_COLUMNS; c++)
+        Py_CLEAR(st->obj[c]);
+}
+
+static int
+get_step(PyObject *batch, PyObject *mode, int gamma, Step *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->mode = (int)PyLong_AsLong(mode);
+    if (st->mode == -1 && PyErr_Occurred())
+        return -1;
+    for (int c = 0; c < N_COLUMNS; c++)
+        if ((st->obj[c] = PyObject_GetAttr(batch, column_names[c])) == NULL)
+            return -1;
+    if (!PyArray_Check(st->obj[C_VERIFY_LEN])) {
+        PyErr_SetString(PyExc_ValueError, "verify_len: expected an array");
         return -1;
     }
+    st->n = PyArray_SIZE((PyArrayObject *)st->obj[C_VERIFY_LEN]);
+    const int64_t **cols[] = {&st->verify_len, &st->accepted, &st->committed, &st->cap_trim,
+                              &st->shadow};
+    for (int c = 0; c < C_SURVIVAL; c++)
+        if ((*cols[c] = array_data(st->obj[c], NPY_INT64, st->n, -1, COLUMN_NAMES[c])) == NULL)
+            return -1;
+    if (gamma > 0 && st->obj[C_SURVIVAL] != Py_None
+        && (st->survival = array_data(st->obj[C_SURVIVAL], NPY_DOUBLE, st->n, gamma,
+                                      "survival")) == NULL)
+        return -1;
     return 0;
 }
 
-/* Acquire `n` buffers; on failure release those already held. */
+/* The arguments every fold shares: the steps, their mode codes, each row's group. */
+typedef struct {
+    PyObject *batches, *modes; /* sequences (PySequence_Fast) */
+    Py_ssize_t steps;
+    const int64_t *group;
+    npy_intp rows;
+} Fold;
+
 static int
-get_buffers(PyObject **obj, Py_buffer *views, const char *kinds, const char *writable,
-            const char *const *names, int n)
+get_fold(PyObject *batches, PyObject *modes, PyObject *group, Fold *f)
 {
-    for (int i = 0; i < n; i++) {
-        if (get_buffer(obj[i], &views[i], kinds[i], writable[i] == 'w', names[i]) < 0) {
-            while (i--)
-                PyBuffer_Release(&views[i]);
-            return -1;
-        }
+    f->batches = PySequence_Fast(batches, "batches must be a sequence");
+    f->modes = f->batches ? PySequence_Fast(modes, "modes must be a sequence") : NULL;
+    if (f->modes == NULL)
+        return -1;
+    f->steps = PySequence_Fast_GET_SIZE(f->batches);
+    if (PySequence_Fast_GET_SIZE(f->modes) != f->steps) {
+        PyErr_SetString(PyExc_ValueError, "one mode code per batch");
+        return -1;
     }
+    if ((f->group = array_data(group, NPY_INT64, -1, -1, "group")) == NULL)
+        return -1;
+    f->rows = PyArray_SIZE((PyArrayObject *)group);
     return 0;
 }
 
 static void
-release(Py_buffer *views, int n)
+release_fold(Fold *f)
 {
-    for (int i = 0; i < n; i++)
-        PyBuffer_Release(&views[i]);
-}
-
-static Py_ssize_t
-items(const Py_buffer *v)
-{
-    return v->len / 8;
+    Py_XDECREF(f->batches);
+    Py_XDECREF(f->modes);
 }
 
 /* A row outside the ranges validation guarantees: the rows before it are added. */
@@ -90,20 +159,27 @@ out_of_range(const char *what)
     return NULL;
 }
 
-/* tokens(block, width, starts, group, window, accepted, committed, ceiling, shadow)
+static PyObject *
+too_few_groups(void)
+{
+    PyErr_SetString(PyExc_ValueError, "group: fewer entries than the steps have rows");
+    return NULL;
+}
+
+/* tokens(block, width, starts, batches, modes, group)
  *
  * block: int64 [groups, width]; starts: the first column of each histogram (a tuple of
- * N_HISTOGRAMS ints); the six row columns int64 [n]. Every row counts its window,
- * accepted and committed; a row with an observed ceiling (>= 0) counts it, else one
- * with a shadow ceiling counts that; either way it counts its accepted among the rows
- * whose ceiling is known. */
+ * N_HISTOGRAMS ints). Every row counts its window (verify_len - 1), accepted and
+ * committed; a row whose mode reveals its ceiling (static: accepted; cap-accept:
+ * accepted + cap_trim) counts that, else one with a shadow ceiling counts it; either
+ * way it counts its accepted among the rows whose ceiling is known. */
 static PyObject *
 tokens(PyObject *self, PyObject *args)
 {
-    PyObject *obj[7], *starts_obj;
+    PyObject *block_obj, *starts_obj, *batches, *modes, *group;
     Py_ssize_t width;
-    if (!PyArg_ParseTuple(args, "OnOOOOOOO", &obj[0], &width, &starts_obj, &obj[1], &obj[2],
-                          &obj[3], &obj[4], &obj[5], &obj[6]))
+    if (!PyArg_ParseTuple(args, "OnOOOO", &block_obj, &width, &starts_obj, &batches, &modes,
+                          &group))
         return NULL;
     int64_t start[N_HISTOGRAMS];
     PyObject *seq = PySequence_Fast(starts_obj, "starts must be a sequence");
@@ -119,151 +195,156 @@ tokens(PyObject *self, PyObject *args)
     Py_DECREF(seq);
     if (PyErr_Occurred())
         return NULL;
-
-    static const char *const names[] = {"block", "group", "window", "accepted",
-                                        "committed", "ceiling", "shadow"};
-    Py_buffer v[7];
-    if (get_buffers(obj, v, "iiiiiii", "wrrrrrr", names, 7) < 0)
-        return NULL;
-    Py_ssize_t n = items(&v[1]);
-    for (int i = 2; i < 7; i++) {
-        if (items(&v[i]) != n) {
-            release(v, 7);
-            PyErr_SetString(PyExc_ValueError, "tokens: row columns differ in length");
-            return NULL;
-        }
-    }
-    int64_t *block = v[0].buf;
-    const int64_t *group = v[1].buf, *window = v[2].buf, *accepted = v[3].buf,
-                  *committed = v[4].buf, *ceiling = v[5].buf, *shadow = v[6].buf;
-    const int64_t groups = width > 0 ? items(&v[0]) / width : 0;
-    if (width < 1 || groups * width != items(&v[0])) {
-        release(v, 7);
-        PyErr_SetString(PyExc_ValueError, "tokens: the block is not rows of `width` cells");
+    npy_intp groups;
+    int64_t *block = block_data(block_obj, NPY_INT64, width, &groups, "block");
+    Fold f = {0};
+    if (block == NULL || get_fold(batches, modes, group, &f) < 0) {
+        release_fold(&f);
         return NULL;
     }
-    int bad = 0;
-    for (Py_ssize_t i = 0; i < n && !bad; i++) {
-        if (group[i] < 0 || group[i] >= groups) {
-            bad = 1;
-            break;
+    PyObject *result = Py_None;
+    npy_intp at = 0; /* the first row of the step */
+    for (Py_ssize_t s = 0; s < f.steps && result; s++) {
+        Step st;
+        if (get_step(PySequence_Fast_GET_ITEM(f.batches, s),
+                     PySequence_Fast_GET_ITEM(f.modes, s), 0, &st) < 0) {
+            result = NULL;
         }
-        int64_t *row = block + group[i] * width;
-        int64_t cols[N_HISTOGRAMS];
-        int k = 0;
-        cols[k++] = start[H_WINDOW] + window[i];
-        cols[k++] = start[H_ACCEPTED] + accepted[i];
-        cols[k++] = start[H_COMMITTED] + committed[i];
-        if (ceiling[i] >= 0)
-            cols[k++] = start[H_CEILING_OBSERVED] + ceiling[i];
-        else if (shadow[i] >= 0)
-            cols[k++] = start[H_CEILING_SHADOW] + shadow[i];
-        if (k > 3)
-            cols[k++] = start[H_ACCEPTED_KNOWN] + accepted[i];
-        for (int c = 0; c < k; c++)
-            bad |= cols[c] < 0 || cols[c] >= width;
-        if (!bad)
+        else if (st.n > f.rows - at) {
+            result = too_few_groups();
+        }
+        for (npy_intp i = 0; result && i < st.n; i++) {
+            const int64_t g = f.group[at + i], a = st.accepted[i];
+            const int64_t ceiling = st.mode == MODE_STATIC        ? a
+                                    : st.mode == MODE_CAP_ACCEPT ? a + st.cap_trim[i]
+                                                                 : -1;
+            int64_t cols[N_HISTOGRAMS];
+            int k = 0, bad = g < 0 || g >= groups;
+            cols[k++] = start[H_WINDOW] + st.verify_len[i] - 1;
+            cols[k++] = start[H_ACCEPTED] + a;
+            cols[k++] = start[H_COMMITTED] + st.committed[i];
+            if (ceiling >= 0)
+                cols[k++] = start[H_CEILING_OBSERVED] + ceiling;
+            else if (st.shadow[i] >= 0)
+                cols[k++] = start[H_CEILING_SHADOW] + st.shadow[i];
+            if (k > 3)
+                cols[k++] = start[H_ACCEPTED_KNOWN] + a;
+            for (int c = 0; c < k; c++)
+                bad |= cols[c] < 0 || cols[c] >= width;
+            if (bad) {
+                result = out_of_range("tokens");
+                break;
+            }
+            int64_t *row = block + g * width;
             for (int c = 0; c < k; c++)
                 row[cols[c]]++;
+        }
+        at += st.n;
+        release_step(&st);
     }
-    release(v, 7);
-    if (bad)
-        return out_of_range("tokens");
-    Py_RETURN_NONE;
+    release_fold(&f);
+    return Py_XNewRef(result);
 }
 
-/* confidence(fine, coarse, gamma, eps, group, survival, accepted, window, ceiling)
+/* confidence(fine, coarse, gamma, eps, batches, modes, group)
  *
  * The label rule of calibration.prefix_labels, as confidence.py applies it: position j
- * of a row is labelled j < reach, reach being the ceiling where known (>= 0) and the
- * accepted count otherwise; a row without a known ceiling whose whole window was
- * accepted reveals only its first `accepted` positions. A kept position's prediction
- * p (clipped to [eps, 1 - eps]) adds one to its fine bin, and to its ECE bin one, p,
- * and p * p to the position's squared sum.
+ * of a row is labelled j < reach, reach being the ceiling where known (its mode's, else
+ * a shadow twin's) and the accepted count otherwise; a row without a known ceiling
+ * whose whole window was accepted reveals only its first `accepted` positions. A kept
+ * position's survival p (clipped to [eps, 1 - eps]) adds one to its fine bin, and to
+ * its ECE bin one, p, and p * p to the position's squared sum. Steps without survival
+ * add nothing.
  *
  * fine: int64 [groups, gamma * 2 * FINE_BINS]; coarse: float64
  * [groups, gamma * (4 * ECE_BINS + 1)], the layouts of ConfidenceAggregate. */
 static PyObject *
 confidence(PyObject *self, PyObject *args)
 {
-    PyObject *obj[7];
+    PyObject *fine_obj, *coarse_obj, *batches, *modes, *group;
     int gamma;
     double eps;
-    if (!PyArg_ParseTuple(args, "OOidOOOOO", &obj[0], &obj[1], &gamma, &eps, &obj[2], &obj[3],
-                          &obj[4], &obj[5], &obj[6]))
+    if (!PyArg_ParseTuple(args, "OOidOOO", &fine_obj, &coarse_obj, &gamma, &eps, &batches,
+                          &modes, &group))
         return NULL;
     if (gamma < 1 || gamma > 64 || !(eps > 0.0 && eps < 0.5)) {
         /* eps > 0 keeps p * FINE_BINS below FINE_BINS */
-        PyErr_SetString(PyExc_ValueError, "confidence: bad layout arguments");
+        PyErr_SetString(PyExc_ValueError, "confidence: bad gamma or eps");
         return NULL;
     }
-    static const char *const names[] = {"fine", "coarse", "group", "survival",
-                                        "accepted", "window", "ceiling"};
-    Py_buffer v[7];
-    if (get_buffers(obj, v, "ididiii", "wwrrrrr", names, 7) < 0)
-        return NULL;
-    Py_ssize_t n = items(&v[2]);
-    int bad = items(&v[3]) != n * gamma;
-    for (int i = 4; i < 7; i++)
-        bad |= items(&v[i]) != n;
-    if (bad) {
-        release(v, 7);
-        PyErr_SetString(PyExc_ValueError, "confidence: row columns differ in length");
-        return NULL;
-    }
-    int64_t *fine = v[0].buf;
-    double *coarse = v[1].buf;
-    const int64_t *group = v[2].buf, *accepted = v[4].buf, *window = v[5].buf,
-                  *ceiling = v[6].buf;
-    const double *survival = v[3].buf;
     const int64_t fine_stride = 2 * FINE_BINS, coarse_stride = 4 * ECE_BINS + 1;
-    const int64_t slots = items(&v[0]) / fine_stride;
-    if (slots % gamma != 0 || slots * fine_stride != items(&v[0])
-        || slots * coarse_stride != items(&v[1])) {
-        release(v, 7);
-        PyErr_SetString(PyExc_ValueError, "confidence: the blocks do not fit gamma and the bins");
+    npy_intp groups, coarse_groups;
+    int64_t *fine = block_data(fine_obj, NPY_INT64, gamma * fine_stride, &groups, "fine");
+    double *coarse = fine ? block_data(coarse_obj, NPY_DOUBLE, gamma * coarse_stride,
+                                       &coarse_groups, "coarse")
+                          : NULL;
+    if (coarse == NULL)
+        return NULL;
+    if (coarse_groups != groups) {
+        PyErr_SetString(PyExc_ValueError, "confidence: fine and coarse hold different groups");
         return NULL;
     }
-    const int64_t groups = slots / gamma;
+    Fold f = {0};
+    if (get_fold(batches, modes, group, &f) < 0) {
+        release_fold(&f);
+        return NULL;
+    }
     const double lo = eps, hi = 1.0 - eps;
-    for (Py_ssize_t i = 0; i < n && !bad; i++) {
-        if (group[i] < 0 || group[i] >= groups) {
-            bad = 1;
-            break;
+    PyObject *result = Py_None;
+    npy_intp at = 0;
+    for (Py_ssize_t s = 0; s < f.steps && result; s++) {
+        Step st;
+        if (get_step(PySequence_Fast_GET_ITEM(f.batches, s),
+                     PySequence_Fast_GET_ITEM(f.modes, s), gamma, &st) < 0) {
+            result = NULL;
         }
-        const int observed = ceiling[i] >= 0;
-        const int64_t reach = observed ? ceiling[i] : accepted[i];
-        const int settled = observed || accepted[i] < window[i];
-        const int64_t kept = settled ? gamma : (accepted[i] < gamma ? accepted[i] : gamma);
-        const double *p_row = survival + i * gamma;
-        for (int64_t j = 0; j < kept; j++) {
-            double p = p_row[j];
-            if (p != p) { /* NaN: not from a validated row */
-                bad = 1;
+        else if (st.n > f.rows - at) {
+            result = too_few_groups();
+        }
+        for (npy_intp i = 0; result && st.survival && i < st.n; i++) {
+            const int64_t g = f.group[at + i], a = st.accepted[i], w = st.verify_len[i] - 1;
+            int64_t ceiling = st.mode == MODE_STATIC        ? a
+                              : st.mode == MODE_CAP_ACCEPT ? a + st.cap_trim[i]
+                                                           : -1;
+            if (ceiling < 0)
+                ceiling = st.shadow[i];
+            if (g < 0 || g >= groups) {
+                result = out_of_range("confidence");
                 break;
             }
-            p = p < lo ? lo : (p > hi ? hi : p);
-            const int label = j < reach;
-            const int fbin = (int)(p * FINE_BINS); /* p < 1, so below FINE_BINS */
-            const int64_t slot = group[i] * gamma + j;
-            fine[slot * fine_stride + label * FINE_BINS + fbin]++;
-            double *c = coarse + slot * coarse_stride;
-            const int cell = label * ECE_BINS + fbin / FINE_PER_ECE_BIN;
-            c[cell] += 1.0;
-            c[2 * ECE_BINS + cell] += p;
-            c[4 * ECE_BINS] += p * p;
+            const int observed = ceiling >= 0;
+            const int64_t reach = observed ? ceiling : a;
+            const int64_t kept = observed || a < w ? gamma : (a < gamma ? a : gamma);
+            const double *p_row = st.survival + i * gamma;
+            for (int64_t j = 0; j < kept; j++) {
+                double p = p_row[j];
+                if (p != p) { /* NaN: not from a validated row */
+                    result = out_of_range("confidence");
+                    break;
+                }
+                p = p < lo ? lo : (p > hi ? hi : p);
+                const int label = j < reach;
+                const int fbin = (int)(p * FINE_BINS); /* p < 1, so below FINE_BINS */
+                const int64_t slot = g * gamma + j;
+                fine[slot * fine_stride + label * FINE_BINS + fbin]++;
+                double *c = coarse + slot * coarse_stride;
+                const int cell = label * ECE_BINS + fbin / FINE_PER_ECE_BIN;
+                c[cell] += 1.0;
+                c[2 * ECE_BINS + cell] += p;
+                c[4 * ECE_BINS] += p * p;
+            }
         }
+        at += st.n;
+        release_step(&st);
     }
-    release(v, 7);
-    if (bad)
-        return out_of_range("confidence");
-    Py_RETURN_NONE;
+    release_fold(&f);
+    return Py_XNewRef(result);
 }
 
 static PyMethodDef methods[] = {
-    {"tokens", tokens, METH_VARARGS, "Count request rows into the token histograms' block."},
+    {"tokens", tokens, METH_VARARGS, "Count the steps' request rows into the token block."},
     {"confidence", confidence, METH_VARARGS,
-     "Count request rows' positions into the calibration histograms' blocks."},
+     "Count the steps' request rows' positions into the calibration blocks."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -275,10 +356,16 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__rowfold(void)
 {
+    import_array();
+    for (int c = 0; c < N_COLUMNS; c++)
+        if ((column_names[c] = PyUnicode_InternFromString(COLUMN_NAMES[c])) == NULL)
+            return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m && (PyModule_AddIntConstant(m, "N_HISTOGRAMS", N_HISTOGRAMS) < 0
               || PyModule_AddIntConstant(m, "ECE_BINS", ECE_BINS) < 0
-              || PyModule_AddIntConstant(m, "FINE_PER_ECE_BIN", FINE_PER_ECE_BIN) < 0)) {
+              || PyModule_AddIntConstant(m, "FINE_PER_ECE_BIN", FINE_PER_ECE_BIN) < 0
+              || PyModule_AddIntConstant(m, "MODE_STATIC", MODE_STATIC) < 0
+              || PyModule_AddIntConstant(m, "MODE_CAP_ACCEPT", MODE_CAP_ACCEPT) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

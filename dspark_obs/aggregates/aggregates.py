@@ -18,8 +18,9 @@ from ..telemetry import StepBatch
 from .confidence import ConfidenceAggregate
 from .cost_model import DEFAULT_BS_PROBES, DEFAULT_M_PROBES, CostModelAggregate, Refit
 from .groups import GroupIndex
+from .rows import RequestRows
 from .steps import StepAggregate
-from .tokens import TokenAggregate, TokenRows
+from .tokens import TokenAggregate
 
 
 @dataclass
@@ -38,9 +39,6 @@ class Snapshot:
     refits: list[Refit | None]
     ingest: dict[str, int] = field(default_factory=dict)
     overflow_rows: int = 0
-
-
-_MODE_CODE = {"static": 0, "compact": 1, "cap-accept": 2, "": 1}
 
 
 class Aggregates:
@@ -156,7 +154,7 @@ class Aggregates:
         self.confidence.advance(len(batches))
 
     def _fold_requests(self, batches: list[StepBatch]) -> None:
-        """Request rows of several steps, concatenated once and folded in together."""
+        """Request rows of several steps, folded in together."""
         batches = [b for b in batches if b.num_reqs]
         if not batches:
             return
@@ -164,35 +162,9 @@ class Aggregates:
         n_groups = len(self.index.groups)
         self.tokens.sums.ensure_groups(n_groups)
         self.confidence.ensure_groups(n_groups)
-        window = np.concatenate([b.verify_len for b in batches]) - 1
-        accepted = np.concatenate([b.correct_drafts for b in batches])
-        cap_trim = np.concatenate([b.cap_trim for b in batches])
-        shadow = np.concatenate([b.shadow_ceiling for b in batches])
-        mode = np.repeat([_MODE_CODE[b.mode] for b in batches], [b.num_reqs for b in batches])
-        # the ceiling each mode reveals (StepBatch.ceiling, vectorised over mixed modes)
-        ceiling = np.where(mode == 0, accepted, np.where(mode == 2, accepted + cap_trim, -1))
-        self.tokens.update(
-            TokenRows(
-                group=group,
-                window=window,
-                accepted=accepted,
-                committed=np.concatenate([b.acc_len for b in batches]),
-                ceiling=ceiling,
-                shadow=shadow,
-            )
-        )
-        scored = [b.survival is not None for b in batches]
-        if any(scored):
-            keep = slice(None)
-            if not all(scored):
-                keep = np.repeat(scored, [b.num_reqs for b in batches])
-            self.confidence.update(
-                group[keep],
-                np.concatenate([b.survival for b in batches if b.survival is not None]),
-                accepted[keep],
-                window[keep],
-                np.where(ceiling >= 0, ceiling, shadow)[keep],
-            )
+        rows = RequestRows(batches, group)
+        self.tokens.update(rows)
+        self.confidence.update(rows)
 
     def snapshot(self) -> Snapshot:
         with self._lock:

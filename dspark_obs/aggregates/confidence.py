@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..calibration.metrics import EPS_PROB, auroc_from_hist, ece_from_bins
+from .rows import RequestRows
 from .tokens import compiled_fold
 from .window import WindowedSums
 
@@ -61,19 +62,12 @@ class ConfidenceAggregate:
         self.fine.advance(steps)
         self.coarse.advance(steps)
 
-    def update(
-        self,
-        group: np.ndarray,
-        survival: np.ndarray,
-        accepted: np.ndarray,
-        window: np.ndarray,
-        ceiling: np.ndarray,
-    ) -> None:
-        """Rows `[n]` with `survival [n, gamma]` (validated: within [0, 1]); `ceiling` -1 where
-        unknown.
+    def update(self, rows: RequestRows) -> None:
+        """The positions of validated rows (survival within [0, 1]) with their labels.
 
         The label rule is `calibration.prefix_labels`, applied inline without its
-        checks because the rows come from validated batches.
+        checks because the rows come from validated batches. A row's ceiling is its
+        mode's where known, else its shadow twin's.
         """
         g = self.gamma
         if self._fold is not None:
@@ -82,13 +76,21 @@ class ConfidenceAggregate:
                 self.coarse.current,
                 g,
                 EPS_PROB,
-                group,
-                survival,
-                accepted,
-                window,
-                ceiling,
+                rows.batches,
+                rows.modes,
+                rows.group,
             )
             return
+        if rows.survival is None:
+            return
+        keep = rows.scored
+        group, survival, accepted, window = (
+            rows.group[keep],
+            rows.survival,
+            rows.accepted[keep],
+            rows.window[keep],
+        )
+        ceiling = np.where(rows.ceiling >= 0, rows.ceiling, rows.shadow)[keep]
         j = np.arange(g)
         observed = ceiling >= 0
         reach = np.where(observed, ceiling, accepted)

@@ -7,10 +7,9 @@ gets integer-bucket histograms without a second pass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from .rows import RequestRows
 from .window import WindowedSums
 
 try:  # the row fold in C (see _rowfold.c); the numpy form below where it did not build
@@ -27,18 +26,6 @@ HISTOGRAMS = (
     ("ceiling_shadow", 1),  # ceiling from a cap-accept shadow twin
     ("accepted_known", 1),  # accepted, on rows whose ceiling is known
 )
-
-
-@dataclass
-class TokenRows:
-    """Concatenated request rows of several steps, as the token aggregate needs them."""
-
-    group: np.ndarray
-    window: np.ndarray
-    accepted: np.ndarray
-    committed: np.ndarray
-    ceiling: np.ndarray  # observed ceiling or -1
-    shadow: np.ndarray  # shadow twin's ceiling or -1
 
 
 def histogram_slices(gamma: int) -> dict[str, slice]:
@@ -68,19 +55,16 @@ class TokenAggregate:
         self._starts = tuple(self.slices[name].start for name, _ in HISTOGRAMS)
         self._fold = compiled_fold(compiled)
 
-    def update(self, rows: TokenRows) -> None:
+    def update(self, rows: RequestRows) -> None:
         """Rows of validated batches (values within their histogram's range)."""
         if self._fold is not None:
             self._fold.tokens(
                 self.sums.current,
                 self.sums.width,
                 self._starts,
+                rows.batches,
+                rows.modes,
                 rows.group,
-                rows.window,
-                rows.accepted,
-                rows.committed,
-                rows.ceiling,
-                rows.shadow,
             )
             return
         at = {name: sl.start for name, sl in self.slices.items()}

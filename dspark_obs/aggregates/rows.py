@@ -1,0 +1,64 @@
+"""`RequestRows`: the request rows of the steps that one fold takes in.
+
+The compiled fold (`_rowfold.c`) reads each step's own columns in place; the numpy
+fold needs them joined, one column per field over all the steps. Each joined column
+is made on first use, so the compiled fold never pays for joining.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import numpy as np
+
+from ..telemetry import StepBatch
+
+#: Verify modes as the folds number them ("" is an unlabelled step: compact's rules).
+MODE_CODE = {"static": 0, "compact": 1, "cap-accept": 2, "": 1}
+
+
+class RequestRows:
+    def __init__(self, batches: list[StepBatch], group: np.ndarray) -> None:
+        """Validated steps with request rows, and the group of each of their rows."""
+        self.batches = batches
+        self.group = group
+        self.modes = [MODE_CODE[b.mode] for b in batches]
+
+    def _joined(self, name: str) -> np.ndarray:
+        return np.concatenate([getattr(b, name) for b in self.batches])
+
+    @cached_property
+    def window(self) -> np.ndarray:
+        return self._joined("verify_len") - 1
+
+    @cached_property
+    def accepted(self) -> np.ndarray:
+        return self._joined("correct_drafts")
+
+    @cached_property
+    def committed(self) -> np.ndarray:
+        return self._joined("acc_len")
+
+    @cached_property
+    def shadow(self) -> np.ndarray:
+        return self._joined("shadow_ceiling")
+
+    @cached_property
+    def ceiling(self) -> np.ndarray:
+        """The ceiling each row's mode reveals, -1 where it censors (`StepBatch.ceiling`)."""
+        mode = np.repeat(self.modes, [b.num_reqs for b in self.batches])
+        accepted = self.accepted
+        capped = accepted + self._joined("cap_trim")
+        return np.where(mode == 0, accepted, np.where(mode == 2, capped, -1))
+
+    @cached_property
+    def scored(self) -> np.ndarray | slice:
+        """The rows of steps with survival (a mask, or every row)."""
+        has = [b.survival is not None for b in self.batches]
+        return slice(None) if all(has) else np.repeat(has, [b.num_reqs for b in self.batches])
+
+    @cached_property
+    def survival(self) -> np.ndarray | None:
+        """`[scored rows, gamma]`, None when no step has it."""
+        found = [b.survival for b in self.batches if b.survival is not None]
+        return np.concatenate(found) if found else None
