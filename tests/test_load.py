@@ -43,8 +43,8 @@ from .test_sglang_poller import polling_args
 RANKS = 8
 PER_RANK = 256
 #: Steps per second each rank records: 8 x 8 x 256 = 16,384 request-steps/s in all, about
-#: half of what one serve process ingests on a two-core machine (docs/reliability.md); set
-#: DSPARK_LOAD_STEPS_PER_SECOND higher to find a machine's ceiling.
+#: a seventh of what one serve process ingests on a two-core machine (docs/reliability.md);
+#: set DSPARK_LOAD_STEPS_PER_SECOND higher to find a machine's ceiling.
 STEPS_PER_SECOND = float(os.environ.get("DSPARK_LOAD_STEPS_PER_SECOND", "8"))
 LOAD_SECONDS = 40.0
 SAMPLE_EVERY = 2.0
