@@ -140,6 +140,10 @@ def payloads(draw) -> tuple[dict, set[str]]:
     return payload, features
 
 
+#: Values of fields this parser does not know, that it skips.
+PLAIN_VALUES = [1.5, -2, 10**30, None, True, False, "x", "", [], [1, 2.5e-3, "b", None, False]]
+
+
 def _some(rng, reqs):
     return rng.sample(reqs, min(len(reqs), rng.randint(1, 3))) if reqs else []
 
@@ -196,6 +200,12 @@ FEATURES = {
     ],
     "unknown key": lambda rng, p, reqs: [
         r.update(extra=[1, {"a": None}]) for r in _some(rng, reqs)
+    ],
+    # fields a newer SGLang might add: plain values are skipped, as msgspec skips them
+    "new plain keys": lambda rng, p, reqs: [
+        p.update(sglang_version="0.5.24"),
+        *(rec.update(spec_ms=rng.choice(PLAIN_VALUES)) for rec in p["records"]),
+        *(r.update(logit_ms=rng.choice(PLAIN_VALUES)) for r in _some(rng, reqs)),
     ],
     "simulate_acc_len": lambda rng, p, reqs: p.update(simulate_acc_len=rng.choice([None, 3])),
     "timed components": lambda rng, p, reqs: p.update(components=["core", "reqs", "step_gpu_time"]),
@@ -432,6 +442,22 @@ def test_damaged_payloads_end_as_the_python_paths(text):
 @example(b'{"mode":"compact","gamma":1,"verify_num_draft_tokens":2,"components":["\\')
 def test_raw_bytes_never_crash(text):
     assert_all_same(text)
+
+
+@needs_compiled
+@pytest.mark.parametrize("value", PLAIN_VALUES)
+@pytest.mark.parametrize("level", ["envelope", "record", "request"])
+def test_unknown_fields_with_plain_values_are_skipped(level, value):
+    """A field a newer SGLang adds keeps the payload on the compiled path, with the same
+    result; one whose value is not plain (an object, a nested list) is declined."""
+    payload = random_payload(random.Random(3))
+    rec = next(rec for rec in payload["records"] if rec.get("reqs"))
+    target = {"envelope": payload, "record": rec, "request": rec["reqs"][0]}[level]
+    for extra, taken in ((value, True), ({"a": value}, False), ([[value]], False)):
+        target["new_field"] = extra
+        text = msgspec.json.encode(payload)
+        assert (compiled.parse(text, MAX_GAMMA) is not None) == taken
+        assert_all_same(text)
 
 
 @needs_compiled

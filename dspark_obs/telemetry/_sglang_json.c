@@ -10,7 +10,8 @@
  *
  * It accepts only the narrow grammar SGLang emits: the documented keys (any order,
  * each at most once, no escapes in keys), JSON whitespace, numbers of the types the
- * wire structs declare, null where they allow it. Anything else, valid JSON or not,
+ * wire structs declare, null where they allow it, and other keys with plain values
+ * (skipped, as msgspec skips unknown fields). Anything else, valid JSON or not,
  * is DECLINED: `parse` returns None and the Python path decodes the payload, so
  * results and error messages never depend on this file. A decline costs time, never
  * correctness; when in doubt, decline.
@@ -261,14 +262,21 @@ next_item(Parser *s, unsigned char close, int *more)
     return DECLINE;
 }
 
+/* The literal `word` (null, true, false) at s->p: consumed and 1, else 0. */
 static int
-take_null(Parser *s)
+take_word(Parser *s, const char *word, size_t len)
 {
-    if (s->end - s->p >= 4 && same_bytes(s->p, "null", 4)) {
-        s->p += 4;
+    if ((size_t)(s->end - s->p) >= len && same_bytes(s->p, word, len)) {
+        s->p += len;
         return 1;
     }
     return 0;
+}
+
+static int
+take_null(Parser *s)
+{
+    return take_word(s, "null", 4);
 }
 
 /* ---- numbers --------------------------------------------------------------------- */
@@ -654,9 +662,10 @@ take_string(Parser *s, PyObject **out)
 }
 
 /* An object key, looked up in `keys` (tried from `hint` on: SGLang writes its keys in
- * one order, so the next key is usually the one after the last). Keys with escapes
- * or not in the table are declined: msgspec would skip an unknown key, but this
- * parser does not skip values it does not know. */
+ * one order, so the next key is usually the one after the last). A key not in the
+ * table gives *index = -1, and its value is the caller's to skip (`skip_value`), as
+ * msgspec skips unknown fields. Keys with escapes are declined (unescaped, one might
+ * name a known field), and so are keys outside ASCII. */
 static int
 take_key(Parser *s, const Key *keys, int nkeys, int hint, int *index)
 {
@@ -677,16 +686,56 @@ take_key(Parser *s, const Key *keys, int nkeys, int hint, int *index)
     size_t len;
     int escaped, ascii;
     TRY(scan_string(s, &raw, &len, &escaped, &ascii));
-    if (escaped)
+    if (escaped || !ascii)
         return DECLINE;
+    *index = -1;
     for (int i = 0; i < nkeys; i++) {
         int k = (hint + i) % nkeys;
         if (keys[k].len == len && same_bytes(keys[k].name, raw, len)) {
             *index = k;
-            return expect(s, ':');
+            break;
         }
     }
-    return DECLINE;
+    return expect(s, ':');
+}
+
+/* One plain JSON value of an unknown key: a number, an ASCII string without escapes,
+ * true, false, null, or a flat list of those. A newer SGLang may add fields, which
+ * msgspec ignores; skipping them here keeps such payloads on this path instead of
+ * sending every poll down the slower one. Anything else (objects, nested lists,
+ * escapes) declines, and msgspec decides whether it is valid JSON at all. */
+static int
+skip_scalar(Parser *s)
+{
+    int c = peek(s);
+    if (c == '"') {
+        const unsigned char *raw;
+        size_t len;
+        int escaped, ascii;
+        TRY(scan_string(s, &raw, &len, &escaped, &ascii));
+        return escaped || !ascii ? DECLINE : OK;
+    }
+    if (take_word(s, "null", 4) || take_word(s, "true", 4) || take_word(s, "false", 5))
+        return OK;
+    Num n;
+    return scan_number(s, &n);
+}
+
+static int
+skip_value(Parser *s)
+{
+    if (peek(s) != '[')
+        return skip_scalar(s);
+    s->p++;
+    if (peek(s) == ']') {
+        s->p++;
+        return OK;
+    }
+    for (int more = 1; more;) {
+        TRY(skip_scalar(s));
+        TRY(next_item(s, ']', &more));
+    }
+    return OK;
 }
 
 /* ---- lists ----------------------------------------------------------------------- */
@@ -815,8 +864,15 @@ take_request(Parser *s)
     if (peek(s) == '}') /* required fields missing */
         return DECLINE;
     while (more) {
-        if ((rc = take_key(s, REQ_KEYS, N_REQ_KEYS, key + 1, &key)) != OK)
+        int found;
+        if ((rc = take_key(s, REQ_KEYS, N_REQ_KEYS, key + 1, &found)) != OK)
             goto done;
+        if (found < 0) {
+            if ((rc = skip_value(s)) != OK || (rc = next_item(s, '}', &more)) != OK)
+                goto done;
+            continue;
+        }
+        key = found;
         if (seen & (1u << key)) { /* a repeated key: msgspec keeps the last; decline */
             rc = DECLINE;
             goto done;
@@ -883,8 +939,15 @@ take_record(Parser *s)
     if (peek(s) == '}') /* forward_ct missing */
         return DECLINE;
     while (more) {
-        if ((rc = take_key(s, RECORD_KEYS, N_RECORD_KEYS, index + 1, &index)) != OK)
+        int found;
+        if ((rc = take_key(s, RECORD_KEYS, N_RECORD_KEYS, index + 1, &found)) != OK)
             goto done;
+        if (found < 0) {
+            if ((rc = skip_value(s)) != OK || (rc = next_item(s, '}', &more)) != OK)
+                goto done;
+            continue;
+        }
+        index = found;
         int key = RECORD_SLOTS[index];
         if (seen & (1u << key)) {
             rc = DECLINE;
@@ -993,7 +1056,14 @@ take_envelope(Parser *s, PyObject **mode, int64_t *gamma)
     if (peek(s) == '}')
         return DECLINE;
     while (more) {
-        TRY(take_key(s, ENVELOPE_KEYS, N_ENVELOPE_KEYS, key + 1, &key));
+        int found;
+        TRY(take_key(s, ENVELOPE_KEYS, N_ENVELOPE_KEYS, key + 1, &found));
+        if (found < 0) {
+            TRY(skip_value(s));
+            TRY(next_item(s, '}', &more));
+            continue;
+        }
+        key = found;
         if (seen & (1u << key))
             return DECLINE;
         seen |= 1u << key;
