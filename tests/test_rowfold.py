@@ -90,6 +90,8 @@ def test_both_folds_hold_the_same_cells(flush_rows):
                 else:  # prediction sums: the same terms, added in another order
                     np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-12)
     assert c.confidence.fine.total.sum() > 0
+    for agg in (c, py):  # the fine window kept as rows arrive is the window's sum
+        np.testing.assert_array_equal(agg.confidence.fine.win, agg.confidence.fine.window())
 
 
 @pytest.fixture
@@ -132,7 +134,9 @@ def fold_tokens(agg: Aggregates, steps: list, group: np.ndarray, modes=None) -> 
 def fold_confidence(agg: Aggregates, steps: list, group: np.ndarray, modes=None) -> None:
     c = agg.confidence
     modes = [MODE_CODE[b.mode] for b in steps] if modes is None else modes
-    tokens._rowfold.confidence(c.fine.current, c.coarse.current, GAMMA, 1e-8, steps, modes, group)
+    tokens._rowfold.confidence(
+        c.fine.current, c.fine.win, c.coarse.current, GAMMA, 1e-8, steps, modes, group
+    )
 
 
 def test_a_hand_sized_case_lands_in_the_right_cells(blocks):
@@ -220,7 +224,25 @@ def test_blocks_that_do_not_fit_the_layout_raise(blocks):
     modes = [MODE_CODE[b.mode] for b in steps]
     with pytest.raises(ValueError, match="different groups"):
         tokens._rowfold.confidence(
-            c.fine.current, c.coarse.current[:1].copy(), GAMMA, 1e-8, steps, modes, group
+            c.fine.current,
+            c.fine.win,
+            c.coarse.current[:1].copy(),
+            GAMMA,
+            1e-8,
+            steps,
+            modes,
+            group,
+        )
+    with pytest.raises(ValueError, match="different groups"):
+        tokens._rowfold.confidence(
+            c.fine.current,
+            c.fine.win[:1].copy(),
+            c.coarse.current,
+            GAMMA,
+            1e-8,
+            steps,
+            modes,
+            group,
         )
     with pytest.raises(ValueError, match="block of rows"):
         tokens._rowfold.tokens(t.sums.current, t.sums.width + 1, t._starts, steps, modes, group)

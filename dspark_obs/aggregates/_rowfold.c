@@ -246,7 +246,7 @@ tokens(PyObject *self, PyObject *args)
     return Py_XNewRef(result);
 }
 
-/* confidence(fine, coarse, gamma, eps, batches, modes, group)
+/* confidence(fine, fine_window, coarse, gamma, eps, batches, modes, group)
  *
  * The label rule of calibration.prefix_labels, as confidence.py applies it: position j
  * of a row is labelled j < reach, reach being the ceiling where known (its mode's, else
@@ -256,16 +256,17 @@ tokens(PyObject *self, PyObject *args)
  * its ECE bin one, p, and p * p to the position's squared sum. Steps without survival
  * add nothing.
  *
- * fine: int64 [groups, gamma * 2 * FINE_BINS]; coarse: float64
+ * fine: int64 [groups, gamma * 2 * FINE_BINS], and fine_window of the same shape (the
+ * running window sum, `WindowedSums.win`), each fine count added to both; coarse: float64
  * [groups, gamma * (4 * ECE_BINS + 1)], the layouts of ConfidenceAggregate. */
 static PyObject *
 confidence(PyObject *self, PyObject *args)
 {
-    PyObject *fine_obj, *coarse_obj, *batches, *modes, *group;
+    PyObject *fine_obj, *fine_win_obj, *coarse_obj, *batches, *modes, *group;
     int gamma;
     double eps;
-    if (!PyArg_ParseTuple(args, "OOidOOO", &fine_obj, &coarse_obj, &gamma, &eps, &batches,
-                          &modes, &group))
+    if (!PyArg_ParseTuple(args, "OOOidOOO", &fine_obj, &fine_win_obj, &coarse_obj, &gamma, &eps,
+                          &batches, &modes, &group))
         return NULL;
     if (gamma < 1 || gamma > 64 || !(eps > 0.0 && eps < 0.5)) {
         /* eps > 0 keeps p * FINE_BINS below FINE_BINS */
@@ -273,15 +274,18 @@ confidence(PyObject *self, PyObject *args)
         return NULL;
     }
     const int64_t fine_stride = 2 * FINE_BINS, coarse_stride = 4 * ECE_BINS + 1;
-    npy_intp groups, coarse_groups;
+    npy_intp groups, win_groups, coarse_groups;
     int64_t *fine = block_data(fine_obj, NPY_INT64, gamma * fine_stride, &groups, "fine");
-    double *coarse = fine ? block_data(coarse_obj, NPY_DOUBLE, gamma * coarse_stride,
-                                       &coarse_groups, "coarse")
-                          : NULL;
+    int64_t *fine_win = fine ? block_data(fine_win_obj, NPY_INT64, gamma * fine_stride,
+                                          &win_groups, "fine_window")
+                             : NULL;
+    double *coarse = fine_win ? block_data(coarse_obj, NPY_DOUBLE, gamma * coarse_stride,
+                                           &coarse_groups, "coarse")
+                              : NULL;
     if (coarse == NULL)
         return NULL;
-    if (coarse_groups != groups) {
-        PyErr_SetString(PyExc_ValueError, "confidence: fine and coarse hold different groups");
+    if (coarse_groups != groups || win_groups != groups) {
+        PyErr_SetString(PyExc_ValueError, "confidence: the blocks hold different groups");
         return NULL;
     }
     Fold f = {0};
@@ -326,7 +330,9 @@ confidence(PyObject *self, PyObject *args)
                 const int label = j < reach;
                 const int fbin = (int)(p * FINE_BINS); /* p < 1, so below FINE_BINS */
                 const int64_t slot = g * gamma + j;
-                fine[slot * fine_stride + label * FINE_BINS + fbin]++;
+                const int64_t cell_index = slot * fine_stride + label * FINE_BINS + fbin;
+                fine[cell_index]++;
+                fine_win[cell_index]++;
                 double *c = coarse + slot * coarse_stride;
                 const int cell = label * ECE_BINS + fbin / FINE_PER_ECE_BIN;
                 c[cell] += 1.0;

@@ -183,7 +183,9 @@ class Aggregates:
                 confidence={
                     # AUROC is published over the window only
                     "total": conf.metrics(None, conf.coarse.total),
-                    "window": conf.metrics(conf.fine.window(), conf.coarse.window()),
+                    # the fine histograms are read in place: the largest table, its window kept
+                    # up to date as rows arrive rather than summed at every scrape
+                    "window": conf.metrics(conf.fine.win, conf.coarse.window()),
                 },
                 reliability=conf.reliability(conf.coarse.total),
                 cost={

@@ -36,7 +36,9 @@ class ConfidenceAggregate:
         self.gamma = gamma
         self._fold = compiled_fold(compiled)
         # per position: {label 0, label 1} x FINE_BINS counts (AUROC)
-        self.fine = WindowedSums(gamma * 2 * FINE_BINS, window_steps, blocks, np.int64)
+        self.fine = WindowedSums(
+            gamma * 2 * FINE_BINS, window_steps, blocks, np.int64, running_window=True
+        )
         # per position: {label 0, label 1} x ECE_BINS rows, the same of prediction sums, then
         # the sum of squared predictions (Brier); counts are exact integers in float64
         self.coarse_stride = 4 * ECE_BINS + 1
@@ -73,6 +75,7 @@ class ConfidenceAggregate:
         if self._fold is not None:
             self._fold.confidence(
                 self.fine.current,
+                self.fine.win,
                 self.coarse.current,
                 g,
                 EPS_PROB,

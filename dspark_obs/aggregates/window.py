@@ -20,8 +20,16 @@ _SPARSE_SHARE = 0.125
 
 class WindowedSums:
     def __init__(
-        self, width: int, window_steps: int = 1024, blocks: int = 8, dtype: type = np.float64
+        self,
+        width: int,
+        window_steps: int = 1024,
+        blocks: int = 8,
+        dtype: type = np.float64,
+        running_window: bool = False,
     ) -> None:
+        """`running_window`: also keep `win`, the window's sums, up to date at every add,
+        for a large table read at every scrape (a second write per cell on the hot path
+        instead of a pass over the whole table per read)."""
         if width < 1 or window_steps < 1 or blocks < 1:
             raise ValueError("width, window_steps and blocks must be >= 1")
         self.width = width
@@ -32,6 +40,7 @@ class WindowedSums:
         self._closed_total = np.zeros((0, width), dtype=dtype)
         self._closed_win = np.zeros((0, width), dtype=dtype)
         self.ring = np.zeros((blocks, 0, width), dtype=dtype)
+        self.win = np.zeros((0, width), dtype=dtype) if running_window else None
         self._current = 0
         self._steps_in_block = 0
 
@@ -55,25 +64,36 @@ class WindowedSums:
             pad = np.zeros((grow, self.width), self._closed_total.dtype)
             self._closed_total = np.concatenate([self._closed_total, pad])
             self._closed_win = np.concatenate([self._closed_win, pad])
+            if self.win is not None:
+                self.win = np.concatenate([self.win, pad])
             self.ring = np.concatenate(
                 [self.ring, np.broadcast_to(pad, (self.blocks, *pad.shape))], axis=1
             )
 
     def add(self, delta: np.ndarray) -> None:
         """Add a dense `[groups, width]` array."""
-        self.current[...] += delta.astype(self.ring.dtype, copy=False)
+        delta = delta.astype(self.ring.dtype, copy=False)
+        for sums in self._written():
+            sums += delta
 
     def add_flat(self, index: np.ndarray, weights: np.ndarray | None = None) -> None:
         """Add weights (or ones) at flat positions `group * width + column`."""
-        flat = self.current.reshape(-1)
-        if len(index) < _SPARSE_SHARE * len(flat):
+        size = self.current.size
+        if len(index) < _SPARSE_SHARE * size:
             cells, inverse = np.unique(index, return_inverse=True)
             delta = np.bincount(inverse.reshape(-1), weights=weights, minlength=len(cells))
-            flat[cells] += delta.astype(flat.dtype, copy=False)
+            delta = delta.astype(self.ring.dtype, copy=False)
+            for sums in self._written():
+                sums.reshape(-1)[cells] += delta
         else:
-            flat += np.bincount(index, weights=weights, minlength=len(flat)).astype(
-                flat.dtype, copy=False
-            )
+            delta = np.bincount(index, weights=weights, minlength=size)
+            delta = delta.astype(self.ring.dtype, copy=False)
+            for sums in self._written():
+                sums.reshape(-1)[...] += delta
+
+    def _written(self) -> list[np.ndarray]:
+        """What an update adds to: the current block, and the running window if kept."""
+        return [self.current] if self.win is None else [self.current, self.win]
 
     @property
     def room(self) -> int:
@@ -89,6 +109,8 @@ class WindowedSums:
             self._closed_win += self.current
             self._current = (self._current + 1) % self.blocks
             self._closed_win -= self.current
+            if self.win is not None:
+                self.win -= self.current
             self.current[...] = 0
 
     def window(self) -> np.ndarray:
