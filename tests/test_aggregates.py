@@ -22,7 +22,8 @@ from dspark_obs.exporters.render import Renderer
 from sklearn.metrics import roc_auc_score
 from torchmetrics.classification import BinaryCalibrationError
 
-from dspark_obs.aggregates import Aggregates, cost_model, tokens
+from dspark_obs.aggregates import Aggregates, cost_model
+from dspark_obs.aggregates import rows as request_rows
 from dspark_obs.aggregates.cost_model import DEFAULT_BS_PROBES, DEFAULT_M_PROBES
 from dspark_obs.aggregates.steps import quantity_histogram
 from dspark_obs.aggregates.tokens import histogram_slices
@@ -240,7 +241,7 @@ def check_calibration(
 
 # -------------------------------------------------------------------- fixtures
 
-FOLDS = [False] + ([True] if tokens._rowfold is not None else [])
+FOLDS = [False] + ([True] if request_rows._rowfold is not None else [])
 
 
 @pytest.fixture(scope="module", autouse=True, params=FOLDS, ids=lambda c: "C" if c else "numpy")
@@ -250,7 +251,6 @@ def row_fold(request):
         init = functools.partialmethod(Aggregates.__init__, compiled=request.param)
         mp.setattr(Aggregates, "__init__", init)
         yield request.param
-
 
 
 @pytest.fixture(scope="module")

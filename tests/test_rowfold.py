@@ -14,20 +14,20 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dspark_obs.aggregates import Aggregates, confidence, tokens
+from dspark_obs.aggregates import Aggregates, confidence, rows, tokens
 from dspark_obs.aggregates.rows import MODE_CODE
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime
 from dspark_obs.telemetry import StepBatch
 from dspark_obs.telemetry.batch import empty_request_columns
 
-pytestmark = pytest.mark.skipif(tokens._rowfold is None, reason="the C fold is not built")
+pytestmark = pytest.mark.skipif(rows._rowfold is None, reason="the C fold is not built")
 GAMMA = 7
 
 
 def test_compiled_fold_is_built_and_shares_the_layout():
     """CI installs with a compiler, so the C fold must be there, laid out as the numpy one."""
-    fold = tokens._rowfold
+    fold = rows._rowfold
     assert fold is not None
     assert fold.N_HISTOGRAMS == len(tokens.HISTOGRAMS)
     assert (fold.ECE_BINS, fold.FINE_PER_ECE_BIN) == (
@@ -128,13 +128,13 @@ def hand_steps(**over) -> tuple[list[StepBatch], np.ndarray]:
 def fold_tokens(agg: Aggregates, steps: list, group: np.ndarray, modes=None) -> None:
     t = agg.tokens
     modes = [MODE_CODE[b.mode] for b in steps] if modes is None else modes
-    tokens._rowfold.tokens(t.sums.current, t.sums.width, t._starts, steps, modes, group)
+    rows._rowfold.tokens(t.sums.current, t.sums.width, t._starts, steps, modes, group)
 
 
 def fold_confidence(agg: Aggregates, steps: list, group: np.ndarray, modes=None) -> None:
     c = agg.confidence
     modes = [MODE_CODE[b.mode] for b in steps] if modes is None else modes
-    tokens._rowfold.confidence(
+    rows._rowfold.confidence(
         c.fine.current, c.fine.win, c.coarse.current, GAMMA, 1e-8, steps, modes, group
     )
 
@@ -223,7 +223,7 @@ def test_blocks_that_do_not_fit_the_layout_raise(blocks):
     c, t = blocks.confidence, blocks.tokens
     modes = [MODE_CODE[b.mode] for b in steps]
     with pytest.raises(ValueError, match="different groups"):
-        tokens._rowfold.confidence(
+        rows._rowfold.confidence(
             c.fine.current,
             c.fine.win,
             c.coarse.current[:1].copy(),
@@ -234,7 +234,7 @@ def test_blocks_that_do_not_fit_the_layout_raise(blocks):
             group,
         )
     with pytest.raises(ValueError, match="different groups"):
-        tokens._rowfold.confidence(
+        rows._rowfold.confidence(
             c.fine.current,
             c.fine.win[:1].copy(),
             c.coarse.current,
@@ -245,8 +245,8 @@ def test_blocks_that_do_not_fit_the_layout_raise(blocks):
             group,
         )
     with pytest.raises(ValueError, match="block of rows"):
-        tokens._rowfold.tokens(t.sums.current, t.sums.width + 1, t._starts, steps, modes, group)
+        rows._rowfold.tokens(t.sums.current, t.sums.width + 1, t._starts, steps, modes, group)
     with pytest.raises(ValueError, match="block of rows"):
         frozen = t.sums.current.copy()
         frozen.flags.writeable = False
-        tokens._rowfold.tokens(frozen, t.sums.width, t._starts, steps, modes, group)
+        rows._rowfold.tokens(frozen, t.sums.width, t._starts, steps, modes, group)

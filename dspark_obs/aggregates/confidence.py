@@ -20,8 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..calibration.metrics import EPS_PROB, auroc_from_hist, ece_from_bins
-from .rows import RequestRows
-from .tokens import compiled_fold
+from .rows import RequestRows, compiled_fold
 from .window import WindowedSums
 
 ECE_BINS = 15

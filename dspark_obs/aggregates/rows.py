@@ -1,8 +1,9 @@
-"""`RequestRows`: the request rows of the steps that one fold takes in.
+"""The request rows of the steps that one fold takes in, and which fold takes them.
 
 The compiled fold (`_rowfold.c`) reads each step's own columns in place; the numpy
-fold needs them joined, one column per field over all the steps. Each joined column
-is made on first use, so the compiled fold never pays for joining.
+fold (in `tokens.py` and `confidence.py`) needs them joined, one column per field over
+all the steps. Each joined column is made on first use, so the compiled fold never
+pays for joining.
 """
 
 from __future__ import annotations
@@ -13,8 +14,20 @@ import numpy as np
 
 from ..telemetry import StepBatch
 
+try:  # the fold in C where it was built; the numpy fold where not
+    from . import _rowfold
+except ImportError:  # pragma: no cover - an install without a C compiler
+    _rowfold = None
+
 #: Verify modes as the folds number them ("" is an unlabelled step: compact's rules).
 MODE_CODE = {"static": 0, "compact": 1, "cap-accept": 2, "": 1}
+
+
+def compiled_fold(compiled: bool | None):
+    """The C fold when `compiled` asks for it (None: where it was built), else None."""
+    if compiled and _rowfold is None:
+        raise RuntimeError("the compiled row fold is not built in this install")
+    return _rowfold if compiled is None or compiled else None
 
 
 class RequestRows:

@@ -9,13 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .rows import RequestRows
+from .rows import RequestRows, compiled_fold
 from .window import WindowedSums
-
-try:  # the row fold in C (see _rowfold.c); the numpy form below where it did not build
-    from . import _rowfold
-except ImportError:  # pragma: no cover - an install without a C compiler
-    _rowfold = None
 
 #: Histograms kept per group, in column order, with their value range (gamma + extra).
 HISTOGRAMS = (
@@ -35,13 +30,6 @@ def histogram_slices(gamma: int) -> dict[str, slice]:
         out[name] = slice(col, col + gamma + extra)
         col += gamma + extra
     return out
-
-
-def compiled_fold(compiled: bool | None):
-    """The C row fold when `compiled` asks for it (None: where it was built), else None."""
-    if compiled and _rowfold is None:
-        raise RuntimeError("the compiled row fold is not built in this install")
-    return _rowfold if compiled is None or compiled else None
 
 
 class TokenAggregate:
