@@ -151,6 +151,15 @@ release_fold(Fold *f)
     Py_XDECREF(f->modes);
 }
 
+/* Row i's ceiling as its step's mode reveals it (static: accepted; cap-accept: accepted +
+ * cap_trim), -1 where the mode censors it (`StepBatch.ceiling`). */
+static inline int64_t
+mode_ceiling(const Step *st, npy_intp i)
+{
+    const int64_t a = st->accepted[i];
+    return st->mode == MODE_STATIC ? a : st->mode == MODE_CAP_ACCEPT ? a + st->cap_trim[i] : -1;
+}
+
 /* A row outside the ranges validation guarantees: the rows before it are added. */
 static PyObject *
 out_of_range(const char *what)
@@ -215,9 +224,7 @@ tokens(PyObject *self, PyObject *args)
         }
         for (npy_intp i = 0; result && i < st.n; i++) {
             const int64_t g = f.group[at + i], a = st.accepted[i];
-            const int64_t ceiling = st.mode == MODE_STATIC        ? a
-                                    : st.mode == MODE_CAP_ACCEPT ? a + st.cap_trim[i]
-                                                                 : -1;
+            const int64_t ceiling = mode_ceiling(&st, i);
             int64_t cols[N_HISTOGRAMS];
             int k = 0, bad = g < 0 || g >= groups;
             cols[k++] = start[H_WINDOW] + st.verify_len[i] - 1;
@@ -307,9 +314,7 @@ confidence(PyObject *self, PyObject *args)
         }
         for (npy_intp i = 0; result && st.survival && i < st.n; i++) {
             const int64_t g = f.group[at + i], a = st.accepted[i], w = st.verify_len[i] - 1;
-            int64_t ceiling = st.mode == MODE_STATIC        ? a
-                              : st.mode == MODE_CAP_ACCEPT ? a + st.cap_trim[i]
-                                                           : -1;
+            int64_t ceiling = mode_ceiling(&st, i);
             if (ceiling < 0)
                 ceiling = st.shadow[i];
             if (g < 0 || g >= groups) {
