@@ -52,7 +52,7 @@ class ConfidenceAggregate:
         self.fine.ensure_groups(n)
         self.coarse.ensure_groups(n)
         g = self.gamma
-        if len(self._slot_labels) < n * (g + 1):
+        if self._fold is None and len(self._slot_labels) < n * (g + 1):  # numpy fold's table
             shift = (np.arange(n) * (2 * g))[:, None, None]
             # int32 like the fine bins added to it: numpy mixes int32 and int64 slowly
             self._slot_labels = (

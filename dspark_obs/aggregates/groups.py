@@ -54,9 +54,9 @@ class GroupIndex:
         return gid
 
     def rows(self, batches: Sequence[StepBatch]) -> np.ndarray:
-        """Group id of every request row of `batches`, in order: one lookup for all of them,
-        into the tables of their workloads, laid end to end."""
-        tables, codes = zip(*map(self._table, batches), strict=True) if batches else ((), ())
+        """Group id of every request row of `batches` (at least one), in order: one lookup
+        for all of them, into the tables of their workloads, laid end to end."""
+        tables, codes = zip(*map(self._table, batches), strict=True)
         if len(tables) == 1:
             gids = tables[0][codes[0]]
         else:

@@ -36,9 +36,10 @@ class WindowedSums:
         self.blocks = blocks
         self.block_steps = max(1, -(-window_steps // blocks))
         self.window_steps = self.block_steps * blocks
-        # the closed blocks' sums: all of them, and those still in the window
+        # the closed blocks' sums: all of them, and those still in the window (which a
+        # running window already holds, with the current block)
         self._closed_total = np.zeros((0, width), dtype=dtype)
-        self._closed_win = np.zeros((0, width), dtype=dtype)
+        self._closed_win = None if running_window else np.zeros((0, width), dtype=dtype)
         self.ring = np.zeros((blocks, 0, width), dtype=dtype)
         self.win = np.zeros((0, width), dtype=dtype) if running_window else None
         self._current = 0
@@ -63,8 +64,9 @@ class WindowedSums:
         if grow > 0:
             pad = np.zeros((grow, self.width), self._closed_total.dtype)
             self._closed_total = np.concatenate([self._closed_total, pad])
-            self._closed_win = np.concatenate([self._closed_win, pad])
-            if self.win is not None:
+            if self.win is None:
+                self._closed_win = np.concatenate([self._closed_win, pad])
+            else:
                 self.win = np.concatenate([self.win, pad])
             self.ring = np.concatenate(
                 [self.ring, np.broadcast_to(pad, (self.blocks, *pad.shape))], axis=1
@@ -106,13 +108,14 @@ class WindowedSums:
         while self._steps_in_block >= self.block_steps:
             self._steps_in_block -= self.block_steps
             self._closed_total += self.current
-            self._closed_win += self.current
+            window = self.win  # the window's sums, the current block included
+            if window is None:
+                self._closed_win += self.current
+                window = self._closed_win
             self._current = (self._current + 1) % self.blocks
-            self._closed_win -= self.current
-            if self.win is not None:
-                self.win -= self.current
+            window -= self.current  # the block leaving the window
             self.current[...] = 0
 
     def window(self) -> np.ndarray:
         """Sums over the window, `[groups, width]` (a new array)."""
-        return self._closed_win + self.current
+        return self._closed_win + self.current if self.win is None else self.win.copy()
