@@ -2,7 +2,7 @@
 
 All are `optional=True`: where no C compiler is available the install still
 succeeds without them, and the package falls back to its numpy forms (same results):
-`telemetry/sglang.py` decodes with msgspec and numpy alone, `aggregates/tokens.py` and
+`telemetry/server_info.py` decodes with msgspec and numpy alone, `aggregates/tokens.py` and
 `aggregates/confidence.py` fold request rows with numpy, and `estimator/tails.py` walks
 with numpy.
 """
@@ -13,13 +13,13 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "dspark_obs.telemetry._sglang_json",
-            sources=["dspark_obs/telemetry/_sglang_json.c"],
+            "dspark_obs.telemetry._server_info_parser",
+            sources=["src/dspark_obs/telemetry/_server_info_parser.c"],
             optional=True,
         ),
         Extension(
             "dspark_obs.aggregates._rowfold",
-            sources=["dspark_obs/aggregates/_rowfold.c"],
+            sources=["src/dspark_obs/aggregates/_rowfold.c"],
             include_dirs=[numpy.get_include()],
             optional=True,
         ),

@@ -29,7 +29,7 @@ from dspark_obs.aggregates import Aggregates
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime
 from dspark_obs.sources.workloads import workload_rule
-from dspark_obs.telemetry.sglang import batches_to_info_record, info_record_to_batches
+from dspark_obs.telemetry.server_info import batches_to_info_record, info_record_to_batches
 
 from .baselines import RID_WORKLOAD, SGLangStyleAggregates, check_totals
 from .common import record, repeat_pair, with_baseline

@@ -15,7 +15,7 @@ import prometheus_client
 from dspark_obs.exporters.render import Renderer
 
 from dspark_obs.aggregates import Aggregates
-from dspark_obs.pipeline import IngestStats
+from dspark_obs.sources.stats import IngestStats
 
 from .aggregate_update import batches
 from .baselines import prometheus_client_registry, same_samples

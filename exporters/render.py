@@ -14,7 +14,7 @@ from ..aggregates.steps import COUNT_BUCKETS, QUANTITIES, quantity_histogram
 from ..aggregates.tokens import histogram_slices
 from ..estimator.online import COLUMNS as EST_COLUMNS
 from ..estimator.online import EstimatorSnapshot
-from ..pipeline import IngestStats
+from ..sources.stats import IngestStats
 from .catalog import BY_NAME, POS, REL, REQ, STEP
 from .exposition import Writer, label_string
 

@@ -28,9 +28,10 @@ from dspark_obs.aggregates.cost_model import DEFAULT_BS_PROBES, DEFAULT_M_PROBES
 from dspark_obs.aggregates.steps import quantity_histogram
 from dspark_obs.aggregates.tokens import histogram_slices
 from dspark_obs.calibration import prefix_labels
-from dspark_obs.pipeline import IngestStats, Pipeline
+from dspark_obs.pipeline import Pipeline
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime
+from dspark_obs.sources.stats import IngestStats
 from dspark_obs.telemetry import StepBatch
 
 GAMMA = 7

@@ -39,8 +39,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from dspark_obs.estimator.block_accept_walk import walk_blocks
 from dspark_obs.estimator.online import CeilingEstimator
-from dspark_obs.estimator.sglang_jsonl import read_block_accept_jsonl, walk_blocks
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
@@ -51,17 +51,18 @@ from dspark_obs.analysis.summary import summarize
 from dspark_obs.calibration.sts import StsCalibration, load_sts
 from dspark_obs.cli.errors import CliError
 from dspark_obs.cli.main import main as cli_main
-from dspark_obs.pipeline import IngestStats, Pipeline
+from dspark_obs.ingest.files import ServerInfoReader
+from dspark_obs.pipeline import Pipeline, run_source
 from dspark_obs.runtime.cost_table import AdditiveCostTable, load_cost_table
-from dspark_obs.service import run_source
-from dspark_obs.sources.files import ServerInfoReader
 from dspark_obs.sources.replay import ReplaySource
 from dspark_obs.sources.sglang_poller import SGLangPoller
+from dspark_obs.sources.stats import IngestStats
 from dspark_obs.sources.workloads import workload_rule
 from dspark_obs.store import RunWriter, open_run
 from dspark_obs.store.errors import READ_ERRORS
 from dspark_obs.telemetry.batch import MODES, InvalidBatch
-from dspark_obs.telemetry.sglang import (
+from dspark_obs.telemetry.block_accept_log import read_block_accept_jsonl
+from dspark_obs.telemetry.server_info import (
     SGLangFormatError,
     decode_step_record,
     info_record_to_batches,

@@ -31,13 +31,13 @@ import pytest
 from dspark_obs.exporters import MetricsServer, hash_password
 
 from dspark_obs.cli.main import build_parser
-from dspark_obs.frontend import RateLimiter, RuntimeFrontend
-from dspark_obs.frontend.sglang_server import MAX_BODY
-from dspark_obs.pipeline import IngestStats
+from dspark_obs.ingest.files import JsonlFollower
 from dspark_obs.runtime.config import RuntimeConfig
-from dspark_obs.sources.files import JsonlFollower
+from dspark_obs.runtime_server import RateLimiter, RuntimeFrontend
+from dspark_obs.runtime_server.server import MAX_BODY
 from dspark_obs.sources.sglang_http import ResponseTooLarge, SGLangClient
 from dspark_obs.sources.sglang_poller import SGLangPoller
+from dspark_obs.sources.stats import IngestStats
 
 from .conftest import cli
 from .test_serve_cli import OPENER, Child, scrape

@@ -35,7 +35,7 @@ import numpy as np
 
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime
-from dspark_obs.telemetry.sglang import batch_to_record, batches_to_info_record
+from dspark_obs.telemetry.server_info import batch_to_record, batches_to_info_record
 
 from .test_serve_cli import Child, sample_sum, scrape
 from .test_sglang_poller import polling_args

@@ -15,9 +15,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from dspark_obs.frontend import RuntimeFrontend
 from dspark_obs.runtime.config import RuntimeConfig
-from dspark_obs.telemetry.sglang import info_record_to_batches, server_info_ranks
+from dspark_obs.runtime_server import RuntimeFrontend
+from dspark_obs.telemetry.server_info import info_record_to_batches, server_info_ranks
 
 
 def _config(**kw) -> RuntimeConfig:

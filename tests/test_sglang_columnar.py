@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from dspark_obs.sources.workloads import workload_rule
-from dspark_obs.telemetry.sglang import (
+from dspark_obs.telemetry.server_info import (
     SGLangFormatError,
     _columnar_batches,
     decode_info_record,

@@ -1,4 +1,4 @@
-"""The compiled parser of `dspark_info_record` JSON (`telemetry/_sglang_json.c`).
+"""The compiled parser of `dspark_info_record` JSON (`telemetry/_server_info_parser.c`).
 
 Whatever it takes must come out exactly as the Python paths make it (the msgspec
 columnar decode and the record-by-record one), down to the bits of every double;
@@ -22,9 +22,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dspark_obs.telemetry import sglang
+from dspark_obs.telemetry import server_info as sglang
 from dspark_obs.telemetry.batch import STEP_OPTIONAL_FLOAT_FIELDS
-from dspark_obs.telemetry.sglang import MAX_GAMMA, info_record_to_batches
+from dspark_obs.telemetry.server_info import MAX_GAMMA, info_record_to_batches
 
 from .test_sglang_columnar import (
     WORKLOAD_OF,

@@ -17,8 +17,8 @@ import urllib.request
 
 import pytest
 
-from dspark_obs.frontend import RuntimeFrontend
 from dspark_obs.runtime.config import RuntimeConfig
+from dspark_obs.runtime_server import RuntimeFrontend
 
 from .conftest import cli
 from .prometheus_harness import PrometheusServer, prometheus_available

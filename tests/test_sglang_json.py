@@ -15,7 +15,7 @@ import pytest
 
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime
-from dspark_obs.telemetry.sglang import (
+from dspark_obs.telemetry.server_info import (
     SGLangFormatError,
     batches_to_info_record,
     info_record_to_batches,

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dspark_obs.estimator.sglang_jsonl import (
-    default_workload_of,
-    read_block_accept_jsonl,
+from dspark_obs.estimator.block_accept_walk import (
     summarize_by_workload,
     tail_acceptance_rates,
     walk_blocks,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from dspark_obs.telemetry.block_accept_log import default_workload_of, read_block_accept_jsonl
 
 SAMPLES = Path(__file__).parent / "data" / "sglang"
 SAMPLE_JSONL = SAMPLES / "block_accept.sampled.jsonl"

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from bench.serve_child import serve_args
-from dspark_obs.pipeline import IngestStats
 from dspark_obs.sources.sglang_poller import SGLangPoller
+from dspark_obs.sources.stats import IngestStats
 from dspark_obs.sources.workloads import workload_rule
-from dspark_obs.telemetry.sglang import decode_info_record
+from dspark_obs.telemetry.server_info import decode_info_record
 
 from .prometheus_harness import free_port
 from .test_serve_cli import Child

@@ -43,7 +43,7 @@ $PY -m pip install --quiet -e '.[dev,torch]'
 
 $PY -m ruff check .
 # Static security checks; skips and the few `# nosec` are justified in pyproject / inline.
-$PY -m bandit -q -r dspark_obs estimator exporters -c pyproject.toml
+$PY -m bandit -q -r src estimator exporters -c pyproject.toml
 # Known vulnerabilities in what is installed. Fails on any finding; an unreachable advisory
 # service only prints that nothing was audited (docs/security.md, "Hardening and limits").
 $PY tools/audit.py

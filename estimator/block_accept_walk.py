@@ -1,0 +1,305 @@
+"""The sampled-walk ceiling estimate over SGLang's block-accept JSONL (read by
+`telemetry.block_accept_log`): per block, the tail acceptance along what later rows walked.
+
+Units: everything here is in ACCEPTED DRAFTS, the quantity cap-accept mode
+reports as `correct_drafts + cap_trim`: lo = w + sum_m P_m. SGLang's own online
+aggregate (`_OnlineCeiling`, logged as "uncapped-acc-len") reports accept
+LENGTH, which counts the bonus token: SGLang's lo/hi = ours + 1, per block and
+for every mean.
+
+Bounds per block follow SGLang's `_finalize_walk_online`,
+`_finalize_at_end_online` and `_finalize_eos_online`, with `prod` the running
+product after the last walked entry and `unreached = gamma - w - walked`:
+
+- `resolved`: the walk diverged (realized != token; SGLang still counts that
+  entry's a before stopping, since the token could have been accepted even
+  though the target sampled something else) or reached offset gamma.
+  hi = lo + prod * (gamma - last walked offset), which is 0 when exhausted.
+- `eos`: the request stopped naturally with the block pending. Nothing beyond
+  the stop was ever going to be committed, so SGLang takes lo for both bounds.
+- `open`: the file ended (or SGLang dropped the block on a sequence-length
+  discontinuity, which the file cannot tell apart) first: censored, hi =
+  lo + prod * (gamma - next_offset + 1), as SGLang drains pending blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dspark_obs.telemetry.block_accept_log import BlockAcceptLog, default_workload_of
+
+__all__ = ["Extrapolate", "summarize_by_workload", "tail_acceptance_rates", "walk_blocks"]
+
+RESOLVED, EOS, OPEN = "resolved", "eos", "open"
+
+#: `extrapolate(positions_start, n_blocks) -> expected extra accepted drafts`, per block.
+Extrapolate = Callable[[np.ndarray, int], np.ndarray]
+
+
+def _gamma_of(log: BlockAcceptLog, gamma: int | None) -> int | None:
+    """The file has no gamma field; every tail spans w+1..gamma, so it is implied."""
+    implied = np.unique(log.block_window + np.diff(log.tail_indptr))
+    if gamma is None:
+        if len(implied) > 1:
+            raise ValueError(f"blocks imply different gammas {implied.tolist()}; pass gamma")
+        return int(implied[0]) if len(implied) else None
+    if len(implied) and (len(implied) > 1 or implied[0] != gamma):
+        raise ValueError(f"gamma={gamma} but the blocks' w + len(tail) are {implied.tolist()}")
+    return gamma
+
+
+@dataclass(frozen=True)
+class _Walk:
+    """Per-block walk over an (n_blocks, gamma) grid; column c is offset c + 1."""
+
+    a: np.ndarray
+    walked: np.ndarray
+    survival: np.ndarray
+    diverged: np.ndarray
+
+
+def _walk(log: BlockAcceptLog, gamma: int) -> _Walk:
+    n = log.n_blocks
+    w = log.block_window
+    cols = np.arange(gamma)
+    in_tail = cols[None, :] >= w[:, None]
+
+    q = np.full((n, gamma), np.nan)
+    tail_len = np.diff(log.tail_indptr)
+    tail_row = np.repeat(np.arange(n), tail_len)
+    within = np.arange(len(log.tail_q_lp)) - np.repeat(log.tail_indptr[:-1], tail_len)
+    q[tail_row, w[tail_row] + within] = log.tail_q_lp
+
+    b, c = log.entry_block, log.entry_offset - 1
+    have = np.zeros((n, gamma), dtype=bool)
+    have[b, c] = True
+    match = np.ones((n, gamma), dtype=bool)
+    match[b, c] = log.entry_token == log.entry_realized
+    a = np.ones((n, gamma))
+    with np.errstate(invalid="ignore", over="ignore"):
+        log_ratio = np.minimum(0.0, log.entry_p_lp - q[b, c])
+    # SGLang computes min(1.0, exp(x)) in Python, which yields 1.0 for x = NaN.
+    a[b, c] = np.where(np.isnan(log_ratio), 1.0, np.exp(log_ratio))
+
+    # The walk is the contiguous run of entries from offset w+1 that stops right
+    # after the first divergence; anything past a gap or a divergence is unusable.
+    contiguous = np.logical_and.accumulate(have | ~in_tail, axis=1) & in_tail
+    diverging = have & ~match & in_tail
+    diverged_before = np.zeros_like(diverging)
+    diverged_before[:, 1:] = np.logical_or.accumulate(diverging, axis=1)[:, :-1]
+    walked = contiguous & ~diverged_before
+    survival = np.cumprod(np.where(walked, a, np.where(in_tail, 0.0, 1.0)), axis=1)
+    return _Walk(
+        a=a,
+        walked=walked,
+        survival=survival,
+        diverged=(walked & diverging).any(axis=1),
+    )
+
+
+def tail_acceptance_rates(
+    log: BlockAcceptLog, gamma: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The file's own per-position conditional acceptance rate, `rates[offset - 1]`.
+
+    The default extrapolation for positions a walk never reached. It is the mean
+    a over every walked entry at that offset, i.e. conditional on the walk having
+    got there; entries are weighted equally, not by their block's survival, and
+    walks that reach deep offsets are those whose committed tokens kept matching,
+    which favours confident contexts, so deep rates lean optimistic. Offsets with
+    no walked entry fall back to the pooled mean over all entries (0 if none).
+    Returns (rates, entries per offset).
+    """
+    gamma = _gamma_of(log, gamma)
+    if gamma is None:
+        raise ValueError("no blocks in the log; pass gamma")
+    walk = _walk(log, gamma)
+    counts = walk.walked.sum(axis=0)
+    sums = np.where(walk.walked, walk.a, 0.0).sum(axis=0)
+    pooled = sums.sum() / counts.sum() if counts.sum() else 0.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rates = np.where(counts > 0, sums / counts, pooled)
+    return rates, counts
+
+
+def _expected_extra_from(rates: np.ndarray) -> np.ndarray:
+    """E[s - 1] = expected accepted drafts from offset s on, given s-1 accepted (s = 1..gamma+1)."""
+    gamma = len(rates)
+    out = np.zeros(gamma + 1)
+    for s in range(gamma - 1, -1, -1):
+        out[s] = rates[s] * (1.0 + out[s + 1])
+    return out
+
+
+def walk_blocks(
+    log: BlockAcceptLog,
+    gamma: int | None = None,
+    extrapolate: Extrapolate | np.ndarray | None = None,
+    *,
+    workload_of: Callable[[str], str] | None = None,
+) -> dict[str, np.ndarray]:
+    """Bounds, point estimate and walk variance per block, in accepted drafts.
+
+    `gamma` may be omitted when the blocks agree on it; a value they contradict
+    raises, because every bound would silently be wrong. `extrapolate` fills the
+    positions the walk never reached in the point estimate: either a callable
+    `f(positions_start, n_blocks)` given the 1-based first unreached offset per
+    block (gamma + 1 where none), returning the expected accepted drafts from
+    there on given all before it accepted, or per-offset conditional rates
+    `rates[offset - 1]` (length gamma). Default: `tail_acceptance_rates` of this
+    file. Whatever it returns is clipped to [0, unreached] so lo <= point <= hi
+    holds by construction; eos blocks have nothing unreached.
+
+    `var` is the variance of the accepted tail drafts over the walked positions
+    only; the unreached positions are covered by the lo/hi bracket instead.
+    """
+    gamma = _gamma_of(log, gamma)
+    wl_of = workload_of or default_workload_of
+    rid = log.block_rid
+    workload = np.asarray([wl_of(str(r)) for r in rid], dtype=np.str_)
+    n = log.n_blocks
+    w = log.block_window.astype(np.float64)
+    if gamma is None:  # no blocks at all
+        empty = np.zeros(0)
+        return {
+            "rid": rid,
+            "block_fct": log.block_fct,
+            "workload": workload,
+            "window": log.block_window,
+            "lo": empty,
+            "point": empty,
+            "hi": empty,
+            "var": empty,
+            "status": np.zeros(0, dtype=np.str_),
+            "walked": np.zeros(0, dtype=np.int64),
+            "prod": empty,
+            "unreached": np.zeros(0, dtype=np.int64),
+        }
+
+    walk = _walk(log, gamma)
+    walked_n = walk.walked.sum(axis=1)
+    p_walked = np.where(walk.walked, walk.survival, 0.0)
+    lo_extra = p_walked.sum(axis=1)
+    m = np.arange(1, gamma + 1)[None, :] - log.block_window[:, None]
+    var = np.maximum(0.0, ((2 * m - 1) * p_walked).sum(axis=1) - lo_extra**2)
+    last = log.block_window + walked_n - 1
+    prod = np.where(walked_n > 0, walk.survival[np.arange(n), np.clip(last, 0, None)], 1.0)
+
+    resolved = walk.diverged | (log.block_window + walked_n == gamma)
+    status = np.where(resolved, RESOLVED, np.where(log.block_eos, EOS, OPEN))
+    unreached = np.where(status == EOS, 0, gamma - log.block_window - walked_n)
+    start = log.block_window + walked_n + 1
+
+    if extrapolate is None or not callable(extrapolate):
+        rates = (
+            tail_acceptance_rates(log, gamma)[0]
+            if extrapolate is None
+            else np.asarray(extrapolate, dtype=np.float64)
+        )
+        if rates.shape != (gamma,):
+            raise ValueError(f"rates must have shape ({gamma},), got {rates.shape}")
+        extra = _expected_extra_from(np.clip(rates, 0.0, 1.0))[start - 1]
+    else:
+        extra = np.asarray(extrapolate(start, n), dtype=np.float64)
+        if extra.shape != (n,):
+            raise ValueError(f"extrapolate must return shape ({n},), got {extra.shape}")
+    extra = np.clip(np.nan_to_num(extra, nan=0.0), 0.0, unreached)
+
+    lo = w + lo_extra
+    return {
+        "rid": rid,
+        "block_fct": log.block_fct,
+        "workload": workload,
+        "window": log.block_window,
+        "lo": lo,
+        "point": lo + prod * extra,
+        "hi": lo + prod * unreached,
+        "var": var,
+        "status": status,
+        "walked": walked_n,
+        "prod": prod,
+        "unreached": unreached,
+    }
+
+
+def _interval(lo: np.ndarray, point: np.ndarray, hi: np.ndarray, var: np.ndarray, z: float):
+    n = len(lo)
+    se = math.sqrt(float(var.sum())) / n
+    mean_lo, mean_hi = float(lo.mean()), float(hi.mean())
+    return {
+        "mean_lo": mean_lo,
+        "mean_point": float(point.mean()),
+        "mean_hi": mean_hi,
+        "se": se,
+        "ci_lo": mean_lo - z * se,
+        "ci_hi": mean_hi + z * se,
+    }
+
+
+def summarize_by_workload(
+    blocks: dict[str, np.ndarray],
+    workload_of: Callable[[str], str] | None = None,
+    *,
+    log: BlockAcceptLog | None = None,
+    z: float = 1.96,
+) -> dict[str, dict[str, Any]]:
+    """Per-workload means with an interval meant to cover the realized mean ceiling.
+
+    The interval [mean lo - z*se, mean hi + z*se], se = sqrt(sum var) / n, widens
+    the lo/hi bracket (what the unreached positions could add) by the sampling
+    noise of the walked positions, so it should cover the mean of cap-accept's
+    `correct_drafts + cap_trim` over the same censored steps. With `log`, an
+    `all_steps` entry adds the rows that opened no block, whose ceiling is exact
+    (cl + ct): that mean is the one comparable to a cap-accept run's overall
+    mean, and (+1) to SGLang's cumulative online estimate. Without
+    `workload_of`, the walk's `workload` column is used.
+    """
+    if workload_of is None:
+        workload = blocks["workload"]
+    else:
+        workload = np.asarray([workload_of(str(r)) for r in blocks["rid"]], dtype=np.str_)
+    status = blocks["status"]
+    out: dict[str, dict[str, Any]] = {}
+    for wl in sorted(set(workload.tolist())):
+        sel = workload == wl
+        stats: dict[str, Any] = {
+            "blocks": int(sel.sum()),
+            "resolved": int((status[sel] == RESOLVED).sum()),
+            "eos": int((status[sel] == EOS).sum()),
+            "open": int((status[sel] == OPEN).sum()),
+            "mean_window": float(blocks["window"][sel].mean()),
+        }
+        stats.update(
+            _interval(
+                blocks["lo"][sel], blocks["point"][sel], blocks["hi"][sel], blocks["var"][sel], z
+            )
+        )
+        out[wl] = stats
+    if log is None:
+        return out
+
+    known = dict(zip(blocks["rid"].tolist(), workload.tolist(), strict=True))
+    wl_of = workload_of or default_workload_of
+    exact = ~log.row_opens
+    row_wl = np.asarray([known.get(r) or wl_of(r) for r in log.row_rid.tolist()], dtype=np.str_)
+    exact_ceiling = (log.row_cl + log.row_ct).astype(np.float64)
+    for wl in sorted(set(row_wl[exact].tolist()) | set(out)):
+        sel_b = workload == wl
+        sel_r = exact & (row_wl == wl)
+        ceil = exact_ceiling[sel_r]
+        zeros = np.zeros(len(ceil))
+        steps = _interval(
+            np.concatenate([blocks["lo"][sel_b], ceil]),
+            np.concatenate([blocks["point"][sel_b], ceil]),
+            np.concatenate([blocks["hi"][sel_b], ceil]),
+            np.concatenate([blocks["var"][sel_b], zeros]),
+            z,
+        )
+        steps = {"steps": int(sel_b.sum() + sel_r.sum()), "exact_steps": int(sel_r.sum()), **steps}
+        out.setdefault(wl, {"blocks": 0, "resolved": 0, "eos": 0, "open": 0})["all_steps"] = steps
+    return out

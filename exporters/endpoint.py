@@ -1,0 +1,49 @@
+"""`/metrics` of a running pipeline: its aggregates, estimator and ingest counters rendered
+on each scrape, served by the HTTP server on its own thread."""
+
+from __future__ import annotations
+
+import threading
+
+from ..pipeline import Pipeline
+from .exposition import wsgi_app
+from .http_server import MetricsServer
+from .render import Renderer
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """`HOST:PORT` or `[V6]:PORT`."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"--listen {text!r}: expected HOST:PORT")
+    if not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen {text!r}: port outside 0..65535")
+    return host.strip("[]"), int(port)
+
+
+class Exporter:
+    """Aggregates + renderer + HTTP server around one pipeline."""
+
+    def __init__(self, pipeline: Pipeline, host: str, port: int, web_config=None) -> None:
+        self.pipeline = pipeline
+        self.renderer = Renderer()
+        self._render_lock = threading.Lock()
+        self.server = MetricsServer(
+            host=host, port=port, web_config=web_config, metrics_app=wsgi_app(self.render)
+        )
+
+    def render(self) -> bytes:
+        with self._render_lock:
+            est = self.pipeline.estimator
+            return self.renderer.render(
+                self.pipeline.aggregates.snapshot(),
+                self.pipeline.stats,
+                None if est is None else est.snapshot(),
+            )
+
+    def start(self) -> str:
+        self.server.start()
+        return self.server.url + "/metrics"
+
+    def stop(self) -> None:
+        self.server.stop()

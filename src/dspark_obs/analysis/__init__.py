@@ -1,0 +1,1 @@
+"""Post-hoc analysis of run directories: summaries, calibration, cost fits, comparisons."""

@@ -1,0 +1,183 @@
+"""`dspark-obs dashboards`: export the Grafana dashboard for provisioning, or push it over HTTP.
+
+`export DIR` writes DIR/dspark.json and DIR/provisioning/{dashboards,datasources}.yml.
+`push` uploads the dashboard through Grafana's dashboard API (POST /api/dashboards/db with
+overwrite) using grafana-client; the token comes from --token-file or $GRAFANA_TOKEN, never
+from the command line.
+`render` draws every panel from a Prometheus' data with matplotlib: DIR/NN-<slug>.png per
+panel, DIR/overview.png and an offline DIR/index.html.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from .errors import CliError
+
+# the name of the environment variable holding the token, not a token
+TOKEN_ENV = "GRAFANA_TOKEN"  # nosec B105
+
+
+def _export(args: argparse.Namespace) -> int:
+    from ..dashboards import write_tree
+
+    out = Path(args.dir)
+    if out.exists() and not out.is_dir():
+        raise CliError(f"{out} exists and is not a directory")
+    for path in write_tree(out):
+        print(path)
+    return 0
+
+
+def _token(args: argparse.Namespace) -> str:
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise CliError(f"cannot read --token-file {args.token_file}: {exc.strerror}") from None
+        if not token:
+            raise CliError(f"--token-file {args.token_file} is empty")
+        return token
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        raise CliError(f"no Grafana token: pass --token-file FILE or set ${TOKEN_ENV}")
+    return token
+
+
+def _folder_uid(api, name: str) -> str:
+    for folder in api.folder.get_all_folders():
+        if folder.get("title") == name:
+            return folder["uid"]
+    return api.folder.create_folder(name)["uid"]
+
+
+def _push(args: argparse.Namespace) -> int:
+    from urllib.parse import urlparse
+
+    from grafana_client import GrafanaApi
+    from grafana_client.client import GrafanaException
+
+    from ..dashboards import generate
+
+    url = args.grafana_url
+    parsed = urlparse(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise CliError(f"--grafana-url must be an http(s) URL, got {url!r}")
+    token = _token(args)
+    api = GrafanaApi.from_url(url, credential=token, timeout=args.timeout)
+    try:
+        payload: dict = {
+            "dashboard": {**generate(), "id": None},
+            "overwrite": True,
+            "message": "dspark-obs dashboards push",
+        }
+        if args.folder:
+            payload["folderUid"] = _folder_uid(api, args.folder)
+        result = api.dashboard.update_dashboard(payload)
+    except GrafanaException as exc:
+        status = getattr(exc, "status_code", None)
+        detail = getattr(exc, "message", None) or str(exc)
+        raise CliError(
+            f"Grafana at {url} refused the dashboard (HTTP {status}): {detail}"
+        ) from None
+    except Exception as exc:  # connection refused, TLS, DNS: niquests' own exception types
+        raise CliError(f"cannot reach Grafana at {url}: {exc}") from None
+    where = result.get("url", "") if isinstance(result, dict) else ""
+    print(f"pushed {payload['dashboard']['uid']} to {url.rstrip('/')}{where}")
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    try:
+        import matplotlib  # noqa: F401
+
+        from ..dashboards.drawing import QUERY_VARIABLES, RenderError, parse_duration, render
+    except ImportError as exc:  # matplotlib or grafana-foundation-sdk missing
+        raise CliError(f"{exc}; install it with: pip install 'dspark-obs[dashboards]'") from None
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise CliError(f"{out} exists and is not a directory")
+    for name, value in (("--range", args.range), ("--step", args.step)):
+        try:
+            parse_duration(value)
+        except ValueError as exc:
+            raise CliError(f"{name}: {exc}") from None
+    variables: dict[str, str] = {}
+    for item in args.var:
+        name, sep, value = item.partition("=")
+        name = name.strip().lstrip("$")
+        if not sep or name not in QUERY_VARIABLES:
+            raise CliError(
+                f"--var {item!r}: expected NAME=REGEX with NAME one of {', '.join(QUERY_VARIABLES)}"
+            )
+        variables[name] = value
+    try:
+        result = render(
+            args.prometheus,
+            out,
+            range_=args.range,
+            step=args.step,
+            variables=variables,
+            timeout=args.timeout,
+        )
+    except RenderError as exc:
+        raise CliError(str(exc)) from None
+    empty = 0
+    for data, path in result.panels:
+        empty += not data.has_data
+        print(f"{path}{'' if data.has_data else '  (no data)'}")
+    print(result.overview)
+    print(result.index)
+    print(f"rendered {len(result.panels)} panels ({len(result.panels) - empty} with data) to {out}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "dashboards",
+        help="export, push or render the Grafana dashboard",
+        description="The Grafana dashboard for the exporter's metrics (docs/dashboards.md).",
+    )
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    e = actions.add_parser(
+        "export",
+        help="write dspark.json and provisioning YAML into DIR",
+        description="Write DIR/dspark.json and DIR/provisioning/{dashboards,datasources}.yml "
+        "for Grafana file provisioning.",
+    )
+    e.add_argument("dir", metavar="DIR")
+    e.set_defaults(handler=_export)
+    u = actions.add_parser(
+        "push",
+        help="upload the dashboard to Grafana (POST /api/dashboards/db, overwrite)",
+        description="Upload the dashboard with a service-account token from --token-file or "
+        f"${TOKEN_ENV}.",
+    )
+    u.add_argument("--grafana-url", required=True, metavar="URL", help="e.g. http://grafana:3000")
+    u.add_argument("--token-file", metavar="F", help=f"file holding the token (else ${TOKEN_ENV})")
+    u.add_argument("--folder", metavar="NAME", help="folder title; created when missing")
+    u.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds")
+    u.set_defaults(handler=_push)
+    r = actions.add_parser(
+        "render",
+        help="draw every panel from Prometheus data to PNGs and an offline index.html",
+        description="Run every panel's queries through Prometheus' /api/v1/query_range over "
+        "the last RANGE and draw them with matplotlib: DIR/NN-<slug>.png per panel, "
+        "DIR/overview.png and DIR/index.html (PNGs embedded, opens offline).",
+    )
+    r.add_argument("--prometheus", required=True, metavar="URL", help="e.g. http://prom:9090")
+    r.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    r.add_argument("--range", default="15m", metavar="D", help="time range back from now (15m)")
+    r.add_argument("--step", default="15s", metavar="D", help="query resolution (15s)")
+    r.add_argument(
+        "--var",
+        action="append",
+        default=[],
+        metavar="NAME=REGEX",
+        help="template variable (workload, rank, mode, instance; default .*); repeatable",
+    )
+    r.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds")
+    r.set_defaults(handler=_render)
