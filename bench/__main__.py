@@ -18,6 +18,7 @@ from dspark_obs.allocator import keep_freed_memory
 
 from . import (
     aggregate_update,
+    cli_startup,
     estimator_update,
     gpu_gather,
     render_scrape,
@@ -33,6 +34,7 @@ BENCHMARKS = {
     "report_large": report_large,
     "serve_throughput": serve_throughput,
     "gpu_gather": gpu_gather,
+    "cli_startup": cli_startup,
 }
 
 

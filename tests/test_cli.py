@@ -187,3 +187,32 @@ def test_hash_password_makes_a_bcrypt_hash_that_verifies():
         timeout=60,
     )
     assert empty.returncode == 2 and "empty password" in empty.stderr
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["summary", "--help"]])
+def test_top_level_and_command_help_import_no_other_command(argv):
+    """`--version` and `--help` load no data library and no subcommand: only the command a
+    user names is imported (its start-up time is in the `cli_startup` benchmark)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import json, sys\n"
+        "from dspark_obs.cli.main import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('numpy', 'polars', 'matplotlib') or m.startswith('dspark_obs.cli.'))))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    loaded = json.loads(out.strip().splitlines()[-1])
+    commands = [m for m in loaded if m.endswith("_cmd")]
+    if argv[0] == "summary":
+        assert commands == ["dspark_obs.cli.summary_cmd"]
+    else:
+        assert commands == []
+        assert not any(m.split(".")[0] in ("numpy", "polars", "matplotlib") for m in loaded)

@@ -51,7 +51,7 @@ from dspark_obs.analysis.summary import summarize
 from dspark_obs.calibration.sts import StsCalibration, load_sts
 from dspark_obs.cli.errors import CliError
 from dspark_obs.cli.main import main as cli_main
-from dspark_obs.ingest.files import ServerInfoReader
+from dspark_obs.ingest.server_info_reader import ServerInfoReader
 from dspark_obs.pipeline import Pipeline, run_source
 from dspark_obs.runtime.cost_table import AdditiveCostTable, load_cost_table
 from dspark_obs.sources.replay import ReplaySource
@@ -1068,23 +1068,25 @@ def argvs(draw, world: Path, small_run: Path):
 def _patched_heavy_work():
     """Stop valid commands where their real work would begin; everything before runs for real."""
     from dspark_obs.calibration.sts import StsCalibration as Cal
-    from dspark_obs.cli import ingest_cmd, run_cmd, runtime_server_cmd, serve_cmd
+    from dspark_obs.cli import ingest_cmd, run_cmd, runtime_server_cmd
+    from dspark_obs.runtime import sts_warmup
+    from dspark_obs.service import serving as serve
 
     def reached(*args, **kwargs):
         raise _Reached
 
     saved = [
-        (run_cmd, "execute", run_cmd.execute),
-        (run_cmd, "warmup_sts", run_cmd.warmup_sts),
-        (serve_cmd, "Exporter", serve_cmd.Exporter),
+        (run_cmd, "record_reference_run", run_cmd.record_reference_run),
+        (sts_warmup, "warmup_sts", sts_warmup.warmup_sts),
+        (serve, "Exporter", serve.Exporter),
         (runtime_server_cmd, "RuntimeFrontend", runtime_server_cmd.RuntimeFrontend),
-        (ingest_cmd, "_follow", ingest_cmd._follow),
+        (ingest_cmd, "follow_file", ingest_cmd.follow_file),
     ]
-    run_cmd.execute = reached
-    run_cmd.warmup_sts = lambda config, steps: Cal(temperatures=[1.0] * config.gamma)
-    serve_cmd.Exporter = reached
+    run_cmd.record_reference_run = reached
+    sts_warmup.warmup_sts = lambda config, steps: Cal(temperatures=[1.0] * config.gamma)
+    serve.Exporter = reached
     runtime_server_cmd.RuntimeFrontend = reached
-    ingest_cmd._follow = reached
+    ingest_cmd.follow_file = reached
     try:
         yield
     finally:

@@ -31,7 +31,7 @@ import pytest
 from dspark_obs.exporters import MetricsServer, hash_password
 
 from dspark_obs.cli.main import build_parser
-from dspark_obs.ingest.files import JsonlFollower
+from dspark_obs.ingest.lines import JsonlFollower
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime_server import RateLimiter, RuntimeFrontend
 from dspark_obs.runtime_server.server import MAX_BODY

@@ -8,11 +8,13 @@ the target settled.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 
-from ..calibration import prefix_labels
-from ..store import Run
+from ..calibration import StsCalibration, fit_sts, prefix_labels
+from ..store import Run, open_run
 
 
 def confidence_rows(run: Run, column: str) -> pl.DataFrame:
@@ -42,3 +44,14 @@ def matrix_and_labels(
         gamma,
     )
     return rows[column].to_numpy().reshape(-1, gamma), labels, labelled
+
+
+def fit_sts_from_run(run_dir: Path, bins: int = 15) -> StsCalibration:
+    """STS temperatures from the raw confidence logits a run recorded, with their labels."""
+    run = open_run(run_dir)
+    gamma = int(run.manifest["gamma"])
+    df = confidence_rows(run, "confidence_logits")
+    if df.height == 0:
+        raise ValueError(f"{run_dir}: no raw confidence logits recorded; cannot fit STS")
+    logits, labels, labelled = matrix_and_labels(df, "confidence_logits", gamma)
+    return fit_sts(logits, labels, labelled, num_bins=bins, dataset=str(run_dir))

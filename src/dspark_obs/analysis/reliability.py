@@ -15,12 +15,14 @@ logits at temperature 1, which is what STS starts from.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 
 from ..calibration import CalibrationAccumulator
 from ..calibration.metrics import EPS_PROB
-from ..store import Run
+from ..store import Run, open_run
 from .workload_codes import workload_code
 
 RECORDED = "survival"
@@ -136,3 +138,19 @@ def pooled(accumulators: dict[str | None, CalibrationAccumulator]) -> Calibratio
     for acc in accumulators.values():
         total.merge(acc)
     return total
+
+
+def calibration_report(run_dir: Path, bins: int = 15) -> dict:
+    """Per workload and overall, one entry per block position: what `calibration` prints."""
+    if bins < 1:
+        raise ValueError("--bins must be >= 1")
+    run = open_run(run_dir)
+    per_workload = calibration_histograms(run, (RECORDED,), bins=bins).get(RECORDED)
+    if not per_workload:
+        raise ValueError(f"{run_dir}: no confidence recorded (SGLang dumps need a confidence head)")
+    return {
+        "run": str(run_dir),
+        "bins": bins,
+        "workloads": {name: {"positions": acc.compute()} for name, acc in per_workload.items()},
+        "overall": {"positions": pooled(per_workload).compute()},
+    }

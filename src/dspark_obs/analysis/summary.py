@@ -9,9 +9,11 @@ requests weigh by the tokens they had at stake.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import polars as pl
 
-from ..store import Run
+from ..store import Run, open_run
 from ..store.errors import READ_ERRORS, unreadable
 
 #: Keys of every entry in `workloads` and of `overall`; documented in docs/cli.md.
@@ -133,3 +135,14 @@ def _summarize(run: Run) -> dict:
         "workloads": {row.pop("workload"): _finish(row, seconds) for row in per_workload},
         "load": load,
     }
+
+
+def summarize_run_dir(run_dir: Path) -> dict:
+    """`summarize` of the run in `run_dir`, which must hold request-steps."""
+    run = open_run(run_dir)
+    if "requests" not in run.tables():
+        raise ValueError(
+            f"{run_dir} holds no request-steps (an ingested block-accept JSONL has only "
+            f"ceilings); see `dspark-obs estimate {run_dir}`"
+        )
+    return summarize(run)

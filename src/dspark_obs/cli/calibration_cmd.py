@@ -9,30 +9,12 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from ..analysis.reliability import RECORDED, calibration_histograms, pooled
-from ..store import open_run
+from ..analysis.reliability import calibration_report
 from ..strict_json import clean_json
 from .console import make_console
-from .errors import CliError
-
-
-def calibration_report(run_dir: Path, bins: int = 15) -> dict:
-    """The `--json` object: per workload and overall, one entry per block position."""
-    run = open_run(run_dir)
-    per_workload = calibration_histograms(run, (RECORDED,), bins=bins).get(RECORDED)
-    if not per_workload:
-        raise CliError(f"{run_dir}: no confidence recorded (SGLang dumps need a confidence head)")
-    return {
-        "run": str(run_dir),
-        "bins": bins,
-        "workloads": {name: {"positions": acc.compute()} for name, acc in per_workload.items()},
-        "overall": {"positions": pooled(per_workload).compute()},
-    }
 
 
 def handle(args: argparse.Namespace) -> int:
-    if args.bins < 1:
-        raise CliError("--bins must be >= 1")
     report = calibration_report(args.run_dir, args.bins)
     if args.json:
         print(json.dumps(clean_json(report), indent=2))
@@ -64,12 +46,10 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "calibration",
-        help="per-position confidence calibration of a run",
-        description="ECE, Brier, AUROC, mean predicted and observed survival per "
-        "block position, per workload and overall, from a run directory.",
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "ECE, Brier, AUROC, mean predicted and observed survival per block position, per "
+        "workload and overall, from a run directory."
     )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("--json", action="store_true", help="one JSON object (workloads, overall)")

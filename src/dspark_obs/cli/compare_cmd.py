@@ -131,14 +131,12 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "compare",
-        help="A/B two run directories: deltas with bootstrap intervals and verdicts",
-        description="Per workload (window, accepted, committed, ceiling, utilisation) and per "
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Per workload (window, accepted, committed, ceiling, utilisation) and per "
         "batch size (step time, verify tokens, throughput): B - A with a 95%% cluster-bootstrap "
         "interval, a Holm-adjusted p-value and a verdict. Refuses runs whose gamma or workload "
-        "sets differ unless --allow-mismatch.",
+        "sets differ unless --allow-mismatch."
     )
     p.add_argument("run_a", type=Path, metavar="RUN_A", help="baseline run directory")
     p.add_argument("run_b", type=Path, metavar="RUN_B", help="run compared against it")

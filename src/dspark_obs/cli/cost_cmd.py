@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 
 from ..analysis.cost_fit import TIME_COLUMNS, CostFit, CostFitError, check_probes, fit_cost_table
-from ..plotting import save_png
 from ..report.build import cost_quality_table
 from ..report.document import print_table
+from ..report.figures.cost import write_cost_plots
 from ..store import open_run
 from ..strict_json import clean_json
 from .console import make_console
@@ -34,19 +34,6 @@ def parse_probes(text: str | None, option: str, name: str) -> tuple[int, ...] | 
         if isinstance(exc, CostFitError):
             raise CliError(f"{option}: {exc}") from exc
         raise CliError(f"{option}: expected comma-separated integers, got {text!r}") from exc
-
-
-def write_plots(fit: CostFit, plot: Path | None, plot_dir: Path | None) -> list[str]:
-    from ..report.figures.cost import combined_figure, cost_figures
-
-    written = []
-    if plot is not None:
-        written.append(str(save_png(combined_figure(fit), plot)))
-    if plot_dir is not None:
-        plot_dir.mkdir(parents=True, exist_ok=True)
-        for stem, fig in cost_figures(fit).items():
-            written.append(str(save_png(fig, plot_dir / f"{stem}.png")))
-    return written
 
 
 def render(fit: CostFit, out: Path, plots: list[str]) -> None:
@@ -90,7 +77,7 @@ def handle_fit(args: argparse.Namespace) -> int:
     except CostFitError as exc:
         raise CliError(f"{args.run_dir}: {exc}") from exc
     args.out.write_text(fit.table.to_json(), encoding="utf-8")
-    plots = write_plots(fit, args.plot, args.plot_dir)
+    plots = write_cost_plots(fit, args.plot, args.plot_dir)
     if args.json:
         report = {
             "run": str(args.run_dir),
@@ -105,8 +92,7 @@ def handle_fit(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("cost", help="step-cost table tools")
+def configure(p: argparse.ArgumentParser) -> None:
     cost_sub = p.add_subparsers(dest="cost_command", required=True, metavar="SUBCOMMAND")
     fit = cost_sub.add_parser(
         "fit",

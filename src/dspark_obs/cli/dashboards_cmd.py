@@ -1,9 +1,8 @@
 """`dspark-obs dashboards`: export the Grafana dashboard for provisioning, or push it over HTTP.
 
 `export DIR` writes DIR/dspark.json and DIR/provisioning/{dashboards,datasources}.yml.
-`push` uploads the dashboard through Grafana's dashboard API (POST /api/dashboards/db with
-overwrite) using grafana-client; the token comes from --token-file or $GRAFANA_TOKEN, never
-from the command line.
+`push` uploads the dashboard through Grafana's dashboard API (`dashboards.push`); the token
+comes from --token-file or $GRAFANA_TOKEN, never from the command line.
 `render` draws every panel from a Prometheus' data with matplotlib: DIR/NN-<slug>.png per
 panel, DIR/overview.png and an offline DIR/index.html.
 """
@@ -46,46 +45,14 @@ def _token(args: argparse.Namespace) -> str:
     return token
 
 
-def _folder_uid(api, name: str) -> str:
-    for folder in api.folder.get_all_folders():
-        if folder.get("title") == name:
-            return folder["uid"]
-    return api.folder.create_folder(name)["uid"]
-
-
 def _push(args: argparse.Namespace) -> int:
-    from urllib.parse import urlparse
+    from ..dashboards.push import push_dashboard
 
-    from grafana_client import GrafanaApi
-    from grafana_client.client import GrafanaException
-
-    from ..dashboards import generate
-
-    url = args.grafana_url
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise CliError(f"--grafana-url must be an http(s) URL, got {url!r}")
-    token = _token(args)
-    api = GrafanaApi.from_url(url, credential=token, timeout=args.timeout)
-    try:
-        payload: dict = {
-            "dashboard": {**generate(), "id": None},
-            "overwrite": True,
-            "message": "dspark-obs dashboards push",
-        }
-        if args.folder:
-            payload["folderUid"] = _folder_uid(api, args.folder)
-        result = api.dashboard.update_dashboard(payload)
-    except GrafanaException as exc:
-        status = getattr(exc, "status_code", None)
-        detail = getattr(exc, "message", None) or str(exc)
-        raise CliError(
-            f"Grafana at {url} refused the dashboard (HTTP {status}): {detail}"
-        ) from None
-    except Exception as exc:  # connection refused, TLS, DNS: niquests' own exception types
-        raise CliError(f"cannot reach Grafana at {url}: {exc}") from None
-    where = result.get("url", "") if isinstance(result, dict) else ""
-    print(f"pushed {payload['dashboard']['uid']} to {url.rstrip('/')}{where}")
+    print(
+        push_dashboard(
+            args.grafana_url, lambda: _token(args), folder=args.folder, timeout=args.timeout
+        )
+    )
     return 0
 
 
@@ -135,12 +102,8 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "dashboards",
-        help="export, push or render the Grafana dashboard",
-        description="The Grafana dashboard for the exporter's metrics (docs/dashboards.md).",
-    )
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = "The Grafana dashboard for the exporter's metrics (docs/dashboards.md)."
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     e = actions.add_parser(
         "export",

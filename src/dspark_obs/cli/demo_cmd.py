@@ -10,77 +10,58 @@ estimates beside the shadow's truth.
 from __future__ import annotations
 
 import argparse
-import threading
 from pathlib import Path
 
+from ..analysis.summary import summarize
 from ..estimator.evaluate import evaluate
-from ..exporters.endpoint import Exporter, parse_listen
-from ..pipeline import Pipeline
-from ..store import open_run
+from ..exporters.endpoint import parse_listen
+from ..runs import default_run_dir
+from ..service import record_while_serving
+from ..store import check_new_run_dir, open_run
 from ..strict_json import clean_json
-from .errors import CliError
-from .estimate_cmd import render_run
-from .run_cmd import add_runtime_arguments, config_from_args, default_run_dir, execute, resolve_sts
-from .serve_cmd import install_stop_handlers
-from .summary_cmd import print_summary
-
-
-def _start_exporter(pipeline: Pipeline, listen: str) -> tuple[Exporter, str]:
-    """Serve on `listen`; if that port is taken, on a free one (the demo must not fail on it)."""
-    host, port = parse_listen(listen)
-    exporter = Exporter(pipeline, host, port)
-    try:
-        return exporter, exporter.start()
-    except OSError:
-        exporter = Exporter(pipeline, host, 0)
-        return exporter, exporter.start()
+from .progress import step_progress
+from .runtime_args import add_runtime_arguments, calibration_from_args, config_from_args
+from .signals import stop_on_signals
+from .views import print_estimates, print_summary
 
 
 def handle(args: argparse.Namespace) -> int:
     args.shadow = args.shadow or "cap-accept"
     config = config_from_args(args)
     out = args.out or default_run_dir("demo")
-    if (out / "run.json").exists():
-        raise CliError(f"{out} already holds a run; choose another --out")
-    sts = resolve_sts(args, config)
+    check_new_run_dir(out)
+    if not args.no_serve:
+        parse_listen(args.listen)  # refused before the warm-up, not after
+    sts = calibration_from_args(args, config)
+    with step_progress(config.total_steps, f"{config.mode} run", not args.quiet) as advance:
+        exporter = record_while_serving(
+            config,
+            out,
+            sts,
+            listen=None if args.no_serve else args.listen,
+            on_step=advance,
+            say=lambda line: print(line, flush=True),
+        )
     try:
-        parse_listen(args.listen)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    exporter = None
-
-    def serve(pipeline: Pipeline) -> None:
-        nonlocal exporter
-        if args.no_serve:
-            return
-        exporter, url = _start_exporter(pipeline, args.listen)
-        print(f"serving live metrics at {url} while the demo runs", flush=True)
-
-    try:
-        execute(config, out, sts, show_progress=not args.quiet, on_pipeline=serve)
         run = open_run(out)
-        print_summary(run, as_json=args.json)
+        print_summary(summarize(run), as_json=args.json)
         if not args.json:
-            render_run(clean_json(evaluate(run)))
+            print_estimates(clean_json(evaluate(run)))
             print(f"\nrun directory: {out}  (inspect with `dspark-obs summary {out}`)")
         if exporter is not None and args.hold:
             print(f"still serving {exporter.server.url}/metrics; Ctrl-C to stop", flush=True)
-            stop = threading.Event()
-            install_stop_handlers(stop)
-            stop.wait()
+            stop_on_signals().wait()
     finally:
         if exporter is not None:
             exporter.stop()
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "demo",
-        help="mixed-workload compact run with a cap-accept shadow, then its summary",
-        description="Run the embedded runtime in compact mode with a cap-accept shadow over a "
-        "mixed workload and a concurrency sweep, serving /metrics while it runs, then print "
-        "the summary. Needs no GPU and no SGLang.",
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Run the embedded runtime in compact mode with a cap-accept shadow over a mixed "
+        "workload and a concurrency sweep, serving /metrics while it runs, then print the "
+        "summary. Needs no GPU and no SGLang."
     )
     p.add_argument("--out", type=Path, default=None, help="run directory (default runs/TIME-demo)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

@@ -23,12 +23,10 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "hash-password",
-        help="bcrypt-hash a password for the web-config's basic_auth_users",
-        description="Read a password (prompted on a terminal, else the first line of stdin) and "
-        "print its bcrypt hash; the password itself is never printed or logged.",
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Read a password (prompted on a terminal, else the first line of stdin) and "
+        "print its bcrypt hash; the password itself is never printed or logged."
     )
     p.add_argument("--rounds", type=int, default=12, help="bcrypt cost factor (default 12)")
     p.set_defaults(handler=handle)

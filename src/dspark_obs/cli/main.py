@@ -1,53 +1,53 @@
 """`dspark-obs`: one entry point, one subcommand per job.
 
-Every subcommand registers its own arguments and handler; this module only
-dispatches and turns failures into a one-line message and exit status 2
-(with the traceback only under `--debug`).
+Only the chosen subcommand's module is imported: each pulls in the libraries its job
+needs (numpy, polars, matplotlib), which `--version`, `--help` and every other command
+should not pay for. Failures become a one-line message and exit status 2 (with the
+traceback only under `--debug`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from importlib import import_module
 
 from ..allocator import keep_freed_memory
-from . import (
-    calibration_cmd,
-    compare_cmd,
-    cost_cmd,
-    dashboards_cmd,
-    demo_cmd,
-    estimate_cmd,
-    hash_password_cmd,
-    ingest_cmd,
-    report_cmd,
-    run_cmd,
-    runtime_server_cmd,
-    serve_cmd,
-    shadow_cmd,
-    sts_cmd,
-    summary_cmd,
-)
 from .errors import CliError
 
-COMMANDS = (
-    run_cmd,
-    summary_cmd,
-    demo_cmd,
-    serve_cmd,
-    calibration_cmd,
-    estimate_cmd,
-    report_cmd,
-    compare_cmd,
-    sts_cmd,
-    cost_cmd,
-    hash_password_cmd,
-    runtime_server_cmd,
-    ingest_cmd,
-    shadow_cmd,
-    dashboards_cmd,
-)
-
+#: Each subcommand: the module that configures and handles it, and its one-line help.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("run_cmd", "run the reference DSpark runtime and write a run directory"),
+    "summary": ("summary_cmd", "per-workload summary of a run directory"),
+    "demo": ("demo_cmd", "mixed-workload compact run with a cap-accept shadow, then its summary"),
+    "serve": ("serve_cmd", "run a source into the pipeline and serve /metrics"),
+    "calibration": ("calibration_cmd", "per-position confidence calibration of a run"),
+    "estimate": (
+        "estimate_cmd",
+        "ceiling estimates (greedy walk, sampled walk, population) against the truth",
+    ),
+    "report": ("report_cmd", "post-hoc report of one or more runs: HTML, PNGs, summary.md"),
+    "compare": (
+        "compare_cmd",
+        "A/B two run directories: deltas with bootstrap intervals and verdicts",
+    ),
+    "sts": ("sts_cmd", "confidence calibration (STS) tools"),
+    "cost": ("cost_cmd", "step-cost table tools"),
+    "hash-password": (
+        "hash_password_cmd",
+        "bcrypt-hash a password for the web-config's basic_auth_users",
+    ),
+    "runtime-server": (
+        "runtime_server_cmd",
+        "serve the reference runtime over SGLang's HTTP protocol",
+    ),
+    "ingest": (
+        "ingest_cmd",
+        "ingest SGLang /server_info dumps or block-accept JSONL into a run directory",
+    ),
+    "shadow": ("shadow_cmd", "true ceilings for sampled traffic from a cap-accept twin server"),
+    "dashboards": ("dashboards_cmd", "export, push or render the Grafana dashboard"),
+}
 
 #: Optional packages and the extra that installs each.
 OPTIONAL_EXTRAS = {
@@ -57,7 +57,15 @@ OPTIONAL_EXTRAS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen(argv: list[str]) -> str | None:
+    """The subcommand `argv` names: its first word (the top-level options take no value)."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return first if first in COMMANDS else None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; with `argv`, only the subcommand it names is configured in full (the
+    others are listed with their help), without, every subcommand is."""
     from .. import __version__
 
     parser = argparse.ArgumentParser(
@@ -68,15 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dspark-obs {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in COMMANDS:
-        module.register(sub)
+    chosen = None if argv is None else _chosen(argv)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if argv is None or name == chosen:
+            import_module(f"{__package__}.{module}").configure(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # this is a dspark-obs process: see allocator.py
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.handler(args) or 0)
     except ModuleNotFoundError as exc:

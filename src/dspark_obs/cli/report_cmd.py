@@ -10,7 +10,6 @@ from rich.console import Console
 
 from ..report.build import TERMINAL_SECTIONS, build_report
 from ..report.document import print_sections
-from ..store import RunStoreError
 from .console import make_console
 from .errors import CliError
 
@@ -22,16 +21,11 @@ def handle(args: argparse.Namespace) -> int:
         raise CliError(f"--out {args.out}: exists and is not a directory")
     start = time.perf_counter()
     status = Console(stderr=True)
-    try:
-        if args.quiet:
-            report = build_report(args.run_dirs, args.out, top=args.top)
-        else:
-            with status.status("reading runs") as spinner:
-                report = build_report(
-                    args.run_dirs, args.out, top=args.top, progress=spinner.update
-                )
-    except (RunStoreError, ValueError) as exc:
-        raise CliError(str(exc)) from exc
+    if args.quiet:
+        report = build_report(args.run_dirs, args.out, top=args.top)
+    else:
+        with status.status("reading runs") as spinner:
+            report = build_report(args.run_dirs, args.out, top=args.top, progress=spinner.update)
     console = make_console()
     print_sections(console, report.sections, TERMINAL_SECTIONS)
     figures = sum(len(s.figures) for s in report.sections)
@@ -42,15 +36,13 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "report",
-        help="post-hoc report of one or more runs: HTML, PNGs, summary.md",
-        description="Analyse run directories (from run, serve or ingest) and write a "
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Analyse run directories (from run, serve or ingest) and write a "
         "self-contained report.html (images embedded), one PNG per figure, summary.md and "
         "report.json: per-workload windows and ceilings, verify-window distributions, load "
         "curves, calibration, the step-cost model, the ceiling estimator and the requests "
-        "that lost most to trimming. Several runs are overlaid as arms.",
+        "that lost most to trimming. Several runs are overlaid as arms."
     )
     p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
     p.add_argument("--out", type=Path, required=True, help="output directory (created)")

@@ -9,14 +9,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import threading
 from pathlib import Path
 
 from ..runtime_server import DEFAULT_RATE_LIMIT, MAX_RECORDS, RuntimeFrontend
 from ..telemetry.server_info import MAX_DP_RANKS
 from .errors import CliError
-from .run_cmd import add_runtime_arguments, config_from_args, resolve_sts
-from .serve_cmd import install_stop_handlers
+from .runtime_args import add_runtime_arguments, calibration_from_args, config_from_args
+from .signals import stop_on_signals
 
 #: Where the server's own API key may come from besides --api-key-file.
 API_KEY_ENV = "DSPARK_RUNTIME_API_KEY"
@@ -53,7 +52,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.max_records < 1:
         raise CliError("--max-records must be >= 1")
     config = config_from_args(args)
-    sts = resolve_sts(args, config)
+    sts = calibration_from_args(args, config)
     if sts is not None:
         config.sts_temperatures = list(sts.temperatures)
     try:
@@ -69,8 +68,7 @@ def handle(args: argparse.Namespace) -> int:
         )
     except OSError as exc:
         raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
-    stop = threading.Event()
-    install_stop_handlers(stop)
+    stop = stop_on_signals()
     url = front.start()
     print(
         f"serving {url}  (SGLang protocol, mode {config.mode}, dp {args.dp_size}; Ctrl-C to stop)",
@@ -84,13 +82,11 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "runtime-server",
-        help="serve the reference runtime over SGLang's HTTP protocol",
-        description="Serve the reference DSpark runtime behind SGLang's /generate, "
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Serve the reference DSpark runtime behind SGLang's /generate, "
         "/server_info, /set_internal_state and /health, with one engine per simulated "
-        "DP rank. The largest --concurrency level is each rank's running-request cap.",
+        "DP rank. The largest --concurrency level is each rank's running-request cap."
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=30000, help="port, 0 for any (default 30000)")

@@ -4,33 +4,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
-import time
 from pathlib import Path
 
-from ..aggregates import Aggregates
-from ..estimator.online import CeilingEstimator
-from ..exporters.endpoint import Exporter, parse_listen
-from ..pipeline import Pipeline, run_sources
-from ..sources import parse_source
-from ..sources.replay import ReplaySource
-from ..sources.runtime_source import RuntimeSource
+from ..service import PollOptions, ServeOptions, serve
 from ..sources.sglang_http import DEFAULT_MAX_BYTES
-from ..sources.sglang_poller import SGLangPoller, read_api_key
-from ..sources.stats import IngestStats
+from ..sources.sglang_poller import read_api_key
 from ..sources.workloads import workload_rule
-from ..store import RunStoreError, RunWriter
-from .errors import CliError
-from .run_cmd import (
+from .runtime_args import (
     add_runtime_arguments,
     add_store_arguments,
-    build_manifest,
+    calibration_from_args,
     config_from_args,
-    install_stop_handlers,
-    refuse_existing_run,
-    resolve_sts,
     store_options,
 )
+from .signals import stop_on_signals
 
 
 def add_exporter_arguments(p: argparse.ArgumentParser, listen: str = "127.0.0.1:9464") -> None:
@@ -58,140 +45,55 @@ def add_exporter_arguments(p: argparse.ArgumentParser, listen: str = "127.0.0.1:
     )
 
 
-def _sglang_sources(urls: list[str], args: argparse.Namespace, stats: IngestStats) -> list:
-    try:
-        workload_of = workload_rule(args.workload_from_rid, args.workload_file)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    api_key = read_api_key(args.sglang_api_key_file)
-    return [
-        SGLangPoller(
-            url,
-            stats=stats,
-            index=i,
+def _runtime(args: argparse.Namespace):
+    config = config_from_args(args)
+    return config, calibration_from_args(args, config)
+
+
+def options_from_args(args: argparse.Namespace) -> ServeOptions:
+    sglang = any(s.startswith("sglang:") for s in args.source or [])
+    return ServeOptions(
+        sources=args.source or ["runtime"],
+        listen=args.listen,
+        web_config=args.web_config,
+        workload_cap=args.workload_cap,
+        window_steps=args.window_steps,
+        speed=args.speed,
+        out=args.out,
+        exit_when_done=args.exit_when_done,
+        store=store_options(args),
+        assume=args.assume,
+        poll=PollOptions(
             interval=args.poll_interval,
             timeout=args.poll_timeout,
             retries=args.poll_retries,
-            api_key=api_key,
-            clear=not args.no_clear,
-            gamma=args.gamma,
-            workload_of=workload_of,
             max_bytes=args.sglang_max_bytes,
-        )
-        for i, url in enumerate(urls)
-    ]
+            clear=not args.no_clear,
+            api_key=read_api_key(args.sglang_api_key_file) if sglang else None,
+            gamma=args.gamma,
+            workload_of=workload_rule(args.workload_from_rid, args.workload_file)
+            if sglang
+            else None,
+        ),
+        runtime=lambda: _runtime(args),
+    )
 
 
 def handle(args: argparse.Namespace) -> int:
-    specs = args.source or ["runtime"]
-    try:
-        parsed = [parse_source(s) for s in specs]
-        host, port = parse_listen(args.listen)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    kinds = {k for k, _ in parsed}
-    if len(parsed) > 1 and kinds != {"sglang"}:
-        raise CliError("several --source options are only for sglang:URL servers")
-    if args.workload_cap < 1 or args.window_steps < 8:
-        raise CliError("--workload-cap must be >= 1 and --window-steps >= 8")
-    if args.speed < 0 or args.poll_interval <= 0 or args.poll_timeout <= 0:
-        raise CliError("--speed must be >= 0, --poll-interval and --poll-timeout > 0")
-    if args.sglang_max_bytes < 1:
-        raise CliError("--sglang-max-bytes must be >= 1")
-    stats = IngestStats()
-    kind, arg = parsed[0]
-    if kind == "runtime":
-        config = config_from_args(args)
-        sts = resolve_sts(args, config)
-        if sts is not None:
-            config.sts_temperatures = list(sts.temperatures)
-        sources = [RuntimeSource(config, speed=args.speed)]
-        out = args.out or Path("runs") / time.strftime("%Y%m%d-%H%M%S-serve", time.gmtime())
-        manifest = build_manifest(config, sts) | {"source": "serve:runtime"}
-    elif kind == "run":
-        try:
-            sources = [ReplaySource(arg, speed=args.speed)]
-        except RunStoreError as exc:
-            raise CliError(str(exc)) from None
-        out = args.out
-        manifest = dict(sources[0].run.manifest) | {"source": f"serve:run:{arg}"}
-    else:
-        sources = _sglang_sources([a for _, a in parsed], args, stats)
-        out = args.out
-        manifest = {
-            "source": "serve:sglang",
-            "servers": [s.url for s in sources],
-            "gamma": args.gamma,
-        }
-    gamma = sources[0].gamma
-    if out is not None:
-        refuse_existing_run(out)
-    store = store_options(args)
-    assume = {"greedy": True, "sampled": False, None: None}[args.assume]
-    pipeline = Pipeline(
-        Aggregates(gamma, workload_cap=args.workload_cap, window_steps=args.window_steps),
-        stats=stats,
-        estimator=CeilingEstimator(
-            gamma,
-            workload_cap=args.workload_cap,
-            window_steps=args.window_steps,
-            assume_greedy=assume,
-        ),
-    )
-    exporter = Exporter(pipeline, host, port, args.web_config)
-    stop = threading.Event()
-    install_stop_handlers(stop)
-    try:
-        url = exporter.start()
-    except OSError as exc:
-        raise CliError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from None
-    if out is not None:
-        # Created only once serving works: a refused port or web config must not leave an
-        # incomplete run in --out that then blocks the corrected command ("already holds a run").
-        try:
-            writer = RunWriter(out, {k: v for k, v in manifest.items() if k != "complete"}, **store)
-        except BaseException:
-            exporter.stop()
-            raise
-        pipeline.writer = writer
-    names = ", ".join(s.name for s in sources)
-    print(f"serving {url}  (source {names}; Ctrl-C to stop)", flush=True)
-    try:
-        fed = run_sources(sources, pipeline, stop)
-        if not stop.is_set():
-            print(f"source {names} ended after {fed:,} steps", flush=True)
-            if not args.exit_when_done:
-                print("still serving the final values; Ctrl-C to stop", flush=True)
-                stop.wait()
-    finally:
-        stop.set()
-        pollers = [s for s in sources if isinstance(s, SGLangPoller)]
-        extra = None
-        if pollers:
-            extra = {
-                "mode": next((p.mode for p in pollers if p.mode), None),
-                "timing": "measured" if any(p.timed for p in pollers) else None,
-            }
-        elif isinstance(sources[0], RuntimeSource):
-            runtime = sources[0].runtime  # as `run` records them
-            extra = {"requests_arrived": runtime.arrived, "requests_finished": runtime.finished}
-        pipeline.close(extra)
-        exporter.stop()
-    records, errors, _ = pipeline.stats.snapshot()
+    stop = stop_on_signals()
+    result = serve(options_from_args(args), stop, say=lambda line: print(line, flush=True))
     print(
-        f"stopped: {sum(records.values()):,} steps ingested, "
-        f"{sum(errors.values()):,} rejected" + (f"; run stored in {out}" if out else ""),
+        f"stopped: {result.steps_ingested:,} steps ingested, {result.steps_rejected:,} rejected"
+        + (f"; run stored in {result.out}" if result.out else ""),
         file=sys.stderr,
     )
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "serve",
-        help="run a source into the pipeline and serve /metrics",
-        description="Feed a source into the live aggregates and serve Prometheus "
-        "metrics until stopped (Ctrl-C or SIGTERM flush the run store and exit 0).",
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Feed a source into the live aggregates and serve Prometheus metrics until stopped "
+        "(Ctrl-C or SIGTERM flush the run store and exit 0)."
     )
     p.add_argument(
         "--source",

@@ -5,86 +5,43 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..aggregates import Aggregates
 from ..estimator.evaluate import evaluate
-from ..estimator.online import CeilingEstimator
-from ..pipeline import Pipeline
-from ..shadow import Server, load_requests, run_shadow
+from ..shadow import record_shadow_run
 from ..sources.sglang_poller import read_api_key
 from ..sources.workloads import workload_rule
-from ..store import RunWriter, open_run
+from ..store import check_new_run_dir, open_run
 from ..strict_json import clean_json
-from .errors import CliError
-from .estimate_cmd import render_run
+from .views import print_estimates
 
 
 def handle(args: argparse.Namespace) -> int:
-    if not 0 < args.sample <= 1:
-        raise CliError("--sample must be within (0, 1]")
-    if (args.out / "run.json").exists():
-        raise CliError(f"{args.out} already holds a run; choose another --out")
-    requests = load_requests(args.requests)
-    if not requests:
-        raise CliError(f"{args.requests}: no requests")
-    key = read_api_key(args.sglang_api_key_file)
-    workload_of = workload_rule(args.workload_from_rid, args.workload_file)
-    try:
-        batches, stats = run_shadow(
-            Server(args.production, key, timeout=600),
-            Server(args.shadow, key, timeout=600),
-            requests,
-            sample=args.sample,
-            seed=args.seed,
-            keep_sampling=args.keep_sampling,
-            concurrency=args.concurrency,
-            workload_of=workload_of,
-        )
-    except OSError as exc:
-        raise CliError(f"server unreachable: {exc}") from None
-    if not batches:
-        raise CliError("production returned no step records (is SGLANG_DSPARK_DEBUG_DUMP set?)")
-    gamma = batches[0].gamma
-    manifest = {
-        "source": "shadow",
-        "production": args.production,
-        "shadow": args.shadow,
-        "gamma": gamma,
-        "mode": batches[0].mode,
-        "shadow_mode": "cap-accept",
-        "sample": args.sample,
-        "greedy": not args.keep_sampling,
-        "timing": "measured",
-    }
-    pipeline = Pipeline(
-        Aggregates(gamma),
-        RunWriter(args.out, manifest),
-        estimator=CeilingEstimator(gamma, assume_greedy=not args.keep_sampling),
-    )
-    for b in batches:
-        pipeline.ingest(b, "shadow")
-    pipeline.close(
-        {
-            "requests_replayed": stats.requests,
-            "joined_rows": stats.joined_rows,
-            "production_rows": stats.production_rows,
-        }
+    check_new_run_dir(args.out)
+    stats = record_shadow_run(
+        args.production,
+        args.shadow,
+        args.requests,
+        args.out,
+        api_key=read_api_key(args.sglang_api_key_file),
+        sample=args.sample,
+        seed=args.seed,
+        keep_sampling=args.keep_sampling,
+        concurrency=args.concurrency,
+        workload_of=workload_rule(args.workload_from_rid, args.workload_file),
     )
     print(
         f"replayed {stats.requests:,} requests; joined {stats.joined_rows:,} of "
         f"{stats.production_rows:,} production request-steps to the shadow's ceilings "
         f"({stats.shadow_rows:,} shadow rows)"
     )
-    render_run(clean_json(evaluate(open_run(args.out))))
+    print_estimates(clean_json(evaluate(open_run(args.out))))
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "shadow",
-        help="true ceilings for sampled traffic from a cap-accept twin server",
-        description="Replay a sample of requests on production and on a cap-accept server "
-        "(greedy by default, so the join by request and position is exact), join the twin's "
-        "ceilings to production's request-steps, store the run and evaluate the estimators.",
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Replay a sample of requests on production and on a cap-accept server (greedy by "
+        "default, so the join by request and position is exact), join the twin's ceilings to "
+        "production's request-steps, store the run and evaluate the estimators."
     )
     p.add_argument("--production", required=True, help="production server URL")
     p.add_argument("--shadow", required=True, help="cap-accept server URL")

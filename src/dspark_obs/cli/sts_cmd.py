@@ -12,20 +12,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ..analysis.confidence_rows import confidence_rows, matrix_and_labels
-from ..calibration import fit_sts, save_sts
-from ..store import open_run
-from .errors import CliError
+from ..analysis.confidence_rows import fit_sts_from_run
+from ..calibration import save_sts
 
 
 def handle_fit(args: argparse.Namespace) -> int:
-    run = open_run(args.run_dir)
-    gamma = int(run.manifest["gamma"])
-    df = confidence_rows(run, "confidence_logits")
-    if df.height == 0:
-        raise CliError(f"{args.run_dir}: no raw confidence logits recorded; cannot fit STS")
-    logits, labels, labelled = matrix_and_labels(df, "confidence_logits", gamma)
-    cal = fit_sts(logits, labels, labelled, num_bins=args.bins, dataset=str(args.run_dir))
+    cal = fit_sts_from_run(args.run_dir, args.bins)
     save_sts(cal, args.out)
     table = Table(
         title=f"STS fit over {cal.num_samples:,} request-steps -> {args.out}", title_justify="left"
@@ -40,15 +32,13 @@ def handle_fit(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sts", help="confidence calibration (STS) tools")
+def configure(p: argparse.ArgumentParser) -> None:
     sts_sub = p.add_subparsers(dest="sts_command", required=True, metavar="SUBCOMMAND")
     fit = sts_sub.add_parser(
         "fit",
         help="fit per-position STS temperatures from a run directory",
-        description="Fit one temperature per block position (grid 0.1..10, "
-        "41 log-spaced points) minimising the ECE of the running survival; "
-        "writes SGLang's STS JSON.",
+        description="Fit one temperature per block position (grid 0.1..10, 41 log-spaced "
+        "points) minimising the ECE of the running survival; writes SGLang's STS JSON.",
     )
     fit.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     fit.add_argument("--out", type=Path, required=True, help="STS JSON to write")

@@ -24,9 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..aggregates import Aggregates
-from ..estimator.online import CeilingEstimator
-from ..pipeline import Pipeline
+from ..pipeline import Pipeline, build_pipeline
 from ..telemetry import StepBatch
 
 log = logging.getLogger(__name__)
@@ -205,7 +203,7 @@ def attach(
             stacklevel=2,
         )
         return None
-    pipeline = pipeline or Pipeline(Aggregates(gamma), estimator=CeilingEstimator(gamma))
+    pipeline = pipeline or build_pipeline(gamma)
     hook = SGLangHook(pipeline, StepAdapter(gamma, mode, rank))
 
     def observe_verify_step(**kw):

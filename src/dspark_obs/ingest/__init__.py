@@ -1,1 +1,46 @@
-"""SGLang's own output files (`/server_info` dumps, the block-accept JSONL) into run directories."""
+"""SGLang's own output files (`/server_info` dumps, the block-accept JSONL) into run directories.
+
+Real deployments already produce these files; ingested, every consumer (`summary`,
+`estimate`, `report`, notebooks) works on production data exactly as on a reference run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..telemetry.server_info import WorkloadOf
+from .block_accept import ingest_block_accept
+from .follow import follow_file
+from .kinds import BLOCK_ACCEPT, IngestError, not_ours, sniff
+from .lines import DEFAULT_MAX_RECORD_BYTES
+from .server_info import ingest_server_info
+
+__all__ = ["DEFAULT_MAX_RECORD_BYTES", "IngestError", "follow_file", "ingest_files"]
+
+
+def ingest_files(
+    files: list[Path],
+    out: Path,
+    workload_of: WorkloadOf,
+    *,
+    assume: str | None = None,
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+) -> tuple[str, dict]:
+    """Whole files of one kind into the new run `out`: (kind, the run's summary statistics).
+
+    Every file's kind is told first, so that a wrong file refuses the whole command
+    before anything is written.
+    """
+    if max_record_bytes < 1:
+        raise IngestError("--max-record-bytes must be >= 1")
+    kinds = {}
+    for path in files:
+        kind = sniff(path, max_record_bytes)
+        if kind is None:
+            raise not_ours(path)
+        kinds[path] = kind
+    if len(set(kinds.values())) > 1:
+        raise IngestError("FILEs mix /server_info dumps and block-accept JSONL; ingest them apart")
+    kind = next(iter(kinds.values()))
+    ingest = ingest_block_accept if kind == BLOCK_ACCEPT else ingest_server_info
+    return kind, ingest(files, out, workload_of, assume, max_record_bytes)

@@ -39,6 +39,11 @@ class RuntimeConfig:
         """How step times are obtained, as recorded in the run manifest."""
         return "measured" if self.target == "torch" else "simulated"
 
+    @property
+    def total_steps(self) -> int:
+        """Verify steps in one pass of the concurrency sweep."""
+        return self.steps_per_level * len(self.concurrency)
+
     def validate(self) -> None:
         if self.target not in ("synthetic", "torch"):
             raise ValueError(f"target must be synthetic or torch, got {self.target!r}")

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..calibration import StsCalibration, fit_sts, prefix_labels
+from ..calibration import StsCalibration, fit_sts, load_sts, prefix_labels
 from .config import RuntimeConfig
 from .engine import DSparkRuntime
 
@@ -40,3 +40,18 @@ def warmup_sts(config: RuntimeConfig, steps: int, concurrency: int = 32) -> StsC
         np.concatenate(accepted), np.concatenate(windows), np.concatenate(ceilings), config.gamma
     )
     return fit_sts(np.concatenate(logits), labels, labelled, dataset="dspark-obs runtime warm-up")
+
+
+def resolve_sts(spec: str, config: RuntimeConfig, warmup_steps: int) -> StsCalibration | None:
+    """The calibration a run uses: 'none' (raw confidence), 'auto' (fitted on a warm-up run
+    of `warmup_steps`), or an STS JSON file with one temperature per position."""
+    if spec == "none":
+        return None
+    if spec == "auto":
+        if warmup_steps < 1:
+            raise ValueError("--sts-warmup-steps must be >= 1")
+        return warmup_sts(config, warmup_steps)
+    cal = load_sts(spec)
+    if len(cal.temperatures) != config.gamma:
+        raise ValueError(f"{spec}: {len(cal.temperatures)} temperatures for gamma={config.gamma}")
+    return cal

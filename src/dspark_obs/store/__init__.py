@@ -18,7 +18,7 @@ arrays, and the round trip back to `StepBatch` is exact.
 """
 
 from .errors import RunStoreError
-from .reader import Run, open_run
+from .reader import Run, check_new_run_dir, open_run
 from .writer import RunWriter
 
-__all__ = ["Run", "RunStoreError", "RunWriter", "open_run"]
+__all__ = ["Run", "RunStoreError", "RunWriter", "check_new_run_dir", "open_run"]

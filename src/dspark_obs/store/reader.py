@@ -207,3 +207,21 @@ def open_run(run_dir: str | Path) -> Run:
     if not path.is_dir():
         raise RunStoreError(f"{path}: run directory does not exist")
     return Run(path=path, manifest=read_manifest(path / MANIFEST))
+
+
+def check_new_run_dir(out: str | Path) -> None:
+    """Refuse, before any work starts, a directory that already holds a run.
+
+    A run directory is written once, never appended to by a new command. After a crash
+    (SIGKILL) the directory holds an incomplete run whose published parts stay readable;
+    a restart must not mix a second run into it, so that is refused too, and said.
+    """
+    manifest = Path(out) / MANIFEST
+    if not manifest.exists():
+        return
+    try:
+        complete = json.loads(manifest.read_text(encoding="utf-8")).get("complete") is True
+    except (OSError, ValueError, AttributeError):
+        complete = True  # unreadable: say no more than that a run is there
+    state = "" if complete else " (incomplete: its writer was stopped before closing it)"
+    raise RunStoreError(f"{out} already holds a run{state}; choose another --out")

@@ -19,13 +19,14 @@ say so in the title.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from ...aggregates.cost_model import M_BIN
 from ...analysis.cost_fit import CostFit
-from ...plotting import colour, new_figure
+from ...plotting import colour, new_figure, save_png
 
 #: Most per-step points a figure draws.
 SAMPLE_LIMIT = 20_000
@@ -202,3 +203,15 @@ def combined_figure(fit: CostFit, limit: int = SAMPLE_LIMIT):
     draw_scatter(fig.add_subplot(3, 1, 2), fit, limit)
     draw_residuals(fig.add_subplot(3, 1, 3), fit, limit)
     return fig
+
+
+def write_cost_plots(fit: CostFit, plot: Path | None, plot_dir: Path | None) -> list[str]:
+    """`plot`: one PNG with all three views; `plot_dir`: one PNG per view. Paths written."""
+    written = []
+    if plot is not None:
+        written.append(str(save_png(combined_figure(fit), plot)))
+    if plot_dir is not None:
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        for stem, fig in cost_figures(fit).items():
+            written.append(str(save_png(fig, plot_dir / f"{stem}.png")))
+    return written

@@ -1,0 +1,201 @@
+"""Arguments shared by the commands that drive the reference runtime or write a run store.
+
+`run`, `demo`, `serve` and `runtime-server` take the same runtime options; one
+definition keeps their names, defaults and checks from drifting apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..runtime.config import RuntimeConfig
+from ..runtime.cost_table import load_cost_table
+from ..runtime.language import parse_workload
+from ..store.writer import FLUSH_SECONDS, FLUSH_STEPS
+
+
+def _number_list(cast: type, what: str):
+    def parse(text: str) -> list:
+        try:
+            return [cast(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated {what}, got {text!r}"
+            ) from None
+
+    return parse
+
+
+_int_list = _number_list(int, "integers")
+_float_list = _number_list(float, "numbers")
+
+
+def add_runtime_arguments(
+    p: argparse.ArgumentParser, *, steps_per_level: int, concurrency: str, mode: str = "compact"
+) -> None:
+    g = p.add_argument_group("runtime")
+    g.add_argument(
+        "--seed", type=int, default=0, help="one seed fixes traffic and tokens (default 0)"
+    )
+    g.add_argument("--gamma", type=int, default=7, help="drafted tokens per block (default 7)")
+    g.add_argument("--vocab-size", type=int, default=128, help="synthetic vocabulary (default 128)")
+    g.add_argument(
+        "--mode",
+        choices=("static", "compact", "cap-accept"),
+        default=mode,
+        help=f"verify mode, as SGLANG_RAGGED_VERIFY_MODE (default {mode})",
+    )
+    g.add_argument(
+        "--shadow",
+        choices=("cap-accept",),
+        default=None,
+        help="run a cap-accept twin in lockstep and record its ceiling (compact only)",
+    )
+    g.add_argument(
+        "--shadow-fraction",
+        type=float,
+        default=1.0,
+        help="fraction of requests given a shadow twin (default 1.0)",
+    )
+    g.add_argument(
+        "--workloads",
+        default="gsm8k,arena,poetry",
+        help="comma list of NAME, NAME=PRESET or NAME=PEAK; presets gsm8k, arena, "
+        "poetry (easy to hard) (default gsm8k,arena,poetry)",
+    )
+    g.add_argument(
+        "--mix",
+        type=_float_list,
+        default=None,
+        help="relative arrival weight per workload (default equal)",
+    )
+    g.add_argument(
+        "--concurrency",
+        type=_int_list,
+        default=_int_list(concurrency),
+        help=f"concurrency levels swept in order (default {concurrency})",
+    )
+    g.add_argument(
+        "--steps-per-level",
+        type=int,
+        default=steps_per_level,
+        help=f"verify steps at each concurrency level (default {steps_per_level})",
+    )
+    g.add_argument(
+        "--greedy-fraction",
+        type=float,
+        default=0.5,
+        help="share of greedy requests; the rest sample (default 0.5)",
+    )
+    g.add_argument(
+        "--temperature",
+        type=float,
+        default=0.8,
+        help="sampling temperature of non-greedy requests (default 0.8)",
+    )
+    g.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=1024,
+        help="cap on generated tokens per request (default 1024)",
+    )
+    g.add_argument(
+        "--cost-table",
+        type=Path,
+        default=None,
+        help="additive SPS cost table, SGLang's JSON form (default: built-in H200-like)",
+    )
+    g.add_argument(
+        "--step-noise",
+        type=float,
+        default=0.03,
+        help="log-normal noise of simulated step times (default 0.03)",
+    )
+    g.add_argument(
+        "--target",
+        choices=("synthetic", "torch"),
+        default="synthetic",
+        help="target model: the hash-defined synthetic language, or a torch network whose "
+        "verify forward is timed each step (measured timing; needs the torch extra)",
+    )
+    g.add_argument("--torch-hidden", type=int, default=512, help="torch target width (default 512)")
+    g.add_argument(
+        "--device", default=None, help="torch device (default cuda if present, else cpu)"
+    )
+    g.add_argument(
+        "--sts",
+        default="auto",
+        help="confidence calibration: 'auto' (fit on a warm-up cap-accept run), "
+        "'none' (raw confidence), or an STS JSON file (default auto)",
+    )
+    g.add_argument(
+        "--sts-warmup-steps",
+        type=int,
+        default=150,
+        help="steps of the STS warm-up run (default 150)",
+    )
+
+
+def add_store_arguments(p: argparse.ArgumentParser) -> None:
+    """How often the run store publishes a part: the most a crash (SIGKILL, power loss) can
+    cost is what was buffered since the last part, so these two bound the loss."""
+    g = p.add_argument_group("run store")
+    g.add_argument(
+        "--flush-steps",
+        type=int,
+        default=FLUSH_STEPS,
+        metavar="N",
+        help=f"publish a part every N buffered steps (default {FLUSH_STEPS})",
+    )
+    g.add_argument(
+        "--flush-seconds",
+        type=float,
+        default=FLUSH_SECONDS,
+        metavar="S",
+        help="publish a part once the oldest buffered step is S seconds old, checked as "
+        f"steps arrive (default {FLUSH_SECONDS:g})",
+    )
+
+
+def store_options(args: argparse.Namespace) -> dict:
+    """RunWriter keyword arguments from `add_store_arguments`, checked."""
+    if args.flush_steps < 1 or not args.flush_seconds >= 0:
+        raise ValueError("--flush-steps must be >= 1 and --flush-seconds >= 0")
+    return {"flush_steps": args.flush_steps, "flush_seconds": args.flush_seconds}
+
+
+def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
+    """The runtime configuration `add_runtime_arguments` describes, validated."""
+    workloads = [parse_workload(s) for s in args.workloads.split(",") if s.strip()]
+    mix = args.mix if args.mix is not None else [1.0] * len(workloads)
+    config = RuntimeConfig(
+        seed=args.seed,
+        gamma=args.gamma,
+        vocab_size=args.vocab_size,
+        mode=args.mode,
+        shadow=args.shadow,
+        shadow_fraction=args.shadow_fraction,
+        workloads=workloads,
+        mix=mix,
+        concurrency=args.concurrency,
+        steps_per_level=args.steps_per_level,
+        greedy_fraction=args.greedy_fraction,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        step_noise=args.step_noise,
+        target=args.target,
+        torch_hidden=args.torch_hidden,
+        device=args.device,
+    )
+    if args.cost_table is not None:
+        config.cost_table = load_cost_table(args.cost_table)
+    config.validate()
+    return config
+
+
+def calibration_from_args(args: argparse.Namespace, config: RuntimeConfig):
+    """The STS calibration `--sts` names for this configuration (None: raw confidence)."""
+    from ..runtime.sts_warmup import resolve_sts
+
+    return resolve_sts(args.sts, config, args.sts_warmup_steps)

@@ -1,0 +1,157 @@
+"""Tables several commands print: a run's summary, and its ceiling estimates beside the truth."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from .console import make_console
+
+
+def _fmt(value, digits: int = 2) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return f"{value:,}"
+
+
+def render_summary(summary: dict, console: Console) -> None:
+    title = f"{summary['run']}  mode={summary['mode']}"
+    if summary["shadow"]:
+        title += f" (+{summary['shadow']} shadow)"
+    title += f"  gamma={summary['gamma']}  timing={summary['timing']}"
+    table = Table(title=title, title_justify="left")
+    for col in (
+        "workload",
+        "steps",
+        "req-steps",
+        "window",
+        "accepted",
+        "committed",
+        "ceiling",
+        "util",
+        "verify tok",
+        "tokens/s",
+    ):
+        table.add_column(col, justify="left" if col == "workload" else "right")
+    rows = [*summary["workloads"].items(), ("overall", summary["overall"])]
+    for name, e in rows:
+        table.add_row(
+            name,
+            _fmt(e["steps"]),
+            _fmt(e["request_steps"]),
+            _fmt(e["mean_window"]),
+            _fmt(e["mean_accepted"]),
+            _fmt(e["mean_committed"]),
+            _fmt(e["mean_ceiling"]),
+            _fmt(e["utilisation"], 3),
+            _fmt(e["mean_verify_tokens"]),
+            _fmt(e["throughput_tokens_per_s"], 0),
+            end_section=name == rows[-2][0],
+        )
+    console.print(table)
+    if summary["load"] and any(r["budget_per_request"] is not None for r in summary["load"]):
+        load = Table(title="load: budget per request by batch size", title_justify="left")
+        for col in ("bs", "steps", "budget/req", "verify tok/step", "step ms"):
+            load.add_column(col, justify="right")
+        for r in summary["load"]:
+            load.add_row(
+                _fmt(r["bs"]),
+                _fmt(r["steps"]),
+                _fmt(r["budget_per_request"]),
+                _fmt(r["verify_tokens_per_step"], 1),
+                _fmt(r["mean_step_ms"]),
+            )
+        console.print(load)
+    ceiling = summary["overall"]["ceiling_source"]
+    note = {
+        "observed": "ceiling observed (full-block verification)",
+        "shadow": "ceiling from the cap-accept shadow twin",
+        None: "ceiling not observed in this run (compact without shadow)",
+    }[ceiling]
+    console.print(
+        f"[dim]{note}; utilisation = accepted / ceiling over rows with a known "
+        "ceiling; tokens/s is simulated when timing=simulated[/dim]"
+    )
+
+
+def print_summary(summary: dict, *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        render_summary(summary, make_console())
+
+
+def _f(x, digits: int = 3) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def print_estimates(report: dict) -> None:
+    """The estimators against the truth, per workload and method (`evaluate`'s report)."""
+    console = make_console()
+    table = Table(
+        title=f"{report['run']}: ceiling estimates vs truth (accepted drafts per request-step)",
+        title_justify="left",
+    )
+    for col in (
+        "workload",
+        "method",
+        "blocks",
+        "truth",
+        "lo",
+        "point",
+        "hi",
+        "error",
+        "covered",
+        "exact/censored",
+    ):
+        table.add_column(col, justify="left" if col in ("workload", "method") else "right")
+    for name, e in report["workloads"].items():
+        for method in ("greedy", "sampled"):
+            m = e[method]
+            if not m.get("blocks"):
+                continue
+            err = m.get("error")
+            rates = (
+                f"{m['exact_rate']:.3f}/{m['censored_rate']:.3f}"
+                if method == "greedy"
+                else f"—/{m['censored_rate']:.3f}"
+            )
+            table.add_row(
+                name,
+                f"{method} walk",
+                f"{m['blocks']:,}",
+                _f(m.get("truth")),
+                _f(m["lo"]),
+                _f(m["point"]),
+                _f(m["hi"]),
+                "—" if err is None else f"{100 * err:+.2f}%",
+                {True: "yes", False: "NO", None: "—"}[m.get("covered")],
+                rates,
+            )
+        pop = e.get("population")
+        truth = e["truth"]
+        if pop is None:
+            continue
+        table.add_row(
+            name,
+            "population",
+            f"{e['counts']['blocks']:,}",
+            _f(truth),
+            "",
+            _f(pop["mean"]),
+            "",
+            "—" if truth in (None, 0) else f"{100 * (pop['mean'] / truth - 1):+.2f}%",
+            "",
+            "",
+            end_section=True,
+        )
+    console.print(table)
+    console.print(
+        "[dim]walk rows: trimmed blocks only (truth = shadow ceiling of the same blocks); "
+        "population: all request-steps; covered: the truth mean lies in the aggregate "
+        "interval (mean lo, mean hi widened by 1.96 standard errors)[/dim]"
+    )

@@ -1,0 +1,5 @@
+"""Run directories recorded from the reference runtime (`dspark-obs run`, and `demo`)."""
+
+from .reference import default_run_dir, record_reference_run, runtime_manifest
+
+__all__ = ["default_run_dir", "record_reference_run", "runtime_manifest"]

@@ -1,0 +1,7 @@
+"""The live service: sources fed into one pipeline while `/metrics` is served (`serving`), and
+the demo's reference run served while it is recorded (`demo`)."""
+
+from .demo import record_while_serving
+from .serving import PollOptions, ServeOptions, ServeResult, serve
+
+__all__ = ["PollOptions", "ServeOptions", "ServeResult", "record_while_serving", "serve"]
