@@ -258,6 +258,12 @@ class ConfidenceSeries:
             for k, v in self.reliability_by_group.items()
         }
 
+    @cached_property
+    def _labelled(self) -> np.ndarray:
+        """The (workload, mode, position) series with labelled rows: both histograms keep
+        the same series."""
+        return self._reliability["rows"].sum(axis=1) > 0
+
     def _bins(self, count_key: str, sum_key: str) -> Buckets:
         rel = self._reliability
         return Buckets(
@@ -265,7 +271,7 @@ class ConfidenceSeries:
             RELIABILITY_BOUNDS,
             rel[count_key],
             rel[sum_key].sum(axis=1),
-            keep=rel["rows"].sum(axis=1) > 0,
+            keep=self._labelled,
         )
 
     @property
