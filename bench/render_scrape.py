@@ -1,4 +1,4 @@
-"""P4: one scrape (snapshot + text rendering) for 16 workloads x 8 positions x 4 ranks.
+"""P4: one scrape (snapshots + collecting them as text) for 16 workloads x 8 positions x 4 ranks.
 
 The baseline renders the same families and series with `prometheus_client`, the
 library SGLang uses for its own metrics: the registry is built once, untimed,
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import prometheus_client
-from dspark_obs.exporters.render import Renderer
+from dspark_obs.exporters.collector import Collector
 
 from dspark_obs.aggregates import Aggregates
 from dspark_obs.sources.stats import IngestStats
@@ -40,17 +40,17 @@ def populated(steps: int) -> Aggregates:
 
 def run(quick: bool) -> list[dict]:
     agg = populated(50 if quick else 200)
-    renderer = Renderer()
+    collector = Collector()
     stats = IngestStats()
     stats.record("runtime", 800)
-    text = renderer.render(agg.snapshot(), stats)
+    text = collector.collect(agg.snapshot(), stats.snapshot())
     series = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
     registry = prometheus_client_registry(text)
     base_text = prometheus_client.generate_latest(registry)
     checked = same_samples(text, base_text)
     n = 5 if quick else 20
     times, base_times = repeat_pair(
-        lambda: renderer.render(agg.snapshot(), stats),
+        lambda: collector.collect(agg.snapshot(), stats.snapshot()),
         lambda: prometheus_client.generate_latest(registry),
         n,
         n,

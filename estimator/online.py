@@ -22,7 +22,9 @@ import numpy as np
 import polars as pl
 
 from dspark_obs.aggregates.groups import GroupIndex
+from dspark_obs.aggregates.published import RequestLabels, request_labels
 from dspark_obs.aggregates.window import WindowedSums
+from dspark_obs.series import Samples, ratio
 from dspark_obs.telemetry import StepBatch
 
 from .population import HazardModel
@@ -66,6 +68,97 @@ class EstimatorSnapshot:
     pending: np.ndarray  # [groups] open walks now
     survival: np.ndarray  # [groups, gamma] population survival
     identifiable: np.ndarray  # [groups, gamma]
+    window_steps: int  # of the window sums
+
+    def sections(self) -> dict[str, EstimatorSeries | None]:
+        """What this snapshot publishes: nothing until a request group exists."""
+        if not self.groups:
+            return {"estimator": None}
+        labels = request_labels(tuple(self.groups), self.gamma)
+        return {"estimator": EstimatorSeries(labels, self)}
+
+
+#: Count columns of walked blocks, the denominators of the mean ceiling with observed_blocks.
+_WALKED = ("greedy_exact", "greedy_censored", "sampled_resolved", "sampled_censored")
+
+
+@dataclass(eq=False)
+class EstimatorSeries:
+    """What the estimator publishes per request group: block counts, open walks, the
+    estimated mean ceiling and the population survival per position."""
+
+    labels: RequestLabels
+    snap: EstimatorSnapshot
+
+    @property
+    def window_steps(self) -> int:
+        return self.snap.window_steps
+
+    def _count(self, table: np.ndarray, column: str, source: str | None = None) -> Samples:
+        labels = self.labels.request if source is None else self.labels.tagged(source)
+        return Samples(labels, table[:, _COL[column]].astype(np.int64))
+
+    @property
+    def trimmed_blocks(self) -> Samples:
+        return self._count(self.snap.total, "trimmed_blocks")
+
+    @property
+    def skipped_blocks(self) -> Samples:
+        return self._count(self.snap.total, "skipped_blocks")
+
+    @property
+    def resolved_blocks(self) -> tuple[Samples, Samples]:
+        tot = self.snap.total
+        return (
+            self._count(tot, "greedy_exact", "greedy"),
+            self._count(tot, "sampled_resolved", "sampled"),
+        )
+
+    @property
+    def censored_blocks(self) -> tuple[Samples, Samples]:
+        tot = self.snap.total
+        return (
+            self._count(tot, "greedy_censored", "greedy"),
+            self._count(tot, "sampled_censored", "sampled"),
+        )
+
+    @property
+    def pending_blocks(self) -> Samples:
+        return Samples(self.labels.request, self.snap.pending.astype(np.int64))
+
+    @staticmethod
+    def _mean(table: np.ndarray, key: str) -> np.ndarray:
+        """Mean ceiling per block: observed ceilings and the walks' `key` estimates."""
+        walked = sum(table[:, _COL[k]] for k in _WALKED)
+        blocks = table[:, _COL["observed_blocks"]] + walked
+        return ratio(table[:, _COL["observed_sum"]] + table[:, _COL[key]], blocks)
+
+    @property
+    def ceiling_estimate(self) -> tuple[Samples, Samples]:
+        return (
+            Samples(self.labels.tagged("walk"), self._mean(self.snap.window, "point_sum")),
+            Samples(self.labels.tagged("population"), np.nansum(self.snap.survival, axis=1)),
+        )
+
+    @property
+    def ceiling_estimate_lower(self) -> Samples:
+        return Samples(self.labels.request, self._mean(self.snap.window, "lo_sum"))
+
+    @property
+    def ceiling_estimate_upper(self) -> Samples:
+        return Samples(self.labels.request, self._mean(self.snap.window, "hi_sum"))
+
+    @property
+    def ceiling_estimate_cumulative(self) -> Samples:
+        return Samples(self.labels.request, self._mean(self.snap.total, "point_sum"))
+
+    @property
+    def population_survival(self) -> Samples:
+        return Samples(self.labels.position, self.snap.survival.ravel())
+
+    @property
+    def population_identifiable(self) -> Samples:
+        return Samples(self.labels.position, self.snap.identifiable.ravel().astype(np.int64))
 
 
 class CeilingEstimator:
@@ -223,4 +316,5 @@ class CeilingEstimator:
                 pending,
                 surv,
                 ident,
+                self.sums.window_steps,
             )

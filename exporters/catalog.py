@@ -1,7 +1,10 @@
-"""Every metric the exporter publishes: name, type, labels and help, in one table.
+"""Every metric the exporter publishes: name, type, labels, help and data, in one table.
 
-The renderer writes headers from this table and the metrics reference in the
-docs is generated from it, so the two cannot drift apart.
+The collector writes the families in this order, headers from this table and
+samples from the snapshot attribute each entry names; the metrics reference in
+the docs is generated from it, so the three cannot drift apart. Publishing one
+more quantity of data a snapshot already has is one entry here (and, where the
+quantity is new, one attribute on its section).
 """
 
 from __future__ import annotations
@@ -25,10 +28,15 @@ SLIDING = "over the last {window} steps (a ring of 8 blocks)"
 
 @dataclass(frozen=True)
 class Metric:
+    """One family: its name, type, label names and help (`{window}`: the section's window
+    in steps), and where its data is: `source = (section, attribute)` of a published
+    snapshot (`dspark_obs.series`), a part or a tuple of parts."""
+
     name: str
     kind: str  # counter | gauge | histogram
     labels: tuple[str, ...]
     help: str
+    source: tuple[str, str]
 
 
 CATALOG: tuple[Metric, ...] = (
@@ -38,18 +46,21 @@ CATALOG: tuple[Metric, ...] = (
         "counter",
         REQ,
         "Request-steps seen: one request in one verify step.",
+        source=("tokens", "request_steps"),
     ),
     Metric(
         "dspark_window_tokens",
         "histogram",
         REQ,
         "Drafts verified per request-step (SGLang verify_len - 1); integer buckets 0..gamma.",
+        source=("tokens", "window_tokens"),
     ),
     Metric(
         "dspark_accepted_tokens",
         "histogram",
         REQ,
         "Drafts the target accepted per request-step (SGLang correct_drafts); buckets 0..gamma.",
+        source=("tokens", "accepted_tokens"),
     ),
     Metric(
         "dspark_committed_tokens",
@@ -57,6 +68,7 @@ CATALOG: tuple[Metric, ...] = (
         REQ,
         "Tokens committed per request-step (SGLang acc_len: accepted drafts plus the bonus); "
         "buckets 0..gamma+1.",
+        source=("tokens", "committed_tokens"),
     ),
     Metric(
         "dspark_ceiling_tokens",
@@ -65,12 +77,14 @@ CATALOG: tuple[Metric, ...] = (
         "Drafts full-block verification accepts per request-step, where known: "
         "source=observed from static and cap-accept rows, source=shadow from a cap-accept "
         "twin of a compact request; buckets 0..gamma.",
+        source=("tokens", "ceiling_tokens"),
     ),
     Metric(
         "dspark_trimmed_draft_tokens_total",
         "counter",
         REQ,
         "Drafted tokens left unverified by trimming (gamma - window per request-step).",
+        source=("tokens", "trimmed_draft_tokens"),
     ),
     Metric(
         "dspark_trim_loss_tokens_total",
@@ -78,6 +92,7 @@ CATALOG: tuple[Metric, ...] = (
         REQ,
         "Tokens full verification would have accepted beyond the window (ceiling - accepted), "
         "on request-steps whose ceiling is known.",
+        source=("tokens", "trim_loss_tokens"),
     ),
     Metric(
         "dspark_utilisation_ratio",
@@ -85,112 +100,35 @@ CATALOG: tuple[Metric, ...] = (
         REQ,
         "Accepted / ceiling " + SLIDING + ", over request-steps whose ceiling is known; "
         "1 means trimming lost nothing.",
+        source=("tokens", "utilisation"),
     ),
     Metric(
         "dspark_utilisation_cumulative_ratio",
         "gauge",
         REQ,
         "Accepted / ceiling since start, over request-steps whose ceiling is known.",
+        source=("tokens", "utilisation_cumulative"),
     ),
-    Metric("dspark_window_mean_tokens", "gauge", REQ, "Mean drafts verified " + SLIDING + "."),
-    Metric("dspark_accepted_mean_tokens", "gauge", REQ, "Mean drafts accepted " + SLIDING + "."),
+    Metric(
+        "dspark_window_mean_tokens",
+        "gauge",
+        REQ,
+        "Mean drafts verified " + SLIDING + ".",
+        source=("tokens", "window_mean"),
+    ),
+    Metric(
+        "dspark_accepted_mean_tokens",
+        "gauge",
+        REQ,
+        "Mean drafts accepted " + SLIDING + ".",
+        source=("tokens", "accepted_mean"),
+    ),
     Metric(
         "dspark_ceiling_mean_tokens",
         "gauge",
         REQ,
         "Mean ceiling " + SLIDING + ", over request-steps whose ceiling is known.",
-    ),
-    # load per step
-    Metric("dspark_steps_total", "counter", STEP, "Verify steps seen."),
-    Metric("dspark_batch_size", "histogram", STEP, "Requests per verify step."),
-    Metric(
-        "dspark_budget_tokens",
-        "histogram",
-        STEP,
-        "Scheduler budget per step: extra verify tokens beyond one anchor per request (K); "
-        "steps without a budget (static mode) are not counted.",
-    ),
-    Metric(
-        "dspark_verify_tokens",
-        "histogram",
-        STEP,
-        "Tokens in the verify forward per step, after rounding up to the captured graph tier "
-        "(SGLang num_verify_tokens).",
-    ),
-    Metric(
-        "dspark_graph_tier_tokens",
-        "histogram",
-        STEP,
-        "Captured graph tier replayed per step (SGLang verify_tokens_graph_key).",
-    ),
-    # cost model
-    Metric(
-        "dspark_cost_model_steps_total",
-        "counter",
-        STEP,
-        "Steps with both a cost-table prediction and a measured step time.",
-    ),
-    Metric(
-        "dspark_step_predicted_seconds_total",
-        "counter",
-        STEP,
-        "Sum of the cost table's predicted step times T(bs, K).",
-    ),
-    Metric(
-        "dspark_step_measured_seconds_total",
-        "counter",
-        STEP,
-        "Sum of measured step times (step_gpu_ms, else step_cpu_ms) of those steps.",
-    ),
-    Metric(
-        "dspark_cost_model_abs_error_seconds_total",
-        "counter",
-        STEP,
-        "Sum of |measured - predicted| step time.",
-    ),
-    Metric(
-        "dspark_step_predicted_seconds", "gauge", STEP, "Mean predicted step time " + SLIDING + "."
-    ),
-    Metric(
-        "dspark_step_measured_seconds", "gauge", STEP, "Mean measured step time " + SLIDING + "."
-    ),
-    Metric(
-        "dspark_cost_model_abs_error_seconds",
-        "gauge",
-        STEP,
-        "Mean |measured - predicted| step time " + SLIDING + ".",
-    ),
-    Metric(
-        "dspark_cost_model_bias_seconds",
-        "gauge",
-        STEP,
-        "Mean (measured - predicted) step time " + SLIDING + "; positive: the table is optimistic.",
-    ),
-    Metric(
-        "dspark_cost_model_relative_error_ratio",
-        "gauge",
-        STEP,
-        "Median |measured - predicted| / measured " + SLIDING + " (upper edge of a "
-        "log-spaced bucket, 15% resolution).",
-    ),
-    Metric(
-        "dspark_cost_model_refit_r2",
-        "gauge",
-        STEP,
-        "R^2 of the additive table T = bias + alpha(bs) + theta(M) refitted online by least "
-        "squares over (bs, M-bin of 64) cells of measured step times, since start.",
-    ),
-    Metric(
-        "dspark_cost_model_refit_rms_seconds",
-        "gauge",
-        STEP,
-        "RMS residual of that refit, per step.",
-    ),
-    Metric(
-        "dspark_cost_model_refit_steps",
-        "gauge",
-        STEP,
-        "Measured steps behind that refit (it is refreshed every 1,024 measured steps).",
+        source=("tokens", "ceiling_mean"),
     ),
     # confidence calibration
     Metric(
@@ -198,6 +136,7 @@ CATALOG: tuple[Metric, ...] = (
         "counter",
         POS,
         "Labelled request-step positions behind the calibration metrics. " + CALIBRATION_ROWS,
+        source=("confidence", "labelled"),
     ),
     Metric(
         "dspark_confidence_ece",
@@ -206,18 +145,21 @@ CATALOG: tuple[Metric, ...] = (
         "Expected calibration error of survival at this position " + SLIDING + ": 15 "
         "equal-width bins on [0, 1], |mean predicted - observed| weighted by rows. "
         + CALIBRATION_ROWS,
+        source=("confidence", "ece"),
     ),
     Metric(
         "dspark_confidence_ece_cumulative",
         "gauge",
         POS,
         "Expected calibration error since start (15 equal-width bins). " + CALIBRATION_ROWS,
+        source=("confidence", "ece_cumulative"),
     ),
     Metric(
         "dspark_confidence_brier",
         "gauge",
         POS,
         "Brier score of survival " + SLIDING + ". " + CALIBRATION_ROWS,
+        source=("confidence", "brier"),
     ),
     Metric(
         "dspark_confidence_auroc",
@@ -225,18 +167,21 @@ CATALOG: tuple[Metric, ...] = (
         POS,
         "AUROC of survival against the prefix label " + SLIDING + ", from a 1,020-bin "
         "histogram. " + CALIBRATION_ROWS,
+        source=("confidence", "auroc"),
     ),
     Metric(
         "dspark_confidence_predicted_mean",
         "gauge",
         POS,
         "Mean predicted survival " + SLIDING + ". " + CALIBRATION_ROWS,
+        source=("confidence", "predicted_mean"),
     ),
     Metric(
         "dspark_confidence_observed_mean",
         "gauge",
         POS,
         "Observed share of accepted prefixes " + SLIDING + ". " + CALIBRATION_ROWS,
+        source=("confidence", "observed_mean"),
     ),
     Metric(
         "dspark_confidence_survival",
@@ -244,6 +189,7 @@ CATALOG: tuple[Metric, ...] = (
         REL,
         "Predicted survival since start, in the 15 equal-width ECE bins, summed over ranks "
         "(reliability denominator). " + CALIBRATION_ROWS,
+        source=("confidence", "survival"),
     ),
     Metric(
         "dspark_confidence_accepted_survival",
@@ -251,6 +197,126 @@ CATALOG: tuple[Metric, ...] = (
         REL,
         "Predicted survival of rows whose prefix was accepted, same bins (reliability "
         "numerator: observed rate per bin = this bucket / dspark_confidence_survival bucket).",
+        source=("confidence", "accepted_survival"),
+    ),
+    # load per step
+    Metric("dspark_steps_total", "counter", STEP, "Verify steps seen.", source=("steps", "steps")),
+    Metric(
+        "dspark_batch_size",
+        "histogram",
+        STEP,
+        "Requests per verify step.",
+        source=("steps", "batch_size"),
+    ),
+    Metric(
+        "dspark_budget_tokens",
+        "histogram",
+        STEP,
+        "Scheduler budget per step: extra verify tokens beyond one anchor per request (K); "
+        "steps without a budget (static mode) are not counted.",
+        source=("steps", "budget_tokens"),
+    ),
+    Metric(
+        "dspark_verify_tokens",
+        "histogram",
+        STEP,
+        "Tokens in the verify forward per step, after rounding up to the captured graph tier "
+        "(SGLang num_verify_tokens).",
+        source=("steps", "verify_tokens"),
+    ),
+    Metric(
+        "dspark_graph_tier_tokens",
+        "histogram",
+        STEP,
+        "Captured graph tier replayed per step (SGLang verify_tokens_graph_key).",
+        source=("steps", "graph_tier_tokens"),
+    ),
+    # cost model
+    Metric(
+        "dspark_cost_model_steps_total",
+        "counter",
+        STEP,
+        "Steps with both a cost-table prediction and a measured step time.",
+        source=("cost", "steps"),
+    ),
+    Metric(
+        "dspark_step_predicted_seconds_total",
+        "counter",
+        STEP,
+        "Sum of the cost table's predicted step times T(bs, K).",
+        source=("cost", "predicted_seconds_total"),
+    ),
+    Metric(
+        "dspark_step_measured_seconds_total",
+        "counter",
+        STEP,
+        "Sum of measured step times (step_gpu_ms, else step_cpu_ms) of those steps.",
+        source=("cost", "measured_seconds_total"),
+    ),
+    Metric(
+        "dspark_cost_model_abs_error_seconds_total",
+        "counter",
+        STEP,
+        "Sum of |measured - predicted| step time.",
+        source=("cost", "abs_error_seconds_total"),
+    ),
+    Metric(
+        "dspark_step_predicted_seconds",
+        "gauge",
+        STEP,
+        "Mean predicted step time " + SLIDING + ".",
+        source=("cost", "predicted_seconds"),
+    ),
+    Metric(
+        "dspark_step_measured_seconds",
+        "gauge",
+        STEP,
+        "Mean measured step time " + SLIDING + ".",
+        source=("cost", "measured_seconds"),
+    ),
+    Metric(
+        "dspark_cost_model_abs_error_seconds",
+        "gauge",
+        STEP,
+        "Mean |measured - predicted| step time " + SLIDING + ".",
+        source=("cost", "abs_error_seconds"),
+    ),
+    Metric(
+        "dspark_cost_model_bias_seconds",
+        "gauge",
+        STEP,
+        "Mean (measured - predicted) step time " + SLIDING + "; positive: the table is optimistic.",
+        source=("cost", "bias_seconds"),
+    ),
+    Metric(
+        "dspark_cost_model_relative_error_ratio",
+        "gauge",
+        STEP,
+        "Median |measured - predicted| / measured " + SLIDING + " (upper edge of a "
+        "log-spaced bucket, 15% resolution).",
+        source=("cost", "relative_error"),
+    ),
+    Metric(
+        "dspark_cost_model_refit_r2",
+        "gauge",
+        STEP,
+        "R^2 of the additive table T = bias + alpha(bs) + theta(M) refitted online by least "
+        "squares over (bs, M-bin of 64) cells of measured step times, since start.",
+        source=("cost", "refit_r2"),
+    ),
+    Metric(
+        "dspark_cost_model_refit_rms_seconds",
+        "gauge",
+        STEP,
+        "RMS residual of that refit, per step.",
+        source=("cost", "refit_rms_seconds"),
+    ),
+    Metric(
+        "dspark_cost_model_refit_steps",
+        "gauge",
+        STEP,
+        "Measured steps behind that refit (it is refreshed every 1,024 measured steps).",
+        source=("cost", "refit_steps"),
     ),
     # ceiling estimator
     Metric(
@@ -259,6 +325,7 @@ CATALOG: tuple[Metric, ...] = (
         REQ,
         "Request-steps whose whole window w < gamma was accepted (ceiling censored by "
         "trimming) and whose tail is being walked.",
+        source=("estimator", "trimmed_blocks"),
     ),
     Metric(
         "dspark_estimator_skipped_blocks_total",
@@ -266,6 +333,7 @@ CATALOG: tuple[Metric, ...] = (
         REQ,
         "Trimmed request-steps no walk can follow (sampled without log-probabilities, or "
         "sampling unknown): only the population estimate covers them.",
+        source=("estimator", "skipped_blocks"),
     ),
     Metric(
         "dspark_estimator_resolved_blocks_total",
@@ -273,14 +341,22 @@ CATALOG: tuple[Metric, ...] = (
         (*REQ, "source"),
         "Walks that ended: source=greedy exact (mismatch or tail used up), source=sampled "
         "with a (lo, point, hi) interval.",
+        source=("estimator", "resolved_blocks"),
     ),
     Metric(
         "dspark_estimator_censored_blocks_total",
         "counter",
         (*REQ, "source"),
         "Walks cut short because the request ended first: reported as lower bounds.",
+        source=("estimator", "censored_blocks"),
     ),
-    Metric("dspark_estimator_pending_blocks", "gauge", REQ, "Walks open now."),
+    Metric(
+        "dspark_estimator_pending_blocks",
+        "gauge",
+        REQ,
+        "Walks open now.",
+        source=("estimator", "pending_blocks"),
+    ),
     Metric(
         "dspark_ceiling_estimate_tokens",
         "gauge",
@@ -288,24 +364,28 @@ CATALOG: tuple[Metric, ...] = (
         "Estimated mean ceiling per request-step " + SLIDING + ": source=walk combines "
         "observed ceilings with the walks' point estimates; source=population is the "
         "sum of the population survival curve.",
+        source=("estimator", "ceiling_estimate"),
     ),
     Metric(
         "dspark_ceiling_estimate_lower_tokens",
         "gauge",
         REQ,
         "Lower bound of the walk estimate of the mean ceiling " + SLIDING + ".",
+        source=("estimator", "ceiling_estimate_lower"),
     ),
     Metric(
         "dspark_ceiling_estimate_upper_tokens",
         "gauge",
         REQ,
         "Upper bound of the walk estimate of the mean ceiling " + SLIDING + ".",
+        source=("estimator", "ceiling_estimate_upper"),
     ),
     Metric(
         "dspark_ceiling_estimate_cumulative_tokens",
         "gauge",
         REQ,
         "Walk estimate of the mean ceiling since start.",
+        source=("estimator", "ceiling_estimate_cumulative"),
     ),
     Metric(
         "dspark_population_survival_ratio",
@@ -313,6 +393,7 @@ CATALOG: tuple[Metric, ...] = (
         POS,
         "Population estimate of P(first position+1 drafts accepted) over recent blocks, "
         "from (window, accepted) with hazards stratified by calibrated confidence.",
+        source=("estimator", "population_survival"),
     ),
     Metric(
         "dspark_population_identifiable",
@@ -320,21 +401,36 @@ CATALOG: tuple[Metric, ...] = (
         POS,
         "1 where the population survival at this position rests on observed hazards, 0 "
         "where it is extrapolated from calibrated confidence.",
+        source=("estimator", "population_identifiable"),
     ),
     # ingest
-    Metric("dspark_ingest_records_total", "counter", SRC, "Step records accepted from a source."),
+    Metric(
+        "dspark_ingest_records_total",
+        "counter",
+        SRC,
+        "Step records accepted from a source.",
+        source=("ingest", "records"),
+    ),
     Metric(
         "dspark_ingest_errors_total",
         "counter",
         (*SRC, "reason"),
         "Step records rejected, by reason; processing continues.",
+        source=("ingest", "errors"),
     ),
-    Metric("dspark_source_up", "gauge", SRC, "1 while the source delivers, 0 when it fails."),
+    Metric(
+        "dspark_source_up",
+        "gauge",
+        SRC,
+        "1 while the source delivers, 0 when it fails.",
+        source=("ingest", "up"),
+    ),
     Metric(
         "dspark_workload_overflow_total",
         "counter",
         (),
         'Request-steps counted under workload="other" because the workload cap was reached.',
+        source=("workloads", "overflow"),
     ),
 )
 

@@ -1,14 +1,14 @@
-"""`/metrics` of a running pipeline: its aggregates, estimator and ingest counters rendered
-on each scrape, served by the HTTP server on its own thread."""
+"""`/metrics` of a running pipeline: snapshots of its aggregates, estimator and ingest
+counters collected on each scrape, served by the HTTP server on its own thread."""
 
 from __future__ import annotations
 
 import threading
 
 from ..pipeline import Pipeline
+from .collector import Collector
 from .exposition import wsgi_app
 from .http_server import MetricsServer
-from .render import Renderer
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -22,11 +22,11 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 class Exporter:
-    """Aggregates + renderer + HTTP server around one pipeline."""
+    """Aggregates + collector + HTTP server around one pipeline."""
 
     def __init__(self, pipeline: Pipeline, host: str, port: int, web_config=None) -> None:
         self.pipeline = pipeline
-        self.renderer = Renderer()
+        self.collector = Collector()
         self._render_lock = threading.Lock()
         self.server = MetricsServer(
             host=host, port=port, web_config=web_config, metrics_app=wsgi_app(self.render)
@@ -35,9 +35,9 @@ class Exporter:
     def render(self) -> bytes:
         with self._render_lock:
             est = self.pipeline.estimator
-            return self.renderer.render(
+            return self.collector.collect(
                 self.pipeline.aggregates.snapshot(),
-                self.pipeline.stats,
+                self.pipeline.stats.snapshot(),
                 None if est is None else est.snapshot(),
             )
 

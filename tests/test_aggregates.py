@@ -18,7 +18,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch
-from dspark_obs.exporters.render import Renderer
+from dspark_obs.exporters.collector import Collector
 from sklearn.metrics import roc_auc_score
 from torchmetrics.classification import BinaryCalibrationError
 
@@ -90,7 +90,7 @@ def sample(samples, name: str, **labels) -> float | None:
 
 
 def render(snap, stats: IngestStats | None = None) -> str:
-    return Renderer().render(snap, stats or IngestStats()).decode()
+    return Collector().collect(snap, (stats or IngestStats()).snapshot()).decode()
 
 
 # ------------------------------------------------------- independent row tables

@@ -1,12 +1,12 @@
-"""The committed metrics reference is what the catalog generates, and the renderer keeps to it."""
+"""The committed metrics reference is what the catalog generates, and the collector keeps to it."""
 
 import re
 from pathlib import Path
 
 from dspark_obs.estimator.online import CeilingEstimator
 from dspark_obs.exporters.catalog import CATALOG
+from dspark_obs.exporters.collector import Collector
 from dspark_obs.exporters.reference import markdown
-from dspark_obs.exporters.render import Renderer
 
 from dspark_obs.aggregates import Aggregates
 from dspark_obs.pipeline import Pipeline
@@ -29,8 +29,12 @@ def test_rendered_families_are_exactly_the_catalog():
     for b in runtime.run():
         pipeline.ingest(b, gather=runtime.gather_target_logprobs)
     text = (
-        Renderer()
-        .render(pipeline.aggregates.snapshot(), pipeline.stats, pipeline.estimator.snapshot())
+        Collector()
+        .collect(
+            pipeline.aggregates.snapshot(),
+            pipeline.stats.snapshot(),
+            pipeline.estimator.snapshot(),
+        )
         .decode()
     )
     typed = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, flags=re.M))

@@ -18,6 +18,15 @@ from ..telemetry import StepBatch
 from .confidence import ConfidenceAggregate
 from .cost_model import DEFAULT_BS_PROBES, DEFAULT_M_PROBES, CostModelAggregate, Refit
 from .groups import GroupIndex
+from .published import (
+    ConfidenceSeries,
+    CostSeries,
+    StepSeries,
+    TokenSeries,
+    WorkloadSeries,
+    request_labels,
+    step_labels,
+)
 from .rows import RequestRows
 from .steps import StepAggregate
 from .tokens import TokenAggregate
@@ -25,7 +34,11 @@ from .tokens import TokenAggregate
 
 @dataclass
 class Snapshot:
-    """Plain arrays for one scrape; `total` since start, `window` over the last N steps."""
+    """Plain arrays for one scrape; `total` since start, `window` over the last N steps.
+
+    The tables are the aggregates' own layout; what is published from them is
+    `sections()`, in the series model, which publishers read instead.
+    """
 
     gamma: int
     window_steps: int
@@ -39,6 +52,32 @@ class Snapshot:
     refits: list[Refit | None]
     ingest: dict[str, int] = field(default_factory=dict)
     overflow_rows: int = 0
+
+    def sections(self) -> dict[str, object | None]:
+        """What this snapshot publishes, by section (`aggregates.published`): the request
+        sections are None until a request group exists, the step sections until a step
+        group does."""
+        out: dict[str, object | None] = dict.fromkeys(("tokens", "confidence", "steps", "cost"))
+        if self.groups:
+            req = request_labels(tuple(self.groups), self.gamma)
+            out["tokens"] = TokenSeries(
+                req, self.gamma, self.window_steps, self.tokens["total"], self.tokens["window"]
+            )
+            out["confidence"] = ConfidenceSeries(
+                req,
+                self.window_steps,
+                self.confidence["total"],
+                self.confidence["window"],
+                self.reliability,
+            )
+        if self.step_groups:
+            step = step_labels(tuple(self.step_groups))
+            out["steps"] = StepSeries(step, self.window_steps, self.steps["total"])
+            out["cost"] = CostSeries(
+                step, self.window_steps, self.cost["total"], self.cost["window"], self.refits
+            )
+        out["workloads"] = WorkloadSeries(self.overflow_rows)
+        return out
 
 
 class Aggregates:

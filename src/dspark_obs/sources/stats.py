@@ -1,8 +1,8 @@
 """Ingest counters per source: steps taken, steps rejected by reason, and whether it is up.
 
 Sources (the SGLang poller counts what it could not decode) and the pipeline (which
-counts what breaks the telemetry model) write here; the exporter publishes a snapshot.
-A rejection is logged once per (source, reason), then only counted.
+counts what breaks the telemetry model) write here; publishers read a snapshot of them
+(`IngestSnapshot.sections()`). A rejection is logged once per (source, reason), then only counted.
 """
 
 from __future__ import annotations
@@ -10,8 +10,52 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from ..series import Labels, Samples
 
 log = logging.getLogger(__name__)
+
+
+class IngestSnapshot(NamedTuple):
+    """The counters at one moment: steps taken per source, rejected per (source, reason),
+    and up (1) or down (0) per source."""
+
+    records: dict[str, int]
+    errors: dict[tuple[str, str], int]
+    up: dict[str, int]
+
+    def sections(self) -> dict[str, IngestSeries]:
+        return {"ingest": IngestSeries(self)}
+
+
+@dataclass(eq=False)
+class IngestSeries:
+    """The ingest counters as published series, per source (and reason)."""
+
+    snap: IngestSnapshot
+
+    @staticmethod
+    def _per_source(counts: dict[str, int]) -> Samples:
+        labels = Labels(("source",), [(s,) for s in counts])
+        return Samples(labels, np.array(list(counts.values()), dtype=np.int64))
+
+    @property
+    def records(self) -> Samples:
+        return self._per_source(self.snap.records)
+
+    @property
+    def errors(self) -> Samples:
+        errors = self.snap.errors
+        labels = Labels(("source", "reason"), errors)
+        return Samples(labels, np.array(list(errors.values()), dtype=np.int64))
+
+    @property
+    def up(self) -> Samples:
+        return self._per_source(self.snap.up)
 
 
 class IngestStats:
@@ -43,6 +87,6 @@ class IngestStats:
         with self._lock:
             self.up[source] = int(up)
 
-    def snapshot(self) -> tuple[dict[str, int], dict[tuple[str, str], int], dict[str, int]]:
+    def snapshot(self) -> IngestSnapshot:
         with self._lock:
-            return dict(self.records), dict(self.errors), dict(self.up)
+            return IngestSnapshot(dict(self.records), dict(self.errors), dict(self.up))

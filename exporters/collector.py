@@ -1,0 +1,105 @@
+"""Published snapshots as Prometheus text, written through the catalog alone.
+
+Producers (aggregates, estimator, ingest counters) hand over snapshots whose
+sections hold `dspark_obs.series` parts; the collector walks the catalog in
+order, writes each family's header from its entry and its samples from the
+section attribute the entry names. It knows nothing of the producers' tables:
+publishing a quantity is a catalog entry. Rules:
+
+- a family whose section is absent or None (no groups yet) is not written at all;
+- a present section writes every header, even of a family without series;
+- NaN samples, and histogram series `keep` leaves out, are not written.
+
+The arithmetic was done by the producers on fixed-size arrays; a scrape is
+formatting, bounded by the number of series, with label strings built once
+per label set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..series import Buckets, Labels, Published, Samples
+from .catalog import CATALOG, Metric
+from .exposition import Writer, label_string
+
+#: Label sets whose formatted strings are kept; groups only grow, so few are ever live.
+_CACHE_SIZE = 256
+
+
+def bound_string(bound: float) -> str:
+    """A bucket's `le`: integers as they are, fractions to 6 significant digits."""
+    if isinstance(bound, (int, np.integer)):
+        return str(int(bound))
+    return f"{bound:.6g}"
+
+
+class Collector:
+    """Writes the catalog's families from published snapshots; caches label strings,
+    bucket bounds and headers, so a steady scrape formats numbers only."""
+
+    def __init__(self, catalog: Sequence[Metric] = CATALOG) -> None:
+        self.catalog = tuple(catalog)
+        self._labels: dict[Labels, list[str]] = {}
+        self._bounds: dict[tuple, list[str]] = {}
+        self._helps: dict[tuple[str, object], str] = {}
+
+    def collect(self, *snapshots: Published | None) -> bytes:
+        """The exposition of these snapshots (None: a producer that is not there)."""
+        sections: dict[str, object | None] = {}
+        for snap in snapshots:
+            if snap is not None:
+                sections.update(snap.sections())
+        w = Writer()
+        for metric in self.catalog:
+            section_name, attr = metric.source
+            section = sections.get(section_name)
+            if section is None:
+                continue
+            w.header(metric.name, metric.kind, self._help(metric, section))
+            parts = getattr(section, attr)
+            for part in parts if isinstance(parts, tuple) else (parts,):
+                self._write(w, metric.name, part)
+        return w.text()
+
+    def _help(self, metric: Metric, section: object) -> str:
+        if "{window}" not in metric.help:
+            return metric.help
+        window = section.window_steps
+        key = (metric.name, window)
+        text = self._helps.get(key)
+        if text is None:
+            text = self._helps[key] = metric.help.format(window=window)
+        return text
+
+    def _strings(self, labels: Labels) -> list[str]:
+        strings = self._labels.get(labels)
+        if strings is None:
+            if len(self._labels) >= _CACHE_SIZE:
+                self._labels.clear()
+            strings = self._labels[labels] = [
+                label_string(labels.names, row) for row in labels.rows
+            ]
+        return strings
+
+    def _bound_strings(self, bounds: tuple) -> list[str]:
+        strings = self._bounds.get(bounds)
+        if strings is None:
+            strings = self._bounds[bounds] = [*map(bound_string, bounds), "+Inf"]
+        return strings
+
+    def _write(self, w: Writer, name: str, part: Samples | Buckets) -> None:
+        labels = self._strings(part.labels)
+        if isinstance(part, Samples):
+            w.samples(name, labels, part.values)
+            return
+        counts, sums, keep = part.counts, part.sums, part.keep
+        if keep is not None:
+            if not keep.any():
+                return
+            if not keep.all():
+                labels = [s for s, k in zip(labels, keep.tolist(), strict=True) if k]
+                counts, sums = counts[keep], sums[keep]
+        w.histogram(name, labels, self._bound_strings(part.bounds), counts, sums)
