@@ -27,8 +27,8 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from dspark_obs.cli.main import main as cli_main
 from dspark_obs.dashboards import DASHBOARD_UID, generate, render_json
-from dspark_obs.dashboards.drawing import substitute as render_substitute
-from dspark_obs.dashboards.drawing import substitutions
+from dspark_obs.dashboards.querying import substitute as render_substitute
+from dspark_obs.dashboards.querying import substitutions
 
 from .live_exporter import serve_scraped
 from .prometheus_harness import prometheus_available

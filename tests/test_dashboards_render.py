@@ -14,7 +14,8 @@ import matplotlib.image
 import numpy as np
 
 from dspark_obs.dashboards import generate
-from dspark_obs.dashboards.drawing import data_panels, slug, substitute, substitutions
+from dspark_obs.dashboards.drawing import data_panels, slug
+from dspark_obs.dashboards.querying import substitute, substitutions
 
 from .conftest import cli
 from .live_exporter import serve_scraped

@@ -34,7 +34,7 @@ from dspark_obs.cli.main import build_parser
 from dspark_obs.ingest.lines import JsonlFollower
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime_server import RateLimiter, RuntimeFrontend
-from dspark_obs.runtime_server.server import MAX_BODY
+from dspark_obs.runtime_server.handler import MAX_BODY
 from dspark_obs.sources.sglang_http import ResponseTooLarge, SGLangClient
 from dspark_obs.sources.sglang_poller import SGLangPoller
 from dspark_obs.sources.stats import IngestStats

@@ -5,6 +5,7 @@ Grafana file-provisioning YAML. The committed copy lives in the top-level `dashb
 regenerate it with `python -m dspark_obs.dashboards --write dashboards`.
 """
 
-from .definition import DASHBOARD_UID, generate, render_json, write_tree
+from .definition import DASHBOARD_UID, generate, render_json
+from .provisioning import write_tree
 
 __all__ = ["DASHBOARD_UID", "generate", "render_json", "write_tree"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .definition import render_json, write_tree
+from .definition import render_json
+from .provisioning import write_tree
 
 
 def main(argv: list[str] | None = None) -> int:

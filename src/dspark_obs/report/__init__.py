@@ -1,1 +1,10 @@
-"""Run reports: figures and the pages that embed them."""
+"""Run reports: figures and the pages that embed them.
+
+`build` writes a report from runs (`arms` analyses each run, `sections` builds each section,
+`figure_queue` draws the figures, `figures` holds the drawings, `document` the page formats).
+"""
+
+from .build import TERMINAL_SECTIONS, build_report, overlay_figures
+from .sections import cost_quality_table
+
+__all__ = ["TERMINAL_SECTIONS", "build_report", "cost_quality_table", "overlay_figures"]

@@ -16,16 +16,19 @@ cap-accept server with the same seed would report for that request-step.
 Besides the closed-loop traffic of `step(level)`, requests can come from
 outside (`submit`, then `step_external`): the SGLang-protocol front serves them
 over HTTP. The two kinds of admission are not meant to be mixed on one engine.
+
+The engine stays one module (the request types it exchanges with a front are in
+`external`): every phase of a step (admission, draft and verify, scheduling, timing,
+commit) reads and writes the same per-slot arrays, so cutting the class apart would scatter
+one state machine over several files without making any part of it independent.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,6 +37,7 @@ from .acceptance import accept_probability, leading_run, log_softmax, residual, 
 from .config import RuntimeConfig
 from .cost_table import round_to_tier
 from .drafter import BlockDrafter
+from .external import RID_WORKLOAD, ExternalRequest, ExternalStep, FinishedRequest
 from .hashing import extend, mix, uniform, unit
 from .language import EOS_TOKEN, SyntheticTarget
 from .scheduler import schedule
@@ -46,42 +50,6 @@ _TAG_SHADOW = 44
 _TAG_LEN = 45
 _TAG_EXTERNAL_SALT = 46
 _DRAW_TAGS = np.array([_TAG_DRAFT, _TAG_ACCEPT], dtype=np.uint64)[:, None, None]
-
-#: The workload of an external request named like SGLang benchmark rids (`gsm8k-17`).
-RID_WORKLOAD = re.compile(r"^(?P<workload>[^-]+)-")
-
-
-@dataclass(frozen=True)
-class ExternalRequest:
-    """A request admitted from outside, already reduced to the engine's terms."""
-
-    rid: str
-    salt: int
-    workload: int
-    greedy: bool
-    temperature: float
-    max_new_tokens: int
-    ignore_eos: bool
-    prompt_len: int
-    prev2: int
-    prev1: int
-
-
-@dataclass(frozen=True)
-class FinishedRequest:
-    rid: str
-    output_ids: list[int]
-    #: SGLang's shape: `{"type": "stop", "matched": EOS}` or `{"type": "length", "length": n}`
-    finish_reason: dict
-    prompt_tokens: int
-    #: verify steps the request took part in (SGLang's `spec_verify_ct`)
-    verify_ct: int
-
-
-@dataclass(frozen=True)
-class ExternalStep:
-    batch: StepBatch
-    finished: list[FinishedRequest]
 
 
 def make_target(config: RuntimeConfig) -> SyntheticTarget:

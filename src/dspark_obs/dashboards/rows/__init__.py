@@ -1,0 +1,17 @@
+"""The dashboard's rows, one module per row, in page order.
+
+Each module's `panels()` builds its row's panels; a row is found by its name here, and
+adding one is a module and a line in `ROWS`.
+"""
+
+from . import calibration, cost_model, estimator, load, overview, per_workload, sources
+
+ROWS = (
+    ("Overview", overview.panels),
+    ("Per workload", per_workload.panels),
+    ("Load", load.panels),
+    ("Calibration", calibration.panels),
+    ("Cost model", cost_model.panels),
+    ("Estimator health", estimator.panels),
+    ("Sources", sources.panels),
+)

@@ -1,0 +1,104 @@
+"""Each run of a report is an *arm*: its light analyses, held together for every section.
+
+The sections read arms, never runs, so a run is opened and analysed once however many
+sections and figures draw on it; fields a run cannot support stay None and the sections
+turn them into `missing` lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from ..analysis.cost_fit import CostFit, CostFitError, fit_cost_table
+from ..analysis.load import load_curve
+from ..analysis.summary import summarize
+from ..analysis.trim_loss import (
+    request_steps_with_ceiling,
+    request_traces,
+    top_requests,
+    trimmed_with_ceiling,
+)
+from ..analysis.verify_lengths import window_shares
+from ..calibration import CalibrationAccumulator
+from ..estimator.evaluate import walked_blocks
+from ..store import Run
+
+#: Requests whose step-by-step windows are drawn in the drill-down.
+TRACED_REQUESTS = 4
+
+
+@dataclass
+class Arm:
+    """One run's analyses; fields are None where the run cannot support the view."""
+
+    label: str
+    run: Run
+    gamma: int
+    summary: dict
+    shares: pl.DataFrame
+    load: pl.DataFrame
+    estimate: dict | None
+    calibration: dict[str, dict[str | None, CalibrationAccumulator]]
+    cost: CostFit | None
+    cost_missing: str | None
+    top: pl.DataFrame | None
+    traces: pl.DataFrame | None
+    notes: list[str] = field(default_factory=list)
+
+
+def has_requests(run: Run) -> bool:
+    return "requests" in run.tables()
+
+
+def arm_labels(paths: list[Path]) -> list[str]:
+    """Short, unique labels: the directory name, with its parent where names collide."""
+    names = [p.resolve().name for p in paths]
+    labels = []
+    for p, name in zip(paths, names, strict=True):
+        label = name if names.count(name) == 1 else f"{p.resolve().parent.name}/{name}"
+        while label in labels:
+            label += "'"
+        labels.append(label)
+    return labels
+
+
+def analyse(label: str, run: Run, top: int) -> Arm:
+    """The light analyses of one run; `estimate` and `calibration` are filled in later.
+
+    The heavy passes (the estimator's evaluation, calibration histograms) run
+    after the light views' figures are queued, so that a large run's figures
+    render in the figure worker while those passes run here.
+    """
+    gamma = int(run.manifest["gamma"])
+    if not has_requests(run):
+        raise ValueError(
+            f"{run.path}: no request-steps (a block-accept-only ingest); "
+            "`dspark-obs estimate` reads those"
+        )
+    try:
+        cost, cost_missing = fit_cost_table(run), None
+    except CostFitError as exc:
+        cost, cost_missing = None, str(exc)
+    rows = request_steps_with_ceiling(run, walked_blocks(run))
+    known = trimmed_with_ceiling(rows, gamma) > 0
+    best = top_requests(rows, top) if known else None
+    traces = None
+    if best is not None:
+        traces = request_traces(rows, best["rid"].head(TRACED_REQUESTS).to_list())
+    return Arm(
+        label=label,
+        run=run,
+        gamma=gamma,
+        summary=summarize(run),
+        shares=window_shares(run.requests(), gamma),
+        load=load_curve(run),
+        estimate=None,
+        calibration={},
+        cost=cost,
+        cost_missing=cost_missing,
+        top=best,
+        traces=traces,
+    )

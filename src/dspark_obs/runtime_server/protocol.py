@@ -1,0 +1,79 @@
+"""SGLang's `/generate` request body, read the way SGLang reads it, and the errors it earns.
+
+The front accepts what a real SGLang server accepts (one prompt or a batch, text or token
+ids, one value or one per prompt) and refuses the rest with an HTTP status; that reading,
+and the stand-in tokenizer that spells the answers, are kept here, apart from the threads
+and sockets, so they can be checked without a server.
+"""
+
+from __future__ import annotations
+
+import uuid
+from http import HTTPStatus
+
+#: SGLang's default when `sampling_params` gives none.
+DEFAULT_MAX_NEW_TOKENS = 128
+_ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?'-()\n"
+
+
+class RequestError(ValueError):
+    """A client mistake, answered with its HTTP status and never raised past the handler."""
+
+    def __init__(self, message: str, status: int = HTTPStatus.BAD_REQUEST) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def detokenize(ids: list[int]) -> str:
+    """A stand-in for the tokenizer: synthetic tokens have no text, only a stable spelling."""
+    return "".join(_ALPHABET[t % len(_ALPHABET)] for t in ids)
+
+
+def _as_list(value, n: int, what: str) -> list:
+    """Broadcast a per-request field of a batch request (SGLang lets one value serve all)."""
+    if isinstance(value, list):
+        if len(value) != n:
+            raise RequestError(f"{what}: {len(value)} values for {n} prompts")
+        return value
+    return [value] * n
+
+
+def parse_generate(body: dict) -> tuple[list[dict], bool]:
+    """SGLang's `/generate` body as per-request keyword sets, and whether it was a batch."""
+    if body.get("stream"):
+        raise RequestError("streaming is not supported by the reference front")
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (input_ids is None):
+        raise RequestError("give exactly one of text or input_ids")
+    if text is not None:
+        batched = isinstance(text, list)
+        prompts = [{"text": t} for t in (text if batched else [text])]
+    else:
+        batched = isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
+        prompts = [{"input_ids": t} for t in (input_ids if batched else [input_ids])]
+    n = len(prompts)
+    if n == 0:
+        raise RequestError("empty batch")
+    params = _as_list(body.get("sampling_params") or {}, n, "sampling_params")
+    rids = body.get("rid")
+    rids = [uuid.uuid4().hex for _ in range(n)] if rids is None else _as_list(rids, n, "rid")
+    workloads = _as_list(body.get("workload"), n, "workload")
+    out = []
+    for prompt, sp, rid, wl in zip(prompts, params, rids, workloads, strict=True):
+        if not isinstance(sp, dict):
+            raise RequestError("sampling_params must be an object")
+        if wl is not None and not isinstance(wl, str):
+            raise RequestError("workload must be a string")
+        out.append(
+            {
+                **prompt,
+                "rid": rid,
+                "temperature": sp.get("temperature", 1.0),
+                "max_new_tokens": sp.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
+                "ignore_eos": bool(sp.get("ignore_eos", False)),
+                "workload": wl,
+            }
+        )
+    if len({r["rid"] for r in out}) != n:
+        raise RequestError("rids repeat within the batch")
+    return out, batched
