@@ -16,7 +16,7 @@ from rich.table import Table
 
 from ..analysis.compare import compare_runs
 from ..analysis.verdict import ci_text, num
-from ..report.build import overlay_figures
+from ..report import overlay_figures
 from ..strict_json import clean_json
 from .console import make_console
 from .errors import CliError

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from ..analysis.cost_fit import TIME_COLUMNS, CostFit, CostFitError, check_probes, fit_cost_table
-from ..report.build import cost_quality_table
+from ..report import cost_quality_table
 from ..report.document import print_table
 from ..report.figures.cost import write_cost_plots
 from ..store import open_run

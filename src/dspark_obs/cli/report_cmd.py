@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..report.build import TERMINAL_SECTIONS, build_report
+from ..report import TERMINAL_SECTIONS, build_report
 from ..report.document import print_sections
 from .console import make_console
 from .errors import CliError

@@ -36,7 +36,6 @@ from .figures import load as load_fig
 from .figures import workloads as workloads_fig
 from .sections import (
     calibration_section,
-    cost_quality_table,
     cost_section,
     estimator_section,
     load_section,
@@ -44,7 +43,7 @@ from .sections import (
     workloads_section,
 )
 
-__all__ = ["TERMINAL_SECTIONS", "Report", "build_report", "cost_quality_table", "overlay_figures"]
+__all__ = ["TERMINAL_SECTIONS", "Report", "build_report", "overlay_figures"]
 
 #: Sections whose tables `report` also prints in the terminal.
 TERMINAL_SECTIONS = ("workloads", "load", "estimator", "cost", "requests")

@@ -119,10 +119,6 @@ class DSparkRuntime:
         self.finished = 0
         self.forward_ct = 0
 
-    @property
-    def total_steps(self) -> int:
-        return self.config.steps_per_level * len(self.config.concurrency)
-
     def run(self) -> Iterator[StepBatch]:
         """Every step of the concurrency sweep, in order."""
         for level in self.config.concurrency:
