@@ -13,14 +13,14 @@ from functools import cached_property
 import numpy as np
 
 from ..telemetry import StepBatch
+from ..telemetry.batch import MODE_CODE, ceiling_rule
 
 try:  # the fold in C where it was built; the numpy fold where not
     from . import _rowfold
 except ImportError:  # pragma: no cover - an install without a C compiler
     _rowfold = None
 
-#: Verify modes as the folds number them ("" is an unlabelled step: compact's rules).
-MODE_CODE = {"static": 0, "compact": 1, "cap-accept": 2, "": 1}
+__all__ = ["MODE_CODE", "RequestRows", "compiled_fold"]
 
 
 def compiled_fold(compiled: bool | None):
@@ -58,11 +58,9 @@ class RequestRows:
 
     @cached_property
     def ceiling(self) -> np.ndarray:
-        """The ceiling each row's mode reveals, -1 where it censors (`StepBatch.ceiling`)."""
+        """The ceiling each row's mode reveals, -1 where it censors (`ceiling_rule`)."""
         mode = np.repeat(self.modes, [b.num_reqs for b in self.batches])
-        accepted = self.accepted
-        capped = accepted + self._joined("cap_trim")
-        return np.where(mode == 0, accepted, np.where(mode == 2, capped, -1))
+        return ceiling_rule(mode, self.accepted, self._joined("cap_trim"))
 
     @cached_property
     def scored(self) -> np.ndarray | slice:

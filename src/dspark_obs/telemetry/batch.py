@@ -23,6 +23,11 @@ import numpy as np
 
 MODES = ("static", "compact", "cap-accept")
 
+#: Verify modes as arrays and the compiled folds number them ("" is an unlabelled step,
+#: which follows compact's rules).
+MODE_CODE = {"static": 0, "compact": 1, "cap-accept": 2, "": 1}
+MODE_STATIC, MODE_COMPACT, MODE_CAP_ACCEPT = 0, 1, 2
+
 #: Largest block size accepted from outside. Histograms and matrices are sized by gamma,
 #: so an absurd gamma in a corrupt record must be refused before anything is allocated
 #: for it; 64 is also the reference runtime's limit and far above SGLang's usual 4..16.
@@ -180,17 +185,9 @@ class StepBatch:
 
     @property
     def ceiling(self) -> np.ndarray:
-        """Drafts full-block verification accepts, where the mode reveals it.
-
-        static verifies the whole block, so its accepted count is the ceiling;
-        cap-accept reports what it accepted past the window in `cap_trim`;
-        compact censors it (-1).
-        """
-        if self.mode == "static":
-            return self.correct_drafts.copy()
-        if self.mode == "cap-accept":
-            return self.correct_drafts + self.cap_trim
-        return np.full(self.num_reqs, -1, dtype=np.int64)
+        """Drafts full-block verification accepts, where the mode reveals it (-1: censored);
+        the rule is `ceiling_rule`."""
+        return ceiling_rule(MODE_CODE[self.mode], self.correct_drafts, self.cap_trim)
 
     def validate(self) -> None:
         """Raise InvalidBatch when columns disagree in shape or break DSpark's invariants."""
@@ -268,6 +265,23 @@ class StepBatch:
                 # two reductions, no temporaries; a NaN makes min or max NaN, failing both
                 if mat is not None and mat.size and not (mat.min() >= 0 and mat.max() <= 1):
                     raise InvalidBatch("probability_out_of_range", f"{name} outside [0, 1] or NaN")
+
+
+def ceiling_rule(mode, accepted: np.ndarray, cap_trim: np.ndarray) -> np.ndarray:
+    """The ceiling each row's verify mode reveals, in accepted drafts; -1 where it censors.
+
+    static verifies the whole block, so its accepted count is the ceiling; cap-accept
+    reports what it accepted past the window in `cap_trim`, so the ceiling is accepted +
+    cap_trim; compact (and any other code) censors it. `mode` is one `MODE_CODE` for
+    every row or one per row. The one definition of the rule: `StepBatch.ceiling`, the
+    numpy row fold (`aggregates.rows`) and the compiled one (`_rowfold.c`, held to this by
+    tests/test_rowfold.py) all apply it.
+    """
+    mode = np.asarray(mode)
+    accepted = np.asarray(accepted, dtype=np.int64)
+    revealed = np.where(mode == MODE_CAP_ACCEPT, accepted + cap_trim, accepted)
+    known = (mode == MODE_STATIC) | (mode == MODE_CAP_ACCEPT)
+    return np.where(known, revealed, np.int64(-1)).astype(np.int64, copy=False)
 
 
 #: The fields with a plain default (the others are forward_ct, gamma and the request columns).
