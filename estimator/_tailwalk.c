@@ -102,7 +102,9 @@ settle(double *blk, char *live, PyObject **prid, double *pconf, int64_t *freesta
     freestack[(*nfree)++] = b;
 }
 
-/* Accumulates one evaluated sampled position j (ratio from log p - log q) into a block. */
+/* Accumulates one evaluated sampled position j (ratio from log p - log q) into a block:
+ * the arithmetic of interval.running_sums (with acceptance_log_ratio), position by
+ * position; `running_sums` below exposes it for tests/test_tails_compiled.py. */
 static inline void
 evaluate(double *f, double p, double q, int j)
 {
@@ -466,7 +468,64 @@ finish(PyObject *self, PyObject *args)
     return Py_BuildValue("LL", (long long)nf, (long long)sc);
 }
 
+/*
+ * running_sums(log_p, log_q, counted, window, cum) -> (cum, lo_extra, var_terms)
+ *
+ * `evaluate` over the counted positions of each row of [k, n] float64 log-probabilities
+ * (counted: bool [k, n]), from a block state with the given window and running product
+ * ([k] float64 each) and sums of 0: what interval.running_sums computes from
+ * acceptance_log_ratio(log_p, log_q), for the tests to compare.
+ */
+static PyObject *
+running_sums(PyObject *self, PyObject *args)
+{
+    PyObject *o[5];
+    if (!PyArg_ParseTuple(args, "OOOOO", &o[0], &o[1], &o[2], &o[3], &o[4]))
+        return NULL;
+    if (!PyArray_Check(o[0]) || PyArray_NDIM((PyArrayObject *)o[0]) != 2) {
+        PyErr_SetString(PyExc_ValueError, "log_p: expected a [k, n] array");
+        return NULL;
+    }
+    npy_intp k = PyArray_DIM((PyArrayObject *)o[0], 0), n = PyArray_DIM((PyArrayObject *)o[0], 1);
+    View lp, lq, counted, window, cum;
+    if (view(o[0], &lp, "log_p", NPY_FLOAT64, k, n, 0) < 0
+        || view(o[1], &lq, "log_q", NPY_FLOAT64, k, n, 0) < 0
+        || view(o[2], &counted, "counted", NPY_BOOL, k, n, 0) < 0
+        || view(o[3], &window, "window", NPY_FLOAT64, k, -1, 0) < 0
+        || view(o[4], &cum, "cum", NPY_FLOAT64, k, -1, 0) < 0)
+        return NULL;
+    if (n > 64) {
+        PyErr_SetString(PyExc_ValueError, "running_sums: more positions than a block has");
+        return NULL;
+    }
+    PyObject *out[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++)
+        if ((out[i] = PyArray_SimpleNew(1, &k, NPY_FLOAT64)) == NULL) {
+            for (int c = 0; c < i; c++)
+                Py_DECREF(out[c]);
+            return NULL;
+        }
+    double *oc = PyArray_DATA((PyArrayObject *)out[0]);
+    double *olo = PyArray_DATA((PyArrayObject *)out[1]);
+    double *ovar = PyArray_DATA((PyArrayObject *)out[2]);
+    const char *C = counted.data;
+    for (npy_intp r = 0; r < k; r++) {
+        double f[FIELDS] = {0};
+        f[WINDOW] = F64(window)[r];
+        f[CUM] = F64(cum)[r];
+        for (npy_intp j = 0; j < n; j++)
+            if (C[r * n + j])
+                evaluate(f, F64(lp)[r * n + j], F64(lq)[r * n + j], (int)j);
+        oc[r] = f[CUM];
+        olo[r] = f[LO_EXTRA];
+        ovar[r] = f[VAR_TERMS];
+    }
+    return Py_BuildValue("(NNN)", out[0], out[1], out[2]);
+}
+
 static PyMethodDef methods[] = {
+    {"running_sums", running_sums, METH_VARARGS,
+     "The per-position arithmetic over [k, n] log-probabilities (see interval.running_sums)."},
     {"advance", advance, METH_VARARGS, "Walk one step's open and new blocks (see the file)."},
     {"finish", finish, METH_VARARGS, "Fold the gathers in and settle the done blocks."},
     {NULL, NULL, 0, NULL},

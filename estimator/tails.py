@@ -43,6 +43,8 @@ import numpy as np
 
 from dspark_obs.telemetry import StepBatch
 
+from .interval import acceptance_log_ratio, block_interval, running_sums
+
 try:  # the per-step pass in C (see _tailwalk.c); the numpy form below where it did not build
     from . import _tailwalk
 except ImportError:  # pragma: no cover - exercised by installs without a compiler
@@ -114,8 +116,6 @@ class TailWalker:
         self.opened_rows = np.zeros(0, dtype=bool)
         self.skipped_rows = np.zeros(0, dtype=bool)
         self._j = np.arange(g)
-        self._upper = np.triu(np.ones((g, g)))  # x @ _upper: running sums along a row
-        self._ones = np.ones(g)
         self.first_rank: int | None = None
         self.one_rank = True  # every step so far from `first_rank`: no rank filter needed
         # open blocks, in a pool whose free ids sit on a stack
@@ -407,8 +407,8 @@ class TailWalker:
 
         Updates the block states `f` in place; returns which blocks resolved.
         Along the short position axis numpy's cumulative and reducing ufuncs
-        cost a loop per block, so the run's end is an argmin and the running
-        products are a triangular matrix product in log space.
+        cost a loop per block, so the run's end is an argmin (and the running
+        products, `interval.running_sums`, a triangular matrix product in log space).
         """
         g, j = self.gamma, self._j
         k = len(rows)
@@ -451,19 +451,12 @@ class TailWalker:
                 p[div, d_at] = got[known]
                 evaluated[div, d_at] = True
                 reached = run_end + np.bincount(div, minlength=k)
-            # floored so that a zero probability (-inf) is a finite log that exp takes to 0:
-            # in the product with the triangle, -inf * 0 would poison the earlier positions
-            log_ratio = np.where(evaluated, np.clip(p - q, -1e300, 0.0), 0.0)
-            if np.isnan(log_ratio).any():  # a NaN must poison only what follows it
-                running = np.cumprod(np.exp(log_ratio), axis=1)
-            else:
-                running = np.exp(log_ratio @ self._upper)
-            cum = f[:, CUM][:, None] * running
-            counted = np.where(evaluated, cum, 0.0)
-            f[:, LO_EXTRA] += counted @ self._ones
-            # tail draft m (1-based) adds (2m - 1) times its running product
-            f[:, VAR_TERMS] += (counted * (2 * (j - f[:, WINDOW][:, None]) + 1)) @ self._ones
-            f[:, CUM] = cum[:, -1]
+            cum, lo_extra, var_terms = running_sums(
+                acceptance_log_ratio(p, q), evaluated, f[:, WINDOW], f[:, CUM]
+            )
+            f[:, LO_EXTRA] += lo_extra
+            f[:, VAR_TERMS] += var_terms
+            f[:, CUM] = cum
         f[:, NEXT] = reached
         f[:, EXPECT] = prefix + a + 1
         f[:, SEEN] = self.steps
@@ -520,25 +513,27 @@ class TailWalker:
         group = f[:, GROUP].astype(np.int64)
         censored = f[:, CENSORED] == 1
         reached = f[:, NEXT].astype(np.int64)
-        remaining = g - reached
-        exact = greedy & ~censored  # a greedy walk that ended inside the tail
+        # a greedy walk that ended inside the tail is exact: nothing past it can count
+        unreached = np.where(greedy & ~censored, 0, g - reached)
         if extrapolate is not None:
             # only blocks with something left to extrapolate ask the model
             extra = np.zeros(len(f))
-            need = np.flatnonzero(~exact & (remaining > 0))
+            need = np.flatnonzero(unreached > 0)
             if len(need):
                 extra[need] = extrapolate(group[need], reached[need], conf[need])
         else:
-            extra = 0.5 * remaining
-        # greedy: the matched run is certain; sampled: the running products of a
-        lo_extra = f[:, LO_EXTRA]
-        lo = np.where(greedy, reached, window + lo_extra).astype(np.float64)
-        reach_prob = np.where(greedy, 1.0, f[:, CUM])
-        hi = lo + reach_prob * remaining
-        point = lo + reach_prob * np.minimum(extra, remaining)
-        hi = np.where(exact, lo, hi)
-        point = np.where(exact, lo, point)
-        var = np.where(greedy, 0.0, np.maximum(f[:, VAR_TERMS] - lo_extra**2, 0.0))
+            extra = 0.5 * unreached
+        # greedy: the matched run is certain (each ratio 1, so the running products sum to
+        # its length r, and (2m - 1) times them to r ** 2); sampled: the walk's sums
+        run = (reached - window).astype(np.float64)
+        interval = block_interval(
+            window,
+            np.where(greedy, run, f[:, LO_EXTRA]),
+            np.where(greedy, run**2, f[:, VAR_TERMS]),
+            np.where(greedy, 1.0, f[:, CUM]),
+            unreached,
+            extra,
+        )
         return {
             "open_fct": f[:, OPEN_FCT].astype(np.int64),
             "resolved_fct": f[:, RESOLVED_FCT].astype(np.int64),
@@ -546,10 +541,7 @@ class TailWalker:
             "window": window,
             "greedy": greedy,
             "status": np.where(censored, 2, 1).astype(np.int8),  # 1 resolved, 2 censored
-            "lo": lo,
-            "point": point,
-            "hi": hi,
-            "var": var,
+            **interval,
             "rid": rid,
         }
 

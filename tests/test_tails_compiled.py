@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dspark_obs.estimator import tails
+from dspark_obs.estimator import interval, tails
 from dspark_obs.estimator.tails import TailWalker
 
 from dspark_obs.runtime.config import RuntimeConfig
@@ -55,6 +55,58 @@ def test_compiled_pass_emits_what_the_numpy_pass_emits(mode, concurrency):
         for col in ("lo", "point", "hi", "var"):
             # the C pass multiplies ratios in turn, numpy sums logs: the last bits may differ
             assert float(have[col]) == pytest.approx(float(want[col]), rel=1e-12, abs=1e-12)
+
+
+def log_probs(rng, shape) -> np.ndarray:
+    """Log-probabilities with the awkward values a walk meets: above and below each other,
+    0 and 1 (-inf and 0), NaN (unknown), and +inf (no log-probability at all)."""
+    x = rng.uniform(-8.0, 0.5, shape)
+    pick = rng.random(shape)
+    x[pick < 0.04] = -np.inf
+    x[(pick >= 0.04) & (pick < 0.06)] = np.nan
+    x[(pick >= 0.06) & (pick < 0.07)] = np.inf
+    x[(pick >= 0.07) & (pick < 0.12)] = 0.0
+    return x
+
+
+@pytest.mark.parametrize("n", [1, 4, 7, 16, 64])
+def test_the_running_product_arithmetic_is_the_python_one(n):
+    """`_tailwalk.c`'s per-position accumulation (`evaluate`) against `interval.running_sums`
+    over the same log-probabilities: every ratio rule (capped at 1, a zero probability, a
+    NaN that poisons what follows), any start product and window, counted positions
+    anywhere past the window. The C pass multiplies ratios in turn where numpy sums logs,
+    so the last bits may differ."""
+    rng = np.random.default_rng(n)
+    k = 4000
+    log_p, log_q = log_probs(rng, (k, n)), log_probs(rng, (k, n))
+    window = rng.integers(0, n, k).astype(np.float64)
+    counted = (np.arange(n)[None, :] >= window[:, None]) & (rng.random((k, n)) < 0.8)
+    counted[: k // 4] = np.arange(n)[None, :] >= window[: k // 4, None]  # whole tails
+    cum = rng.uniform(0.0, 1.0, k)
+    cum[:10] = [0.0, 1.0, 1e-300, 1.0, 1.0, 1.0, 0.5, 1.0, 1.0, 1.0]
+    with np.errstate(invalid="ignore"):
+        want = interval.running_sums(
+            interval.acceptance_log_ratio(log_p, log_q), counted, window, cum
+        )
+    got = tails._tailwalk.running_sums(log_p, log_q, counted, window, cum)
+    for name, g, w in zip(("cum", "lo_extra", "var_terms"), got, want, strict=True):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=name)
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+def test_the_running_products_by_hand():
+    """Ratios capped at 1, halved, then a zero probability: products 1, 0.5, 0.5, 0 at
+    tail drafts m = 1..4 (weights 2m - 1 = 1, 3, 5, 7), in both forms."""
+    log_p = np.log([[0.9, 0.2, 0.3, 1.0]])
+    log_p[0, 3] = -np.inf
+    log_q = np.log([[0.5, 0.4, 0.3, 0.5]])
+    counted, window, cum = np.ones((1, 4), bool), np.zeros(1), np.ones(1)
+    ratio = interval.acceptance_log_ratio(log_p, log_q)
+    for form in (
+        tails._tailwalk.running_sums(log_p, log_q, counted, window, cum),
+        interval.running_sums(ratio, counted, window, cum),
+    ):
+        assert [float(v[0]) for v in form] == pytest.approx([0.0, 2.0, 1 + 1.5 + 2.5], abs=1e-15)
 
 
 def test_compiled_pass_refuses_malformed_arguments():
