@@ -33,14 +33,18 @@ import numpy as np
 
 from dspark_obs.telemetry.block_accept_log import BlockAcceptLog, default_workload_of
 
-from .interval import acceptance_log_ratio, block_interval, running_sums
+from .interval import (
+    Extrapolate,
+    acceptance_log_ratio,
+    block_interval,
+    extrapolated_extra,
+    rate_extrapolation,
+    running_sums,
+)
 
 __all__ = ["Extrapolate", "summarize_by_workload", "tail_acceptance_rates", "walk_blocks"]
 
 RESOLVED, EOS, OPEN = "resolved", "eos", "open"
-
-#: `extrapolate(positions_start, n_blocks) -> expected extra accepted drafts`, per block.
-Extrapolate = Callable[[np.ndarray, int], np.ndarray]
 
 
 def _gamma_of(log: BlockAcceptLog, gamma: int | None) -> int | None:
@@ -131,15 +135,6 @@ def tail_acceptance_rates(
     return rates, counts
 
 
-def _expected_extra_from(rates: np.ndarray) -> np.ndarray:
-    """E[s - 1] = expected accepted drafts from offset s on, given s-1 accepted (s = 1..gamma+1)."""
-    gamma = len(rates)
-    out = np.zeros(gamma + 1)
-    for s in range(gamma - 1, -1, -1):
-        out[s] = rates[s] * (1.0 + out[s + 1])
-    return out
-
-
 def walk_blocks(
     log: BlockAcceptLog,
     gamma: int | None = None,
@@ -151,13 +146,13 @@ def walk_blocks(
 
     `gamma` may be omitted when the blocks agree on it; a value they contradict
     raises, because every bound would silently be wrong. `extrapolate` fills the
-    positions the walk never reached in the point estimate: either a callable
-    `f(positions_start, n_blocks)` given the 1-based first unreached offset per
-    block (gamma + 1 where none), returning the expected accepted drafts from
-    there on given all before it accepted, or per-offset conditional rates
-    `rates[offset - 1]` (length gamma). Default: `tail_acceptance_rates` of this
-    file. Whatever it returns is clipped to [0, unreached] so lo <= point <= hi
-    holds by construction; eos blocks have nothing unreached.
+    positions the walk never reached in the point estimate: either an
+    `interval.Extrapolate` (the tail walk's signature; the groups it gets are the
+    blocks' workloads numbered in sorted order, the confidence None, as the file has
+    none), or per-offset conditional rates `rates[offset - 1]` (length gamma).
+    Default: `tail_acceptance_rates` of this file. Whatever it returns is clipped to
+    [0, unreached] so lo <= point <= hi holds by construction; eos blocks have
+    nothing unreached, and only blocks with something unreached are asked.
 
     `var` is the variance of the accepted tail drafts over the walked positions
     only; the unreached positions are covered by the lo/hi bracket instead.
@@ -195,7 +190,7 @@ def walk_blocks(
     resolved = walk.diverged | (log.block_window + walked_n == gamma)
     status = np.where(resolved, RESOLVED, np.where(log.block_eos, EOS, OPEN))
     unreached = np.where(status == EOS, 0, gamma - log.block_window - walked_n)
-    start = log.block_window + walked_n + 1
+    start = log.block_window + walked_n  # the first position (0-based) the walk did not reach
 
     if extrapolate is None or not callable(extrapolate):
         rates = (
@@ -205,11 +200,9 @@ def walk_blocks(
         )
         if rates.shape != (gamma,):
             raise ValueError(f"rates must have shape ({gamma},), got {rates.shape}")
-        extra = _expected_extra_from(np.clip(rates, 0.0, 1.0))[start - 1]
-    else:
-        extra = np.asarray(extrapolate(start, n), dtype=np.float64)
-        if extra.shape != (n,):
-            raise ValueError(f"extrapolate must return shape ({n},), got {extra.shape}")
+        extrapolate = rate_extrapolation(rates)
+    groups = np.unique(workload, return_inverse=True)[1].reshape(-1)
+    extra = extrapolated_extra(extrapolate, groups, start, None, unreached)
     interval = block_interval(w, lo_extra, var_terms, prod, unreached, extra)
     return {
         "rid": rid,

@@ -23,9 +23,22 @@ lo <= point <= hi holds by construction.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
 
 import numpy as np
+
+#: `extrapolate(groups, start, confidence) -> extra`, per block (`[k]` each):
+#: the expected number of further accepted drafts from block position `start` (0-based:
+#: the first position the walk did not reach) to the end of the block, given that every
+#: draft before `start` was accepted. `groups` are the blocks' group ids (the estimator's
+#: aggregate groups; the block-accept walk's workloads, numbered in sorted order);
+#: `confidence` is `[k, gamma]` (NaN where unknown) or None where the source has none.
+#: Only blocks with something unreached are asked (`extrapolated_extra`), and what
+#: comes back is clipped to [0, unreached] (`block_interval`). The population model's
+#: `HazardModel.expected_extra` is one; `rate_extrapolation` makes one from
+#: per-position rates. Both walks take any of them.
+Extrapolate = Callable[[np.ndarray, np.ndarray, np.ndarray | None], np.ndarray]
 
 #: The floor of a log acceptance ratio: a zero probability (-inf) becomes a finite log
 #: that exp takes to 0, so that in a sum of logs it cannot meet a 0 and poison the rest.
@@ -111,3 +124,44 @@ def block_interval(
         "hi": lo + reach_prob * unreached,
         "var": np.maximum(var_terms - lo_extra**2, 0.0),
     }
+
+
+def extrapolated_extra(
+    extrapolate: Extrapolate,
+    groups: np.ndarray,
+    start: np.ndarray,
+    confidence: np.ndarray | None,
+    unreached: np.ndarray,
+) -> np.ndarray:
+    """`[k]` what `extrapolate` expects past each block's walk; 0 where nothing is unreached.
+
+    Only the blocks with unreached positions are asked, in one call.
+    """
+    extra = np.zeros(len(unreached))
+    need = np.flatnonzero(unreached > 0)
+    if len(need):
+        conf = None if confidence is None else confidence[need]
+        got = np.asarray(extrapolate(groups[need], start[need], conf), dtype=np.float64)
+        if got.shape != (len(need),):
+            raise ValueError(f"extrapolate must return shape ({len(need)},), got {got.shape}")
+        extra[need] = got
+    return extra
+
+
+def rate_extrapolation(rates: np.ndarray) -> Extrapolate:
+    """An `Extrapolate` from per-position conditional acceptance rates (`rates[j]`: the
+    probability that the draft at position j is accepted given every earlier one was),
+    the same for every group: the expected accepted drafts from `start` on are
+    r_start (1 + r_start+1 (1 + ...)). Rates are clipped to [0, 1]."""
+    rates = np.clip(np.asarray(rates, dtype=np.float64), 0.0, 1.0)
+    gamma = len(rates)
+    from_position = np.zeros(gamma + 1)  # [j]: expected accepted drafts from position j on
+    for j in range(gamma - 1, -1, -1):
+        from_position[j] = rates[j] * (1.0 + from_position[j + 1])
+
+    def extrapolate(
+        groups: np.ndarray, start: np.ndarray, confidence: np.ndarray | None
+    ) -> np.ndarray:
+        return from_position[np.clip(start, 0, gamma)]
+
+    return extrapolate

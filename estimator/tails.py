@@ -15,7 +15,7 @@ context is the one the tail was drafted in.
   when the source can (`gather`). The expected tail acceptance is the sum of the
   running products of a; positions the walk cannot reach bound it: `lo` takes
   them as rejected, `hi` as accepted, and the point estimate extrapolates them
-  with the population model (`extrapolate`).
+  with the population model (`extrapolate`, an `interval.Extrapolate`).
 
 A request that ends (its slot shows another rid or a discontinuous position, or
 it goes idle) before its block resolves leaves the block censored: reported as
@@ -43,7 +43,13 @@ import numpy as np
 
 from dspark_obs.telemetry import StepBatch
 
-from .interval import acceptance_log_ratio, block_interval, running_sums
+from .interval import (
+    Extrapolate,
+    acceptance_log_ratio,
+    block_interval,
+    extrapolated_extra,
+    running_sums,
+)
 
 try:  # the per-step pass in C (see _tailwalk.c); the numpy form below where it did not build
     from . import _tailwalk
@@ -52,8 +58,6 @@ except ImportError:  # pragma: no cover - exercised by installs without a compil
 
 #: `gather(batch_rows, verify_rows, tokens) -> log p` from the step just verified.
 Gather = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-#: `extrapolate(groups, start_position, confidence [k, gamma]) -> expected further acceptance`.
-Extrapolate = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 # block state, packed in one float64 row (exact: positions, counts, ids and forward_cts stay
 # below 2**53), so that taking, updating and settling a set of blocks is one indexing each
@@ -516,12 +520,8 @@ class TailWalker:
         # a greedy walk that ended inside the tail is exact: nothing past it can count
         unreached = np.where(greedy & ~censored, 0, g - reached)
         if extrapolate is not None:
-            # only blocks with something left to extrapolate ask the model
-            extra = np.zeros(len(f))
-            need = np.flatnonzero(unreached > 0)
-            if len(need):
-                extra[need] = extrapolate(group[need], reached[need], conf[need])
-        else:
+            extra = extrapolated_extra(extrapolate, group, reached, conf, unreached)
+        else:  # no model: the middle of what the unreached positions could add
             extra = 0.5 * unreached
         # greedy: the matched run is certain (each ratio 1, so the running products sum to
         # its length r, and (2m - 1) times them to r ** 2); sampled: the walk's sums

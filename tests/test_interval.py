@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from dspark_obs.estimator import interval, tails
 from dspark_obs.estimator.block_accept_walk import walk_blocks
+from dspark_obs.estimator.population import HazardModel
 from dspark_obs.estimator.tails import TailWalker
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -110,3 +111,50 @@ def test_a_zero_probability_ends_the_products_without_poisoning_earlier_ones():
     assert np.isfinite(ratio).all()
     cum, lo_extra, _ = interval.running_sums(ratio, np.ones((1, 3), bool), np.zeros(1), np.ones(1))
     assert cum[0] == 0.0 and lo_extra[0] == pytest.approx(math.exp(-1.0))
+
+
+@pytest.mark.parametrize("compiled", PASSES, ids=lambda c: "compiled" if c else "numpy")
+def test_one_extrapolation_signature_serves_both_walks_and_the_population_model(compiled):
+    """`interval.Extrapolate`: the same callable (rates, or the population model's
+    `expected_extra`) extrapolates the same block in either walk, asked the same way."""
+    model = HazardModel(GAMMA)
+    model.update(np.zeros(50, np.int64), np.full(50, 3), np.arange(50) % 4, None)
+    calls: list = []
+
+    def recorded(extrapolate):
+        def wrapper(groups, start, confidence):
+            calls.append((groups.tolist(), start.tolist()))
+            return extrapolate(groups, start, confidence)
+
+        return wrapper
+
+    for extrapolate in (interval.rate_extrapolation([0.9, 0.8, 0.7, 0.6]), model.expected_extra):
+        ours = tail_walk_of_one_block(compiled, recorded(extrapolate))
+        sglang = block_accept_walk_of_one_block(recorded(extrapolate))
+        assert calls[-2:] == [([0], [3]), ([0], [3])]  # position 3 is the one unreached
+        # the tail walk hands over the block's confidence (0.5 at each position), the file
+        # has none
+        for out, confidence in ((ours, np.full((1, GAMMA), 0.5)), (sglang, None)):
+            want = extrapolate(np.zeros(1, np.int64), np.array([3]), confidence)[0]
+            assert out["point"][0] == pytest.approx(1.7 + 0.2 * want, abs=1e-12)
+            assert out["lo"][0] < out["point"][0] < out["hi"][0]
+
+
+def test_rate_extrapolation_by_hand():
+    extrapolate = interval.rate_extrapolation([0.5, 2.0, -1.0])  # clipped to 0.5, 1, 0
+    got = extrapolate(np.zeros(4, np.int64), np.array([0, 1, 2, 3]), None)
+    # from 2: 0; from 1: 1 * (1 + 0) = 1; from 0: 0.5 * (1 + 1) = 1; past the end: 0
+    assert got.tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_an_extrapolation_of_the_wrong_shape_is_refused():
+    def wrong(groups, start, confidence):
+        return np.zeros(len(start) + 1)
+
+    with pytest.raises(ValueError, match="shape"):
+        interval.extrapolated_extra(wrong, np.zeros(2, np.int64), np.ones(2, np.int64), None,
+                                    np.ones(2, np.int64))  # fmt: skip
+    # nothing unreached: not asked at all
+    none = interval.extrapolated_extra(wrong, np.zeros(2, np.int64), np.ones(2, np.int64), None,
+                                       np.zeros(2, np.int64))  # fmt: skip
+    assert none.tolist() == [0.0, 0.0]
