@@ -230,7 +230,7 @@ class TailWalker:
             -1 if self.assume_greedy is None else int(self.assume_greedy),
             logprobs,
             batch.prefix_len,
-            batch.correct_drafts,
+            batch.accepted,
             batch.window,
             batch.req_pool_index,
             batch.greedy,
@@ -376,7 +376,7 @@ class TailWalker:
     def _open(self, batch: StepBatch, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows that open a block, and the blocks' initial state."""
         g = self.gamma
-        w, a = batch.window, batch.correct_drafts
+        w, a = batch.window, batch.accepted
         trimmed = (a == w) & (w < g)
         greedy = self._greedy_rows(batch)
         logprobs = batch.draft_logprobs is not None and batch.target_logprobs is not None
@@ -416,7 +416,7 @@ class TailWalker:
         """
         g, j = self.gamma, self._j
         k = len(rows)
-        prefix, a = batch.prefix_len.take(rows), batch.correct_drafts.take(rows)
+        prefix, a = batch.prefix_len.take(rows), batch.accepted.take(rows)
         # tail draft j sits at offset j - (prefix - open prefix) of the row's committed tokens
         off = (f[:, OPEN_PREFIX] - prefix)[:, None] + j
         ahead = j >= f[:, NEXT][:, None]

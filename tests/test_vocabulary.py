@@ -18,6 +18,8 @@ from dspark_obs.telemetry.batch import (
     MODE_COMPACT,
     MODE_STATIC,
     MODES,
+    REQUEST_COLUMNS,
+    VOCABULARY,
     ceiling_rule,
     empty_request_columns,
 )
@@ -84,3 +86,25 @@ def test_request_rows_apply_the_same_rule_per_step():
     want = np.concatenate([b.ceiling for b in steps])
     np.testing.assert_array_equal(rows.ceiling, want)
     assert want.tolist() == [0, 3, 4, 4, -1]
+
+
+def test_our_names_are_derived_from_sglangs_once():
+    b = batch("cap-accept", [0, 2, 3], [1, 0, 1], window=[2, 2, 4])
+    np.testing.assert_array_equal(b.window, b.verify_len - 1)
+    assert b.accepted is b.correct_drafts  # the same column, not a copy
+    assert b.committed is b.acc_len
+    np.testing.assert_array_equal(b.ceiling, b.correct_drafts + b.cap_trim)
+    # the table names a StepBatch column for each of our names, and each name is a
+    # property of StepBatch
+    for ours, sources in VOCABULARY.items():
+        assert isinstance(getattr(StepBatch, ours), property), ours
+        for column in sources:
+            assert column in REQUEST_COLUMNS, column
+
+
+def test_request_rows_join_the_vocabulary_over_steps():
+    steps = [batch("static", [0, 3], [0, 0], window=[1, 4]), batch("compact", [2], [0])]
+    rows = RequestRows(steps, np.zeros(3, np.int64))
+    assert rows.window.tolist() == [1, 4, 2]
+    assert rows.accepted.tolist() == [0, 3, 2]
+    assert rows.committed.tolist() == [1, 4, 3]

@@ -160,6 +160,15 @@ ceiling_rule(int mode, int64_t accepted, int64_t cap_trim)
     return mode == MODE_STATIC ? accepted : mode == MODE_CAP_ACCEPT ? accepted + cap_trim : -1;
 }
 
+/* Row i's window: drafts verified, SGLang's verify_len counting the anchor token (the
+ * vocabulary table of telemetry.batch, VOCABULARY; `accepted` and `committed` are
+ * SGLang's correct_drafts and acc_len as they are). */
+static inline int64_t
+window_of(const Step *st, npy_intp i)
+{
+    return st->verify_len[i] - 1;
+}
+
 /* Row i's ceiling as its step's mode reveals it. */
 static inline int64_t
 mode_ceiling(const Step *st, npy_intp i)
@@ -234,7 +243,7 @@ tokens(PyObject *self, PyObject *args)
             const int64_t ceiling = mode_ceiling(&st, i);
             int64_t cols[N_HISTOGRAMS];
             int k = 0, bad = g < 0 || g >= groups;
-            cols[k++] = start[H_WINDOW] + st.verify_len[i] - 1;
+            cols[k++] = start[H_WINDOW] + window_of(&st, i);
             cols[k++] = start[H_ACCEPTED] + a;
             cols[k++] = start[H_COMMITTED] + st.committed[i];
             if (ceiling >= 0)
@@ -320,7 +329,7 @@ confidence(PyObject *self, PyObject *args)
             result = too_few_groups();
         }
         for (npy_intp i = 0; result && st.survival && i < st.n; i++) {
-            const int64_t g = f.group[at + i], a = st.accepted[i], w = st.verify_len[i] - 1;
+            const int64_t g = f.group[at + i], a = st.accepted[i], w = window_of(&st, i);
             int64_t ceiling = mode_ceiling(&st, i);
             if (ceiling < 0)
                 ceiling = st.shadow[i];

@@ -38,19 +38,20 @@ class RequestRows:
         self.modes = [MODE_CODE[b.mode] for b in batches]
 
     def _joined(self, name: str) -> np.ndarray:
+        """A column or vocabulary property (`telemetry.batch.VOCABULARY`) over every step."""
         return np.concatenate([getattr(b, name) for b in self.batches])
 
     @cached_property
     def window(self) -> np.ndarray:
-        return self._joined("verify_len") - 1
+        return self._joined("window")
 
     @cached_property
     def accepted(self) -> np.ndarray:
-        return self._joined("correct_drafts")
+        return self._joined("accepted")
 
     @cached_property
     def committed(self) -> np.ndarray:
-        return self._joined("acc_len")
+        return self._joined("committed")
 
     @cached_property
     def shadow(self) -> np.ndarray:

@@ -43,6 +43,34 @@ MAX_REQ_POOL_INDEX = (1 << 20) - 1
 #: exact up to 2**53 (about 285 years at a million steps per second).
 MAX_FORWARD_CT = 2**53
 
+#: Our vocabulary over SGLang's per-request fields, derived here and nowhere else.
+#:
+#: `StepBatch`, the run store's tables and the wire types keep SGLang's names
+#: (`verify_len`, `correct_drafts`, `acc_len`, `cap_trim`): they mirror SGLang's record
+#: exactly, and the on-disk schema does not change. Everything that reasons about a step
+#: (aggregates, estimator, tail walk) reads our names through `StepBatch`'s properties of
+#: the same names (`RequestRows` joins them over a fold's steps), never re-deriving them:
+#:
+#: | ours        | from SGLang's                | meaning                                  |
+#: |-------------|------------------------------|------------------------------------------|
+#: | `window`    | `verify_len - 1`             | drafts verified, 0..gamma (verify_len    |
+#: |             |                              | counts the anchor token)                 |
+#: | `accepted`  | `correct_drafts`             | drafts accepted, 0..window               |
+#: | `committed` | `acc_len`                    | tokens committed, accepted + the bonus,  |
+#: |             |                              | 0..gamma + 1                             |
+#: | `ceiling`   | `correct_drafts`, `cap_trim` | drafts full verification accepts, -1     |
+#: |             | and the verify mode          | where the mode censors it (ceiling_rule) |
+#:
+#: The compiled row fold (`aggregates/_rowfold.c`) reads SGLang's columns in place and
+#: applies the same table; tests/test_rowfold.py holds it to the numpy fold, which reads
+#: these properties.
+VOCABULARY: dict[str, tuple[str, ...]] = {
+    "window": ("verify_len",),
+    "accepted": ("correct_drafts",),
+    "committed": ("acc_len",),
+    "ceiling": ("correct_drafts", "cap_trim"),
+}
+
 #: Per-request columns shaped `[bs]`, with their numpy dtype.
 REQUEST_COLUMNS: dict[str, type] = {
     "rid": object,
@@ -178,10 +206,22 @@ class StepBatch:
         """Rows actually present (0 when the source had no `reqs`)."""
         return len(self.prefix_len)
 
+    # -- our vocabulary (VOCABULARY): the one derivation from SGLang's fields --------
+
     @property
     def window(self) -> np.ndarray:
         """Drafts verified per request: SGLang's `verify_len` counts the anchor."""
         return self.verify_len - 1
+
+    @property
+    def accepted(self) -> np.ndarray:
+        """Drafts accepted per request (SGLang's `correct_drafts`, the same array)."""
+        return self.correct_drafts
+
+    @property
+    def committed(self) -> np.ndarray:
+        """Tokens committed per request, the bonus included (SGLang's `acc_len`)."""
+        return self.acc_len
 
     @property
     def ceiling(self) -> np.ndarray:
