@@ -79,6 +79,7 @@ Gather = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
     CENSORED,
 ) = range(15)
 _FIELDS = 15  # _tailwalk.c names the same fields in this order (tests/test_tails.py)
+N_FREE, N_SETTLED = 0, 1  # the counters' entries, as _tailwalk.c has them
 
 
 def _grown(arr: np.ndarray, size: int, fill) -> np.ndarray:
@@ -130,7 +131,8 @@ class TailWalker:
         self.blk_q = np.zeros((0, g))
         self.blk_conf = np.zeros((0, g))
         self.free_blk = np.zeros(0, dtype=np.int64)  # a stack: ids [0, n_free) are free
-        self.n_free = 0
+        # [N_FREE, N_SETTLED]: free ids, blocks in the settled buffers (`n_free`, `set_count`)
+        self._counters = np.zeros(2, dtype=np.int64)
         self.row_of = np.zeros(0, dtype=np.int64)  # req_pool_index -> row of the current step
         # settled blocks waiting for the next emission: (state rows, rids, confidence)
         self.settled: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -138,10 +140,27 @@ class TailWalker:
         self.set_f = np.zeros((0, _FIELDS))
         self.set_rid = np.zeros(0, dtype=object)
         self.set_conf = np.zeros((0, g))
-        self.set_count = 0
-        self._requests = np.zeros((4, 0), dtype=np.int64)  # compiled: gathers (block, row, ...)
-        self._done = np.zeros(0, dtype=np.int64)
-        self._done_censored = np.zeros(0, dtype=np.int8)
+        # compiled: the arrays above bound in C (`_tailwalk.Pool`); None once one of them
+        # is replaced, bound again before the next step
+        self._pool = None
+
+    @property
+    def n_free(self) -> int:
+        """Free ids in the pool: `free_blk[:n_free]`."""
+        return int(self._counters[N_FREE])
+
+    @n_free.setter
+    def n_free(self, value: int) -> None:
+        self._counters[N_FREE] = value
+
+    @property
+    def set_count(self) -> int:
+        """Blocks the compiled pass has settled into `set_f`, `set_rid`, `set_conf`."""
+        return int(self._counters[N_SETTLED])
+
+    @set_count.setter
+    def set_count(self, value: int) -> None:
+        self._counters[N_SETTLED] = value
 
     def pending(self) -> int:
         return int(np.count_nonzero(self.blk_live))
@@ -163,6 +182,7 @@ class TailWalker:
         free[:added] = np.arange(size - 1, old - 1, -1)
         free[added : added + self.n_free] = self.free_blk[: self.n_free]
         self.free_blk, self.n_free = free, added + self.n_free
+        self._pool = None
 
     def _new_blocks(self, n: int) -> np.ndarray:
         self._reserve(n)
@@ -192,6 +212,7 @@ class TailWalker:
             top = int(batch.req_pool_index.max()) + 1
             if top >= len(self.row_of):
                 self.row_of = _grown(self.row_of, max(top + 1, 2 * len(self.row_of), 64), -1)
+                self._pool = None
             if self.compiled:
                 self._advance_compiled(batch, group, gather)
             else:
@@ -204,44 +225,42 @@ class TailWalker:
 
     def _advance_compiled(self, batch: StepBatch, group: np.ndarray, gather: Gather | None) -> None:
         """The same pass as `_advance`, in C: a loop over the step's blocks costs less
-        than numpy's per-call overhead on arrays this small."""
-        n = batch.num_reqs
-        self._reserve(n)
+        than numpy's per-call overhead on arrays this small. The pool's arrays are bound
+        once (`_bind`); a step passes only itself."""
+        self._reserve(batch.num_reqs)
         cap = len(self.blk_live)
-        if self._requests.shape[1] < cap:
-            self._requests = np.zeros((4, cap), dtype=np.int64)
-            self._done = np.zeros(cap, dtype=np.int64)
-            self._done_censored = np.zeros(cap, dtype=np.int8)
         if len(self.set_f) < self.set_count + cap:
             size = max(2 * len(self.set_f), self.set_count + cap)
             self.set_f = _grown(self.set_f, size, 0.0)
             self.set_rid = _grown(self.set_rid, size, None)
             self.set_conf = _grown(self.set_conf, size, np.nan)
-        req, done, done_censored = self._requests, self._done, self._done_censored
-        opened, skipped = np.empty(n, dtype=bool), np.empty(n, dtype=bool)
-        logprobs = batch.draft_logprobs is not None and batch.target_logprobs is not None
-        # the step's columns go as they are: the C side converts only what needs it
-        self.n_free, m, n_done, n_opened, n_skipped = _tailwalk.advance(
+            self._pool = None
+        pool = self._pool if self._pool is not None else self._bind()
+        gathers, n_done, opened, skipped, n_opened, n_skipped = pool.advance(
+            batch, group, self.steps, self.one_rank
+        )
+        self.opened_rows, self.skipped_rows = opened, skipped
+        self.opened += n_opened
+        self.skipped += n_skipped
+        if n_done == 0:
+            return
+        try:
+            logp = None
+            if gathers is not None and gather is not None:
+                # the first mismatch of each sampled block: the target's log-prob of its tail
+                # draft
+                logp = np.ascontiguousarray(gather(*gathers), np.float64)
+            pool.finish(logp)
+        except BaseException:
+            pool.abandon()  # the step's done blocks leave the pool, censored
+            raise
+
+    def _bind(self):
+        """Binds the walker's arrays to a new compiled pool (after any of them grew)."""
+        self._pool = _tailwalk.Pool(
             self.gamma,
-            self.steps,
-            batch.forward_ct,
-            batch.rank,
-            self.one_rank,
             -1 if self.assume_greedy is None else int(self.assume_greedy),
-            logprobs,
-            batch.prefix_len,
-            batch.accepted,
-            batch.window,
-            batch.req_pool_index,
-            batch.greedy,
-            group,
-            batch.bonus_token,
-            batch.bonus_logprob,
-            batch.rid,
-            batch.draft_tokens,
-            batch.target_logprobs,
-            batch.draft_logprobs,
-            batch.confidence,
+            self._counters,
             self.blk,
             self.blk_live,
             self.blk_rid,
@@ -249,48 +268,12 @@ class TailWalker:
             self.blk_q,
             self.blk_conf,
             self.free_blk,
-            self.n_free,
             self.row_of,
-            opened,
-            skipped,
-            req[0],
-            req[1],
-            req[2],
-            req[3],
-            done,
-            done_censored,
-        )
-        self.opened_rows, self.skipped_rows = opened, skipped
-        self.opened += n_opened
-        self.skipped += n_skipped
-        if n_done == 0:
-            return
-        logp = None
-        if m and gather is not None:
-            # the first mismatch of each sampled block: the target's log-prob of its tail draft
-            got = gather(req[1, :m].copy(), req[2, :m].copy(), req[3, :m].copy())
-            logp = np.ascontiguousarray(got, np.float64)
-        self.n_free, self.set_count = _tailwalk.finish(
-            self.gamma,
-            batch.forward_ct,
-            req[0],
-            logp,
-            m,
-            self.blk,
-            self.blk_q,
-            done,
-            done_censored,
-            n_done,
-            self.blk_live,
-            self.blk_rid,
-            self.blk_conf,
-            self.free_blk,
-            self.n_free,
             self.set_f,
             self.set_rid,
             self.set_conf,
-            self.set_count,
         )
+        return self._pool
 
     def _advance(self, batch: StepBatch, group: np.ndarray, gather: Gather | None) -> None:
         """Walk the open blocks this step continues and the ones it opens, in one pass.
