@@ -275,23 +275,24 @@ abandon_pending(Pool *self)
     self->ngather = self->ndone = 0;
 }
 
-/* The step's columns, read from the batch by these names (our vocabulary's `accepted`
- * and `window` through StepBatch's properties), converted when they are not already
+/* The step's columns, read from the batch by these names (StepBatch's own, SGLang's:
+ * the accepted count is correct_drafts, the window verify_len - 1, as the vocabulary table
+ * of telemetry.batch has them; `window_of` below), converted when they are not already
  * C-ordered arrays of the right dtype (they usually are; then no copy). */
-enum { IN_PREFIX, IN_ACC, IN_WIN, IN_SLOT, IN_GREEDY, IN_BONUS, IN_BLP, IN_RID, IN_DRAFT,
+enum { IN_PREFIX, IN_ACC, IN_VLEN, IN_SLOT, IN_GREEDY, IN_BONUS, IN_BLP, IN_RID, IN_DRAFT,
        IN_TLP, IN_DLP, IN_CONF, INPUTS };
 static const struct {
     const char *name;
     int type, matrix, optional;
 } INPUT_SPEC[INPUTS] = {
-    {"prefix_len", NPY_INT64, 0, 0},       {"accepted", NPY_INT64, 0, 0},
-    {"window", NPY_INT64, 0, 0},           {"req_pool_index", NPY_INT64, 0, 0},
+    {"prefix_len", NPY_INT64, 0, 0},       {"correct_drafts", NPY_INT64, 0, 0},
+    {"verify_len", NPY_INT64, 0, 0},       {"req_pool_index", NPY_INT64, 0, 0},
     {"greedy", NPY_INT8, 0, 0},            {"bonus_token", NPY_INT64, 0, 0},
     {"bonus_logprob", NPY_FLOAT64, 0, 0},  {"rid", NPY_OBJECT, 0, 0},
     {"draft_tokens", NPY_INT64, 1, 0},     {"target_logprobs", NPY_FLOAT64, 1, 1},
     {"draft_logprobs", NPY_FLOAT64, 1, 1}, {"confidence", NPY_FLOAT64, 1, 1},
 };
-static PyObject *input_names[INPUTS], *name_forward_ct, *name_rank;
+static PyObject *input_names[INPUTS], *name_forward_ct, *name_rank, *name_dict;
 
 /* An array of the spec's type and dimensions from `obj` (a new reference). */
 static PyArrayObject *
@@ -306,14 +307,39 @@ as_input(PyObject *obj, int type, int nd)
     return (PyArrayObject *)PyArray_FROMANY(obj, type, nd, nd, NPY_ARRAY_IN_ARRAY);
 }
 
+/* The drafts row r verified: SGLang's verify_len counts the anchor token. */
+static inline int64_t
+window_of(const int64_t *verify_len, npy_intp r)
+{
+    return verify_len[r] - 1;
+}
+
+/* Attribute `name` of the batch (a new reference): from its instance dictionary where it
+ * has one holding the name (a StepBatch's columns; a dictionary lookup is several times
+ * cheaper than the full attribute protocol), else by the attribute protocol. */
+static PyObject *
+batch_attr(PyObject *batch, PyObject *dict, PyObject *name)
+{
+    if (dict != NULL) {
+        PyObject *v = PyDict_GetItemWithError(dict, name);
+        if (v != NULL) {
+            Py_INCREF(v);
+            return v;
+        }
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    return PyObject_GetAttr(batch, name);
+}
+
 /* Reads the step's columns into `in` (new references, NULL for an allowed None), the
  * group into `*group`; the number of rows in *n. */
 static int
-step_inputs(PyObject *batch, PyObject *group_obj, int g, PyArrayObject **in,
+step_inputs(PyObject *batch, PyObject *dict, PyObject *group_obj, int g, PyArrayObject **in,
             PyArrayObject **group, npy_intp *n)
 {
     for (int i = 0; i < INPUTS; i++) {
-        PyObject *obj = PyObject_GetAttr(batch, input_names[i]);
+        PyObject *obj = batch_attr(batch, dict, input_names[i]);
         if (obj == NULL)
             return -1;
         if (obj == Py_None && INPUT_SPEC[i].optional) {
@@ -344,9 +370,9 @@ step_inputs(PyObject *batch, PyObject *group_obj, int g, PyArrayObject **in,
 
 /* A step scalar of the batch as a long long. */
 static int
-batch_int(PyObject *batch, PyObject *name, long long *out)
+batch_int(PyObject *batch, PyObject *dict, PyObject *name, long long *out)
 {
-    PyObject *v = PyObject_GetAttr(batch, name);
+    PyObject *v = batch_attr(batch, dict, name);
     if (v == NULL)
         return -1;
     *out = PyLong_AsLongLong(v);
@@ -392,17 +418,27 @@ Pool_advance(Pool *self, PyObject *args)
                         "advance: the previous step was neither finished nor abandoned");
         return NULL;
     }
+    /* the instance dictionary, where the batch has one */
+    PyObject *dict = PyObject_GetAttr(batch, name_dict);
+    if (dict != NULL && !PyDict_Check(dict))
+        Py_CLEAR(dict);
+    if (dict == NULL && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+    }
     long long fct, rank;
-    if (batch_int(batch, name_forward_ct, &fct) < 0 || batch_int(batch, name_rank, &rank) < 0)
-        return NULL;
     PyArrayObject *in[INPUTS] = {NULL}, *group = NULL;
     npy_intp n = 0;
     PyObject *result = NULL;
-    if (step_inputs(batch, group_obj, self->g, in, &group, &n) == 0)
+    if (batch_int(batch, dict, name_forward_ct, &fct) == 0
+        && batch_int(batch, dict, name_rank, &rank) == 0
+        && step_inputs(batch, dict, group_obj, self->g, in, &group, &n) == 0)
         result = walk(self, steps, fct, rank, one_rank, in, group, n);
     for (int i = 0; i < INPUTS; i++)
         Py_XDECREF(in[i]);
     Py_XDECREF(group);
+    Py_XDECREF(dict);
     return result;
 }
 
@@ -421,7 +457,7 @@ walk(Pool *self, long long steps, long long fct, long long rank, int one_rank,
         return NULL;
     }
 #define IN_DATA(i) (in[i] ? PyArray_DATA(in[i]) : NULL)
-    const int64_t *P = IN_DATA(IN_PREFIX), *A = IN_DATA(IN_ACC), *W = IN_DATA(IN_WIN);
+    const int64_t *P = IN_DATA(IN_PREFIX), *A = IN_DATA(IN_ACC), *VL = IN_DATA(IN_VLEN);
     const int64_t *S = IN_DATA(IN_SLOT), *BON = IN_DATA(IN_BONUS), *D = IN_DATA(IN_DRAFT);
     const int64_t *GRP = PyArray_DATA(group);
     const int8_t *GR = IN_DATA(IN_GREEDY);
@@ -431,7 +467,8 @@ walk(Pool *self, long long steps, long long fct, long long rank, int one_rank,
 #undef IN_DATA
     const int logprobs = TLP != NULL && DLP != NULL;
     for (npy_intp r = 0; r < n; r++) {
-        if (S[r] < -1 || S[r] >= slots || A[r] < 0 || A[r] > W[r] || W[r] > g) {
+        const int64_t w = window_of(VL, r);
+        if (S[r] < -1 || S[r] >= slots || A[r] < 0 || A[r] > w || w > g) {
             PyErr_SetString(PyExc_ValueError, "step rows outside the walker's bounds");
             return NULL;
         }
@@ -475,7 +512,8 @@ walk(Pool *self, long long steps, long long fct, long long rank, int one_rank,
                 int flag = GR[r];
                 if (flag < 0 && assume >= 0)
                     flag = assume;
-                int trimmed = A[r] == W[r] && W[r] < g;
+                const int64_t w = window_of(VL, r);
+                int trimmed = A[r] == w && w < g;
                 int can_walk = flag == 1 || (flag == 0 && logprobs);
                 OPENED[r] = trimmed && can_walk;
                 SKIPPED[r] = trimmed && !can_walk;
@@ -526,7 +564,7 @@ walk(Pool *self, long long steps, long long fct, long long rank, int one_rank,
                 for (int k = 0; k < FIELDS; k++)
                     f[k] = 0.0;
                 f[OPEN_PREFIX] = (double)P[r];
-                f[WINDOW] = f[NEXT] = (double)W[r];
+                f[WINDOW] = f[NEXT] = (double)window_of(VL, r);
                 f[OPEN_FCT] = (double)fct;
                 f[GROUP] = (double)GRP[r];
                 f[GREEDY] = GR[r] < 0 ? (double)assume : (double)GR[r];
@@ -781,7 +819,8 @@ PyInit__tailwalk(void)
         if ((input_names[i] = PyUnicode_InternFromString(INPUT_SPEC[i].name)) == NULL)
             return NULL;
     if ((name_forward_ct = PyUnicode_InternFromString("forward_ct")) == NULL
-        || (name_rank = PyUnicode_InternFromString("rank")) == NULL)
+        || (name_rank = PyUnicode_InternFromString("rank")) == NULL
+        || (name_dict = PyUnicode_InternFromString("__dict__")) == NULL)
         return NULL;
     if (PyType_Ready(&PoolType) < 0)
         return NULL;

@@ -120,8 +120,8 @@ def step_of(**columns) -> SimpleNamespace:
         forward_ct=0,
         rank=0,
         prefix_len=np.zeros(2, np.int64),
-        accepted=np.ones(2, np.int64),
-        window=np.ones(2, np.int64),
+        correct_drafts=np.ones(2, np.int64),
+        verify_len=np.full(2, 2, np.int64),
         req_pool_index=np.arange(2, dtype=np.int64),
         greedy=np.ones(2, np.int8),
         bonus_token=np.zeros(2, np.int64),
@@ -142,8 +142,8 @@ def batch_of(**columns) -> StepBatch:
     return StepBatch(
         forward_ct=c.forward_ct, gamma=4, mode="compact", rank=c.rank, rid=c.rid,
         workload=np.full(n, "w", dtype=object), req_pool_index=c.req_pool_index,
-        prefix_len=c.prefix_len, verify_len=c.window + 1, correct_drafts=c.accepted,
-        acc_len=c.accepted + 1, cap_trim=np.zeros(n, np.int64), bonus_token=c.bonus_token,
+        prefix_len=c.prefix_len, verify_len=c.verify_len, correct_drafts=c.correct_drafts,
+        acc_len=c.correct_drafts + 1, cap_trim=np.zeros(n, np.int64), bonus_token=c.bonus_token,
         greedy=c.greedy, temperature=np.full(n, np.nan), shadow_ceiling=np.full(n, -1),
         bonus_logprob=c.bonus_logprob, draft_tokens=c.draft_tokens, confidence=c.confidence,
         draft_logprobs=c.draft_logprobs, target_logprobs=c.target_logprobs,
@@ -172,7 +172,7 @@ def test_compiled_pass_refuses_malformed_arguments():
         {"prefix_len": np.zeros(3, np.int64)},
         {"draft_tokens": np.zeros((2, 3), np.int64)},
         {"req_pool_index": np.array([0, 9], np.int64)},  # beyond the slot map
-        {"accepted": np.array([2, 0], np.int64)},  # accepted past the window
+        {"correct_drafts": np.array([2, 0], np.int64)},  # accepted past the window
         {"rid": None},
     ):
         with pytest.raises((ValueError, TypeError)):
@@ -274,8 +274,8 @@ def test_an_error_in_the_walk_restores_the_slot_map_and_the_next_step_walks():
     group = np.zeros(3, np.int64)
     # three greedy blocks stay open (each bonus matches its first tail draft)
     first = batch_of(
-        prefix_len=np.zeros(3, np.int64), accepted=np.ones(3, np.int64),
-        window=np.ones(3, np.int64), req_pool_index=np.arange(3, dtype=np.int64),
+        prefix_len=np.zeros(3, np.int64), correct_drafts=np.ones(3, np.int64),
+        verify_len=np.full(3, 2), req_pool_index=np.arange(3, dtype=np.int64),
         greedy=np.ones(3, np.int8), bonus_token=np.full(3, 2), bonus_logprob=np.zeros(3),
         rid=np.array(["a", "b", "c"], dtype=object), draft_tokens=np.tile([1, 2, 3, 4], (3, 1)),
     )  # fmt: skip
@@ -283,8 +283,8 @@ def test_an_error_in_the_walk_restores_the_slot_map_and_the_next_step_walks():
     assert w.pending() == 3
     # slot 0 now holds another request (censors its block), slot 1's rid raises on compare
     second = batch_of(
-        forward_ct=1, prefix_len=np.full(3, 2), accepted=np.zeros(3, np.int64),
-        window=np.ones(3, np.int64), req_pool_index=np.arange(3, dtype=np.int64),
+        forward_ct=1, prefix_len=np.full(3, 2), correct_drafts=np.zeros(3, np.int64),
+        verify_len=np.full(3, 2), req_pool_index=np.arange(3, dtype=np.int64),
         greedy=np.ones(3, np.int8), bonus_token=np.full(3, 3), bonus_logprob=np.zeros(3),
         rid=np.array(["z", RaisingRid(), "c"], dtype=object),
         draft_tokens=np.tile([9, 9, 9, 9], (3, 1)),
@@ -297,8 +297,8 @@ def test_an_error_in_the_walk_restores_the_slot_map_and_the_next_step_walks():
     assert w.pending() == 2
     # the next step: b's slot shows another request, c continues (its bonus 3 matches)
     third = batch_of(
-        forward_ct=2, prefix_len=np.array([0, 0, 2]), accepted=np.zeros(3, np.int64),
-        window=np.ones(3, np.int64), req_pool_index=np.arange(3, dtype=np.int64),
+        forward_ct=2, prefix_len=np.array([0, 0, 2]), correct_drafts=np.zeros(3, np.int64),
+        verify_len=np.full(3, 2), req_pool_index=np.arange(3, dtype=np.int64),
         greedy=np.ones(3, np.int8), bonus_token=np.full(3, 3), bonus_logprob=np.zeros(3),
         rid=np.array(["y", "x", "c"], dtype=object), draft_tokens=np.tile([9, 9, 9, 9], (3, 1)),
     )  # fmt: skip
@@ -322,8 +322,8 @@ def test_a_failed_gather_or_finish_abandons_the_step():
     def broken(rows, offsets, tokens):
         raise OSError("the verify table is gone")
 
-    opening = batch_of(prefix_len=np.zeros(1, np.int64), accepted=np.ones(1, np.int64),
-                      window=np.ones(1, np.int64), bonus_token=np.array([7]),
+    opening = batch_of(prefix_len=np.zeros(1, np.int64), correct_drafts=np.ones(1, np.int64),
+                      verify_len=np.full(1, 2), bonus_token=np.array([7]),
                       draft_tokens=np.array([[1, 2, 3, 4]]), **sampled)  # fmt: skip
     with pytest.raises(OSError):
         w.step(opening, group, broken)  # the bonus 7 mismatches the tail's 2: a gather
@@ -345,8 +345,8 @@ def test_a_failed_gather_or_finish_abandons_the_step():
     with pytest.raises(ValueError, match="fewer values"):
         w.step(opening, group, lambda rows, offsets, tokens: np.zeros(0))
     assert w.pending() == 0
-    w.step(batch_of(forward_ct=1, prefix_len=np.array([30]), accepted=np.zeros(1, np.int64),
-                   window=np.ones(1, np.int64), bonus_token=np.array([1]),
+    w.step(batch_of(forward_ct=1, prefix_len=np.array([30]), correct_drafts=np.zeros(1, np.int64),
+                   verify_len=np.full(1, 2), bonus_token=np.array([1]),
                    draft_tokens=np.array([[1, 1, 1, 1]]), **{**sampled, "rid": np.array(
                        ["t"], dtype=object)}), group)  # fmt: skip
     out = w.settle(None, 1)
