@@ -41,6 +41,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from dspark_obs import extensions
 from dspark_obs.telemetry import StepBatch
 
 from .interval import (
@@ -51,10 +52,9 @@ from .interval import (
     running_sums,
 )
 
-try:  # the per-step pass in C (see _tailwalk.c); the numpy form below where it did not build
-    from . import _tailwalk
-except ImportError:  # pragma: no cover - exercised by installs without a compiler
-    _tailwalk = None
+#: the per-step pass in C (see _tailwalk.c); the numpy form below where it did not build or
+#: DSPARK_OBS_NO_EXTENSIONS switches it off
+_tailwalk = extensions.load("dspark_obs.estimator._tailwalk")
 
 #: `gather(batch_rows, verify_rows, tokens) -> log p` from the step just verified.
 Gather = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -109,7 +109,9 @@ class TailWalker:
         compiled: bool | None = None,
     ) -> None:
         if compiled and _tailwalk is None:
-            raise RuntimeError("the compiled tail walker is not built in this install")
+            raise RuntimeError(
+                "the compiled tail walker is not built in this install (or switched off)"
+            )
         self.compiled = _tailwalk is not None if compiled is None else compiled
         g = self.gamma = gamma
         self.assume_greedy = assume_greedy

@@ -21,14 +21,15 @@ from dspark_obs.runtime.engine import DSparkRuntime
 from dspark_obs.telemetry import StepBatch
 from dspark_obs.telemetry.batch import ceiling_rule, empty_request_columns
 
-pytestmark = pytest.mark.skipif(rows._rowfold is None, reason="the C fold is not built")
+pytestmark = pytest.mark.skipif(
+    rows._rowfold is None, reason="the C fold is not built or DSPARK_OBS_NO_EXTENSIONS is set"
+)
 GAMMA = 7
 
 
-def test_compiled_fold_is_built_and_shares_the_layout():
-    """CI installs with a compiler, so the C fold must be there, laid out as the numpy one."""
+def test_compiled_fold_shares_the_layout():
+    """Laid out as the numpy one (whether it is built: tests/test_extensions.py)."""
     fold = rows._rowfold
-    assert fold is not None
     assert fold.N_HISTOGRAMS == len(tokens.HISTOGRAMS)
     assert (fold.ECE_BINS, fold.FINE_PER_ECE_BIN) == (
         confidence.ECE_BINS,

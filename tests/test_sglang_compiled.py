@@ -17,6 +17,7 @@ import re
 import struct
 
 import msgspec
+import msgspec.structs
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -36,7 +37,9 @@ from .test_sglang_columnar import (
 )
 
 compiled = sglang._compiled
-needs_compiled = pytest.mark.skipif(compiled is None, reason="extension not built")
+needs_compiled = pytest.mark.skipif(
+    compiled is None, reason="extension not built or DSPARK_OBS_NO_EXTENSIONS is set"
+)
 
 SETTINGS = settings(
     deadline=None,
@@ -495,6 +498,27 @@ def test_results_do_not_share_memory_between_calls():
     info_record_to_batches(msgspec.json.encode(other), workload_of=WORKLOAD_OF)
     again = [b.draft_tokens for b in first if b.draft_tokens is not None]
     assert all(np.array_equal(a, b) for a, b in zip(kept, again, strict=True))
+
+
+# -- the parser's keys are the wire types' fields --------------------------------------
+
+
+def test_the_parsers_keys_are_the_wire_types_fields():
+    """The keys the C parser takes, in SGLang's order, are `ReqDetail`'s, `DecodeStepRecord`'s
+    and `InfoRecord`'s JSON names: a field added to a wire type fails here until the parser
+    knows it."""
+    parser = pytest.importorskip(
+        "dspark_obs.telemetry._server_info_parser", reason="the extension is not built"
+    )
+
+    def keys(struct) -> tuple[str, ...]:
+        return tuple(f.encode_name for f in msgspec.structs.fields(struct))
+
+    assert parser.REQ_KEYS == keys(sglang.ReqDetail)
+    assert parser.REQ_KEYS[: len(sglang.REQ_INT_FIELDS)] == sglang.REQ_INT_FIELDS
+    assert parser.RECORD_KEYS == keys(sglang.DecodeStepRecord)
+    assert parser.ENVELOPE_KEYS == keys(sglang.InfoRecord)
+    assert parser.STEP_FIELDS == sglang._RECORD_SCALARS
 
 
 # -- without the extension -------------------------------------------------------------

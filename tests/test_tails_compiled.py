@@ -20,7 +20,9 @@ from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime
 from dspark_obs.telemetry import StepBatch
 
-pytestmark = pytest.mark.skipif(tails._tailwalk is None, reason="the C pass is not built")
+pytestmark = pytest.mark.skipif(
+    tails._tailwalk is None, reason="the C pass is not built or DSPARK_OBS_NO_EXTENSIONS is set"
+)
 
 
 def frames(walker: TailWalker, outs: list[dict]) -> dict[tuple[str, int], dict]:

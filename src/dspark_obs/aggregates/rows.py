@@ -12,13 +12,13 @@ from functools import cached_property
 
 import numpy as np
 
+from .. import extensions
 from ..telemetry import StepBatch
 from ..telemetry.batch import MODE_CODE, ceiling_rule
 
-try:  # the fold in C where it was built; the numpy fold where not
-    from . import _rowfold
-except ImportError:  # pragma: no cover - an install without a C compiler
-    _rowfold = None
+#: the fold in C where it was built (and DSPARK_OBS_NO_EXTENSIONS does not switch it off);
+#: the numpy fold where not
+_rowfold = extensions.load("dspark_obs.aggregates._rowfold")
 
 __all__ = ["MODE_CODE", "RequestRows", "compiled_fold"]
 
@@ -26,7 +26,7 @@ __all__ = ["MODE_CODE", "RequestRows", "compiled_fold"]
 def compiled_fold(compiled: bool | None):
     """The C fold when `compiled` asks for it (None: where it was built), else None."""
     if compiled and _rowfold is None:
-        raise RuntimeError("the compiled row fold is not built in this install")
+        raise RuntimeError("the compiled row fold is not built in this install (or switched off)")
     return _rowfold if compiled is None or compiled else None
 
 

@@ -1259,6 +1259,28 @@ static struct PyModuleDef module = {
     .m_methods = methods,
 };
 
+/* A module attribute: the keys as a tuple of str. */
+static int
+add_keys(PyObject *m, const char *name, const Key *keys, int n)
+{
+    PyObject *t = PyTuple_New(n);
+    if (t == NULL)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        PyObject *k = PyUnicode_FromStringAndSize(keys[i].name, (Py_ssize_t)keys[i].len);
+        if (k == NULL) {
+            Py_DECREF(t);
+            return -1;
+        }
+        PyTuple_SET_ITEM(t, i, k);
+    }
+    if (PyModule_AddObject(m, name, t) < 0) {
+        Py_DECREF(t);
+        return -1;
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC
 PyInit__server_info_parser(void)
 {
@@ -1281,6 +1303,12 @@ PyInit__server_info_parser(void)
         goto fail;
     }
     if (PyModule_AddIntConstant(m, "MAX_LIST", MAX_LIST) < 0)
+        goto fail;
+    /* the keys the parser takes, in SGLang's order, for the tests to hold against the
+     * wire types (ReqDetail, DecodeStepRecord, InfoRecord) */
+    if (add_keys(m, "REQ_KEYS", REQ_KEYS, N_REQ_KEYS) < 0
+        || add_keys(m, "RECORD_KEYS", RECORD_KEYS, N_RECORD_KEYS) < 0
+        || add_keys(m, "ENVELOPE_KEYS", ENVELOPE_KEYS, N_ENVELOPE_KEYS) < 0)
         goto fail;
     return m;
 fail:

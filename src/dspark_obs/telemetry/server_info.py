@@ -16,6 +16,7 @@ import msgspec
 import msgspec.structs
 import numpy as np
 
+from .. import extensions
 from .batch import (
     MAX_GAMMA,
     MODES,
@@ -324,12 +325,13 @@ _UNBRACKET = bytes.maketrans(b"[]", b", ")
 _SAFE_INT = 10**18
 
 
-try:  # the optional compiled parser (setup.py); without it, msgspec and numpy do the work
-    from . import _server_info_parser as _compiled
-except ImportError:  # pragma: no cover - an install without a C compiler
-    _compiled = None
+#: the optional compiled parser (setup.py); without it (or with DSPARK_OBS_NO_EXTENSIONS),
+#: msgspec and numpy do the work
+_compiled = extensions.load("dspark_obs.telemetry._server_info_parser")
 if _compiled is not None and _compiled.STEP_FIELDS != _RECORD_SCALARS:  # pragma: no cover
-    _compiled = None  # built from an older source: its tuples would be misread
+    # built from an older source: its tuples would be misread (tests/test_extensions.py
+    # fails on this where the extensions are required)
+    _compiled = None
 
 
 class _Columns(msgspec.Struct, gc=False):
