@@ -23,7 +23,10 @@ from dspark_obs import extensions
 
 #: Each extension and where its Python side holds it (None there: the fallback runs).
 PYTHON_SIDE = {
-    "dspark_obs.telemetry._server_info_parser": ("dspark_obs.telemetry.server_info", "_compiled"),
+    "dspark_obs.telemetry._server_info_parser": (
+        "dspark_obs.telemetry.server_info_columnar",
+        "_compiled",
+    ),
     "dspark_obs.aggregates._rowfold": ("dspark_obs.aggregates.rows", "_rowfold"),
     "dspark_obs.estimator._tailwalk": ("dspark_obs.estimator.tails", "_tailwalk"),
 }
@@ -58,14 +61,14 @@ import json
 from dspark_obs.aggregates import rows
 from dspark_obs.aggregates.live import Aggregates
 from dspark_obs.estimator import tails
-from dspark_obs.telemetry import server_info
+from dspark_obs.telemetry import server_info_columnar
 refused = []
 for make in (lambda: tails.TailWalker(4, compiled=True), lambda: Aggregates(4, compiled=True)):
     try:
         make()
     except RuntimeError:
         refused.append(True)
-print(json.dumps({"held": [server_info._compiled is None, rows._rowfold is None,
+print(json.dumps({"held": [server_info_columnar._compiled is None, rows._rowfold is None,
                            tails._tailwalk is None], "refused": refused}))
 """
 

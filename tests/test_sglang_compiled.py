@@ -23,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dspark_obs.telemetry import server_info as sglang
+from dspark_obs.telemetry import server_info_columnar as columnar
+from dspark_obs.telemetry import server_info_wire as wire
 from dspark_obs.telemetry.batch import STEP_OPTIONAL_FLOAT_FIELDS
 from dspark_obs.telemetry.server_info import MAX_GAMMA, info_record_to_batches
 
@@ -36,7 +37,7 @@ from .test_sglang_columnar import (
     random_request,
 )
 
-compiled = sglang._compiled
+compiled = columnar._compiled
 needs_compiled = pytest.mark.skipif(
     compiled is None, reason="extension not built or DSPARK_OBS_NO_EXTENSIONS is set"
 )
@@ -218,12 +219,12 @@ FEATURES = {
 def outcomes(text):
     """What the path with the extension, the one without, and the per-record one make of it."""
     with_c = outcome(lambda: info_record_to_batches(text, rank=3, workload_of=WORKLOAD_OF))
-    saved = sglang._compiled
-    sglang._compiled = None
+    saved = columnar._compiled
+    columnar._compiled = None
     try:
         without = outcome(lambda: info_record_to_batches(text, rank=3, workload_of=WORKLOAD_OF))
     finally:
-        sglang._compiled = saved
+        columnar._compiled = saved
     return with_c, without, outcome(lambda: per_record(text, 3))
 
 
@@ -514,11 +515,11 @@ def test_the_parsers_keys_are_the_wire_types_fields():
     def keys(struct) -> tuple[str, ...]:
         return tuple(f.encode_name for f in msgspec.structs.fields(struct))
 
-    assert parser.REQ_KEYS == keys(sglang.ReqDetail)
-    assert parser.REQ_KEYS[: len(sglang.REQ_INT_FIELDS)] == sglang.REQ_INT_FIELDS
-    assert parser.RECORD_KEYS == keys(sglang.DecodeStepRecord)
-    assert parser.ENVELOPE_KEYS == keys(sglang.InfoRecord)
-    assert parser.STEP_FIELDS == sglang._RECORD_SCALARS
+    assert parser.REQ_KEYS == keys(wire.ReqDetail)
+    assert parser.REQ_KEYS[: len(wire.REQ_INT_FIELDS)] == wire.REQ_INT_FIELDS
+    assert parser.RECORD_KEYS == keys(wire.DecodeStepRecord)
+    assert parser.ENVELOPE_KEYS == keys(wire.InfoRecord)
+    assert parser.STEP_FIELDS == wire._RECORD_SCALARS
 
 
 # -- without the extension -------------------------------------------------------------
@@ -531,8 +532,8 @@ def test_python_path_without_the_extension(monkeypatch):
     with_c = [
         outcome(lambda t=t: info_record_to_batches(t, workload_of=WORKLOAD_OF)) for t in texts
     ]
-    monkeypatch.setattr(sglang, "_compiled", None)
-    monkeypatch.setattr(sglang, "_compiled_columns", None)  # would fail if still called
+    monkeypatch.setattr(columnar, "_compiled", None)
+    monkeypatch.setattr(columnar, "_compiled_columns", None)  # would fail if still called
     for text, expected in zip(texts, with_c, strict=True):
         got = outcome(lambda t=text: info_record_to_batches(t, workload_of=WORKLOAD_OF))
         assert_same(got, expected)

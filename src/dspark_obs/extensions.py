@@ -5,7 +5,7 @@ present (setup.py, `optional=True`) and checked against the Python form by parit
 tests; the Python form gives the same results everywhere (README, "C extensions"):
 
 - `telemetry._server_info_parser`: SGLang's `dspark_info_record` JSON, in one pass
-  (Python form: msgspec and numpy, `telemetry/server_info.py`);
+  (Python form: msgspec and numpy, `telemetry/server_info_columnar.py`);
 - `aggregates._rowfold`: the live aggregates' request-row fold (numpy form in
   `aggregates/tokens.py` and `aggregates/confidence.py`);
 - `estimator._tailwalk`: the tail walker's per-step pass (numpy form in
