@@ -33,12 +33,18 @@ import numpy as np
 
 from dspark_obs.telemetry.block_accept_log import BlockAcceptLog, default_workload_of
 
+from .interval import (
+    Extrapolate,
+    acceptance_log_ratio,
+    block_interval,
+    extrapolated_extra,
+    rate_extrapolation,
+    running_sums,
+)
+
 __all__ = ["Extrapolate", "summarize_by_workload", "tail_acceptance_rates", "walk_blocks"]
 
 RESOLVED, EOS, OPEN = "resolved", "eos", "open"
-
-#: `extrapolate(positions_start, n_blocks) -> expected extra accepted drafts`, per block.
-Extrapolate = Callable[[np.ndarray, int], np.ndarray]
 
 
 def _gamma_of(log: BlockAcceptLog, gamma: int | None) -> int | None:
@@ -57,10 +63,14 @@ def _gamma_of(log: BlockAcceptLog, gamma: int | None) -> int | None:
 class _Walk:
     """Per-block walk over an (n_blocks, gamma) grid; column c is offset c + 1."""
 
-    a: np.ndarray
+    log_ratio: np.ndarray
     walked: np.ndarray
-    survival: np.ndarray
     diverged: np.ndarray
+
+    @property
+    def a(self) -> np.ndarray:
+        """The acceptance ratio at each walked entry (1 elsewhere)."""
+        return np.exp(self.log_ratio)
 
 
 def _walk(log: BlockAcceptLog, gamma: int) -> _Walk:
@@ -80,11 +90,11 @@ def _walk(log: BlockAcceptLog, gamma: int) -> _Walk:
     have[b, c] = True
     match = np.ones((n, gamma), dtype=bool)
     match[b, c] = log.entry_token == log.entry_realized
-    a = np.ones((n, gamma))
+    log_ratio = np.zeros((n, gamma))
     with np.errstate(invalid="ignore", over="ignore"):
-        log_ratio = np.minimum(0.0, log.entry_p_lp - q[b, c])
+        entry = acceptance_log_ratio(log.entry_p_lp, q[b, c])
     # SGLang computes min(1.0, exp(x)) in Python, which yields 1.0 for x = NaN.
-    a[b, c] = np.where(np.isnan(log_ratio), 1.0, np.exp(log_ratio))
+    log_ratio[b, c] = np.where(np.isnan(entry), 0.0, entry)
 
     # The walk is the contiguous run of entries from offset w+1 that stops right
     # after the first divergence; anything past a gap or a divergence is unusable.
@@ -93,11 +103,9 @@ def _walk(log: BlockAcceptLog, gamma: int) -> _Walk:
     diverged_before = np.zeros_like(diverging)
     diverged_before[:, 1:] = np.logical_or.accumulate(diverging, axis=1)[:, :-1]
     walked = contiguous & ~diverged_before
-    survival = np.cumprod(np.where(walked, a, np.where(in_tail, 0.0, 1.0)), axis=1)
     return _Walk(
-        a=a,
+        log_ratio=log_ratio,
         walked=walked,
-        survival=survival,
         diverged=(walked & diverging).any(axis=1),
     )
 
@@ -127,15 +135,6 @@ def tail_acceptance_rates(
     return rates, counts
 
 
-def _expected_extra_from(rates: np.ndarray) -> np.ndarray:
-    """E[s - 1] = expected accepted drafts from offset s on, given s-1 accepted (s = 1..gamma+1)."""
-    gamma = len(rates)
-    out = np.zeros(gamma + 1)
-    for s in range(gamma - 1, -1, -1):
-        out[s] = rates[s] * (1.0 + out[s + 1])
-    return out
-
-
 def walk_blocks(
     log: BlockAcceptLog,
     gamma: int | None = None,
@@ -147,13 +146,13 @@ def walk_blocks(
 
     `gamma` may be omitted when the blocks agree on it; a value they contradict
     raises, because every bound would silently be wrong. `extrapolate` fills the
-    positions the walk never reached in the point estimate: either a callable
-    `f(positions_start, n_blocks)` given the 1-based first unreached offset per
-    block (gamma + 1 where none), returning the expected accepted drafts from
-    there on given all before it accepted, or per-offset conditional rates
-    `rates[offset - 1]` (length gamma). Default: `tail_acceptance_rates` of this
-    file. Whatever it returns is clipped to [0, unreached] so lo <= point <= hi
-    holds by construction; eos blocks have nothing unreached.
+    positions the walk never reached in the point estimate: either an
+    `interval.Extrapolate` (the tail walk's signature; the groups it gets are the
+    blocks' workloads numbered in sorted order, the confidence None, as the file has
+    none), or per-offset conditional rates `rates[offset - 1]` (length gamma).
+    Default: `tail_acceptance_rates` of this file. Whatever it returns is clipped to
+    [0, unreached] so lo <= point <= hi holds by construction; eos blocks have
+    nothing unreached, and only blocks with something unreached are asked.
 
     `var` is the variance of the accepted tail drafts over the walked positions
     only; the unreached positions are covered by the lo/hi bracket instead.
@@ -183,17 +182,15 @@ def walk_blocks(
 
     walk = _walk(log, gamma)
     walked_n = walk.walked.sum(axis=1)
-    p_walked = np.where(walk.walked, walk.survival, 0.0)
-    lo_extra = p_walked.sum(axis=1)
-    m = np.arange(1, gamma + 1)[None, :] - log.block_window[:, None]
-    var = np.maximum(0.0, ((2 * m - 1) * p_walked).sum(axis=1) - lo_extra**2)
-    last = log.block_window + walked_n - 1
-    prod = np.where(walked_n > 0, walk.survival[np.arange(n), np.clip(last, 0, None)], 1.0)
+    # the walked entries run on from offset w + 1, so the product after them is `prod`
+    prod, lo_extra, var_terms = running_sums(
+        walk.log_ratio, walk.walked, log.block_window, np.ones(n)
+    )
 
     resolved = walk.diverged | (log.block_window + walked_n == gamma)
     status = np.where(resolved, RESOLVED, np.where(log.block_eos, EOS, OPEN))
     unreached = np.where(status == EOS, 0, gamma - log.block_window - walked_n)
-    start = log.block_window + walked_n + 1
+    start = log.block_window + walked_n  # the first position (0-based) the walk did not reach
 
     if extrapolate is None or not callable(extrapolate):
         rates = (
@@ -203,23 +200,16 @@ def walk_blocks(
         )
         if rates.shape != (gamma,):
             raise ValueError(f"rates must have shape ({gamma},), got {rates.shape}")
-        extra = _expected_extra_from(np.clip(rates, 0.0, 1.0))[start - 1]
-    else:
-        extra = np.asarray(extrapolate(start, n), dtype=np.float64)
-        if extra.shape != (n,):
-            raise ValueError(f"extrapolate must return shape ({n},), got {extra.shape}")
-    extra = np.clip(np.nan_to_num(extra, nan=0.0), 0.0, unreached)
-
-    lo = w + lo_extra
+        extrapolate = rate_extrapolation(rates)
+    groups = np.unique(workload, return_inverse=True)[1].reshape(-1)
+    extra = extrapolated_extra(extrapolate, groups, start, None, unreached)
+    interval = block_interval(w, lo_extra, var_terms, prod, unreached, extra)
     return {
         "rid": rid,
         "block_fct": log.block_fct,
         "workload": workload,
         "window": log.block_window,
-        "lo": lo,
-        "point": lo + prod * extra,
-        "hi": lo + prod * unreached,
-        "var": var,
+        **interval,
         "status": status,
         "walked": walked_n,
         "prod": prod,

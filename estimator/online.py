@@ -190,7 +190,7 @@ class CeilingEstimator:
             n_groups = len(self.index.groups)
             self.sums.ensure_groups(n_groups)
             self.population.ensure_groups(n_groups)
-            w, a = batch.window, batch.correct_drafts
+            w, a = batch.window, batch.accepted
             # the population model learns in batches (its hazards move slowly; the walks'
             # extrapolation reads them between batches)
             self._population_rows.append((group, w, a, batch.confidence))

@@ -328,6 +328,7 @@ class HazardModel:
     ) -> np.ndarray:
         """`[k]` E[further accepted drafts from `start` on | position `start` reached].
 
+        An `interval.Extrapolate`, so either walk takes it as its extrapolation.
         For a walk that ran out of evidence at `start`: the sum over m >= start of
         prod_{i=start..m} (1 - h[g, i, bin(c_i)]), 0 once start >= gamma. NaN
         confidence entries (or None) use the group's pooled Kaplan-Meier hazard.

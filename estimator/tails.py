@@ -15,7 +15,7 @@ context is the one the tail was drafted in.
   when the source can (`gather`). The expected tail acceptance is the sum of the
   running products of a; positions the walk cannot reach bound it: `lo` takes
   them as rejected, `hi` as accepted, and the point estimate extrapolates them
-  with the population model (`extrapolate`).
+  with the population model (`extrapolate`, an `interval.Extrapolate`).
 
 A request that ends (its slot shows another rid or a discontinuous position, or
 it goes idle) before its block resolves leaves the block censored: reported as
@@ -41,17 +41,23 @@ from collections.abc import Callable
 
 import numpy as np
 
+from dspark_obs import extensions
 from dspark_obs.telemetry import StepBatch
 
-try:  # the per-step pass in C (see _tailwalk.c); the numpy form below where it did not build
-    from . import _tailwalk
-except ImportError:  # pragma: no cover - exercised by installs without a compiler
-    _tailwalk = None
+from .interval import (
+    Extrapolate,
+    acceptance_log_ratio,
+    block_interval,
+    extrapolated_extra,
+    running_sums,
+)
+
+#: the per-step pass in C (see _tailwalk.c); the numpy form below where it did not build or
+#: DSPARK_OBS_NO_EXTENSIONS switches it off
+_tailwalk = extensions.load("dspark_obs.estimator._tailwalk")
 
 #: `gather(batch_rows, verify_rows, tokens) -> log p` from the step just verified.
 Gather = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-#: `extrapolate(groups, start_position, confidence [k, gamma]) -> expected further acceptance`.
-Extrapolate = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 # block state, packed in one float64 row (exact: positions, counts, ids and forward_cts stay
 # below 2**53), so that taking, updating and settling a set of blocks is one indexing each
@@ -73,6 +79,7 @@ Extrapolate = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
     CENSORED,
 ) = range(15)
 _FIELDS = 15  # _tailwalk.c names the same fields in this order (tests/test_tails.py)
+N_FREE, N_SETTLED = 0, 1  # the counters' entries, as _tailwalk.c has them
 
 
 def _grown(arr: np.ndarray, size: int, fill) -> np.ndarray:
@@ -102,7 +109,9 @@ class TailWalker:
         compiled: bool | None = None,
     ) -> None:
         if compiled and _tailwalk is None:
-            raise RuntimeError("the compiled tail walker is not built in this install")
+            raise RuntimeError(
+                "the compiled tail walker is not built in this install (or switched off)"
+            )
         self.compiled = _tailwalk is not None if compiled is None else compiled
         g = self.gamma = gamma
         self.assume_greedy = assume_greedy
@@ -114,8 +123,6 @@ class TailWalker:
         self.opened_rows = np.zeros(0, dtype=bool)
         self.skipped_rows = np.zeros(0, dtype=bool)
         self._j = np.arange(g)
-        self._upper = np.triu(np.ones((g, g)))  # x @ _upper: running sums along a row
-        self._ones = np.ones(g)
         self.first_rank: int | None = None
         self.one_rank = True  # every step so far from `first_rank`: no rank filter needed
         # open blocks, in a pool whose free ids sit on a stack
@@ -126,7 +133,8 @@ class TailWalker:
         self.blk_q = np.zeros((0, g))
         self.blk_conf = np.zeros((0, g))
         self.free_blk = np.zeros(0, dtype=np.int64)  # a stack: ids [0, n_free) are free
-        self.n_free = 0
+        # [N_FREE, N_SETTLED]: free ids, blocks in the settled buffers (`n_free`, `set_count`)
+        self._counters = np.zeros(2, dtype=np.int64)
         self.row_of = np.zeros(0, dtype=np.int64)  # req_pool_index -> row of the current step
         # settled blocks waiting for the next emission: (state rows, rids, confidence)
         self.settled: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -134,10 +142,27 @@ class TailWalker:
         self.set_f = np.zeros((0, _FIELDS))
         self.set_rid = np.zeros(0, dtype=object)
         self.set_conf = np.zeros((0, g))
-        self.set_count = 0
-        self._requests = np.zeros((4, 0), dtype=np.int64)  # compiled: gathers (block, row, ...)
-        self._done = np.zeros(0, dtype=np.int64)
-        self._done_censored = np.zeros(0, dtype=np.int8)
+        # compiled: the arrays above bound in C (`_tailwalk.Pool`); None once one of them
+        # is replaced, bound again before the next step
+        self._pool = None
+
+    @property
+    def n_free(self) -> int:
+        """Free ids in the pool: `free_blk[:n_free]`."""
+        return int(self._counters[N_FREE])
+
+    @n_free.setter
+    def n_free(self, value: int) -> None:
+        self._counters[N_FREE] = value
+
+    @property
+    def set_count(self) -> int:
+        """Blocks the compiled pass has settled into `set_f`, `set_rid`, `set_conf`."""
+        return int(self._counters[N_SETTLED])
+
+    @set_count.setter
+    def set_count(self, value: int) -> None:
+        self._counters[N_SETTLED] = value
 
     def pending(self) -> int:
         return int(np.count_nonzero(self.blk_live))
@@ -159,6 +184,7 @@ class TailWalker:
         free[:added] = np.arange(size - 1, old - 1, -1)
         free[added : added + self.n_free] = self.free_blk[: self.n_free]
         self.free_blk, self.n_free = free, added + self.n_free
+        self._pool = None
 
     def _new_blocks(self, n: int) -> np.ndarray:
         self._reserve(n)
@@ -188,6 +214,7 @@ class TailWalker:
             top = int(batch.req_pool_index.max()) + 1
             if top >= len(self.row_of):
                 self.row_of = _grown(self.row_of, max(top + 1, 2 * len(self.row_of), 64), -1)
+                self._pool = None
             if self.compiled:
                 self._advance_compiled(batch, group, gather)
             else:
@@ -200,44 +227,42 @@ class TailWalker:
 
     def _advance_compiled(self, batch: StepBatch, group: np.ndarray, gather: Gather | None) -> None:
         """The same pass as `_advance`, in C: a loop over the step's blocks costs less
-        than numpy's per-call overhead on arrays this small."""
-        n = batch.num_reqs
-        self._reserve(n)
+        than numpy's per-call overhead on arrays this small. The pool's arrays are bound
+        once (`_bind`); a step passes only itself."""
+        self._reserve(batch.num_reqs)
         cap = len(self.blk_live)
-        if self._requests.shape[1] < cap:
-            self._requests = np.zeros((4, cap), dtype=np.int64)
-            self._done = np.zeros(cap, dtype=np.int64)
-            self._done_censored = np.zeros(cap, dtype=np.int8)
         if len(self.set_f) < self.set_count + cap:
             size = max(2 * len(self.set_f), self.set_count + cap)
             self.set_f = _grown(self.set_f, size, 0.0)
             self.set_rid = _grown(self.set_rid, size, None)
             self.set_conf = _grown(self.set_conf, size, np.nan)
-        req, done, done_censored = self._requests, self._done, self._done_censored
-        opened, skipped = np.empty(n, dtype=bool), np.empty(n, dtype=bool)
-        logprobs = batch.draft_logprobs is not None and batch.target_logprobs is not None
-        # the step's columns go as they are: the C side converts only what needs it
-        self.n_free, m, n_done, n_opened, n_skipped = _tailwalk.advance(
+            self._pool = None
+        pool = self._pool if self._pool is not None else self._bind()
+        gathers, n_done, opened, skipped, n_opened, n_skipped = pool.advance(
+            batch, group, self.steps, self.one_rank
+        )
+        self.opened_rows, self.skipped_rows = opened, skipped
+        self.opened += n_opened
+        self.skipped += n_skipped
+        if n_done == 0:
+            return
+        try:
+            logp = None
+            if gathers is not None and gather is not None:
+                # the first mismatch of each sampled block: the target's log-prob of its tail
+                # draft
+                logp = np.ascontiguousarray(gather(*gathers), np.float64)
+            pool.finish(logp)
+        except BaseException:
+            pool.abandon()  # the step's done blocks leave the pool, censored
+            raise
+
+    def _bind(self):
+        """Binds the walker's arrays to a new compiled pool (after any of them grew)."""
+        self._pool = _tailwalk.Pool(
             self.gamma,
-            self.steps,
-            batch.forward_ct,
-            batch.rank,
-            self.one_rank,
             -1 if self.assume_greedy is None else int(self.assume_greedy),
-            logprobs,
-            batch.prefix_len,
-            batch.correct_drafts,
-            batch.window,
-            batch.req_pool_index,
-            batch.greedy,
-            group,
-            batch.bonus_token,
-            batch.bonus_logprob,
-            batch.rid,
-            batch.draft_tokens,
-            batch.target_logprobs,
-            batch.draft_logprobs,
-            batch.confidence,
+            self._counters,
             self.blk,
             self.blk_live,
             self.blk_rid,
@@ -245,48 +270,12 @@ class TailWalker:
             self.blk_q,
             self.blk_conf,
             self.free_blk,
-            self.n_free,
             self.row_of,
-            opened,
-            skipped,
-            req[0],
-            req[1],
-            req[2],
-            req[3],
-            done,
-            done_censored,
-        )
-        self.opened_rows, self.skipped_rows = opened, skipped
-        self.opened += n_opened
-        self.skipped += n_skipped
-        if n_done == 0:
-            return
-        logp = None
-        if m and gather is not None:
-            # the first mismatch of each sampled block: the target's log-prob of its tail draft
-            got = gather(req[1, :m].copy(), req[2, :m].copy(), req[3, :m].copy())
-            logp = np.ascontiguousarray(got, np.float64)
-        self.n_free, self.set_count = _tailwalk.finish(
-            self.gamma,
-            batch.forward_ct,
-            req[0],
-            logp,
-            m,
-            self.blk,
-            self.blk_q,
-            done,
-            done_censored,
-            n_done,
-            self.blk_live,
-            self.blk_rid,
-            self.blk_conf,
-            self.free_blk,
-            self.n_free,
             self.set_f,
             self.set_rid,
             self.set_conf,
-            self.set_count,
         )
+        return self._pool
 
     def _advance(self, batch: StepBatch, group: np.ndarray, gather: Gather | None) -> None:
         """Walk the open blocks this step continues and the ones it opens, in one pass.
@@ -372,7 +361,7 @@ class TailWalker:
     def _open(self, batch: StepBatch, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Rows that open a block, and the blocks' initial state."""
         g = self.gamma
-        w, a = batch.window, batch.correct_drafts
+        w, a = batch.window, batch.accepted
         trimmed = (a == w) & (w < g)
         greedy = self._greedy_rows(batch)
         logprobs = batch.draft_logprobs is not None and batch.target_logprobs is not None
@@ -407,12 +396,12 @@ class TailWalker:
 
         Updates the block states `f` in place; returns which blocks resolved.
         Along the short position axis numpy's cumulative and reducing ufuncs
-        cost a loop per block, so the run's end is an argmin and the running
-        products are a triangular matrix product in log space.
+        cost a loop per block, so the run's end is an argmin (and the running
+        products, `interval.running_sums`, a triangular matrix product in log space).
         """
         g, j = self.gamma, self._j
         k = len(rows)
-        prefix, a = batch.prefix_len.take(rows), batch.correct_drafts.take(rows)
+        prefix, a = batch.prefix_len.take(rows), batch.accepted.take(rows)
         # tail draft j sits at offset j - (prefix - open prefix) of the row's committed tokens
         off = (f[:, OPEN_PREFIX] - prefix)[:, None] + j
         ahead = j >= f[:, NEXT][:, None]
@@ -451,19 +440,12 @@ class TailWalker:
                 p[div, d_at] = got[known]
                 evaluated[div, d_at] = True
                 reached = run_end + np.bincount(div, minlength=k)
-            # floored so that a zero probability (-inf) is a finite log that exp takes to 0:
-            # in the product with the triangle, -inf * 0 would poison the earlier positions
-            log_ratio = np.where(evaluated, np.clip(p - q, -1e300, 0.0), 0.0)
-            if np.isnan(log_ratio).any():  # a NaN must poison only what follows it
-                running = np.cumprod(np.exp(log_ratio), axis=1)
-            else:
-                running = np.exp(log_ratio @ self._upper)
-            cum = f[:, CUM][:, None] * running
-            counted = np.where(evaluated, cum, 0.0)
-            f[:, LO_EXTRA] += counted @ self._ones
-            # tail draft m (1-based) adds (2m - 1) times its running product
-            f[:, VAR_TERMS] += (counted * (2 * (j - f[:, WINDOW][:, None]) + 1)) @ self._ones
-            f[:, CUM] = cum[:, -1]
+            cum, lo_extra, var_terms = running_sums(
+                acceptance_log_ratio(p, q), evaluated, f[:, WINDOW], f[:, CUM]
+            )
+            f[:, LO_EXTRA] += lo_extra
+            f[:, VAR_TERMS] += var_terms
+            f[:, CUM] = cum
         f[:, NEXT] = reached
         f[:, EXPECT] = prefix + a + 1
         f[:, SEEN] = self.steps
@@ -520,25 +502,23 @@ class TailWalker:
         group = f[:, GROUP].astype(np.int64)
         censored = f[:, CENSORED] == 1
         reached = f[:, NEXT].astype(np.int64)
-        remaining = g - reached
-        exact = greedy & ~censored  # a greedy walk that ended inside the tail
+        # a greedy walk that ended inside the tail is exact: nothing past it can count
+        unreached = np.where(greedy & ~censored, 0, g - reached)
         if extrapolate is not None:
-            # only blocks with something left to extrapolate ask the model
-            extra = np.zeros(len(f))
-            need = np.flatnonzero(~exact & (remaining > 0))
-            if len(need):
-                extra[need] = extrapolate(group[need], reached[need], conf[need])
-        else:
-            extra = 0.5 * remaining
-        # greedy: the matched run is certain; sampled: the running products of a
-        lo_extra = f[:, LO_EXTRA]
-        lo = np.where(greedy, reached, window + lo_extra).astype(np.float64)
-        reach_prob = np.where(greedy, 1.0, f[:, CUM])
-        hi = lo + reach_prob * remaining
-        point = lo + reach_prob * np.minimum(extra, remaining)
-        hi = np.where(exact, lo, hi)
-        point = np.where(exact, lo, point)
-        var = np.where(greedy, 0.0, np.maximum(f[:, VAR_TERMS] - lo_extra**2, 0.0))
+            extra = extrapolated_extra(extrapolate, group, reached, conf, unreached)
+        else:  # no model: the middle of what the unreached positions could add
+            extra = 0.5 * unreached
+        # greedy: the matched run is certain (each ratio 1, so the running products sum to
+        # its length r, and (2m - 1) times them to r ** 2); sampled: the walk's sums
+        run = (reached - window).astype(np.float64)
+        interval = block_interval(
+            window,
+            np.where(greedy, run, f[:, LO_EXTRA]),
+            np.where(greedy, run**2, f[:, VAR_TERMS]),
+            np.where(greedy, 1.0, f[:, CUM]),
+            unreached,
+            extra,
+        )
         return {
             "open_fct": f[:, OPEN_FCT].astype(np.int64),
             "resolved_fct": f[:, RESOLVED_FCT].astype(np.int64),
@@ -546,10 +526,7 @@ class TailWalker:
             "window": window,
             "greedy": greedy,
             "status": np.where(censored, 2, 1).astype(np.int8),  # 1 resolved, 2 censored
-            "lo": lo,
-            "point": point,
-            "hi": hi,
-            "var": var,
+            **interval,
             "rid": rid,
         }
 

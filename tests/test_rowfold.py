@@ -19,16 +19,17 @@ from dspark_obs.aggregates.rows import MODE_CODE
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime
 from dspark_obs.telemetry import StepBatch
-from dspark_obs.telemetry.batch import empty_request_columns
+from dspark_obs.telemetry.batch import ceiling_rule, empty_request_columns
 
-pytestmark = pytest.mark.skipif(rows._rowfold is None, reason="the C fold is not built")
+pytestmark = pytest.mark.skipif(
+    rows._rowfold is None, reason="the C fold is not built or DSPARK_OBS_NO_EXTENSIONS is set"
+)
 GAMMA = 7
 
 
-def test_compiled_fold_is_built_and_shares_the_layout():
-    """CI installs with a compiler, so the C fold must be there, laid out as the numpy one."""
+def test_compiled_fold_shares_the_layout():
+    """Laid out as the numpy one (whether it is built: tests/test_extensions.py)."""
     fold = rows._rowfold
-    assert fold is not None
     assert fold.N_HISTOGRAMS == len(tokens.HISTOGRAMS)
     assert (fold.ECE_BINS, fold.FINE_PER_ECE_BIN) == (
         confidence.ECE_BINS,
@@ -38,6 +39,33 @@ def test_compiled_fold_is_built_and_shares_the_layout():
         MODE_CODE["static"],
         MODE_CODE["cap-accept"],
     )
+
+
+def test_the_folds_ceiling_helper_is_the_python_rule():
+    """`_rowfold.c`'s ceiling helper against `ceiling_rule`, over every mode code (and codes
+    that are no mode) and the edge values of accepted and cap_trim."""
+    gamma = 64
+    accepted, cap_trim = np.meshgrid(np.arange(gamma + 1), np.arange(gamma + 1))
+    keep = accepted + cap_trim <= gamma  # the validated range: cap_trim <= gamma - accepted
+    accepted, cap_trim = accepted[keep], cap_trim[keep]
+    big = np.int64(2**62)  # far past any gamma, still without overflow
+    accepted = np.concatenate([accepted, [big, 0, big - 1]])
+    cap_trim = np.concatenate([cap_trim, [0, big, 1]])
+    for code in (*sorted(set(MODE_CODE.values())), 3, -1, 2**40, -(2**40)):
+        modes = np.full(len(accepted), code, np.int64)
+        want = ceiling_rule(modes, accepted, cap_trim)
+        np.testing.assert_array_equal(rows._rowfold.ceiling(modes, accepted, cap_trim), want)
+        # the rule with one code for every row equals the rule row by row
+        np.testing.assert_array_equal(ceiling_rule(code, accepted, cap_trim), want)
+    rng = np.random.default_rng(0)
+    modes = rng.integers(-1, 4, len(accepted))
+    np.testing.assert_array_equal(
+        rows._rowfold.ceiling(modes, accepted, cap_trim), ceiling_rule(modes, accepted, cap_trim)
+    )
+    with pytest.raises(ValueError, match="int64"):
+        rows._rowfold.ceiling(modes.astype(np.int32), accepted, cap_trim)
+    with pytest.raises(ValueError, match="one value per row"):
+        rows._rowfold.ceiling(modes, accepted[:-1], cap_trim)
 
 
 def runtime(steps: int, seed: int, **kw) -> list:

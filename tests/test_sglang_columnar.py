@@ -18,11 +18,11 @@ import pytest
 from dspark_obs.sources.workloads import workload_rule
 from dspark_obs.telemetry.server_info import (
     SGLangFormatError,
-    _columnar_batches,
     decode_info_record,
     info_record_to_batches,
     record_to_batch,
 )
+from dspark_obs.telemetry.server_info_columnar import _columnar_batches
 
 WORKLOAD_OF = workload_rule(r"^(?P<workload>[a-z]+)-")
 

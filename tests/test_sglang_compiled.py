@@ -17,12 +17,14 @@ import re
 import struct
 
 import msgspec
+import msgspec.structs
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dspark_obs.telemetry import server_info as sglang
+from dspark_obs.telemetry import server_info_columnar as columnar
+from dspark_obs.telemetry import server_info_wire as wire
 from dspark_obs.telemetry.batch import STEP_OPTIONAL_FLOAT_FIELDS
 from dspark_obs.telemetry.server_info import MAX_GAMMA, info_record_to_batches
 
@@ -35,8 +37,10 @@ from .test_sglang_columnar import (
     random_request,
 )
 
-compiled = sglang._compiled
-needs_compiled = pytest.mark.skipif(compiled is None, reason="extension not built")
+compiled = columnar._compiled
+needs_compiled = pytest.mark.skipif(
+    compiled is None, reason="extension not built or DSPARK_OBS_NO_EXTENSIONS is set"
+)
 
 SETTINGS = settings(
     deadline=None,
@@ -215,12 +219,12 @@ FEATURES = {
 def outcomes(text):
     """What the path with the extension, the one without, and the per-record one make of it."""
     with_c = outcome(lambda: info_record_to_batches(text, rank=3, workload_of=WORKLOAD_OF))
-    saved = sglang._compiled
-    sglang._compiled = None
+    saved = columnar._compiled
+    columnar._compiled = None
     try:
         without = outcome(lambda: info_record_to_batches(text, rank=3, workload_of=WORKLOAD_OF))
     finally:
-        sglang._compiled = saved
+        columnar._compiled = saved
     return with_c, without, outcome(lambda: per_record(text, 3))
 
 
@@ -497,6 +501,27 @@ def test_results_do_not_share_memory_between_calls():
     assert all(np.array_equal(a, b) for a, b in zip(kept, again, strict=True))
 
 
+# -- the parser's keys are the wire types' fields --------------------------------------
+
+
+def test_the_parsers_keys_are_the_wire_types_fields():
+    """The keys the C parser takes, in SGLang's order, are `ReqDetail`'s, `DecodeStepRecord`'s
+    and `InfoRecord`'s JSON names: a field added to a wire type fails here until the parser
+    knows it."""
+    parser = pytest.importorskip(
+        "dspark_obs.telemetry._server_info_parser", reason="the extension is not built"
+    )
+
+    def keys(struct) -> tuple[str, ...]:
+        return tuple(f.encode_name for f in msgspec.structs.fields(struct))
+
+    assert parser.REQ_KEYS == keys(wire.ReqDetail)
+    assert parser.REQ_KEYS[: len(wire.REQ_INT_FIELDS)] == wire.REQ_INT_FIELDS
+    assert parser.RECORD_KEYS == keys(wire.DecodeStepRecord)
+    assert parser.ENVELOPE_KEYS == keys(wire.InfoRecord)
+    assert parser.STEP_FIELDS == wire._RECORD_SCALARS
+
+
 # -- without the extension -------------------------------------------------------------
 
 
@@ -507,8 +532,8 @@ def test_python_path_without_the_extension(monkeypatch):
     with_c = [
         outcome(lambda t=t: info_record_to_batches(t, workload_of=WORKLOAD_OF)) for t in texts
     ]
-    monkeypatch.setattr(sglang, "_compiled", None)
-    monkeypatch.setattr(sglang, "_compiled_columns", None)  # would fail if still called
+    monkeypatch.setattr(columnar, "_compiled", None)
+    monkeypatch.setattr(columnar, "_compiled_columns", None)  # would fail if still called
     for text, expected in zip(texts, with_c, strict=True):
         got = outcome(lambda t=text: info_record_to_batches(t, workload_of=WORKLOAD_OF))
         assert_same(got, expected)

@@ -133,17 +133,19 @@ def test_caller_extrapolation_rates_and_callable():
 
     seen = {}
 
-    def extra(start, n):
-        seen["start"], seen["n"] = start.copy(), n
-        return np.full(n, 100.0)  # absurd: must be clipped to the unreached count
+    def extra(groups, start, confidence):
+        seen.update(groups=groups.copy(), start=start.copy(), confidence=confidence)
+        return np.full(len(start), 100.0)  # absurd: must be clipped to the unreached count
 
     clipped = walk_blocks(log, 4, extra)
     np.testing.assert_allclose(clipped["point"], clipped["hi"])
-    got = dict(
-        zip(zip(clipped["rid"], clipped["block_fct"], strict=True), seen["start"], strict=True)
-    )
-    assert seen["n"] == 4
-    assert got["wa-0", 10] == 4 and got["wa-1", 10] == 5 and got["wb-1", 11] == 3
+    # asked for the blocks with unreached positions only (wa-1 is used up, wb-0 ended at
+    # eos), at the first position (0-based) their walk did not reach, by workload number
+    asked = (clipped["hi"] > clipped["lo"]).nonzero()[0]
+    keys = [(clipped["rid"][i], int(clipped["block_fct"][i])) for i in asked]
+    assert keys == [("wa-0", 10), ("wb-1", 11)]
+    assert seen["start"].tolist() == [3, 2] and seen["groups"].tolist() == [0, 1]
+    assert seen["confidence"] is None
     with pytest.raises(ValueError):
         walk_blocks(log, 4, np.ones(3))
 
@@ -357,7 +359,7 @@ def test_bounds_hold(file, how):
         "default": None,
         "ones": np.ones(gamma),
         "zeros": np.zeros(gamma),
-        "wild": lambda start, n: np.linspace(-5, 50, n),
+        "wild": lambda groups, start, conf: np.linspace(-5, 50, len(start)),
     }[how]
     log = read_block_accept_jsonl(lines)
     assert log.bad_lines == 0

@@ -109,7 +109,8 @@ def expect_block(out: dict[str, np.ndarray], **want) -> None:
             assert got[k] == v, (k, got)
 
 
-#: The per-step passes under test: numpy always, C where it built (a CI install builds it).
+#: The per-step passes under test: numpy always, C where it built (a CI install builds it,
+#: tests/test_extensions.py) and DSPARK_OBS_NO_EXTENSIONS does not switch it off.
 PASSES = [False] + ([True] if tails._tailwalk is not None else [])
 
 
@@ -129,9 +130,9 @@ def _with_pass(init, compiled: bool):
     return patched
 
 
-def test_compiled_pass_is_built_and_shares_the_state_layout():
-    """CI installs with a compiler, so the C pass must be there, with the same fields."""
-    assert tails._tailwalk is not None
+@pytest.mark.skipif(tails._tailwalk is None, reason="the C pass is not built or switched off")
+def test_compiled_pass_shares_the_state_layout():
+    """The same fields in the same order (whether it is built: tests/test_extensions.py)."""
     names = tails._tailwalk.FIELD_NAMES
     assert [getattr(tails, name) for name in names] == list(range(tails._FIELDS))
 

@@ -34,7 +34,7 @@
 enum { H_WINDOW, H_ACCEPTED, H_COMMITTED, H_CEILING_OBSERVED, H_CEILING_SHADOW,
        H_ACCEPTED_KNOWN, N_HISTOGRAMS };
 
-/* Verify-mode codes, as rows.MODE_CODE numbers them. */
+/* Verify-mode codes, as telemetry.batch.MODE_CODE numbers them. */
 enum { MODE_STATIC = 0, MODE_CAP_ACCEPT = 2 };
 
 /* The StepBatch columns read, interned at import. */
@@ -151,13 +151,29 @@ release_fold(Fold *f)
     Py_XDECREF(f->modes);
 }
 
-/* Row i's ceiling as its step's mode reveals it (static: accepted; cap-accept: accepted +
- * cap_trim), -1 where the mode censors it (`StepBatch.ceiling`). */
+/* The ceiling a verify mode reveals (static: accepted; cap-accept: accepted + cap_trim),
+ * -1 where the mode censors it: `telemetry.batch.ceiling_rule`, which defines it;
+ * `ceiling` below exposes this for tests/test_rowfold.py to hold the two together. */
+static inline int64_t
+ceiling_rule(int mode, int64_t accepted, int64_t cap_trim)
+{
+    return mode == MODE_STATIC ? accepted : mode == MODE_CAP_ACCEPT ? accepted + cap_trim : -1;
+}
+
+/* Row i's window: drafts verified, SGLang's verify_len counting the anchor token (the
+ * vocabulary table of telemetry.batch, VOCABULARY; `accepted` and `committed` are
+ * SGLang's correct_drafts and acc_len as they are). */
+static inline int64_t
+window_of(const Step *st, npy_intp i)
+{
+    return st->verify_len[i] - 1;
+}
+
+/* Row i's ceiling as its step's mode reveals it. */
 static inline int64_t
 mode_ceiling(const Step *st, npy_intp i)
 {
-    const int64_t a = st->accepted[i];
-    return st->mode == MODE_STATIC ? a : st->mode == MODE_CAP_ACCEPT ? a + st->cap_trim[i] : -1;
+    return ceiling_rule(st->mode, st->accepted[i], st->cap_trim[i]);
 }
 
 /* A row outside the ranges validation guarantees: the rows before it are added. */
@@ -227,7 +243,7 @@ tokens(PyObject *self, PyObject *args)
             const int64_t ceiling = mode_ceiling(&st, i);
             int64_t cols[N_HISTOGRAMS];
             int k = 0, bad = g < 0 || g >= groups;
-            cols[k++] = start[H_WINDOW] + st.verify_len[i] - 1;
+            cols[k++] = start[H_WINDOW] + window_of(&st, i);
             cols[k++] = start[H_ACCEPTED] + a;
             cols[k++] = start[H_COMMITTED] + st.committed[i];
             if (ceiling >= 0)
@@ -313,7 +329,7 @@ confidence(PyObject *self, PyObject *args)
             result = too_few_groups();
         }
         for (npy_intp i = 0; result && st.survival && i < st.n; i++) {
-            const int64_t g = f.group[at + i], a = st.accepted[i], w = st.verify_len[i] - 1;
+            const int64_t g = f.group[at + i], a = st.accepted[i], w = window_of(&st, i);
             int64_t ceiling = mode_ceiling(&st, i);
             if (ceiling < 0)
                 ceiling = st.shadow[i];
@@ -352,7 +368,38 @@ confidence(PyObject *self, PyObject *args)
     return Py_XNewRef(result);
 }
 
+/* ceiling(modes, accepted, cap_trim) -> int64 array
+ *
+ * `ceiling_rule` row by row over three int64 columns of one length (a mode code per row):
+ * the folds' own helper, exposed so that its parity with the Python rule is tested. */
+static PyObject *
+ceiling(PyObject *self, PyObject *args)
+{
+    PyObject *modes_obj, *accepted_obj, *cap_obj;
+    if (!PyArg_ParseTuple(args, "OOO", &modes_obj, &accepted_obj, &cap_obj))
+        return NULL;
+    const int64_t *mode = array_data(modes_obj, NPY_INT64, -1, -1, "modes");
+    if (mode == NULL)
+        return NULL;
+    npy_intp n = PyArray_SIZE((PyArrayObject *)modes_obj);
+    const int64_t *accepted = array_data(accepted_obj, NPY_INT64, n, -1, "accepted");
+    const int64_t *cap_trim = accepted ? array_data(cap_obj, NPY_INT64, n, -1, "cap_trim") : NULL;
+    if (cap_trim == NULL)
+        return NULL;
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(1, &n, NPY_INT64);
+    if (out == NULL)
+        return NULL;
+    int64_t *o = PyArray_DATA(out);
+    for (npy_intp i = 0; i < n; i++) {
+        /* a code outside int's range is no mode: censored, as the rule has it */
+        const int m = mode[i] < INT32_MIN || mode[i] > INT32_MAX ? -1 : (int)mode[i];
+        o[i] = ceiling_rule(m, accepted[i], cap_trim[i]);
+    }
+    return (PyObject *)out;
+}
+
 static PyMethodDef methods[] = {
+    {"ceiling", ceiling, METH_VARARGS, "The ceiling each row's mode code reveals (-1: censored)."},
     {"tokens", tokens, METH_VARARGS, "Count the steps' request rows into the token block."},
     {"confidence", confidence, METH_VARARGS,
      "Count the steps' request rows' positions into the calibration blocks."},

@@ -12,21 +12,21 @@ from functools import cached_property
 
 import numpy as np
 
+from .. import extensions
 from ..telemetry import StepBatch
+from ..telemetry.batch import MODE_CODE, ceiling_rule
 
-try:  # the fold in C where it was built; the numpy fold where not
-    from . import _rowfold
-except ImportError:  # pragma: no cover - an install without a C compiler
-    _rowfold = None
+#: the fold in C where it was built (and DSPARK_OBS_NO_EXTENSIONS does not switch it off);
+#: the numpy fold where not
+_rowfold = extensions.load("dspark_obs.aggregates._rowfold")
 
-#: Verify modes as the folds number them ("" is an unlabelled step: compact's rules).
-MODE_CODE = {"static": 0, "compact": 1, "cap-accept": 2, "": 1}
+__all__ = ["MODE_CODE", "RequestRows", "compiled_fold"]
 
 
 def compiled_fold(compiled: bool | None):
     """The C fold when `compiled` asks for it (None: where it was built), else None."""
     if compiled and _rowfold is None:
-        raise RuntimeError("the compiled row fold is not built in this install")
+        raise RuntimeError("the compiled row fold is not built in this install (or switched off)")
     return _rowfold if compiled is None or compiled else None
 
 
@@ -38,19 +38,20 @@ class RequestRows:
         self.modes = [MODE_CODE[b.mode] for b in batches]
 
     def _joined(self, name: str) -> np.ndarray:
+        """A column or vocabulary property (`telemetry.batch.VOCABULARY`) over every step."""
         return np.concatenate([getattr(b, name) for b in self.batches])
 
     @cached_property
     def window(self) -> np.ndarray:
-        return self._joined("verify_len") - 1
+        return self._joined("window")
 
     @cached_property
     def accepted(self) -> np.ndarray:
-        return self._joined("correct_drafts")
+        return self._joined("accepted")
 
     @cached_property
     def committed(self) -> np.ndarray:
-        return self._joined("acc_len")
+        return self._joined("committed")
 
     @cached_property
     def shadow(self) -> np.ndarray:
@@ -58,11 +59,9 @@ class RequestRows:
 
     @cached_property
     def ceiling(self) -> np.ndarray:
-        """The ceiling each row's mode reveals, -1 where it censors (`StepBatch.ceiling`)."""
+        """The ceiling each row's mode reveals, -1 where it censors (`ceiling_rule`)."""
         mode = np.repeat(self.modes, [b.num_reqs for b in self.batches])
-        accepted = self.accepted
-        capped = accepted + self._joined("cap_trim")
-        return np.where(mode == 0, accepted, np.where(mode == 2, capped, -1))
+        return ceiling_rule(mode, self.accepted, self._joined("cap_trim"))
 
     @cached_property
     def scored(self) -> np.ndarray | slice:

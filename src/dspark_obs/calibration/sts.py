@@ -17,6 +17,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from ..json_files import load_json_file
 from .metrics import ece_rows
 
 #: SGLang's grid: 41 log-spaced temperatures from 0.1 to 10 (1.0 is on it, index 20).
@@ -54,14 +55,7 @@ def save_sts(cal: StsCalibration, path: str | Path) -> None:
 
 def load_sts(path: str | Path) -> StsCalibration:
     """The calibration in `path`; any problem is a ValueError that names the file."""
-    try:
-        return msgspec.json.decode(Path(path).read_bytes(), type=StsCalibration)
-    except FileNotFoundError as exc:
-        raise ValueError(f"STS calibration {path}: no such file") from exc
-    except OSError as exc:  # a directory, no permission: still one clear line
-        raise ValueError(f"STS calibration {path}: {exc.strerror or exc}") from exc
-    except (msgspec.DecodeError, ValueError) as exc:
-        raise ValueError(f"STS calibration {path}: {exc}") from exc
+    return load_json_file(path, StsCalibration, "STS calibration")
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

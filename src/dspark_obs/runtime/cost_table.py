@@ -13,6 +13,8 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from ..json_files import load_json_file
+
 
 class AdditiveCostTable(msgspec.Struct, frozen=True):
     bias_seconds: float
@@ -63,14 +65,7 @@ class AdditiveCostTable(msgspec.Struct, frozen=True):
 
 def load_cost_table(path: str | Path) -> AdditiveCostTable:
     """The table in `path`; any problem is a ValueError that names the file."""
-    try:
-        return msgspec.json.decode(Path(path).read_bytes(), type=AdditiveCostTable)
-    except FileNotFoundError as exc:
-        raise ValueError(f"cost table {path}: no such file") from exc
-    except OSError as exc:  # a directory, no permission: still one clear line
-        raise ValueError(f"cost table {path}: {exc.strerror or exc}") from exc
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-        raise ValueError(f"cost table {path}: {exc}") from exc
+    return load_json_file(path, AdditiveCostTable, "cost table")
 
 
 def default_cost_table() -> AdditiveCostTable:

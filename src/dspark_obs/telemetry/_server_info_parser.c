@@ -1,11 +1,11 @@
 /*
  * A one-pass parser for SGLang's `dspark_info_record` JSON, straight into columns.
  *
- * `telemetry/server_info.py` turns a payload into `StepBatch`es. Through msgspec and numpy
- * that costs a Python object per request and a text scan per list; this parser reads
- * the payload once and writes the per-request integers and the per-position lists of
- * every request into flat C buffers, which become the numpy columns of the whole
- * payload (`sglang._compiled_columns`). Everything after that (workloads, validation,
+ * `telemetry/server_info_columnar.py` turns a payload into `StepBatch`es. Through msgspec
+ * and numpy that costs a Python object per request and a text scan per list; this parser
+ * reads the payload once and writes the per-request integers and the per-position lists
+ * of every request into flat C buffers, which become the numpy columns of the whole
+ * payload (`_compiled_columns` there). Everything after that (workloads, validation,
  * slicing into steps) stays in Python, shared with the msgspec path.
  *
  * It accepts only the narrow grammar SGLang emits: the documented keys (any order,
@@ -95,7 +95,7 @@ buf_reserve(Buf *b, size_t extra)
     return extra <= b->cap - b->len ? OK : buf_grow(b, extra);
 }
 
-/* `ReqDetail`'s integer fields, in sglang.REQ_INT_FIELDS order. */
+/* `ReqDetail`'s integer fields, in server_info_wire.REQ_INT_FIELDS order. */
 #define N_REQ_INTS 7
 typedef struct {
     const char *name;
@@ -115,8 +115,9 @@ static const Key REQ_KEYS[] = {
 /* A request needs the seven integers and draft_tokens (no default in `ReqDetail`). */
 #define REQ_REQUIRED ((1u << 8) - 1)
 
-/* The step scalars a record hands to `StepBatch`, in sglang._RECORD_SCALARS order;
- * sglang.py checks that order against STEP_FIELDS before using this module. */
+/* The step scalars a record hands to `StepBatch`, in server_info_wire._RECORD_SCALARS
+ * order; server_info_columnar.py checks that order against STEP_FIELDS before using this
+ * module. */
 enum { INT_MINUS1, OPT_INT, OPT_FLOAT };
 static const struct {
     const char *name;
@@ -1001,7 +1002,7 @@ take_record(Parser *s)
             goto done;
     }
     /* the one check of StepBatch.validate_step that the types read here do not make
-     * already, so the steps of this parser need no second look (sglang._assemble) */
+     * already, so the steps of this parser need no second look (server_info_columnar._assemble) */
     if (!(seen & (1u << K_FORWARD_CT)) || forward_ct < 0 || forward_ct > MAX_FORWARD_CT) {
         rc = DECLINE;
         goto done;
@@ -1259,6 +1260,28 @@ static struct PyModuleDef module = {
     .m_methods = methods,
 };
 
+/* A module attribute: the keys as a tuple of str. */
+static int
+add_keys(PyObject *m, const char *name, const Key *keys, int n)
+{
+    PyObject *t = PyTuple_New(n);
+    if (t == NULL)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        PyObject *k = PyUnicode_FromStringAndSize(keys[i].name, (Py_ssize_t)keys[i].len);
+        if (k == NULL) {
+            Py_DECREF(t);
+            return -1;
+        }
+        PyTuple_SET_ITEM(t, i, k);
+    }
+    if (PyModule_AddObject(m, name, t) < 0) {
+        Py_DECREF(t);
+        return -1;
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC
 PyInit__server_info_parser(void)
 {
@@ -1281,6 +1304,12 @@ PyInit__server_info_parser(void)
         goto fail;
     }
     if (PyModule_AddIntConstant(m, "MAX_LIST", MAX_LIST) < 0)
+        goto fail;
+    /* the keys the parser takes, in SGLang's order, for the tests to hold against the
+     * wire types (ReqDetail, DecodeStepRecord, InfoRecord) */
+    if (add_keys(m, "REQ_KEYS", REQ_KEYS, N_REQ_KEYS) < 0
+        || add_keys(m, "RECORD_KEYS", RECORD_KEYS, N_RECORD_KEYS) < 0
+        || add_keys(m, "ENVELOPE_KEYS", ENVELOPE_KEYS, N_ENVELOPE_KEYS) < 0)
         goto fail;
     return m;
 fail:

@@ -23,6 +23,11 @@ import numpy as np
 
 MODES = ("static", "compact", "cap-accept")
 
+#: Verify modes as arrays and the compiled folds number them ("" is an unlabelled step,
+#: which follows compact's rules).
+MODE_CODE = {"static": 0, "compact": 1, "cap-accept": 2, "": 1}
+MODE_STATIC, MODE_COMPACT, MODE_CAP_ACCEPT = 0, 1, 2
+
 #: Largest block size accepted from outside. Histograms and matrices are sized by gamma,
 #: so an absurd gamma in a corrupt record must be refused before anything is allocated
 #: for it; 64 is also the reference runtime's limit and far above SGLang's usual 4..16.
@@ -37,6 +42,34 @@ MAX_REQ_POOL_INDEX = (1 << 20) - 1
 #: A step counter counts up from 0; the estimator keeps step numbers in float64 matrices,
 #: exact up to 2**53 (about 285 years at a million steps per second).
 MAX_FORWARD_CT = 2**53
+
+#: Our vocabulary over SGLang's per-request fields, derived here and nowhere else.
+#:
+#: `StepBatch`, the run store's tables and the wire types keep SGLang's names
+#: (`verify_len`, `correct_drafts`, `acc_len`, `cap_trim`): they mirror SGLang's record
+#: exactly, and the on-disk schema does not change. Everything that reasons about a step
+#: (aggregates, estimator, tail walk) reads our names through `StepBatch`'s properties of
+#: the same names (`RequestRows` joins them over a fold's steps), never re-deriving them:
+#:
+#: | ours        | from SGLang's                | meaning                                  |
+#: |-------------|------------------------------|------------------------------------------|
+#: | `window`    | `verify_len - 1`             | drafts verified, 0..gamma (verify_len    |
+#: |             |                              | counts the anchor token)                 |
+#: | `accepted`  | `correct_drafts`             | drafts accepted, 0..window               |
+#: | `committed` | `acc_len`                    | tokens committed, accepted + the bonus,  |
+#: |             |                              | 0..gamma + 1                             |
+#: | `ceiling`   | `correct_drafts`, `cap_trim` | drafts full verification accepts, -1     |
+#: |             | and the verify mode          | where the mode censors it (ceiling_rule) |
+#:
+#: The compiled row fold (`aggregates/_rowfold.c`) reads SGLang's columns in place and
+#: applies the same table; tests/test_rowfold.py holds it to the numpy fold, which reads
+#: these properties.
+VOCABULARY: dict[str, tuple[str, ...]] = {
+    "window": ("verify_len",),
+    "accepted": ("correct_drafts",),
+    "committed": ("acc_len",),
+    "ceiling": ("correct_drafts", "cap_trim"),
+}
 
 #: Per-request columns shaped `[bs]`, with their numpy dtype.
 REQUEST_COLUMNS: dict[str, type] = {
@@ -173,24 +206,28 @@ class StepBatch:
         """Rows actually present (0 when the source had no `reqs`)."""
         return len(self.prefix_len)
 
+    # -- our vocabulary (VOCABULARY): the one derivation from SGLang's fields --------
+
     @property
     def window(self) -> np.ndarray:
         """Drafts verified per request: SGLang's `verify_len` counts the anchor."""
         return self.verify_len - 1
 
     @property
-    def ceiling(self) -> np.ndarray:
-        """Drafts full-block verification accepts, where the mode reveals it.
+    def accepted(self) -> np.ndarray:
+        """Drafts accepted per request (SGLang's `correct_drafts`, the same array)."""
+        return self.correct_drafts
 
-        static verifies the whole block, so its accepted count is the ceiling;
-        cap-accept reports what it accepted past the window in `cap_trim`;
-        compact censors it (-1).
-        """
-        if self.mode == "static":
-            return self.correct_drafts.copy()
-        if self.mode == "cap-accept":
-            return self.correct_drafts + self.cap_trim
-        return np.full(self.num_reqs, -1, dtype=np.int64)
+    @property
+    def committed(self) -> np.ndarray:
+        """Tokens committed per request, the bonus included (SGLang's `acc_len`)."""
+        return self.acc_len
+
+    @property
+    def ceiling(self) -> np.ndarray:
+        """Drafts full-block verification accepts, where the mode reveals it (-1: censored);
+        the rule is `ceiling_rule`."""
+        return ceiling_rule(MODE_CODE[self.mode], self.correct_drafts, self.cap_trim)
 
     def validate(self) -> None:
         """Raise InvalidBatch when columns disagree in shape or break DSpark's invariants."""
@@ -268,6 +305,23 @@ class StepBatch:
                 # two reductions, no temporaries; a NaN makes min or max NaN, failing both
                 if mat is not None and mat.size and not (mat.min() >= 0 and mat.max() <= 1):
                     raise InvalidBatch("probability_out_of_range", f"{name} outside [0, 1] or NaN")
+
+
+def ceiling_rule(mode, accepted: np.ndarray, cap_trim: np.ndarray) -> np.ndarray:
+    """The ceiling each row's verify mode reveals, in accepted drafts; -1 where it censors.
+
+    static verifies the whole block, so its accepted count is the ceiling; cap-accept
+    reports what it accepted past the window in `cap_trim`, so the ceiling is accepted +
+    cap_trim; compact (and any other code) censors it. `mode` is one `MODE_CODE` for
+    every row or one per row. The one definition of the rule: `StepBatch.ceiling`, the
+    numpy row fold (`aggregates.rows`) and the compiled one (`_rowfold.c`, held to this by
+    tests/test_rowfold.py) all apply it.
+    """
+    mode = np.asarray(mode)
+    accepted = np.asarray(accepted, dtype=np.int64)
+    revealed = np.where(mode == MODE_CAP_ACCEPT, accepted + cap_trim, accepted)
+    known = (mode == MODE_STATIC) | (mode == MODE_CAP_ACCEPT)
+    return np.where(known, revealed, np.int64(-1)).astype(np.int64, copy=False)
 
 
 #: The fields with a plain default (the others are forward_ct, gamma and the request columns).

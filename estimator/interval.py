@@ -1,0 +1,167 @@
+"""A trimmed block's ceiling as an interval, in accepted drafts: the one definition.
+
+Both walks use it: the tail walk over in-band steps (`tails.py`, whose per-step pass
+`_tailwalk.c` repeats `running_sums`' arithmetic position by position and is held to it
+by tests/test_tails_compiled.py) and the walk over SGLang's block-accept JSONL
+(`block_accept_walk.py`).
+
+A block verified its window of w drafts and accepted all of them; tail draft m
+(1-based, at block position j = w + m - 1) would have been accepted by full
+verification with probability a_m = min(1, p_m / q_m). Along the positions a walk
+evaluates, P_m = a_1 ... a_m is the probability that the first m tail drafts would all
+have been accepted, so the accepted tail drafts N have mean sum_m P_m and variance
+sum_m (2m - 1) P_m - (sum_m P_m)^2 (N = sum_m 1[N >= m]; the product of two of
+those indicators is the one with the larger m). Greedy walks are the case a_m = 1
+along the matched run.
+
+The interval (`block_interval`): lo counts the evaluated positions only (the rest
+rejected), hi takes every unreached position as accepted, each weighted by the
+probability of reaching it (the last running product), and the point estimate fills
+the unreached positions with an extrapolation, clipped to [0, unreached] so that
+lo <= point <= hi holds by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+
+import numpy as np
+
+#: `extrapolate(groups, start, confidence) -> extra`, per block (`[k]` each):
+#: the expected number of further accepted drafts from block position `start` (0-based:
+#: the first position the walk did not reach) to the end of the block, given that every
+#: draft before `start` was accepted. `groups` are the blocks' group ids (the estimator's
+#: aggregate groups; the block-accept walk's workloads, numbered in sorted order);
+#: `confidence` is `[k, gamma]` (NaN where unknown) or None where the source has none.
+#: Only blocks with something unreached are asked (`extrapolated_extra`), and what
+#: comes back is clipped to [0, unreached] (`block_interval`). The population model's
+#: `HazardModel.expected_extra` is one; `rate_extrapolation` makes one from
+#: per-position rates. Both walks take any of them.
+Extrapolate = Callable[[np.ndarray, np.ndarray, np.ndarray | None], np.ndarray]
+
+#: The floor of a log acceptance ratio: a zero probability (-inf) becomes a finite log
+#: that exp takes to 0, so that in a sum of logs it cannot meet a 0 and poison the rest.
+LOG_RATIO_FLOOR = -1e300
+
+
+def acceptance_log_ratio(log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
+    """log a = log min(1, p / q) from the target's and the draft's log-probabilities.
+
+    Floored at `LOG_RATIO_FLOOR` (a ratio of 0); NaN (unknown) stays NaN.
+    """
+    return np.clip(np.subtract(log_p, log_q), LOG_RATIO_FLOOR, 0.0)
+
+
+@cache
+def _upper(n: int) -> np.ndarray:
+    """`x @ _upper(n)`: running sums along each row of an `[k, n]` matrix."""
+    upper = np.triu(np.ones((n, n)))
+    upper.setflags(write=False)
+    return upper
+
+
+@cache
+def _ones(n: int) -> np.ndarray:
+    ones = np.ones(n)
+    ones.setflags(write=False)
+    return ones
+
+
+def running_sums(
+    log_ratio: np.ndarray, counted: np.ndarray, window: np.ndarray, cum: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The running products of a walk's acceptance ratios, and the sums the interval needs.
+
+    `log_ratio` and `counted` are `[k, n]` over block positions 0..n-1: the log ratio
+    at each position (`acceptance_log_ratio`) and whether the walk evaluated it; a
+    position not counted neither changes the product nor adds to the sums. `window`
+    `[k]` places tail draft m at position window + m - 1; `cum` `[k]` is the running
+    product before position 0 (1 for a block not walked before).
+
+    Returns, per block: the running product after the last position (the probability of
+    reaching the next one), the sum of the counted running products (the expected
+    accepted tail drafts among them), and the sum of (2m - 1) times each (the variance's
+    first term). A NaN ratio makes every product from its position on NaN.
+
+    `_tailwalk.c`'s `evaluate` does the same per position, multiplying ratios in turn
+    where this sums their logs, so the two may differ in the last bits.
+    """
+    n = log_ratio.shape[1]
+    log_ratio = np.where(counted, log_ratio, 0.0)
+    if np.isnan(log_ratio).any():  # a NaN must poison only what follows it
+        running = np.cumprod(np.exp(log_ratio), axis=1)
+    else:
+        running = np.exp(log_ratio @ _upper(n))
+    products = np.asarray(cum, dtype=np.float64)[:, None] * running
+    kept = np.where(counted, products, 0.0)
+    weight = 2 * (np.arange(n) - np.asarray(window)[:, None]) + 1
+    ones = _ones(n)
+    return products[:, -1], kept @ ones, (kept * weight) @ ones
+
+
+def block_interval(
+    window: np.ndarray,
+    lo_extra: np.ndarray,
+    var_terms: np.ndarray,
+    reach_prob: np.ndarray,
+    unreached: np.ndarray,
+    extra: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """`lo`, `point`, `hi` and `var` of each block's ceiling, in accepted drafts.
+
+    `lo_extra` and `var_terms` are `running_sums`' two sums (a greedy walk's matched run
+    of r drafts: r and r ** 2); `reach_prob` the running product after the walk's last
+    position; `unreached` the positions the walk did not reach that could still count
+    (0 for a block known to end where its walk did); `extra` the extrapolated further
+    accepted drafts, clipped here to [0, unreached] (NaN counts as 0).
+    """
+    lo = window + lo_extra
+    extra = np.clip(np.nan_to_num(extra, nan=0.0), 0.0, unreached)
+    return {
+        "lo": lo,
+        "point": lo + reach_prob * extra,
+        "hi": lo + reach_prob * unreached,
+        "var": np.maximum(var_terms - lo_extra**2, 0.0),
+    }
+
+
+def extrapolated_extra(
+    extrapolate: Extrapolate,
+    groups: np.ndarray,
+    start: np.ndarray,
+    confidence: np.ndarray | None,
+    unreached: np.ndarray,
+) -> np.ndarray:
+    """`[k]` what `extrapolate` expects past each block's walk; 0 where nothing is unreached.
+
+    Only the blocks with unreached positions are asked, in one call.
+    """
+    extra = np.zeros(len(unreached))
+    need = np.flatnonzero(unreached > 0)
+    if len(need):
+        conf = None if confidence is None else confidence[need]
+        got = np.asarray(extrapolate(groups[need], start[need], conf), dtype=np.float64)
+        if got.shape != (len(need),):
+            raise ValueError(f"extrapolate must return shape ({len(need)},), got {got.shape}")
+        extra[need] = got
+    return extra
+
+
+def rate_extrapolation(rates: np.ndarray) -> Extrapolate:
+    """An `Extrapolate` from per-position conditional acceptance rates (`rates[j]`: the
+    probability that the draft at position j is accepted given every earlier one was),
+    the same for every group: the expected accepted drafts from `start` on are
+    r_start (1 + r_start+1 (1 + ...)). Rates are clipped to [0, 1]."""
+    rates = np.clip(np.asarray(rates, dtype=np.float64), 0.0, 1.0)
+    gamma = len(rates)
+    from_position = np.zeros(gamma + 1)  # [j]: expected accepted drafts from position j on
+    for j in range(gamma - 1, -1, -1):
+        from_position[j] = rates[j] * (1.0 + from_position[j + 1])
+
+    def extrapolate(
+        groups: np.ndarray, start: np.ndarray, confidence: np.ndarray | None
+    ) -> np.ndarray:
+        return from_position[np.clip(start, 0, gamma)]
+
+    return extrapolate
