@@ -426,6 +426,14 @@ CATALOG: tuple[Metric, ...] = (
         source=("ingest", "up"),
     ),
     Metric(
+        "dspark_dropped_steps_total",
+        "counter",
+        ("reason",),
+        "Steps dropped before they were aggregated, by reason (hook_ring_full: the hook's "
+        "consumer was a whole ring behind; serving never waits for it).",
+        source=("ingest", "dropped"),
+    ),
+    Metric(
         "dspark_workload_overflow_total",
         "counter",
         (),

@@ -1,14 +1,19 @@
-"""The in-process SGLang hook, driven with SGLang's tensor shapes on CPU.
+"""The in-process SGLang hook, driven at SGLang 0.5.23's observer interface on CPU.
 
-No SGLang worker runs here. The fake worker below exposes an observer whose
-keyword signature is SGLang 0.5.23's `DsparkStepObservers.observe_verify_step`,
-and the step tensors have the shapes SGLang passes: drafts [bs, gamma], the
-draft's corrected logits [bs, gamma, V], the target's verify logits
-[bs * (gamma + 1), V], per-request counts [bs].
+No SGLang worker runs here (it needs a GPU and a model). The fake worker below exposes
+an observer whose keyword signature is SGLang 0.5.23's
+`DsparkStepObservers.observe_verify_step` (tests/test_sglang_real_types.py holds it to
+SGLang's own source), and `hook_reference.StepStream` passes the tensors SGLang
+passes. The hook's device pass runs in its torch form on CPU tensors; the Triton
+kernel is held to the same numbers on a GPU (tests/test_pack_step_gpu.py).
 """
 
 from __future__ import annotations
 
+import re
+import socket
+import time
+import urllib.request
 import warnings
 from types import SimpleNamespace
 
@@ -17,9 +22,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dspark_obs.hooks.sglang_worker import SOURCE, attach  # noqa: E402
+from dspark_obs.exporters.collector import Collector  # noqa: E402
 
-G, V = 4, 32
+from dspark_obs.hooks.consumer import HookConsumer  # noqa: E402
+from dspark_obs.hooks.sglang_worker import SOURCE, attach  # noqa: E402
+from dspark_obs.pipeline import build_pipeline  # noqa: E402
+from tests.hook_reference import StepStream, reference_batch  # noqa: E402
 
 
 class Observers:
@@ -54,100 +62,204 @@ class Observers:
         self.calls += 1
 
 
-def step(forward_ct: int, gen: torch.Generator, prefix: torch.Tensor, windows, accepted):
-    bs = len(windows)
-    draft = torch.randint(0, V, (bs, G), generator=gen)
-    w = torch.tensor(windows)
-    cl = torch.tensor(accepted)
-    return dict(
-        forward_ct=forward_ct,
-        reqs=[SimpleNamespace(rid=f"gsm8k-{i}") for i in range(bs)],
-        bs=bs,
-        proposal_folded=False,
-        verify_ids_2d=torch.zeros(bs, G + 1, dtype=torch.int64),
-        target_logits=torch.randn(bs * (G + 1), V, generator=gen),
-        layout=SimpleNamespace(verify_lens=(w + 1).to(torch.int32)),
-        confidence=torch.rand(bs, G, generator=gen),
-        confidence_raw=torch.randn(bs, G, generator=gen),
-        prefix_lens=prefix.clone(),
-        draft_tokens=draft,
-        draft_block=SimpleNamespace(
-            corrected_logits=torch.randn(bs, G, V, generator=gen),
-            temperatures=torch.tensor([[1.0], [0.7]][:bs]),
-            greedy_mask=torch.tensor([True, False][:bs]),
-        ),
-        sampling_info=SimpleNamespace(temperatures=torch.tensor([[1.0], [0.7]][:bs])),
-        correct_len=cl,
-        cap_trim_lens=torch.zeros(bs, dtype=torch.int64),
-        bonus=torch.randint(0, V, (bs,), generator=gen),
-        commit_lens=cl + 1,
-        verify_token_budget=int(w.sum()),
-        req_pool_indices=torch.arange(bs),
-        verify_tier_num_tokens=int((w + 1).sum()),
-        dp_tier_num_tokens=None,
+def metrics(pipeline) -> str:
+    est = pipeline.estimator
+    est.close()
+    return (
+        Collector()
+        .collect(pipeline.aggregates.snapshot(), pipeline.stats.snapshot(), est.snapshot())
+        .decode()
     )
 
 
-def reference_logprob(logits: torch.Tensor, token: int, temp: float) -> float:
-    return float(torch.log_softmax(logits.double() / temp, dim=-1)[token])
-
-
-def test_steps_become_batches_with_logprobs_from_the_logits():
+def run_both(stream: StepStream, steps: int, *, drain_every: int = 1, ring_slots: int = 64):
+    """The same steps through the hook (inline consumer) and the synchronous reference."""
     worker = SimpleNamespace(_observers=Observers())
-    original = worker._observers
-    hook = attach(worker, gamma=G)
-    assert hook is not None
-    gen = torch.Generator().manual_seed(0)
-    kw = step(7, gen, torch.tensor([10, 20]), windows=[2, 4], accepted=[2, 1])
-    captured = []
-    hook.pipeline.ingest = lambda batch, source, gather: captured.append((batch, source, gather))
-    worker._observers.observe_verify_step(**kw)
-    assert original.calls == 1  # SGLang's own observers still run
-    (batch, source, gather) = captured[0]
-    assert source == SOURCE and batch.forward_ct == 7 and batch.bs == 2
-    assert batch.rid.tolist() == ["gsm8k-0", "gsm8k-1"]
-    assert batch.window.tolist() == [2, 4] and batch.correct_drafts.tolist() == [2, 1]
-    assert batch.greedy.tolist() == [1, 0]
-    assert batch.temperature.tolist() == pytest.approx([0.0, 0.7])
-    batch.validate()
-    temps = [1.0, 0.7]
-    for b in range(2):
-        for j in range(G):
-            row = kw["target_logits"][b * (G + 1) + j]
-            want = reference_logprob(row, int(kw["draft_tokens"][b, j]), temps[b])
-            if j < [2, 4][b]:
-                assert batch.target_logprobs[b, j] == pytest.approx(want, abs=1e-5)
-            else:
-                assert np.isnan(batch.target_logprobs[b, j])
-            q = reference_logprob(
-                kw["draft_block"].corrected_logits[b, j], int(kw["draft_tokens"][b, j]), temps[b]
-            )
-            assert batch.draft_logprobs[b, j] == pytest.approx(q, abs=1e-5)
-        bonus_row = kw["target_logits"][b * (G + 1) + [2, 1][b]]
-        assert batch.bonus_logprob[b] == pytest.approx(
-            reference_logprob(bonus_row, int(kw["bonus"][b]), temps[b]), abs=1e-5
-        )
-    np.testing.assert_allclose(
-        batch.survival, np.cumprod(kw["confidence"].numpy(), axis=1), rtol=1e-6
-    )
-    got = gather(np.array([1]), np.array([1]), np.array([5]))
-    want = reference_logprob(kw["target_logits"][1 * (G + 1) + 1], 5, 0.7)
-    assert got[0] == pytest.approx(want, abs=1e-5)
+    hook = attach(worker, gamma=stream.g, consumer="inline", pool_slots=64, ring_slots=ring_slots)
+    got, want = [], []
+    ingest = hook.pipeline.ingest
 
+    def capture(batch, source, gather):
+        got.append(batch)
+        return ingest(batch, source, gather)
 
-def test_the_hook_feeds_the_estimator_over_several_steps():
-    worker = SimpleNamespace(_observers=Observers())
-    hook = attach(worker, gamma=G)
-    gen = torch.Generator().manual_seed(1)
-    prefix = torch.tensor([10, 20])
-    for fct in range(40):
-        kw = step(fct, gen, prefix, windows=[2, 3], accepted=[2, 1])
+    hook.pipeline.ingest = capture
+    reference = build_pipeline(stream.g)
+    for i in range(steps):
+        kw = stream.step()
         worker._observers.observe_verify_step(**kw)
-        prefix = prefix + kw["correct_len"] + 1
-    records, errors, _ = hook.pipeline.stats.snapshot()
-    assert records[SOURCE] == 40 and not errors and hook.failures == 0
-    hook.pipeline.estimator.close()
-    assert hook.pipeline.estimator.walker.opened == 40  # request 0 trims every step
+        batch, gather = reference_batch(kw, stream.g)
+        want.append(batch)
+        reference.ingest(batch, SOURCE, gather)
+        if (i + 1) % drain_every == 0:
+            hook.drain()
+    hook.drain()
+    assert worker._observers.calls == steps  # SGLang's own observers still run
+    return hook, got, want, reference
+
+
+def assert_same_batch(new, ref):
+    for name in ("forward_ct", "bs", "budget", "num_verify_tokens", "mode", "gamma"):
+        assert getattr(new, name) == getattr(ref, name), name
+    for name in ("rid", "req_pool_index", "prefix_len", "verify_len", "correct_drafts",
+                 "acc_len", "cap_trim", "bonus_token", "greedy", "draft_tokens"):  # fmt: skip
+        np.testing.assert_array_equal(getattr(new, name), getattr(ref, name), err_msg=name)
+    np.testing.assert_allclose(new.temperature, ref.temperature, rtol=1e-7)
+    for name in ("confidence", "survival", "confidence_logits"):
+        a, b = getattr(new, name), getattr(ref, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            np.testing.assert_allclose(a, b, rtol=1e-6, err_msg=name)
+    sampled = ref.greedy == 0
+    g = ref.gamma
+    window = ref.verify_len - 1
+    j = np.arange(g)
+    # target log-probabilities: sampled requests inside their windows, else not read
+    inside = sampled[:, None] & (j < window[:, None])
+    np.testing.assert_allclose(new.target_logprobs[inside], ref.target_logprobs[inside], atol=1e-5)
+    assert np.isnan(new.target_logprobs[~inside]).all()
+    np.testing.assert_allclose(new.bonus_logprob[sampled], ref.bonus_logprob[sampled], atol=1e-5)
+    assert np.isnan(new.bonus_logprob[~sampled]).all()
+    # draft log-probabilities: the tails of trimmed sampled requests only
+    trimmed = (ref.correct_drafts == window) & (window < g)
+    tails = sampled[:, None] & trimmed[:, None] & (j >= window[:, None])
+    np.testing.assert_allclose(new.draft_logprobs[tails], ref.draft_logprobs[tails], atol=1e-5)
+    assert np.isnan(new.draft_logprobs[~tails]).all()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(),
+        dict(folded=True),
+        dict(greedy_draft=True),
+        dict(greedy_every=0),  # all sampled
+        dict(greedy_every=1),  # all greedy
+        dict(confidence=False),
+    ],
+    ids=["mixed", "folded", "greedy-draft", "all-sampled", "all-greedy", "no-confidence"],
+)
+def test_same_numbers_as_the_synchronous_hook(options):
+    """Every step observed; batches, aggregates, calibration and ceilings as before."""
+    stream = StepStream(seed=3, **options)
+    hook, got, want, reference = run_both(stream, 120, drain_every=7)
+    assert len(got) == len(want) == 120
+    for new, ref in zip(got, want, strict=True):
+        assert_same_batch(new, ref)
+    walker = hook.pipeline.estimator.walker
+    assert walker.opened == reference.estimator.walker.opened
+    if options.get("greedy_every", 2) != 1:
+        assert walker.opened > 20  # the stream opens sampled tails
+    assert metrics(hook.pipeline) == metrics(reference)
+    assert hook.failures == 0 and hook.consumer.evicted == 0
+    hook.close()
+
+
+def test_tails_that_run_on_over_several_steps_get_their_gathers():
+    """Drafts that agree with the committed stream keep tails open past their opening step;
+    the device's gathers then come from later steps, and the sampled walk uses them."""
+    stream = StepStream(seed=11, greedy_every=0, agree=0.9, vocab=6)
+    later = []
+    to_batch = HookConsumer.to_batch
+
+    def count_later(self, meta, rids, block):
+        # gather slots 0..entries-1 belong to tails opened at earlier steps
+        offsets = block[:, self.layout.columns["gather_offset"]][:, : self.layout.entries]
+        later.append(int(np.count_nonzero(offsets >= 0)))
+        return to_batch(self, meta, rids, block)
+
+    HookConsumer.to_batch = count_later
+    try:
+        hook, _, _, reference = run_both(stream, 200)
+    finally:
+        HookConsumer.to_batch = to_batch
+    assert sum(later) > 20
+    assert metrics(hook.pipeline) == metrics(reference)
+    assert hook.pipeline.estimator.walker.opened > 100
+    hook.close()
+
+
+def test_a_request_retracted_and_readmitted_does_not_corrupt_a_walk():
+    """Same rid, new req_pool_index; and a new request taking a slot at the very position
+    its old occupant would have continued from (the device cannot see rids)."""
+    stream = StepStream(seed=5, greedy_every=0, agree=0.9, vocab=6)
+    stream.churn = lambda: None
+    kws = [stream.step() for _ in range(3)]
+    req = stream.reqs[0]
+    old_slot = req["slot"]
+    req["slot"] = stream.free_slots.pop()  # retracted, re-admitted elsewhere
+    old = stream.reqs[1]  # finished; a new request continues from its very position
+    stream.reqs[1] = stream._new_request(prefix=old["prefix"], slot=old["slot"])
+    stream.reqs.append(stream._new_request(slot=old_slot))  # its old slot, another request
+    kws += [stream.step() for _ in range(40)]
+    worker = SimpleNamespace(_observers=Observers())
+    hook = attach(worker, gamma=stream.g, consumer="inline", pool_slots=64)
+    reference = build_pipeline(stream.g)
+    for kw in kws:
+        worker._observers.observe_verify_step(**kw)
+        batch, gather = reference_batch(kw, stream.g)
+        reference.ingest(batch, SOURCE, gather)
+        hook.drain()
+    assert metrics(hook.pipeline) == metrics(reference)
+    hook.close()
+
+
+def test_a_full_ring_drops_whole_steps_and_counts_them():
+    stream = StepStream(seed=1)
+    worker = SimpleNamespace(_observers=Observers())
+    hook = attach(worker, gamma=stream.g, consumer="inline", pool_slots=64, ring_slots=2)
+    for _ in range(5):
+        worker._observers.observe_verify_step(**stream.step())
+    assert hook.drain() == 2  # the consumer was away: three steps found no slot
+    text = metrics(hook.pipeline)
+    assert 'dspark_dropped_steps_total{reason="hook_ring_full"} 3' in text
+    assert f'dspark_ingest_records_total{{source="{SOURCE}"}} 2' in text
+    worker._observers.observe_verify_step(**stream.step())
+    assert hook.drain() == 1  # released slots are used again
+    hook.close()
+
+
+def test_a_greedy_draft_has_log_q_zero_on_its_tails():
+    stream = StepStream(seed=2, greedy_draft=True, greedy_every=0)
+    worker = SimpleNamespace(_observers=Observers())
+    hook = attach(worker, gamma=stream.g, consumer="inline", pool_slots=64)
+    seen = []
+    ingest = hook.pipeline.ingest
+    hook.pipeline.ingest = lambda b, s, g: (seen.append(b), ingest(b, s, g))[1]
+    for _ in range(30):
+        worker._observers.observe_verify_step(**stream.step())
+    hook.drain()
+    tails = np.concatenate([b.draft_logprobs[~np.isnan(b.draft_logprobs)] for b in seen])
+    assert len(tails) > 10 and (tails == 0.0).all()
+    assert hook.failures == 0
+    hook.close()
+
+
+def test_a_failing_step_is_counted_never_raised():
+    stream = StepStream(seed=2)
+    worker = SimpleNamespace(_observers=Observers())
+    hook = attach(worker, gamma=stream.g, consumer="inline", pool_slots=64)
+    kw = stream.step()
+    kw["draft_tokens"] = kw["draft_tokens"][:, :2]  # a shape the hook cannot use
+    worker._observers.observe_verify_step(**kw)
+    assert hook.failures == 1
+    hook.drain()
+    assert hook.pipeline.stats.snapshot().errors[(SOURCE, "hook_failed")] == 1
+    worker._observers.observe_verify_step(**stream.step())
+    assert hook.drain() == 1  # and the next step goes through
+    hook.close()
+
+
+def test_an_idle_rank_and_an_oversized_batch_are_not_steps():
+    stream = StepStream(seed=4, requests=6)
+    worker = SimpleNamespace(_observers=Observers())
+    hook = attach(worker, gamma=stream.g, consumer="inline", pool_slots=3)
+    kw = stream.step()
+    worker._observers.observe_verify_step(**{**kw, "bs": 0})
+    worker._observers.observe_verify_step(**kw)  # more requests than the pool has slots
+    assert hook.drain() == 0 and hook.failures == 0
+    assert "hook_slot_too_small" in metrics(hook.pipeline)
+    hook.close()
 
 
 def test_a_different_interface_is_left_alone_with_one_warning():
@@ -158,18 +270,52 @@ def test_a_different_interface_is_left_alone_with_one_warning():
     worker = SimpleNamespace(_observers=Other())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert attach(worker, gamma=G) is None
+        assert attach(worker, gamma=4) is None
     assert len(caught) == 1 and "not attached" in str(caught[0].message)
     with pytest.warns(RuntimeWarning):
-        assert attach(SimpleNamespace(), gamma=G) is None
+        assert attach(SimpleNamespace(), gamma=4) is None
 
 
-def test_a_failing_step_is_counted_never_raised():
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_consumer_process_serves_metrics():
+    """attach() as a user calls it: a `dspark-obs hook-consumer` process, real HTTP."""
+    stream = StepStream(seed=6)
     worker = SimpleNamespace(_observers=Observers())
-    hook = attach(worker, gamma=G)
-    gen = torch.Generator().manual_seed(2)
-    kw = step(0, gen, torch.tensor([10, 20]), windows=[2, 3], accepted=[2, 1])
-    kw["draft_tokens"] = kw["draft_tokens"][:, :2]  # a shape the hook cannot use
-    worker._observers.observe_verify_step(**kw)
-    assert hook.failures == 1
-    assert hook.pipeline.stats.snapshot()[1][(SOURCE, "hook_failed")] == 1
+    port = free_port()
+    hook = attach(worker, gamma=stream.g, listen=f"127.0.0.1:{port}", pool_slots=64)
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def scrape() -> str:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return r.read().decode()
+        except OSError:
+            return ""
+
+    def counted(text: str) -> int:
+        found = re.findall(
+            rf'^(?:dspark_ingest_records_total{{source="{SOURCE}"}}|'
+            r'dspark_dropped_steps_total{reason="hook_ring_full"}) (\d+)$',
+            text,
+            re.M,
+        )
+        return sum(int(n) for n in found)
+
+    try:
+        deadline = time.monotonic() + 60
+        while not scrape() and time.monotonic() < deadline:
+            time.sleep(0.1)  # the endpoint is up before traffic comes
+        for _ in range(25):
+            worker._observers.observe_verify_step(**stream.step())
+        while counted(text := scrape()) < 25 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert counted(text) == 25  # every step aggregated, or dropped and counted
+        assert f'dspark_ingest_records_total{{source="{SOURCE}"}}' in text
+    finally:
+        hook.close()
+    assert hook.process.returncode == 0

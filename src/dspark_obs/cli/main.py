@@ -47,6 +47,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "shadow": ("shadow_cmd", "true ceilings for sampled traffic from a cap-accept twin server"),
     "dashboards": ("dashboards_cmd", "export, push or render the Grafana dashboard"),
+    "hook-consumer": (
+        "hook_consumer_cmd",
+        "consume an attached SGLang hook's ring into a pipeline and serve /metrics",
+    ),
 }
 
 #: Optional packages and the extra that installs each.

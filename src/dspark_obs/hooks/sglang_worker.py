@@ -1,31 +1,37 @@
-"""dspark-obs inside an SGLang DSpark worker: every verify step, in band, no HTTP polling.
+"""dspark-obs inside an SGLang DSpark worker: every verify step, in band, at almost no cost.
 
 SGLang's DSpark worker reports each verify step to its observers
-(`DsparkStepObservers.observe_verify_step`) with the tensors the step produced:
-drafts, the draft's corrected logits, the target's verify logits, acceptance
-counts. `attach(worker)` wraps that call: after SGLang's own observers run,
-the step becomes a StepBatch (log-probabilities gathered from those very
-logits), and the ceiling estimator can gather the target's log-probability of
-trimmed tail tokens while the step's logits still exist. The pipeline serves
-`/metrics` from inside the worker process.
+(`DsparkStepObservers.observe_verify_step`) with the tensors the step produced.
+`attach(worker)` wraps that call. After SGLang's own observers run, the hook
+enqueues one device pass that packs the step (its columns, the log-probabilities
+the estimator needs, the tail walk's gathers) and copies it, without waiting,
+into a shared-memory ring; a separate `dspark-obs hook-consumer` process turns
+the ring's steps into StepBatches, feeds the pipeline and serves `/metrics`. The
+serving thread never waits on the GPU and shares no GIL with our work.
 
-sglang is never imported here: the hook checks the observer's keyword
-signature against the one it was written for (SGLang 0.5.23) and, where it
-differs, does nothing and warns once. A failure inside the hook is counted and
-logged once; it never reaches the serving path.
+sglang is never imported here: the hook checks the observer's keyword signature
+against the one it was written for (SGLang 0.5.23) and, where it differs, does
+nothing and warns once. A failure inside the hook is counted and logged once; it
+never reaches the serving path. A step the consumer has no room for is dropped
+whole and counted (`dspark_dropped_steps_total{reason="hook_ring_full"}`).
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import os
+import subprocess  # nosec B404 - starts our own consumer, with a fixed argument list
+import sys
 import warnings
 from typing import Any
 
-import numpy as np
-
 from ..pipeline import Pipeline, build_pipeline
-from ..telemetry import StepBatch
+from . import shared_ring as sr
+from .consumer import SOURCE, HookConsumer
+from .observed_step import ObservedStep
+from .step_layout import StepLayout
+from .submit import StepSubmitter
 
 log = logging.getLogger(__name__)
 
@@ -55,139 +61,138 @@ OBSERVER_PARAMETERS = frozenset(
         "dp_tier_num_tokens",
     }
 )
-SOURCE = "sglang-hook"
+#: Request slots when the worker does not say (its `req_to_token_pool`).
+DEFAULT_POOL_SLOTS = 4096
 
-
-def _np(t) -> np.ndarray:
-    return t.detach().to("cpu").numpy()
-
-
-class StepAdapter:
-    """Turns one `observe_verify_step` call into a StepBatch and a log-probability gather."""
-
-    def __init__(self, gamma: int, mode: str, rank: int = 0) -> None:
-        self.gamma, self.mode, self.rank = gamma, mode, rank
-
-    def token_logprobs(self, logits, rows, tokens, temps):
-        """log softmax(logits[rows] / temps)[tokens] in float32, each logit row read once.
-
-        A fused Triton kernel on CUDA, a chunked torch form elsewhere: no [K, V]
-        float32 copy of the verify logits (see dspark_obs.kernels.token_logprobs).
-        """
-        from ..kernels.token_logprobs import token_logprobs
-
-        return token_logprobs(logits, rows, tokens, temps)
-
-    def batch(self, kw: dict[str, Any]):
-        import torch
-
-        g = self.gamma
-        draft = kw["draft_tokens"]
-        bs = int(kw["bs"])
-        device = draft.device
-        rows_per_req = g + 1
-        cl = kw["correct_len"].to(torch.int64)
-        layout = kw["layout"]
-        verify_len = (
-            layout.verify_lens.to(torch.int64)
-            if layout is not None
-            else torch.full((bs,), rows_per_req, dtype=torch.int64, device=device)
-        )
-        block = kw["draft_block"]
-        info = kw["sampling_info"]
-        temps = (info.temperatures if info is not None else block.temperatures).reshape(bs)
-        temps = temps.to(torch.float32)
-        greedy = block.greedy_mask.reshape(bs).to(torch.bool)
-        target = kw["target_logits"]
-        b = torch.arange(bs, device=device)
-        j = torch.arange(g, device=device)
-        flat_rows = (b[:, None] * rows_per_req + j[None, :]).reshape(-1)
-        flat_draft = draft.reshape(-1).to(torch.int64)
-        rep_t = temps.repeat_interleave(g)
-        target_lp = self.token_logprobs(target, flat_rows, flat_draft, rep_t).reshape(bs, g)
-        verified = j[None, :] < (verify_len - 1)[:, None]
-        target_lp = torch.where(verified, target_lp, torch.full_like(target_lp, float("nan")))
-        draft_lp = self.token_logprobs(
-            block.corrected_logits.reshape(bs * g, -1),
-            torch.arange(bs * g, device=device),
-            flat_draft,
-            block.temperatures.reshape(bs).to(torch.float32).repeat_interleave(g),
-        ).reshape(bs, g)
-        bonus = kw["bonus"].to(torch.int64)
-        bonus_lp = self.token_logprobs(target, b * rows_per_req + cl, bonus, temps)
-        conf = kw["confidence"]
-        raw = kw["confidence_raw"]
-        greedy_np = _np(greedy).astype(np.int8)
-        batch = StepBatch(
-            forward_ct=int(kw["forward_ct"]),
-            gamma=g,
-            mode=self.mode,
-            rank=self.rank,
-            bs=bs,
-            budget=None if kw["verify_token_budget"] is None else int(kw["verify_token_budget"]),
-            num_running_reqs=bs,
-            num_verify_tokens=int(kw["verify_tier_num_tokens"]),
-            verify_tokens_local=int(kw["verify_tier_num_tokens"]),
-            verify_tokens_graph_key=int(kw["verify_tier_num_tokens"]),
-            rid=np.array([r.rid for r in kw["reqs"]] + [None], dtype=object)[:bs],
-            workload=np.full(bs, "other", dtype=object),
-            req_pool_index=_np(kw["req_pool_indices"]).astype(np.int64),
-            prefix_len=_np(kw["prefix_lens"]).astype(np.int64),
-            verify_len=_np(verify_len),
-            correct_drafts=_np(cl),
-            acc_len=_np(kw["commit_lens"]).astype(np.int64),
-            cap_trim=_np(kw["cap_trim_lens"]).astype(np.int64),
-            bonus_token=_np(bonus),
-            greedy=greedy_np,
-            temperature=np.where(greedy_np == 1, 0.0, _np(temps).astype(np.float64)),
-            shadow_ceiling=np.full(bs, -1, dtype=np.int64),
-            bonus_logprob=_np(bonus_lp).astype(np.float64),
-            draft_tokens=_np(draft).astype(np.int64),
-            confidence=None if conf is None else _np(conf).astype(np.float64).reshape(bs, g),
-            survival=None
-            if conf is None
-            else np.cumprod(_np(conf).astype(np.float64).reshape(bs, g), axis=1),
-            confidence_logits=None if raw is None else _np(raw).astype(np.float64).reshape(bs, g),
-            draft_logprobs=_np(draft_lp).astype(np.float64),
-            target_logprobs=_np(target_lp).astype(np.float64),
-        )
-
-        def gather(rows: np.ndarray, positions: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-            r = torch.as_tensor(rows, device=device)
-            lp = self.token_logprobs(
-                target,
-                r * rows_per_req + torch.as_tensor(positions, device=device),
-                torch.as_tensor(tokens, device=device),
-                temps[r],
-            )
-            return _np(lp).astype(np.float64)
-
-        return batch, gather
+__all__ = ["OBSERVER_PARAMETERS", "SOURCE", "SGLangHook", "attach"]
 
 
 class SGLangHook:
-    """The pipeline a worker feeds; `observe` is what the wrapped observer call runs."""
+    """The serving-thread side: `observe` packs a step into the ring and returns.
 
-    def __init__(self, pipeline: Pipeline, adapter: StepAdapter) -> None:
-        self.pipeline = pipeline
-        self.adapter = adapter
-        self.failures = 0
+    `consumer` is the in-process consumer (`drain()` feeds its pipeline) when the
+    hook was attached with `consumer="inline"`; `process` the consumer process
+    otherwise.
+    """
+
+    def __init__(self, gamma: int, ring: sr.SharedRing, pool_slots: int, *,
+                 triton: bool | None = None) -> None:  # fmt: skip
+        self.gamma = gamma
+        self.layout = StepLayout(gamma)
+        self.ring = ring
+        self.pool_slots = pool_slots
+        self.triton = triton
+        self.seq = 0
+        self.submitter: StepSubmitter | None = None
+        self.consumer: HookConsumer | None = None
+        self.process: subprocess.Popen | None = None
+        self._warned = False
+
+    @property
+    def pipeline(self) -> Pipeline | None:
+        return None if self.consumer is None else self.consumer.pipeline
+
+    @property
+    def failures(self) -> int:
+        return int(self.ring.header[sr.H_FAILED])
 
     def observe(self, kw: dict[str, Any]) -> None:
-        if kw.get("proposal_folded") or kw.get("target_logits") is None:
-            return
         try:
-            batch, gather = self.adapter.batch(kw)
-            self.pipeline.ingest(batch, SOURCE, gather)
+            self._observe(kw)
         except Exception as exc:  # the serving path must never see the hook fail
-            self.failures += 1
-            self.pipeline.stats.error(SOURCE, "hook_failed", repr(exc))
+            self.ring.header[sr.H_FAILED] += 1
+            if not self._warned:
+                self._warned = True
+                log.exception("dspark-obs hook: a step failed (%r); further ones are counted", exc)
+
+    def _observe(self, kw: dict[str, Any]) -> None:
+        bs = int(kw["bs"])
+        if bs <= 0:
+            return  # an idle DP rank: nothing verified
+        ring = self.ring
+        if bs > ring.max_bs:
+            ring.header[sr.H_DROPPED_OTHER] += 1
+            return
+        seq = self.seq + 1
+        slot = ring.slot_for(seq)
+        if slot is None:
+            return
+        step = ObservedStep.from_observer(kw)
+        flags = (
+            (sr.HAS_CONFIDENCE if step.confidence is not None else 0)
+            | (sr.HAS_RAW if step.confidence_raw is not None else 0)
+            | (sr.HAS_TARGET if step.target_logits is not None else 0)
+            | (sr.HAS_BUDGET if step.budget is not None else 0)
+            | (sr.GREEDY_DRAFT if step.greedy_draft else 0)
+        )
+        meta = {
+            sr.M_FORWARD_CT: step.forward_ct,
+            sr.M_BS: bs,
+            sr.M_BUDGET: step.budget or 0,
+            sr.M_VERIFY_TOKENS: step.verify_tokens,
+            sr.M_FLAGS: flags,
+        }
+        if not ring.write_meta(slot, meta, "\n".join(map(str, step.rids)).encode()):
+            return
+        if self.submitter is None:
+            self.submitter = StepSubmitter(
+                self.layout, ring, step.draft.device, self.pool_slots, triton=self.triton
+            )
+        self.submitter.submit(step, slot, seq)
+        self.seq = seq
+
+    def drain(self) -> int:
+        """Feed the in-process consumer every step the device has delivered."""
+        if self.submitter is not None and self.submitter.cuda:
+            import torch
+
+            torch.cuda.current_stream(self.submitter.device).synchronize()
+        return self.consumer.drain()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop: the consumer drains what is left and exits; the ring is removed."""
+        if self.ring.header is None:
+            return
+        if self.submitter is not None and self.submitter.cuda:
+            import torch
+
+            torch.cuda.current_stream(self.submitter.device).synchronize()
+        self.ring.header[sr.H_CLOSED] = 1
+        if self.process is not None:
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        if self.submitter is not None:
+            self.submitter.close()
+        self.ring.close()
+
+
+def _pool_slots(worker) -> int | None:
+    pool = getattr(getattr(worker, "model_runner", None), "req_to_token_pool", None)
+    table = getattr(pool, "req_to_token", None)
+    return None if table is None else int(table.shape[0])
 
 
 def attach(
-    worker, *, gamma: int, mode: str = "compact", rank: int = 0, pipeline: Pipeline | None = None
+    worker,
+    *,
+    gamma: int,
+    mode: str = "compact",
+    rank: int = 0,
+    listen: str | None = "127.0.0.1:9464",
+    consumer: str = "process",
+    pool_slots: int | None = None,
+    ring_slots: int = 16,
+    pipeline: Pipeline | None = None,
+    triton: bool | None = None,
 ) -> SGLangHook | None:
-    """Wrap the worker's DSpark observers; None (one warning) where their interface differs."""
+    """Wrap the worker's DSpark observers; None (one warning) where their interface differs.
+
+    `consumer="process"` starts `dspark-obs hook-consumer`, which serves `/metrics` on
+    `listen` (None: no endpoint); `"inline"` keeps the consumer in this process, fed by
+    `hook.drain()` (tests, notebooks), on `pipeline` or a new one.
+    """
     observers = getattr(worker, "_observers", None)
     method = getattr(observers, "observe_verify_step", None)
     params = None
@@ -203,8 +208,22 @@ def attach(
             stacklevel=2,
         )
         return None
-    pipeline = pipeline or build_pipeline(gamma)
-    hook = SGLangHook(pipeline, StepAdapter(gamma, mode, rank))
+    if consumer not in ("process", "inline"):
+        raise ValueError(f"consumer must be 'process' or 'inline', not {consumer!r}")
+    slots = pool_slots or _pool_slots(worker) or DEFAULT_POOL_SLOTS
+    layout = StepLayout(gamma)
+    ring = sr.SharedRing(
+        slots=ring_slots, max_bs=slots, width=layout.width, gamma=gamma, entries=layout.entries
+    )
+    hook = SGLangHook(gamma, ring, slots, triton=triton)
+    if consumer == "inline":
+        hook.consumer = HookConsumer(ring, pipeline or build_pipeline(gamma), mode=mode, rank=rank)
+    else:
+        cmd = [sys.executable, "-m", "dspark_obs", "hook-consumer", "--ring", ring.name,
+               "--mode", mode, "--rank", str(rank), "--parent", str(os.getpid())]  # fmt: skip
+        if listen is not None:
+            cmd += ["--listen", listen]
+        hook.process = subprocess.Popen(cmd)  # nosec B603 - our own module, fixed arguments
 
     def observe_verify_step(**kw):
         method(**kw)

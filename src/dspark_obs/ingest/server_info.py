@@ -55,7 +55,7 @@ class ServerInfoIngest:
 
     def bad_records(self) -> dict[str, int]:
         bad = Counter(self.reader.bad)
-        _, errors, _ = self.pipeline.stats.snapshot()
+        errors = self.pipeline.stats.snapshot().errors
         for (_, reason), n in errors.items():
             bad[reason] += n
         return dict(sorted(bad.items()))

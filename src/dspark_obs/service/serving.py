@@ -181,5 +181,5 @@ def serve(
         stop.set()
         pipeline.close(_closing_manifest(sources))
         exporter.stop()
-    records, errors, _ = pipeline.stats.snapshot()
+    records, errors = pipeline.stats.snapshot()[:2]
     return ServeResult(sum(records.values()), sum(errors.values()), out)

@@ -22,11 +22,12 @@ log = logging.getLogger(__name__)
 
 class IngestSnapshot(NamedTuple):
     """The counters at one moment: steps taken per source, rejected per (source, reason),
-    and up (1) or down (0) per source."""
+    up (1) or down (0) per source, and steps dropped unseen per reason."""
 
     records: dict[str, int]
     errors: dict[tuple[str, str], int]
     up: dict[str, int]
+    dropped: dict[str, int]
 
     def sections(self) -> dict[str, IngestSeries]:
         return {"ingest": IngestSeries(self)}
@@ -57,6 +58,12 @@ class IngestSeries:
     def up(self) -> Samples:
         return self._per_source(self.snap.up)
 
+    @property
+    def dropped(self) -> Samples:
+        dropped = self.snap.dropped
+        labels = Labels(("reason",), [(r,) for r in dropped])
+        return Samples(labels, np.array(list(dropped.values()), dtype=np.int64))
+
 
 class IngestStats:
     """Per-source counters, shared by the pipeline and whoever renders them."""
@@ -66,6 +73,7 @@ class IngestStats:
         self.records: dict[str, int] = defaultdict(int)
         self.errors: dict[tuple[str, str], int] = defaultdict(int)
         self.up: dict[str, int] = {}
+        self.dropped: dict[str, int] = {}
 
     def record(self, source: str, n: int = 1) -> None:
         with self._lock:
@@ -87,6 +95,15 @@ class IngestStats:
         with self._lock:
             self.up[source] = int(up)
 
+    def set_dropped(self, reason: str, total: int) -> None:
+        """Steps a producer dropped before we saw them, as the producer counts them (a
+        total, not an increment); a reason appears once its first step is dropped."""
+        if total:
+            with self._lock:
+                self.dropped[reason] = total
+
     def snapshot(self) -> IngestSnapshot:
         with self._lock:
-            return IngestSnapshot(dict(self.records), dict(self.errors), dict(self.up))
+            return IngestSnapshot(
+                dict(self.records), dict(self.errors), dict(self.up), dict(self.dropped)
+            )

@@ -1,0 +1,173 @@
+"""The hook's consumer: packed steps out of the shared ring, into the pipeline.
+
+It runs in its own process (`run_consumer`, started by `attach`), so that
+aggregating, walking tails and serving `/metrics` never take SGLang's GIL; in
+tests it runs in-process through `drain`. It can lag as it likes: every number it
+needs was computed on the device while the step's logits existed, including the
+tail walk's gathers, which `gather` hands the estimator by (row, offset, token).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from ..pipeline import Pipeline
+from ..telemetry import StepBatch
+from . import shared_ring as sr
+from .step_layout import StepLayout
+
+log = logging.getLogger(__name__)
+
+SOURCE = "sglang-hook"
+
+
+class HookConsumer:
+    def __init__(self, ring: sr.SharedRing, pipeline: Pipeline, *, mode: str, rank: int) -> None:
+        self.ring, self.pipeline = ring, pipeline
+        self.mode, self.rank = mode, rank
+        self.layout = StepLayout(ring.gamma, ring.entries)
+        self.seq = int(ring.header[sr.H_CONSUMED])
+        self.evicted = 0
+        self._failed_seen = 0
+
+    def drain(self, limit: int | None = None) -> int:
+        """Feed every step that is ready (at most `limit`); how many were fed."""
+        n = 0
+        while (limit is None or n < limit) and self.ring.ready(self.seq + 1):
+            seq = self.seq + 1
+            slot = seq % self.ring.slots
+            meta = self.ring.metas[slot].copy()
+            bs = int(meta[sr.M_BS])
+            block = self.ring.blocks[slot][:bs].copy()
+            rids = bytes(self.ring.rids[slot][: int(meta[sr.M_RID_LEN])]).decode()
+            self.ring.release(seq)
+            self.seq = seq
+            batch, gather = self.to_batch(meta, rids, block)
+            self.pipeline.ingest(batch, SOURCE, gather)
+            n += 1
+        self._publish_counters()
+        return n
+
+    def _publish_counters(self) -> None:
+        c = self.ring.counters()
+        stats = self.pipeline.stats
+        stats.set_dropped("hook_ring_full", c["dropped_full"])
+        stats.set_dropped("hook_slot_too_small", c["dropped_other"])
+        if c["failed"] > self._failed_seen:
+            stats.error(
+                SOURCE,
+                "hook_failed",
+                "the observer call raised inside the hook (SGLang's process logs it)",
+                count=c["failed"] - self._failed_seen,
+            )
+            self._failed_seen = c["failed"]
+
+    def to_batch(self, meta: np.ndarray, rids: str, block: np.ndarray):
+        lay, g = self.layout, self.layout.gamma
+        c = lay.columns
+        bs = len(block)
+        flags = int(meta[sr.M_FLAGS])
+
+        def ints(name: str) -> np.ndarray:
+            return block[:, lay.col(name)].astype(np.int64)
+
+        greedy = ints("greedy").astype(np.int8)
+        evicted = int(np.count_nonzero(block[:, lay.col("evicted")] == 1))
+        if evicted:
+            if not self.evicted:
+                log.warning(
+                    "hook: a request slot held more open tails than the device table keeps; "
+                    "the oldest one's gather is lost (further ones are only counted)"
+                )
+            self.evicted += evicted
+        conf = block[:, c["confidence"]] if flags & sr.HAS_CONFIDENCE else None
+        has_target = bool(flags & sr.HAS_TARGET)
+        verify_tokens = int(meta[sr.M_VERIFY_TOKENS])
+        batch = StepBatch(
+            forward_ct=int(meta[sr.M_FORWARD_CT]),
+            gamma=g,
+            mode=self.mode,
+            rank=self.rank,
+            bs=bs,
+            budget=int(meta[sr.M_BUDGET]) if flags & sr.HAS_BUDGET else None,
+            num_running_reqs=bs,
+            num_verify_tokens=verify_tokens,
+            verify_tokens_local=verify_tokens,
+            verify_tokens_graph_key=verify_tokens,
+            rid=np.array(rids.split("\n") if bs else [], dtype=object),
+            workload=np.full(bs, "other", dtype=object),
+            req_pool_index=ints("pool"),
+            prefix_len=ints("prefix"),
+            verify_len=ints("window") + 1,
+            correct_drafts=ints("accepted"),
+            acc_len=ints("committed"),
+            cap_trim=ints("cap_trim"),
+            bonus_token=ints("bonus"),
+            greedy=greedy,
+            temperature=np.where(greedy == 1, 0.0, block[:, lay.col("temperature")]),
+            shadow_ceiling=np.full(bs, -1, dtype=np.int64),
+            bonus_logprob=block[:, lay.col("bonus_logprob")].copy(),
+            draft_tokens=block[:, c["draft"]].astype(np.int64),
+            confidence=None if conf is None else conf.copy(),
+            survival=None if conf is None else np.cumprod(conf, axis=1),
+            confidence_logits=block[:, c["confidence_raw"]].copy() if flags & sr.HAS_RAW else None,
+            draft_logprobs=block[:, c["draft_logprob"]].copy() if has_target else None,
+            target_logprobs=block[:, c["target_logprob"]].copy() if has_target else None,
+        )
+        offsets = block[:, c["gather_offset"]]
+        tokens = block[:, c["gather_token"]]
+        values = block[:, c["gather_logprob"]]
+
+        def gather(rows: np.ndarray, positions: np.ndarray, toks: np.ndarray) -> np.ndarray:
+            """The device's gathers for these (row, offset, token); NaN where it made none."""
+            hit = (offsets[rows] == positions[:, None]) & (tokens[rows] == toks[:, None])
+            found = hit.any(1)
+            picked = values[rows, hit.argmax(1)]
+            return np.where(found, picked, np.nan)
+
+        return batch, gather
+
+    def run(self, stop, *, parent: int | None = None, idle_sleep: float = 2e-4) -> None:
+        """Drain until `stop` is set, the producer closes or its process (`parent`) is
+        gone, then once more."""
+        import os
+
+        while not stop.is_set():
+            if self.drain(limit=64) == 0:
+                if self.ring.counters()["closed"]:
+                    break
+                if parent is not None and os.getppid() != parent:
+                    log.warning("hook consumer: the serving process is gone; stopping")
+                    break
+                time.sleep(idle_sleep)
+        self.drain()
+
+
+def run_consumer(
+    ring_name: str,
+    *,
+    mode: str,
+    rank: int,
+    listen: tuple[str, int] | None,
+    stop,
+    parent: int | None = None,
+) -> None:
+    """The consumer process: map the ring, build the pipeline, serve `/metrics`, drain."""
+    from ..exporters.endpoint import Exporter
+    from ..pipeline import build_pipeline
+
+    ring = sr.SharedRing(ring_name, create=False)
+    pipeline = build_pipeline(ring.gamma)
+    exporter = None
+    if listen is not None:
+        exporter = Exporter(pipeline, *listen)
+        log.info("dspark-obs hook consumer: serving %s", exporter.start())
+    try:
+        HookConsumer(ring, pipeline, mode=mode, rank=rank).run(stop, parent=parent)
+    finally:
+        if exporter is not None:
+            exporter.stop()
+        ring.close()

@@ -1,0 +1,186 @@
+"""A ring of packed steps in shared memory, between SGLang's process and ours.
+
+The serving thread must never wait and must not share its GIL with our work, so
+the consumer runs in another process and the ring lives in a shared-memory
+segment both map. On a GPU the segment is page-locked (`cudaHostRegister`), so
+a step's packed block reaches it by one non-blocking copy, and a second one
+writes the slot's stamp: copies on one stream complete in order, so a consumer
+that sees the stamp sees the block. There is no event to wait on across
+processes and no thread in SGLang's process.
+
+Only the producer writes a slot whose step the consumer has released
+(`consumed`); when the consumer lags that far, the step is dropped whole and
+counted (`dropped`), and serving goes on.
+
+Segment: a header of int64 counters, then per slot a stamp, the step's scalars, its
+request ids (UTF-8, newline-separated) and the `[max_bs, width]` float64 block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAGIC = 0x6473706B6F6273  # "dspkobs"
+# header fields (int64)
+(
+    H_MAGIC,
+    H_SLOTS,
+    H_MAX_BS,
+    H_WIDTH,
+    H_RID_BYTES,
+    H_GAMMA,
+    H_ENTRIES,
+    H_CONSUMED,  # the last step the consumer released
+    H_DROPPED_FULL,  # steps dropped because the ring was full
+    H_DROPPED_OTHER,  # steps dropped for a batch or request ids larger than a slot
+    H_FAILED,  # observer calls that raised inside the hook
+    H_CLOSED,  # the producer has stopped
+) = range(12)
+HEADER = 16
+# per-slot scalars (int64)
+(M_FORWARD_CT, M_BS, M_BUDGET, M_VERIFY_TOKENS, M_FLAGS, M_RID_LEN) = range(6)
+META = 8
+# M_FLAGS bits
+HAS_CONFIDENCE, HAS_RAW, HAS_TARGET, HAS_BUDGET, GREEDY_DRAFT = 1, 2, 4, 8, 16
+#: request-id bytes per batch row a slot holds (SGLang's rids are 32 hex digits)
+RID_BYTES_PER_ROW = 64
+
+
+def _align(n: int, to: int = 64) -> int:
+    return -(-n // to) * to
+
+
+class SharedRing:
+    """The segment and typed views of it; `create` makes one, else it maps `name`."""
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        slots: int = 16,
+        max_bs: int = 1024,
+        width: int = 1,
+        gamma: int = 0,
+        entries: int = 0,
+        create: bool = True,
+    ) -> None:
+        from multiprocessing import shared_memory
+
+        if create:
+            rid_bytes = RID_BYTES_PER_ROW * max_bs
+            size = self._size(slots, max_bs, width, rid_bytes)
+            self.shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+            self.header = np.ndarray((HEADER,), np.int64, self.shm.buf)
+            self.header[:] = 0
+            self.header[[H_SLOTS, H_MAX_BS, H_WIDTH, H_RID_BYTES, H_GAMMA, H_ENTRIES]] = (
+                slots, max_bs, width, rid_bytes, gamma, entries,
+            )  # fmt: skip
+            self.header[H_MAGIC] = MAGIC
+        else:
+            self.shm = shared_memory.SharedMemory(name=name, create=False)
+            _untrack(self.shm)
+            self.header = np.ndarray((HEADER,), np.int64, self.shm.buf)
+            if int(self.header[H_MAGIC]) != MAGIC:
+                raise ValueError(f"shared memory {name!r} is not a dspark-obs hook ring")
+        h = self.header
+        self.owner = create
+        self.slots, self.max_bs, self.width = int(h[H_SLOTS]), int(h[H_MAX_BS]), int(h[H_WIDTH])
+        self.rid_bytes = int(h[H_RID_BYTES])
+        self.gamma, self.entries = int(h[H_GAMMA]), int(h[H_ENTRIES])
+        self._slot_bytes = self._slot_size(self.max_bs, self.width, self.rid_bytes)
+        self.stamps, self.metas, self.rids, self.blocks = [], [], [], []
+        for s in range(self.slots):
+            at = _align(HEADER * 8) + s * self._slot_bytes
+            self.stamps.append(np.ndarray((1,), np.int64, self.shm.buf, at))
+            self.metas.append(np.ndarray((META,), np.int64, self.shm.buf, at + 64))
+            at += 64 + _align(META * 8)
+            self.rids.append(np.ndarray((self.rid_bytes,), np.uint8, self.shm.buf, at))
+            at += _align(self.rid_bytes)
+            self.blocks.append(np.ndarray((self.max_bs, self.width), np.float64, self.shm.buf, at))
+        self._registered = False
+
+    @staticmethod
+    def _slot_size(max_bs: int, width: int, rid_bytes: int) -> int:
+        return 64 + _align(META * 8) + _align(rid_bytes) + _align(max_bs * width * 8)
+
+    @classmethod
+    def _size(cls, slots: int, max_bs: int, width: int, rid_bytes: int) -> int:
+        return _align(HEADER * 8) + slots * cls._slot_size(max_bs, width, rid_bytes)
+
+    @property
+    def name(self) -> str:
+        return self.shm.name
+
+    # -- producer ---------------------------------------------------------------
+
+    def slot_for(self, seq: int) -> int | None:
+        """The slot step `seq` goes to, or None (counted) when the consumer is a ring behind."""
+        if seq - int(self.header[H_CONSUMED]) > self.slots:
+            self.header[H_DROPPED_FULL] += 1
+            return None
+        return seq % self.slots
+
+    def write_meta(self, slot: int, values: dict[int, int], rids: bytes) -> bool:
+        """The step's scalars and request ids; False (counted) when the ids do not fit."""
+        if len(rids) > self.rid_bytes:
+            self.header[H_DROPPED_OTHER] += 1
+            return False
+        self.rids[slot][: len(rids)] = np.frombuffer(rids, np.uint8)
+        meta = self.metas[slot]
+        for k, v in values.items():
+            meta[k] = v
+        meta[M_RID_LEN] = len(rids)
+        return True
+
+    def register_with_cuda(self) -> None:
+        """Page-lock the segment so that device copies into it are asynchronous."""
+        import torch
+
+        if self._registered:
+            return
+        ptr = self.header.ctypes.data
+        err = torch.cuda.cudart().cudaHostRegister(ptr, self.shm.size, 0)
+        if int(err) != 0:
+            raise RuntimeError(f"cudaHostRegister of the hook ring failed (error {int(err)})")
+        self._registered = True
+
+    # -- consumer ---------------------------------------------------------------
+
+    def ready(self, seq: int) -> bool:
+        return int(self.stamps[seq % self.slots][0]) == seq
+
+    def release(self, seq: int) -> None:
+        self.header[H_CONSUMED] = seq
+
+    def counters(self) -> dict[str, int]:
+        h = self.header
+        return {
+            "dropped_full": int(h[H_DROPPED_FULL]),
+            "dropped_other": int(h[H_DROPPED_OTHER]),
+            "failed": int(h[H_FAILED]),
+            "closed": int(h[H_CLOSED]),
+        }
+
+    def close(self) -> None:
+        """Unmap (and, for the owner, unregister and remove) the segment."""
+        if self._registered:
+            import torch
+
+            torch.cuda.cudart().cudaHostUnregister(self.header.ctypes.data)
+            self._registered = False
+        self.stamps = self.metas = self.rids = self.blocks = []
+        self.header = None
+        self.shm.close()
+        if self.owner:
+            self.shm.unlink()
+
+
+def _untrack(shm) -> None:
+    """A mapping process must not remove the segment at its exit: Python's resource tracker
+    would (it tracks every SharedMemory it opens, bpo-39959); only the creator unlinks."""
+    from multiprocessing import resource_tracker
+
+    try:
+        resource_tracker.unregister(shm._name, "shared_memory")
+    except Exception:  # nosec B110 - a tracker that never saw it has nothing to forget
+        pass
