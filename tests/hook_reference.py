@@ -29,9 +29,14 @@ def _np(t) -> np.ndarray:
     return t.detach().to("cpu").numpy()
 
 
-def reference_batch(kw: dict, gamma: int, mode: str = "compact", rank: int = 0):
+def reference_batch(
+    kw: dict, gamma: int, mode: str = "compact", rank: int = 0, logprobs=token_logprobs_torch
+):
+    """`logprobs` is the torch form in tests; the old hook dispatched to the fused kernel on
+    a GPU (`kernels.token_logprobs.token_logprobs`), which bench/hook_step.py passes."""
     g = gamma
     draft = kw["draft_tokens"]
+    dev = draft.device
     bs = int(kw["bs"])
     rows_per_req = g + 1
     cl = kw["correct_len"].to(torch.int64)
@@ -39,7 +44,7 @@ def reference_batch(kw: dict, gamma: int, mode: str = "compact", rank: int = 0):
     verify_len = (
         layout.verify_lens.to(torch.int64)
         if layout is not None
-        else torch.full((bs,), rows_per_req, dtype=torch.int64)
+        else torch.full((bs,), rows_per_req, dtype=torch.int64, device=dev)
     )
     block = kw["draft_block"]
     info = kw["sampling_info"]
@@ -47,25 +52,25 @@ def reference_batch(kw: dict, gamma: int, mode: str = "compact", rank: int = 0):
     temps = temps.to(torch.float32)
     greedy = block.greedy_mask.reshape(bs).to(torch.bool)
     target = kw["target_logits"]
-    b = torch.arange(bs)
-    j = torch.arange(g)
+    b = torch.arange(bs, device=dev)
+    j = torch.arange(g, device=dev)
     flat_rows = (b[:, None] * rows_per_req + j[None, :]).reshape(-1)
     flat_draft = draft.reshape(-1).to(torch.int64)
-    target_lp = token_logprobs_torch(target, flat_rows, flat_draft, temps.repeat_interleave(g))
+    target_lp = logprobs(target, flat_rows, flat_draft, temps.repeat_interleave(g))
     target_lp = target_lp.reshape(bs, g)
     verified = j[None, :] < (verify_len - 1)[:, None]
     target_lp = torch.where(verified, target_lp, torch.full_like(target_lp, float("nan")))
     if block.corrected_logits is None:  # a greedy draft: one-hot, log q = 0
-        draft_lp = torch.zeros(bs, g)
+        draft_lp = torch.zeros(bs, g, device=dev)
     else:
-        draft_lp = token_logprobs_torch(
+        draft_lp = logprobs(
             block.corrected_logits.reshape(bs * g, -1),
-            torch.arange(bs * g),
+            torch.arange(bs * g, device=dev),
             flat_draft,
             block.temperatures.reshape(bs).to(torch.float32).repeat_interleave(g),
         ).reshape(bs, g)
     bonus = kw["bonus"].to(torch.int64)
-    bonus_lp = token_logprobs_torch(target, b * rows_per_req + cl, bonus, temps)
+    bonus_lp = logprobs(target, b * rows_per_req + cl, bonus, temps)
     conf, raw = kw["confidence"], kw["confidence_raw"]
     greedy_np = _np(greedy).astype(np.int8)
     batch = StepBatch(
@@ -103,10 +108,9 @@ def reference_batch(kw: dict, gamma: int, mode: str = "compact", rank: int = 0):
     )
 
     def gather(rows: np.ndarray, positions: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        r = torch.as_tensor(rows)
-        lp = token_logprobs_torch(
-            target, r * rows_per_req + torch.as_tensor(positions), torch.as_tensor(tokens), temps[r]
-        )
+        r = torch.as_tensor(rows, device=dev)
+        at = r * rows_per_req + torch.as_tensor(positions, device=dev)
+        lp = logprobs(target, at, torch.as_tensor(tokens, device=dev), temps[r])
         return _np(lp).astype(np.float64)
 
     return batch, gather

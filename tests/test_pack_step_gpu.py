@@ -1,0 +1,100 @@
+"""The fused Triton pass against the torch form it is defined by, on a GPU.
+
+Skipped without CUDA or Triton (CI has neither): the torch form carries the hook's
+tests there (tests/test_sglang_hook.py). Here both passes see the same steps, each
+with its own tail table, and must write the same packed blocks: identical integers
+and NaN places, log-probabilities within 1e-5; and the whole hook on the GPU must
+publish what the synchronous reference does.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from dspark_obs.hooks.observed_step import ObservedStep  # noqa: E402
+from dspark_obs.hooks.pack_torch import TorchPacker  # noqa: E402
+from dspark_obs.hooks.sglang_worker import SOURCE, attach  # noqa: E402
+from dspark_obs.hooks.step_layout import StepLayout  # noqa: E402
+from dspark_obs.kernels.pack_step import TritonPacker  # noqa: E402
+from dspark_obs.pipeline import build_pipeline  # noqa: E402
+from tests.hook_reference import StepStream, reference_batch  # noqa: E402
+from tests.test_sglang_hook import Observers, metrics  # noqa: E402
+
+
+def to_cuda(value, dtype=None):
+    if isinstance(value, torch.Tensor):
+        value = value.cuda()
+        return value.to(dtype) if dtype is not None and value.is_floating_point() else value
+    if isinstance(value, SimpleNamespace):
+        return SimpleNamespace(**{k: to_cuda(v, dtype) for k, v in vars(value).items()})
+    if isinstance(value, dict):
+        return {k: to_cuda(v, dtype) for k, v in value.items()}
+    return value
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(), dict(greedy_draft=True), dict(confidence=False), dict(greedy_every=0, agree=0.9)],
+    ids=["mixed", "greedy-draft", "no-confidence", "sampled-long-tails"],
+)
+@pytest.mark.parametrize("vocab", [6, 20_000])
+def test_the_kernel_writes_what_the_torch_form_writes(options, vocab):
+    stream = StepStream(seed=7, vocab=vocab, requests=12, **options)
+    layout = StepLayout(stream.g)
+    ref = TorchPacker(layout, 64, "cuda")
+    fused = TritonPacker(layout, 64, "cuda")
+    out = torch.empty((64, layout.width), dtype=torch.float64, device="cuda")
+    stamp = torch.zeros(1, dtype=torch.int64, device="cuda")
+    gathered = 0
+    for seq in range(1, 81):
+        step = ObservedStep.from_observer(to_cuda(stream.step()))
+        want = torch.empty((step.bs, layout.width), dtype=torch.float64, device="cuda")
+        ref.pack(step, want)
+        fused.pack(step, out, stamp, seq)
+        got, want = out[: step.bs].cpu().numpy(), want.cpu().numpy()
+        assert int(stamp) == seq
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+        gathered += int((got[:, layout.columns["gather_offset"]] >= 0).sum())
+    if options.get("greedy_every") == 0:
+        assert gathered > 50
+
+
+def test_the_hook_on_a_gpu_publishes_what_the_reference_does():
+    stream = StepStream(seed=9, vocab=50_000, requests=16, greedy_every=3, agree=0.8)
+    worker = SimpleNamespace(_observers=Observers())
+    hook = attach(worker, gamma=stream.g, consumer="inline", pool_slots=64)
+    reference = build_pipeline(stream.g)
+    for _ in range(60):
+        kw = stream.step()
+        worker._observers.observe_verify_step(**to_cuda(kw, torch.bfloat16))
+        # the reference reads the same bf16 logits, widened on the host
+        batch, gather = reference_batch(to_cuda(kw, torch.bfloat16), stream.g)
+        reference.ingest(batch, SOURCE, gather)
+        hook.drain()
+    assert hook.submitter.fused
+    assert_close_metrics(metrics(hook.pipeline), metrics(reference))
+    hook.close()
+
+
+def assert_close_metrics(got: str, want: str) -> None:
+    """The same series with the same values, up to float32 summation order: the kernel and
+    the torch form add a row's exponentials in different orders."""
+    got_lines, want_lines = got.splitlines(), want.splitlines()
+    assert len(got_lines) == len(want_lines)
+    for a, b in zip(got_lines, want_lines, strict=True):
+        if a.startswith("#") or a == b:
+            assert a == b
+            continue
+        name_a, value_a = a.rsplit(" ", 1)
+        name_b, value_b = b.rsplit(" ", 1)
+        assert name_a == name_b
+        assert float(value_a) == pytest.approx(float(value_b), rel=1e-6, abs=1e-9), a
