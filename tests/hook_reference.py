@@ -26,7 +26,10 @@ from dspark_obs.telemetry import StepBatch
 
 
 def _np(t) -> np.ndarray:
-    return t.detach().to("cpu").numpy()
+    # (the old hook called .numpy() on bf16 too, which numpy cannot hold: SGLang's
+    # confidence_raw is bf16 where the confidence head is, and that hook failed on it)
+    t = t.detach()
+    return (t.float() if t.dtype == torch.bfloat16 else t).to("cpu").numpy()
 
 
 def reference_batch(
