@@ -319,3 +319,14 @@ def test_the_consumer_process_serves_metrics():
     finally:
         hook.close()
     assert hook.process.returncode == 0
+
+
+@pytest.mark.parametrize("gamma", [1, 4, 7, 16])
+def test_the_kernel_writes_the_layout_the_consumer_reads(gamma):
+    """The Triton kernel computes its columns from gamma rather than take them as arguments
+    (each argument costs the serving thread a launch-time microsecond)."""
+    from dspark_obs.hooks.step_layout import StepLayout
+    from dspark_obs.kernels.pack_step import kernel_columns
+
+    layout = StepLayout(gamma)
+    assert layout.columns == kernel_columns(gamma, layout.entries)

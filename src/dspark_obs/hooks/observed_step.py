@@ -1,8 +1,10 @@
 """One `observe_verify_step` call of SGLang's DSpark worker, as the tensors the hook reads.
 
-Built on the serving thread, so it only takes views: no copy, no dtype change, no
-kernel launch. Each device pass (the Triton kernel, or the torch form) reads these
-tensors in their own dtypes.
+Built on the serving thread, so it only takes references: no view, no copy, no dtype
+change, no kernel launch (on a GPU each torch call costs the serving thread
+microseconds). Each device pass (the Triton kernel, or the torch form) reads these
+tensors in their own dtypes and shapes: per-request vectors hold request b at flat
+index b (SGLang's are contiguous, `[bs]` or `[bs, 1]`, possibly longer than bs).
 
 Which SGLang settings give what (SGLang 0.5.23):
 
@@ -22,6 +24,7 @@ Which SGLang settings give what (SGLang 0.5.23):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 
@@ -33,16 +36,16 @@ class ObservedStep:
     budget: int | None
     verify_tokens: int
     draft: Any  # [bs, gamma]
-    verify_lens: Any  # [bs] anchor + window, or None: every window is gamma (static)
-    accepted: Any  # [bs]
+    verify_lens: Any  # anchor + window per request, or None: every window is gamma (static)
+    accepted: Any
     committed: Any
     cap_trim: Any
     bonus: Any
     prefix: Any
     pool: Any
-    greedy: Any  # [bs] bool: the request samples at temperature 0
-    temperature: Any  # [bs] the target's sampling temperature
-    draft_temperature: Any  # [bs]
+    greedy: Any  # bool: the request samples at temperature 0
+    temperature: Any  # the target's sampling temperature
+    draft_temperature: Any
     confidence: Any  # [bs, gamma] or None
     confidence_raw: Any
     target_logits: Any  # [bs * (gamma + 1), V] or None
@@ -54,30 +57,33 @@ class ObservedStep:
         bs = int(kw["bs"])
         block = kw["draft_block"]
         info = kw["sampling_info"]
-        temps = info.temperatures if info is not None else block.temperatures
         greedy_draft = bool(getattr(block, "greedy_draft", block.corrected_logits is None))
         layout = kw["layout"]
         budget = kw["verify_token_budget"]
+        reqs = kw["reqs"]
         return cls(
             forward_ct=int(kw["forward_ct"]),
             bs=bs,
-            rids=[r.rid for r in kw["reqs"][:bs]],
+            rids=list(map(_RID, reqs if len(reqs) == bs else reqs[:bs])),
             budget=None if budget is None else int(budget),
             verify_tokens=int(kw["verify_tier_num_tokens"]),
-            draft=kw["draft_tokens"][:bs],
-            verify_lens=None if layout is None else layout.verify_lens.reshape(-1)[:bs],
-            accepted=kw["correct_len"].reshape(-1)[:bs],
-            committed=kw["commit_lens"].reshape(-1)[:bs],
-            cap_trim=kw["cap_trim_lens"].reshape(-1)[:bs],
-            bonus=kw["bonus"].reshape(-1)[:bs],
-            prefix=kw["prefix_lens"].reshape(-1)[:bs],
-            pool=kw["req_pool_indices"].reshape(-1)[:bs],
-            greedy=block.greedy_mask.reshape(-1)[:bs],
-            temperature=temps.reshape(-1)[:bs],
-            draft_temperature=block.temperatures.reshape(-1)[:bs],
+            draft=kw["draft_tokens"],
+            verify_lens=None if layout is None else layout.verify_lens,
+            accepted=kw["correct_len"],
+            committed=kw["commit_lens"],
+            cap_trim=kw["cap_trim_lens"],
+            bonus=kw["bonus"],
+            prefix=kw["prefix_lens"],
+            pool=kw["req_pool_indices"],
+            greedy=block.greedy_mask,
+            temperature=info.temperatures if info is not None else block.temperatures,
+            draft_temperature=block.temperatures,
             confidence=kw["confidence"],
             confidence_raw=kw["confidence_raw"],
             target_logits=kw["target_logits"],
             draft_logits=None if greedy_draft else block.corrected_logits,
             greedy_draft=greedy_draft,
         )
+
+
+_RID = attrgetter("rid")

@@ -49,24 +49,28 @@ class TorchPacker:
         dev = step.draft.device
         c = lay.columns
         i64 = torch.int64
-        draft = step.draft.to(i64)
+
+        def vec(t, dtype=i64):
+            return t.reshape(-1)[:bs].to(dtype)
+
+        draft = step.draft[:bs].to(i64)
         w = (
-            step.verify_lens.to(i64) - 1
+            vec(step.verify_lens) - 1
             if step.verify_lens is not None
             else torch.full((bs,), g, dtype=i64, device=dev)
         )
-        a = step.accepted.to(i64)
-        bonus = step.bonus.to(i64)
-        prefix = step.prefix.to(i64)
-        pool = step.pool.to(i64)
-        greedy = step.greedy.to(torch.bool)
+        a = vec(step.accepted)
+        bonus = vec(step.bonus)
+        prefix = vec(step.prefix)
+        pool = vec(step.pool)
+        greedy = vec(step.greedy, torch.bool)
         sampled = ~greedy
-        temps = step.temperature.to(torch.float32)
+        temps = vec(step.temperature, torch.float32)
         o = torch.full((bs, lay.width), float("nan"), dtype=torch.float64, device=dev)
         o[:, lay.col("window")] = w.double()
         o[:, lay.col("accepted")] = a.double()
-        o[:, lay.col("committed")] = step.committed.double()
-        o[:, lay.col("cap_trim")] = step.cap_trim.double()
+        o[:, lay.col("committed")] = vec(step.committed, torch.float64)
+        o[:, lay.col("cap_trim")] = vec(step.cap_trim, torch.float64)
         o[:, lay.col("bonus")] = bonus.double()
         o[:, lay.col("prefix")] = prefix.double()
         o[:, lay.col("pool")] = pool.double()
@@ -74,9 +78,9 @@ class TorchPacker:
         o[:, lay.col("temperature")] = temps.double()
         o[:, c["draft"]] = draft.double()
         if step.confidence is not None:
-            o[:, c["confidence"]] = step.confidence.reshape(bs, g).double()
+            o[:, c["confidence"]] = step.confidence[:bs].reshape(bs, g).double()
         if step.confidence_raw is not None:
-            o[:, c["confidence_raw"]] = step.confidence_raw.reshape(bs, g).double()
+            o[:, c["confidence_raw"]] = step.confidence_raw[:bs].reshape(bs, g).double()
 
         gathers = self._walk_tails(draft, w, a, bonus, prefix, pool, sampled)
         g_off, g_tok, evicted = gathers
@@ -110,8 +114,8 @@ class TorchPacker:
             dlp[tails] = 0.0  # an argmax draft: q is one-hot at the drafted token
         elif step.draft_logits is not None:
             b_d, j_d = tails.nonzero(as_tuple=True)
-            logits = step.draft_logits.reshape(bs * g, -1)
-            d_temps = step.draft_temperature.to(torch.float32)[b_d]
+            logits = step.draft_logits[:bs].reshape(bs * g, -1)
+            d_temps = vec(step.draft_temperature, torch.float32)[b_d]
             dlp[b_d, j_d] = token_logprobs(logits, b_d * g + j_d, draft[b_d, j_d], d_temps).double()
         o[:, c["draft_logprob"]] = dlp
         out.copy_(o)

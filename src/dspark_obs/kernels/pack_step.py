@@ -41,17 +41,8 @@ class TritonPacker:
         self.t_tail = torch.zeros((pool_slots, 2, e, g), **i64)
         self.t_stamp = torch.tensor([[-1, -2]], **i64).repeat(pool_slots, 1)
         self.dummy = torch.zeros(1, dtype=torch.float32, device=device)
-        c = layout.columns
-        self.cols = dict(
-            C_WIN=c["window"].start, C_ACC=c["accepted"].start, C_COM=c["committed"].start,
-            C_CAP=c["cap_trim"].start, C_BON=c["bonus"].start, C_PRE=c["prefix"].start,
-            C_POOL=c["pool"].start, C_GRD=c["greedy"].start, C_TMP=c["temperature"].start,
-            C_BLP=c["bonus_logprob"].start, C_EVI=c["evicted"].start, C_DRF=c["draft"].start,
-            C_CNF=c["confidence"].start, C_RAW=c["confidence_raw"].start,
-            C_TLP=c["target_logprob"].start, C_DLP=c["draft_logprob"].start,
-            C_GOF=c["gather_offset"].start, C_GTK=c["gather_token"].start,
-            C_GLP=c["gather_logprob"].start,
-        )  # fmt: skip
+        if layout.columns != kernel_columns(g, e):
+            raise ValueError("the packed step's layout is not the one the kernel writes")
         self.gp2 = max(2, 1 << (g - 1).bit_length())
         self.ep2 = max(2, 1 << e.bit_length())  # entries + 1 (the new tail) fit
 
@@ -79,8 +70,24 @@ class TritonPacker:
             G=g, GP2=self.gp2, E=self.layout.entries, EP2=self.ep2, WIDTH=self.layout.width,
             HAS_VLEN=vlen is not None, HAS_CONF=conf is not None, HAS_RAW=raw is not None,
             HAS_TARGET=target is not None, HAS_DRAFT=draft_logits is not None,
-            GREEDY_DRAFT=step.greedy_draft, BLOCK=BLOCK, num_warps=NUM_WARPS, **self.cols,
+            GREEDY_DRAFT=step.greedy_draft, BLOCK=BLOCK, num_warps=NUM_WARPS,
         )  # fmt: skip
+
+
+def kernel_columns(g: int, e: int) -> dict[str, slice]:
+    """The columns the kernel writes (it computes them from G and E, as constants, rather
+    than take twenty more launch arguments); `StepLayout` must equal them."""
+    n = e + 1
+    one = ("window", "accepted", "committed", "cap_trim", "bonus", "prefix", "pool",
+           "greedy", "temperature", "bonus_logprob", "evicted")  # fmt: skip
+    cols = {name: slice(i, i + 1) for i, name in enumerate(one)}
+    at = len(one)
+    for name, size in (("draft", g), ("confidence", g), ("confidence_raw", g),
+                       ("target_logprob", g), ("draft_logprob", g), ("gather_offset", n),
+                       ("gather_token", n), ("gather_logprob", n)):  # fmt: skip
+        cols[name] = slice(at, at + size)
+        at += size
+    return cols
 
 
 _KERNEL = None
@@ -108,7 +115,7 @@ def _kernel():
             m = m_new
         return m, s
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["seq"])
     def pack(
         out, stamp, seq, draft, s_draft,
         vlen, acc, com, cap, bonus, prefix, pool, greedy, temps, dtemps,
@@ -118,12 +125,17 @@ def _kernel():
         WIDTH: tl.constexpr, HAS_VLEN: tl.constexpr, HAS_CONF: tl.constexpr,
         HAS_RAW: tl.constexpr, HAS_TARGET: tl.constexpr, HAS_DRAFT: tl.constexpr,
         GREEDY_DRAFT: tl.constexpr, BLOCK: tl.constexpr,
-        C_WIN: tl.constexpr, C_ACC: tl.constexpr, C_COM: tl.constexpr, C_CAP: tl.constexpr,
-        C_BON: tl.constexpr, C_PRE: tl.constexpr, C_POOL: tl.constexpr, C_GRD: tl.constexpr,
-        C_TMP: tl.constexpr, C_BLP: tl.constexpr, C_EVI: tl.constexpr, C_DRF: tl.constexpr,
-        C_CNF: tl.constexpr, C_RAW: tl.constexpr, C_TLP: tl.constexpr, C_DLP: tl.constexpr,
-        C_GOF: tl.constexpr, C_GTK: tl.constexpr, C_GLP: tl.constexpr,
     ):  # fmt: skip
+        # the columns, as kernel_columns() has them
+        C_WIN, C_ACC, C_COM, C_CAP, C_BON, C_PRE = 0, 1, 2, 3, 4, 5
+        C_POOL, C_GRD, C_TMP, C_BLP, C_EVI, C_DRF = 6, 7, 8, 9, 10, 11
+        C_CNF = C_DRF + G
+        C_RAW = C_CNF + G
+        C_TLP = C_RAW + G
+        C_DLP = C_TLP + G
+        C_GOF = C_DLP + G
+        C_GTK = C_GOF + E + 1
+        C_GLP = C_GTK + E + 1
         b = tl.program_id(0)
         r = tl.program_id(1)
         nan = float("nan")
