@@ -21,6 +21,7 @@ from . import (
     cli_startup,
     estimator_update,
     gpu_gather,
+    hook_step,
     render_scrape,
     report_large,
     serve_throughput,
@@ -34,6 +35,7 @@ BENCHMARKS = {
     "report_large": report_large,
     "serve_throughput": serve_throughput,
     "gpu_gather": gpu_gather,
+    "hook_step": hook_step,
     "cli_startup": cli_startup,
 }
 

@@ -39,7 +39,5 @@ def run(quick: bool) -> list[dict]:
             1.0,
             target=TARGET_S if name != "command_help" else None,
         )
-        out.append(
-            with_baseline(rec, base, 1.0, baseline="python -c pass, the bare interpreter")
-        )
+        out.append(with_baseline(rec, base, 1.0, baseline="python -c pass, the bare interpreter"))
     return out

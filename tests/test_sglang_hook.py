@@ -5,7 +5,7 @@ an observer whose keyword signature is SGLang 0.5.23's
 `DsparkStepObservers.observe_verify_step` (tests/test_sglang_real_types.py holds it to
 SGLang's own source), and `hook_reference.StepStream` passes the tensors SGLang
 passes. The hook's device pass runs in its torch form on CPU tensors; the Triton
-kernel is held to the same numbers on a GPU (tests/test_pack_step_gpu.py).
+kernel is held to the same numbers on a GPU (tests/test_pack_triton_gpu.py).
 """
 
 from __future__ import annotations
@@ -325,8 +325,8 @@ def test_the_consumer_process_serves_metrics():
 def test_the_kernel_writes_the_layout_the_consumer_reads(gamma):
     """The Triton kernel computes its columns from gamma rather than take them as arguments
     (each argument costs the serving thread a launch-time microsecond)."""
+    from dspark_obs.hooks.pack_triton import kernel_columns
     from dspark_obs.hooks.step_layout import StepLayout
-    from dspark_obs.kernels.pack_step import kernel_columns
 
     layout = StepLayout(gamma)
     assert layout.columns == kernel_columns(gamma, layout.entries)

@@ -39,7 +39,7 @@ class StepSubmitter:
             self.stamp = torch.zeros(1, dtype=torch.int64, device=self.device)
             if triton is not False:
                 try:
-                    from ..kernels.pack_step import TritonPacker
+                    from .pack_triton import TritonPacker
 
                     self.packer = TritonPacker(layout, pool_slots, self.device)
                 except ImportError as exc:

@@ -21,9 +21,9 @@ if not torch.cuda.is_available():
 
 from dspark_obs.hooks.observed_step import ObservedStep  # noqa: E402
 from dspark_obs.hooks.pack_torch import TorchPacker  # noqa: E402
+from dspark_obs.hooks.pack_triton import TritonPacker  # noqa: E402
 from dspark_obs.hooks.sglang_worker import SOURCE, attach  # noqa: E402
 from dspark_obs.hooks.step_layout import StepLayout  # noqa: E402
-from dspark_obs.kernels.pack_step import TritonPacker  # noqa: E402
 from dspark_obs.pipeline import build_pipeline  # noqa: E402
 from tests.hook_reference import StepStream, reference_batch  # noqa: E402
 from tests.test_sglang_hook import Observers, metrics  # noqa: E402

@@ -1,6 +1,6 @@
 """The hook's device pass as one Triton kernel: a step packed in one launch.
 
-The same numbers as the torch form (`hooks/pack_torch.py`, the definition), but in
+The same numbers as the torch form (`pack_torch.py`, the definition), but in
 one launch over a (request, row) grid, because the serving thread can afford a
 launch or two per step and the torch form takes dozens. Program (b, r) for r <= gamma
 owns target row r of request b; for r > gamma, draft row r - gamma - 1. A program
@@ -18,8 +18,8 @@ half-written state (programs of different requests never share a slot).
 
 from __future__ import annotations
 
-from ..hooks.observed_step import ObservedStep
-from ..hooks.step_layout import StepLayout
+from .observed_step import ObservedStep
+from .step_layout import StepLayout
 
 BLOCK, NUM_WARPS = 8192, 8
 
