@@ -18,6 +18,8 @@ request ids (UTF-8, newline-separated) and the `[max_bs, width]` float64 block.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 MAGIC = 0x6473706B6F6273  # "dspkobs"
@@ -180,7 +182,6 @@ def _untrack(shm) -> None:
     would (it tracks every SharedMemory it opens, bpo-39959); only the creator unlinks."""
     from multiprocessing import resource_tracker
 
-    try:
+    # a tracker that never saw the segment has nothing to forget
+    with contextlib.suppress(Exception):
         resource_tracker.unregister(shm._name, "shared_memory")
-    except Exception:  # nosec B110 - a tracker that never saw it has nothing to forget
-        pass
