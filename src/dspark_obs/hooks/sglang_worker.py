@@ -75,10 +75,10 @@ class SGLangHook:
     otherwise.
     """
 
-    def __init__(self, gamma: int, ring: sr.SharedRing, pool_slots: int, *,
+    def __init__(self, layout: StepLayout, ring: sr.SharedRing, pool_slots: int, *,
                  triton: bool | None = None) -> None:  # fmt: skip
-        self.gamma = gamma
-        self.layout = StepLayout(gamma)
+        self.gamma = layout.gamma
+        self.layout = layout
         self.ring = ring
         self.pool_slots = pool_slots
         self.triton = triton
@@ -143,20 +143,21 @@ class SGLangHook:
 
     def drain(self) -> int:
         """Feed the in-process consumer every step the device has delivered."""
+        self._wait_for_device()
+        return self.consumer.drain()
+
+    def _wait_for_device(self) -> None:
+        """Off the serving path only (drain, close): every copy enqueued so far has landed."""
         if self.submitter is not None and self.submitter.cuda:
             import torch
 
             torch.cuda.current_stream(self.submitter.device).synchronize()
-        return self.consumer.drain()
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop: the consumer drains what is left and exits; the ring is removed."""
         if self.ring.header is None:
             return
-        if self.submitter is not None and self.submitter.cuda:
-            import torch
-
-            torch.cuda.current_stream(self.submitter.device).synchronize()
+        self._wait_for_device()
         self.ring.header[sr.H_CLOSED] = 1
         if self.process is not None:
             try:
@@ -215,7 +216,7 @@ def attach(
     ring = sr.SharedRing(
         slots=ring_slots, max_bs=slots, width=layout.width, gamma=gamma, entries=layout.entries
     )
-    hook = SGLangHook(gamma, ring, slots, triton=triton)
+    hook = SGLangHook(layout, ring, slots, triton=triton)
     if consumer == "inline":
         hook.consumer = HookConsumer(ring, pipeline or build_pipeline(gamma), mode=mode, rank=rank)
     else:
