@@ -57,6 +57,7 @@ def _steps(b: int, device: str, vocab: int, seed: int = 0):
 
     rng = np.random.default_rng(seed)
     draft_logits = torch.randn(b, GAMMA, vocab, device=device).mul_(3).to(torch.bfloat16)
+    reqs = [SimpleNamespace(rid=f"{i:032x}") for i in range(b)]  # one running batch
     out = []
     for k in range(VARIANTS):
         w = rng.integers(2, GAMMA + 1, b)
@@ -67,7 +68,7 @@ def _steps(b: int, device: str, vocab: int, seed: int = 0):
         out.append(
             dict(
                 forward_ct=k,
-                reqs=[SimpleNamespace(rid=f"{i:032x}") for i in range(b)],
+                reqs=reqs,
                 bs=b,
                 proposal_folded=True,
                 verify_ids_2d=None,
@@ -134,7 +135,8 @@ def consumer_record(quick: bool) -> dict:
             seq += 1
             slot = ring.slot_for(seq)
             packer.pack(step, torch.from_numpy(ring.blocks[slot][:b]))
-            ring.write_meta(slot, {1: b, 4: 1 | 2 | 4}, "\n".join(step.rids).encode())
+            rids = "\n".join(r.rid for r in kw["reqs"]).encode()
+            ring.write_meta(slot, (0, b, 0, 0, 1 | 2 | 4), rids)
             ring.stamps[slot][0] = seq
         start = time.perf_counter()
         n = consumer.drain()

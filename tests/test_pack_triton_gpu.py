@@ -50,15 +50,16 @@ def test_the_kernel_writes_what_the_torch_form_writes(options, vocab):
     stream = StepStream(seed=7, vocab=vocab, requests=12, **options)
     layout = StepLayout(stream.g)
     ref = TorchPacker(layout, 64, "cuda")
-    fused = TritonPacker(layout, 64, "cuda")
     out = torch.empty((64, layout.width), dtype=torch.float64, device="cuda")
     stamp = torch.zeros(1, dtype=torch.int64, device="cuda")
+    fused = TritonPacker(layout, 64, "cuda", out, stamp, rows=4)
+    cuda_stream = torch.cuda.current_stream().cuda_stream
     gathered = 0
     for seq in range(1, 81):
         step = ObservedStep.from_observer(to_cuda(stream.step()))
         want = torch.empty((step.bs, layout.width), dtype=torch.float64, device="cuda")
         ref.pack(step, want)
-        fused.pack(step, out, stamp, seq)
+        fused.pack(step, seq, seq % 4, cuda_stream)
         got, want = out[: step.bs].cpu().numpy(), want.cpu().numpy()
         assert int(stamp) == seq
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))

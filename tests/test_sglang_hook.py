@@ -204,6 +204,44 @@ def test_a_request_retracted_and_readmitted_does_not_corrupt_a_walk():
     hook.close()
 
 
+def test_request_ids_follow_the_running_batch_as_sglang_keeps_it():
+    """SGLang passes its running batch's own `reqs` list step after step, the same Req
+    objects for a request's lifetime; it replaces the list when requests leave and grows it
+    in place when they join. The hook takes the ids again only when that list changed;
+    every step's ids must still be that step's."""
+    stream = StepStream(seed=5, vocab=40, requests=10)
+    worker = SimpleNamespace(_observers=Observers())
+    hook = attach(worker, gamma=stream.g, consumer="inline", pool_slots=64)
+    got = []
+    ingest = hook.pipeline.ingest
+
+    def capture(batch, source, gather):
+        got.append(list(batch.rid))
+        return ingest(batch, source, gather)
+
+    hook.pipeline.ingest = capture
+    objects, running, want = {}, [], []
+    kinds = {"same": 0, "grown": 0, "replaced": 0}
+    for _ in range(120):
+        kw = stream.step()
+        reqs = [objects.setdefault(r.rid, r) for r in kw["reqs"]]
+        n = len(running)
+        if reqs == running:
+            kinds["same"] += 1
+        elif n and reqs[:n] == running:
+            running.extend(reqs[n:])
+            kinds["grown"] += 1
+        else:
+            running = reqs
+            kinds["replaced"] += 1
+        kw["reqs"] = running
+        worker._observers.observe_verify_step(**kw)
+        want.append([r.rid for r in reqs])
+        hook.drain()
+    assert got == want
+    assert min(kinds.values()) > 0, kinds
+
+
 def test_a_full_ring_drops_whole_steps_and_counts_them():
     stream = StepStream(seed=1)
     worker = SimpleNamespace(_observers=Observers())

@@ -24,7 +24,6 @@ Which SGLang settings give what (SGLang 0.5.23):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any
 
 
@@ -32,7 +31,6 @@ from typing import Any
 class ObservedStep:
     forward_ct: int
     bs: int
-    rids: list
     budget: int | None
     verify_tokens: int
     draft: Any  # [bs, gamma]
@@ -60,11 +58,9 @@ class ObservedStep:
         greedy_draft = bool(getattr(block, "greedy_draft", block.corrected_logits is None))
         layout = kw["layout"]
         budget = kw["verify_token_budget"]
-        reqs = kw["reqs"]
         return cls(
             forward_ct=int(kw["forward_ct"]),
             bs=bs,
-            rids=list(map(_RID, reqs if len(reqs) == bs else reqs[:bs])),
             budget=None if budget is None else int(budget),
             verify_tokens=int(kw["verify_tier_num_tokens"]),
             draft=kw["draft_tokens"],
@@ -84,6 +80,3 @@ class ObservedStep:
             draft_logits=None if greedy_draft else block.corrected_logits,
             greedy_draft=greedy_draft,
         )
-
-
-_RID = attrgetter("rid")

@@ -21,16 +21,58 @@ from __future__ import annotations
 from .observed_step import ObservedStep
 from .step_layout import StepLayout
 
-BLOCK, NUM_WARPS = 8192, 8
+#: Logits per load and warps per program: the fastest pair measured on an H200 (B = 256,
+#: V = 129,280; bench/RESULTS.md). Splitting a row over several programs, combined through
+#: an atomic counter, was measured slower at every batch and left out.
+BLOCK, NUM_WARPS = 8192, 4
+
+#: The step's small inputs, by address in the argument table, in this order; each one's
+#: dtype is four bits of the kernel's `DT` constant (`_dtype_codes`).
+INPUTS = ("draft", "verify_lens", "accepted", "committed", "cap_trim", "bonus", "prefix",
+          "pool", "greedy", "temperature", "draft_temperature", "confidence",
+          "confidence_raw")  # fmt: skip
+# the argument table: the step's number, the fixed buffers, the inputs, then their strides
+(T_SEQ, T_OUT, T_STAMP, T_LIVE, T_START, T_NEXT, T_EXPECT, T_BORN, T_TAIL,
+ T_TSTAMP, T_P) = range(11)  # fmt: skip
+T_IN = 11
+T_S_DRAFT, T_S_CONF, T_S_RAW = range(T_IN + len(INPUTS), T_IN + len(INPUTS) + 3)
+TABLE = T_S_RAW + 1
+# has-flags, bits of the kernel's `FL` constant
+F_VLEN, F_CONF, F_RAW, F_TARGET, F_DRAFT, F_GREEDY_DRAFT = 1, 2, 4, 8, 16, 32
+
+
+def _dtype_codes():
+    import torch
+
+    kinds = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+             torch.float64, torch.float32, torch.float16, torch.bfloat16)  # fmt: skip
+    return {dt: code for code, dt in enumerate(kinds)}
 
 
 class TritonPacker:
-    def __init__(self, layout: StepLayout, pool_slots: int, device) -> None:
+    """Packs a step with one launch whose only changing argument is a table of addresses.
+
+    Triton's launcher binds every argument on every call (tens of microseconds for the
+    ~45 a step has), so the step's small inputs travel as addresses in a 27-word table:
+    the serving thread writes it into a page-locked row (one per ring slot, so a row is
+    never rewritten before the device has read it), one copy takes it to the device, and
+    the kernel casts each address to its dtype's pointer (the dtypes are one constant).
+    Only the logit tensors stay typed arguments, so that their rows are read with aligned
+    vector loads. After the first launch of a specialisation the compiled kernel is
+    called directly, behind a key this class already holds.
+    """
+
+    def __init__(self, layout: StepLayout, pool_slots: int, device, out, stamp, rows: int,
+                 *, block: int = BLOCK, num_warps: int = NUM_WARPS) -> None:  # fmt: skip
         import torch
+
+        from .device_copy import DeviceCopy
 
         self.kernel = _kernel()  # ImportError without Triton: the caller falls back
         self.layout = layout
         self.pool_slots = pool_slots
+        self.device = torch.device(device)
+        self.block, self.num_warps = block, num_warps
         g, e = layout.gamma, layout.entries
         i64 = dict(dtype=torch.int64, device=device)
         self.t_live = torch.zeros((pool_slots, 2, e), dtype=torch.int8, device=device)
@@ -40,38 +82,84 @@ class TritonPacker:
         self.t_born = torch.zeros((pool_slots, 2, e), **i64)
         self.t_tail = torch.zeros((pool_slots, 2, e, g), **i64)
         self.t_stamp = torch.tensor([[-1, -2]], **i64).repeat(pool_slots, 1)
-        self.dummy = torch.zeros(1, dtype=torch.float32, device=device)
+        self.dummy = torch.zeros(8, dtype=torch.float32, device=device)
         if layout.columns != kernel_columns(g, e):
             raise ValueError("the packed step's layout is not the one the kernel writes")
         self.gp2 = max(2, 1 << (g - 1).bit_length())
         self.ep2 = max(2, 1 << e.bit_length())  # entries + 1 (the new tail) fit
+        self.table = torch.zeros(TABLE, **i64)
+        self.host_table = torch.zeros((rows, TABLE), dtype=torch.int64, pin_memory=True)
+        self.rows = self.host_table.numpy()
+        self.row_at = [r.ctypes.data for r in self.rows]
+        fixed = (out, stamp, self.t_live, self.t_start, self.t_next, self.t_expect,
+                 self.t_born, self.t_tail, self.t_stamp)  # fmt: skip
+        self.rows[:, T_OUT:T_P] = [t.data_ptr() for t in fixed]
+        self.rows[:, T_P] = pool_slots
+        self.copy = DeviceCopy()
+        self.codes = _dtype_codes()
+        self.compiled: dict[tuple, object] = {}
+        self.table_ptr = self.table.data_ptr()
 
-    def pack(self, step: ObservedStep, out, stamp, seq: int) -> None:
-        """Enqueue the pass: `out[:bs]` filled, the table advanced, `stamp[0] = seq`."""
-        g, bs = self.layout.gamma, step.bs
+    def pack(self, step: ObservedStep, seq: int, row: int, stream: int) -> None:
+        """Enqueue the pass on `stream`: `out[:bs]` filled, the table advanced, `stamp = seq`."""
         d = self.dummy
-        target, draft_logits = step.target_logits, step.draft_logits
-        conf, raw, vlen = step.confidence, step.confidence_raw, step.verify_lens
-        self.kernel[(bs, 2 * g + 1)](
-            out, stamp, seq, step.draft, step.draft.stride(0),
-            d if vlen is None else vlen, step.accepted, step.committed, step.cap_trim,
-            step.bonus, step.prefix, step.pool, step.greedy, step.temperature,
-            step.draft_temperature,
-            d if conf is None else conf, 0 if conf is None else conf.stride(0),
-            d if raw is None else raw, 0 if raw is None else raw.stride(0),
-            d if target is None else target, 0 if target is None else target.stride(0),
-            0 if target is None else target.shape[-1],
-            d if draft_logits is None else draft_logits,
-            0 if draft_logits is None else draft_logits.stride(0),
-            0 if draft_logits is None else draft_logits.stride(1),
-            0 if draft_logits is None else draft_logits.shape[-1],
-            self.t_live, self.t_start, self.t_next, self.t_expect, self.t_born, self.t_tail,
-            self.t_stamp, self.pool_slots,
-            G=g, GP2=self.gp2, E=self.layout.entries, EP2=self.ep2, WIDTH=self.layout.width,
-            HAS_VLEN=vlen is not None, HAS_CONF=conf is not None, HAS_RAW=raw is not None,
-            HAS_TARGET=target is not None, HAS_DRAFT=draft_logits is not None,
-            GREEDY_DRAFT=step.greedy_draft, BLOCK=BLOCK, num_warps=NUM_WARPS,
+        vlen, conf, raw = step.verify_lens, step.confidence, step.confidence_raw
+        target, dlog = step.target_logits, step.draft_logits
+        inputs = (step.draft, d if vlen is None else vlen, step.accepted, step.committed,
+                  step.cap_trim, step.bonus, step.prefix, step.pool, step.greedy,
+                  step.temperature, step.draft_temperature, d if conf is None else conf,
+                  d if raw is None else raw)  # fmt: skip
+        codes = self.codes
+        dt = 0
+        for k, t in enumerate(inputs):
+            dt |= codes[t.dtype] << (4 * k)
+        flags = (
+            (F_VLEN if vlen is not None else 0) | (F_CONF if conf is not None else 0)
+            | (F_RAW if raw is not None else 0) | (F_TARGET if target is not None else 0)
+            | (F_DRAFT if dlog is not None else 0) | (F_GREEDY_DRAFT if step.greedy_draft else 0)
         )  # fmt: skip
+        host = self.rows[row]
+        host[T_SEQ] = seq
+        host[T_IN:TABLE] = [t.data_ptr() for t in inputs] + [
+            step.draft.stride(0),
+            0 if conf is None else conf.stride(0),
+            0 if raw is None else raw.stride(0),
+        ]
+        self.copy.to_device(self.table_ptr, self.row_at[row], TABLE * 8, stream)
+        if target is None:
+            target, st, v = d, 0, 0
+        else:
+            st, v = target.stride(0), target.shape[-1]
+        if dlog is None:
+            dlog, sd0, sd1, vd = d, 0, 0, 0
+        else:
+            sd0, sd1, vd = dlog.stride(0), dlog.stride(1), dlog.shape[-1]
+        tp, dp = target.data_ptr(), dlog.data_ptr()
+        key = (dt, flags, st, v, sd0, sd1, vd, target.dtype, dlog.dtype, tp % 16, dp % 16)
+        grid = (step.bs, 2 * self.layout.gamma + 1, 1)
+        hit = self.compiled.get(key)
+        if hit is not None:
+            k, constants = hit
+            k.run(*grid, stream, k.function, k.packed_metadata, None, None, None,
+                  self.table_ptr, tp, dp, *constants)  # fmt: skip
+            return
+        lay = self.layout
+        constants = dict(G=lay.gamma, GP2=self.gp2, E=lay.entries, EP2=self.ep2,
+                         WIDTH=lay.width, BLOCK=self.block, DT=dt, FL=flags, S_T=st, V=v,
+                         S_D0=sd0, S_D1=sd1, VD=vd)  # fmt: skip
+        kernel = self.kernel[grid](self.table, target, dlog, **constants,
+                                   num_warps=self.num_warps)  # fmt: skip
+        if _no_launch_hooks():
+            self.compiled[key] = (kernel, tuple(constants.values()))
+
+
+def _no_launch_hooks() -> bool:
+    """The direct call skips Triton's launch hooks; with a profiler's hooks set, keep the
+    normal launch. (Triton 3.5 and later keep them as chains, empty when unused.)"""
+    from triton import knobs
+
+    hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    return all(h is None or not getattr(h, "calls", True) for h in hooks)
 
 
 def kernel_columns(g: int, e: int) -> dict[str, slice]:
@@ -102,7 +190,7 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def row_lse(base, n, scale, BLOCK: tl.constexpr):
+    def row_lse(base, n: tl.constexpr, scale, BLOCK: tl.constexpr):
         # online (max, sum of exp) over one row, each logit read once; exp2 with log2(e)/t
         m = tl.full([], float("-inf"), tl.float32)
         s = tl.full([], 0.0, tl.float32)
@@ -115,17 +203,74 @@ def _kernel():
             m = m_new
         return m, s
 
-    @triton.jit(do_not_specialize=["seq"])
+    @triton.jit
+    def addr(tab, i: tl.constexpr, CODE: tl.constexpr):
+        # entry i of the argument table as a pointer to its dtype (_dtype_codes' order)
+        a = tl.load(tab + i)
+        if CODE == 0:
+            p = a.to(tl.pointer_type(tl.int64))
+        elif CODE == 1:
+            p = a.to(tl.pointer_type(tl.int32))
+        elif CODE == 2:
+            p = a.to(tl.pointer_type(tl.int16))
+        elif CODE == 3:
+            p = a.to(tl.pointer_type(tl.int8))
+        elif CODE == 4:
+            p = a.to(tl.pointer_type(tl.uint8))
+        elif CODE == 5:
+            p = a.to(tl.pointer_type(tl.int8))  # torch's bool: one byte, 0 or 1
+        elif CODE == 6:
+            p = a.to(tl.pointer_type(tl.float64))
+        elif CODE == 7:
+            p = a.to(tl.pointer_type(tl.float32))
+        elif CODE == 8:
+            p = a.to(tl.pointer_type(tl.float16))
+        else:
+            p = a.to(tl.pointer_type(tl.bfloat16))
+        return p
+
+    @triton.jit
     def pack(
-        out, stamp, seq, draft, s_draft,
-        vlen, acc, com, cap, bonus, prefix, pool, greedy, temps, dtemps,
-        conf, s_conf, raw, s_raw, target, s_target, V, dlog, s_dlog0, s_dlog1, VD,
-        t_live, t_start, t_next, t_expect, t_born, t_tail, t_stamp, P,
+        tab, target, dlog,
         G: tl.constexpr, GP2: tl.constexpr, E: tl.constexpr, EP2: tl.constexpr,
-        WIDTH: tl.constexpr, HAS_VLEN: tl.constexpr, HAS_CONF: tl.constexpr,
-        HAS_RAW: tl.constexpr, HAS_TARGET: tl.constexpr, HAS_DRAFT: tl.constexpr,
-        GREEDY_DRAFT: tl.constexpr, BLOCK: tl.constexpr,
+        WIDTH: tl.constexpr, BLOCK: tl.constexpr, DT: tl.constexpr, FL: tl.constexpr,
+        S_T: tl.constexpr, V: tl.constexpr, S_D0: tl.constexpr, S_D1: tl.constexpr,
+        VD: tl.constexpr,
     ):  # fmt: skip
+        # the table's layout and flag bits, as the module's T_* and F_* constants have them
+        HAS_VLEN: tl.constexpr = (FL & 1) != 0
+        HAS_CONF: tl.constexpr = (FL & 2) != 0
+        HAS_RAW: tl.constexpr = (FL & 4) != 0
+        HAS_TARGET: tl.constexpr = (FL & 8) != 0
+        HAS_DRAFT: tl.constexpr = (FL & 16) != 0
+        GREEDY_DRAFT: tl.constexpr = (FL & 32) != 0
+        seq = tl.load(tab + 0)
+        out = addr(tab, 1, 6)
+        stamp = addr(tab, 2, 0)
+        t_live = addr(tab, 3, 3)
+        t_start = addr(tab, 4, 0)
+        t_next = addr(tab, 5, 0)
+        t_expect = addr(tab, 6, 0)
+        t_born = addr(tab, 7, 0)
+        t_tail = addr(tab, 8, 0)
+        t_stamp = addr(tab, 9, 0)
+        P = tl.load(tab + 10)
+        draft = addr(tab, 11, DT & 15)
+        vlen = addr(tab, 12, (DT >> 4) & 15)
+        acc = addr(tab, 13, (DT >> 8) & 15)
+        com = addr(tab, 14, (DT >> 12) & 15)
+        cap = addr(tab, 15, (DT >> 16) & 15)
+        bonus = addr(tab, 16, (DT >> 20) & 15)
+        prefix = addr(tab, 17, (DT >> 24) & 15)
+        pool = addr(tab, 18, (DT >> 28) & 15)
+        greedy = addr(tab, 19, (DT >> 32) & 15)
+        temps = addr(tab, 20, (DT >> 36) & 15)
+        dtemps = addr(tab, 21, (DT >> 40) & 15)
+        conf = addr(tab, 22, (DT >> 44) & 15)
+        raw = addr(tab, 23, (DT >> 48) & 15)
+        s_draft = tl.load(tab + 24)
+        s_conf = tl.load(tab + 25)
+        s_raw = tl.load(tab + 26)
         # the columns, as kernel_columns() has them
         C_WIN, C_ACC, C_COM, C_CAP, C_BON, C_PRE = 0, 1, 2, 3, 4, 5
         C_POOL, C_GRD, C_TMP, C_BLP, C_EVI, C_DRF = 6, 7, 8, 9, 10, 11
@@ -201,7 +346,7 @@ def _kernel():
             owed = (sampled & (r <= w)) | (tl.sum((g_row == r).to(tl.int32), 0) > 0)
             if HAS_TARGET:
                 if owed:
-                    base = target + (b.to(tl.int64) * (G + 1) + r) * s_target
+                    base = target + (b.to(tl.int64) * (G + 1) + r) * S_T
                     m, s = row_lse(base, V, LOG2E / t, BLOCK)
                     log_s = tl.log(s)
                     if sampled & (r < w):
@@ -219,7 +364,7 @@ def _kernel():
             if HAS_DRAFT:
                 if sampled & (a == w) & (w < G) & (j >= w):
                     td = tl.maximum(tl.load(dtemps + b).to(tl.float32), 1e-5)
-                    base = dlog + b.to(tl.int64) * s_dlog0 + j.to(tl.int64) * s_dlog1
+                    base = dlog + b.to(tl.int64) * S_D0 + j.to(tl.int64) * S_D1
                     m, s = row_lse(base, VD, LOG2E / td, BLOCK)
                     x = tl.load(base + tl.load(drow + j).to(tl.int64)).to(tl.float32)
                     tl.store(row_out + C_DLP + j, ((x - m) / td - tl.log(s)).to(tl.float64))

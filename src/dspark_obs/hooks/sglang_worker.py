@@ -24,6 +24,7 @@ import os
 import subprocess  # nosec B404
 import sys
 import warnings
+from operator import attrgetter
 from typing import Any
 
 from ..pipeline import Pipeline, build_pipeline
@@ -61,6 +62,7 @@ OBSERVER_PARAMETERS = frozenset(
         "dp_tier_num_tokens",
     }
 )
+_RID = attrgetter("rid")
 #: Request slots when the worker does not say (its `req_to_token_pool`).
 DEFAULT_POOL_SLOTS = 4096
 
@@ -87,6 +89,8 @@ class SGLangHook:
         self.consumer: HookConsumer | None = None
         self.process: subprocess.Popen | None = None
         self._warned = False
+        self._held: tuple = (None, None, None, None)
+        self._rid_bytes = b""
 
     @property
     def pipeline(self) -> Pipeline | None:
@@ -125,14 +129,8 @@ class SGLangHook:
             | (sr.HAS_BUDGET if step.budget is not None else 0)
             | (sr.GREEDY_DRAFT if step.greedy_draft else 0)
         )
-        meta = {
-            sr.M_FORWARD_CT: step.forward_ct,
-            sr.M_BS: bs,
-            sr.M_BUDGET: step.budget or 0,
-            sr.M_VERIFY_TOKENS: step.verify_tokens,
-            sr.M_FLAGS: flags,
-        }
-        if not ring.write_meta(slot, meta, "\n".join(map(str, step.rids)).encode()):
+        meta = (step.forward_ct, bs, step.budget or 0, step.verify_tokens, flags)
+        if not ring.write_meta(slot, meta, self._rids(kw["reqs"], bs)):
             return
         if self.submitter is None:
             self.submitter = StepSubmitter(
@@ -140,6 +138,22 @@ class SGLangHook:
             )
         self.submitter.submit(step, slot, seq)
         self.seq = seq
+
+    def _rids(self, reqs, bs: int) -> bytes:
+        """The batch's request ids, newline-joined; taken again only when the batch changed.
+
+        SGLang keeps a running batch's `reqs` list from step to step and replaces it
+        (filter) or grows it (merge) when requests leave or join, so the same list at the
+        same length, with the same first and last request, holds the same requests. The
+        list and its end requests are held, so no new object can take their identities.
+        """
+        n = min(len(reqs), bs)
+        first, last = (reqs[0], reqs[n - 1]) if n else (None, None)
+        held, shape = self._held, (len(reqs), bs)
+        if reqs is not held[0] or shape != held[1] or first is not held[2] or last is not held[3]:
+            self._held = (reqs, shape, first, last)
+            self._rid_bytes = "\n".join(map(str, map(_RID, reqs[:n]))).encode()
+        return self._rid_bytes
 
     def drain(self) -> int:
         """Feed the in-process consumer every step the device has delivered."""

@@ -122,16 +122,15 @@ class SharedRing:
             return None
         return seq % self.slots
 
-    def write_meta(self, slot: int, values: dict[int, int], rids: bytes) -> bool:
-        """The step's scalars and request ids; False (counted) when the ids do not fit."""
-        if len(rids) > self.rid_bytes:
+    def write_meta(self, slot: int, values: tuple[int, ...], rids: bytes) -> bool:
+        """The step's scalars (M_FORWARD_CT to M_FLAGS, in order) and request ids; False
+        (counted) when the ids do not fit."""
+        n = len(rids)
+        if n > self.rid_bytes:
             self.header[H_DROPPED_OTHER] += 1
             return False
-        self.rids[slot][: len(rids)] = np.frombuffer(rids, np.uint8)
-        meta = self.metas[slot]
-        for k, v in values.items():
-            meta[k] = v
-        meta[M_RID_LEN] = len(rids)
+        self.rids[slot][:n] = np.frombuffer(rids, np.uint8)
+        self.metas[slot][: M_RID_LEN + 1] = (*values, n)
         return True
 
     def register_with_cuda(self) -> None:

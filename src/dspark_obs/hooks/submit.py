@@ -30,18 +30,26 @@ class StepSubmitter:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.host_blocks = [torch.from_numpy(b) for b in ring.blocks]
-        self.host_stamps = [torch.from_numpy(s) for s in ring.stamps]
         self.packer = None
         if self.cuda:
+            from .device_copy import DeviceCopy
+
             ring.register_with_cuda()
+            self.copy = DeviceCopy()
             self.packed = torch.empty((ring.max_bs, layout.width), dtype=torch.float64,
                                       device=self.device)  # fmt: skip
             self.stamp = torch.zeros(1, dtype=torch.int64, device=self.device)
+            self.index = self.device.index if self.device.index is not None else 0
+            self.raw_stream = torch._C._cuda_getCurrentRawStream
+            self.block_at = [b.ctypes.data for b in ring.blocks]
+            self.stamp_at = [s.ctypes.data for s in ring.stamps]
+            self.packed_at, self.stamp_from = self.packed.data_ptr(), self.stamp.data_ptr()
             if triton is not False:
                 try:
                     from .pack_triton import TritonPacker
 
-                    self.packer = TritonPacker(layout, pool_slots, self.device)
+                    self.packer = TritonPacker(layout, pool_slots, self.device, self.packed,
+                                               self.stamp, ring.slots)  # fmt: skip
                 except ImportError as exc:
                     if triton:
                         raise
@@ -56,13 +64,14 @@ class StepSubmitter:
             self.packer.pack(step, self.host_blocks[slot][:bs])
             self.ring.stamps[slot][0] = seq
             return
+        stream = self.raw_stream(self.index)
         if self.fused:
-            self.packer.pack(step, self.packed, self.stamp, seq)
+            self.packer.pack(step, seq, slot, stream)
         else:
             self.packer.pack(step, self.packed[:bs])
             self.stamp.fill_(seq)
-        self.host_blocks[slot][:bs].copy_(self.packed[:bs], non_blocking=True)
-        self.host_stamps[slot].copy_(self.stamp, non_blocking=True)
+        self.copy.to_host(self.block_at[slot], self.packed_at, bs * self.layout.width * 8, stream)
+        self.copy.to_host(self.stamp_at[slot], self.stamp_from, 8, stream)
 
     def close(self) -> None:
-        self.host_blocks = self.host_stamps = []
+        self.host_blocks = []
