@@ -173,7 +173,6 @@ def _step_record(b: int, quick: bool) -> dict:
     import torch
 
     from dspark_obs.hooks.sglang_worker import SOURCE, attach
-    from dspark_obs.hooks.shared_ring import H_CONSUMED
     from dspark_obs.kernels.token_logprobs import token_logprobs
     from dspark_obs.pipeline import build_pipeline
     from tests.hook_reference import reference_batch
@@ -237,11 +236,11 @@ def _step_record(b: int, quick: bool) -> dict:
             hook_us.clear()
             gpu_ms.clear()
             floors.clear()
+            _catch_up(hook)  # the consumer process has started and drained the warm-up
+            dropped_before = hook.ring.counters()["dropped_full"]
     torch.cuda.synchronize()
     gpu = [s.elapsed_time(e) / 1e3 for s, e in gpu_ms]
-    deadline = time.monotonic() + 30
-    while hook.ring.header[H_CONSUMED] < hook.seq and time.monotonic() < deadline:
-        time.sleep(0.05)  # the consumer catches up with the last steps
+    _catch_up(hook)
     counters = hook.ring.counters()
     hook.close()
     bandwidth = _read_bandwidth()
@@ -267,12 +266,21 @@ def _step_record(b: int, quick: bool) -> dict:
             "target_ratio": 1.3,
             "read_bandwidth_TBps": round(bandwidth / 1e12, 2),
         },
-        dropped=counters["dropped_full"],
+        dropped=counters["dropped_full"] - dropped_before,
         failed=counters["failed"],
         threads_added_to_serving_process=threads_added,
         device=torch.cuda.get_device_name(),
     )
     return rec
+
+
+def _catch_up(hook, timeout: float = 30.0) -> None:
+    """Wait until the consumer process has released every step the hook submitted."""
+    from dspark_obs.hooks.shared_ring import H_CONSUMED
+
+    deadline = time.monotonic() + timeout
+    while hook.ring.header[H_CONSUMED] < hook.seq and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _read_bandwidth() -> float:
