@@ -25,6 +25,7 @@ from . import (
     render_scrape,
     report_large,
     serve_throughput,
+    sglang_paths,
 )
 from .common import ALLOCATOR
 
@@ -36,6 +37,7 @@ BENCHMARKS = {
     "serve_throughput": serve_throughput,
     "gpu_gather": gpu_gather,
     "hook_step": hook_step,
+    "sglang_paths": sglang_paths,
     "cli_startup": cli_startup,
 }
 

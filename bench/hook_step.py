@@ -99,6 +99,33 @@ def _steps(b: int, device: str, vocab: int, seed: int = 0):
     return out
 
 
+class StandInStep:
+    """A verify step's largest part on the GPU: the LM head GEMM, an accept, one sync."""
+
+    def __init__(self, b: int) -> None:
+        import torch
+
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        self.b = b
+        self.weight = torch.randn(HIDDEN, V, generator=gen, device="cuda", dtype=torch.bfloat16)
+        self.hidden = torch.randn(b * (GAMMA + 1), HIDDEN, generator=gen, device="cuda",
+                                  dtype=torch.bfloat16)  # fmt: skip
+
+    def __call__(self, kw: dict, observe) -> float:
+        """Wall seconds of one step, `observe(kw)` called where SGLang calls its observers."""
+        import torch
+
+        start = time.perf_counter()
+        logits = self.hidden @ self.weight
+        pred = logits.view(self.b, GAMMA + 1, V)[:, :GAMMA].argmax(-1)
+        acc = (pred == kw["draft_tokens"]).to(torch.int32).cumprod(1).sum(1)
+        if observe is not None:
+            kw["target_logits"] = logits
+            observe(kw)
+        acc.cpu()  # the step's one sync
+        return time.perf_counter() - start
+
+
 def _floor_bytes(kw: dict) -> int:
     """Bytes of the logit rows this step's numbers need (every request samples here)."""
     w = kw["layout"].verify_lens.cpu().numpy().astype(int) - 1
@@ -178,10 +205,7 @@ def _step_record(b: int, quick: bool) -> dict:
     from tests.hook_reference import reference_batch
 
     dev = "cuda"
-    gen = torch.Generator(device=dev).manual_seed(0)
-    weight = torch.randn(HIDDEN, V, generator=gen, device=dev, dtype=torch.bfloat16)
-    hidden = torch.randn(b * (GAMMA + 1), HIDDEN, generator=gen, device=dev,
-                         dtype=torch.bfloat16)  # fmt: skip
+    step = StandInStep(b)
     steps = _steps(b, dev, V)
     old_pipeline = build_pipeline(GAMMA)
 
@@ -222,16 +246,9 @@ def _step_record(b: int, quick: bool) -> dict:
             for _ in range(n_steps):
                 kw = dict(steps[i % VARIANTS])
                 i += 1
-                start = time.perf_counter()
-                logits = hidden @ weight
-                pred = logits.view(b, GAMMA + 1, V)[:, :GAMMA].argmax(-1)
-                acc = (pred == kw["draft_tokens"]).to(torch.int32).cumprod(1).sum(1)
-                if call is not None:
-                    kw["target_logits"] = logits
-                    call(kw)
-                acc.cpu()  # the step's one sync
+                seconds = step(kw, call)
                 if r > 0:  # round 0 warms every arm up
-                    per_step[name].append(time.perf_counter() - start)
+                    per_step[name].append(seconds)
         if r == 0:
             hook_us.clear()
             gpu_ms.clear()

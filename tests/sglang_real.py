@@ -68,7 +68,7 @@ class Planner:
         return None
 
 
-def observers(gamma: int) -> DsparkStepObservers:
+def observers(gamma: int, device: str = "cpu") -> DsparkStepObservers:
     """SGLang's observers, with the collection paths the environment switches on
     (`SGLANG_DSPARK_DEBUG_DUMP`: the `/server_info` dumper;
     `SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH`: the block-accept JSONL recorder)."""
@@ -78,7 +78,7 @@ def observers(gamma: int) -> DsparkStepObservers:
             gamma=gamma,
             verify_num_draft_tokens=gamma + 1,
             tp_rank=0,
-            device=torch.device("cpu"),
+            device=torch.device(device),
             simulate_acc_len=-1.0,
         )
 
@@ -104,9 +104,9 @@ def as_sglang(kw: dict) -> dict:
         ),
         sampling_info=SimpleNamespace(
             temperatures=temps,
-            top_ks=torch.full((bs,), 1 << 30),
-            top_ps=torch.ones(bs),
-            min_ps=torch.zeros(bs),
+            top_ks=torch.full((bs,), 1 << 30, device=temps.device),
+            top_ps=torch.ones(bs, device=temps.device),
+            min_ps=torch.zeros(bs, device=temps.device),
             has_custom_logit_processor=False,
             penalizer_orchestrator=None,
             grammar_mask=None,

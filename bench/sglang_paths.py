@@ -1,0 +1,112 @@
+"""H2: what SGLang's own DSpark collection paths cost a serving step, on a GPU.
+
+The same stand-in step as H1 (bench/hook_step.py): the LM head GEMM [B·8, 7168] ×
+[7168, 129,280] bf16, an accept and one sync, with SGLang 0.5.23's real
+`DsparkStepObservers.observe_verify_step` called where SGLang calls it, its inputs
+SGLang's own types (tests/sglang_real.py). Arms, interleaved round by round, medians:
+
+- `off`: SGLang's observers with every collection path off (what a server runs with no
+  debug setting; the base the others are measured against);
+- `server_info_dumper`: `SGLANG_DSPARK_DEBUG_DUMP=core,reqs`, what polling
+  `/server_info` needs; the records are taken (`dump_info_records`, what a poll does)
+  once per round, outside the timed steps;
+- `block_accept_recorder`: `SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH`, the JSONL of
+  block-accept estimates.
+
+Every request samples (temperature 0.6 to 1.0), windows and acceptance as in H1, and
+every step is an eager proposal, so the recorder records every step (it skips folded
+ones). Needs CUDA and the `sglang` package; skipped without either.
+
+`python -m bench.sglang_paths [--json] [--quick]`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+from .common import record
+from .hook_step import BATCHES, GAMMA, VARIANTS, StandInStep, V, _steps
+
+NAME = "H2_sglang_paths"
+ARMS = {
+    "off": {},
+    "server_info_dumper": {"SGLANG_DSPARK_DEBUG_DUMP": "core,reqs"},
+    "block_accept_recorder": {"SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH": "{tmp}/ba.jsonl"},
+}
+
+
+def run(quick: bool) -> list[dict]:
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is None or not torch.cuda.is_available():
+        return [{**record(NAME, {}, "ms", [0.0], 1.0), "repeats": 0, "skipped": "no CUDA"}]
+    if importlib.util.find_spec("sglang") is None:
+        return [{**record(NAME, {}, "ms", [0.0], 1.0), "repeats": 0, "skipped": "no sglang"}]
+    return [_record(b, quick) for b in ((16, 256) if quick else BATCHES)]
+
+
+def _observers(env: dict, tmp: str):
+    """SGLang reads its collection settings when the observers are built."""
+    from tests.sglang_real import observers
+
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update({k: v.format(tmp=tmp) for k, v in env.items()})
+    try:
+        return observers(GAMMA, "cuda")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
+
+
+def _record(b: int, quick: bool) -> dict:
+    import torch
+
+    from tests.sglang_real import as_sglang
+
+    step = StandInStep(b)
+    steps = [as_sglang(kw) for kw in _steps(b, "cuda", V)]
+    tmp = tempfile.mkdtemp()
+    arms = {name: _observers(env, tmp) for name, env in ARMS.items()}
+    per_step = {name: [] for name in arms}
+    n_steps = 40 if quick else 100
+    rounds = 3 if quick else 6
+    i = 0
+    for r in range(rounds + 1):
+        for name, obs in arms.items():
+            for _ in range(n_steps):
+                kw = dict(steps[i % VARIANTS], forward_ct=i)
+                i += 1
+                seconds = step(kw, lambda kw, obs=obs: obs.observe_verify_step(**kw))
+                if r > 0:  # round 0 warms every arm up
+                    per_step[name].append(seconds)
+            obs.dump_info_records()  # a /server_info poll, outside the timed steps
+    torch.cuda.synchronize()
+    med = {k: statistics.median(v) for k, v in per_step.items()}
+    rec = record(NAME, {"B": b, "gamma": GAMMA, "V": V, "steps_per_arm": len(per_step["off"])},
+                 "ms", per_step["off"], 1e3)  # fmt: skip
+    rec.update(
+        step_ms={k: round(v * 1e3, 3) for k, v in med.items()},
+        added_pct={k: round(100 * (med[k] / med["off"] - 1), 2) for k in arms if k != "off"},
+        device=torch.cuda.get_device_name(),
+    )
+    return rec
+
+
+def main() -> None:
+    quick = "--quick" in sys.argv
+    for rec in run(quick):
+        print(json.dumps(rec) if "--json" in sys.argv else rec, flush=True)
+
+
+if __name__ == "__main__":
+    main()
