@@ -1,12 +1,12 @@
 """From an observed step to a ring slot, without waiting for the device.
 
 On a GPU: the device pass (the fused Triton kernel, or the torch form where Triton
-is missing) writes the packed block into a preallocated device buffer; one
-non-blocking copy moves the step's rows into the page-locked ring slot and a
-second the slot's stamp, both on the current stream, so the consumer sees the
-stamp only after the block has landed. Nothing is allocated per step on the
-Triton path and nothing synchronises. On a CPU the torch form writes the slot
-directly and the stamp is stored last.
+is missing) writes the packed block into a preallocated device buffer; one copy
+moves the step's rows into the page-locked ring slot and a second the slot's stamp,
+both enqueued on the caller's current stream through the CUDA driver
+(`device_copy`), so the consumer sees the stamp only after the block has landed.
+Nothing is allocated per step on the Triton path and nothing synchronises. On a CPU
+the torch form writes the slot directly and the stamp is stored last.
 """
 
 from __future__ import annotations
