@@ -38,11 +38,19 @@ from .interval import (
     acceptance_log_ratio,
     block_interval,
     extrapolated_extra,
+    position_terms,
     rate_extrapolation,
     running_sums,
 )
+from .tail_model import TailModel, features, fit_tail_model
 
-__all__ = ["Extrapolate", "summarize_by_workload", "tail_acceptance_rates", "walk_blocks"]
+__all__ = [
+    "Extrapolate",
+    "summarize_by_workload",
+    "tail_acceptance_rates",
+    "tail_model",
+    "walk_blocks",
+]
 
 RESOLVED, EOS, OPEN = "resolved", "eos", "open"
 
@@ -66,6 +74,7 @@ class _Walk:
     log_ratio: np.ndarray
     walked: np.ndarray
     diverged: np.ndarray
+    log_q: np.ndarray  # the tail's draft log-probabilities, NaN before the window's end
 
     @property
     def a(self) -> np.ndarray:
@@ -107,6 +116,7 @@ def _walk(log: BlockAcceptLog, gamma: int) -> _Walk:
         log_ratio=log_ratio,
         walked=walked,
         diverged=(walked & diverging).any(axis=1),
+        log_q=q,
     )
 
 
@@ -133,6 +143,74 @@ def tail_acceptance_rates(
     with np.errstate(invalid="ignore", divide="ignore"):
         rates = np.where(counts > 0, sums / counts, pooled)
     return rates, counts
+
+
+def _history(walk: _Walk) -> np.ndarray:
+    """`[n, gamma]` the mean acceptance ratio of the block's walked entries before each
+    position, NaN where there is none (a feature of the tail model)."""
+    seen = np.cumsum(walk.walked, axis=1)
+    total = np.cumsum(np.where(walk.walked, walk.a, 0.0), axis=1)
+    before_n = np.zeros_like(seen)
+    before_n[:, 1:] = seen[:, :-1]
+    before = np.zeros_like(total)
+    before[:, 1:] = total[:, :-1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(before_n > 0, before / before_n, np.nan)
+
+
+def _features_at(
+    log: BlockAcceptLog, walk: _Walk, history: np.ndarray, rows: np.ndarray, cols: np.ndarray
+) -> np.ndarray:
+    return features(walk.log_q[rows, cols], cols + 1, log.block_window[rows], history[rows, cols])
+
+
+def _fit_model(
+    log: BlockAcceptLog, walk: _Walk, gamma: int, groups: np.ndarray, names: tuple[str, ...]
+) -> TailModel:
+    """The tail model fitted on every walked entry (a known acceptance ratio)."""
+    rows, cols = np.nonzero(walk.walked)
+    x = _features_at(log, walk, _history(walk), rows, cols)
+    return fit_tail_model(x, walk.a[rows, cols], groups[rows], rows, cols + 1, names, gamma)
+
+
+def tail_model(
+    log: BlockAcceptLog,
+    gamma: int | None = None,
+    *,
+    workload_of: Callable[[str], str] | None = None,
+) -> TailModel:
+    """The file's tail model, per workload (`tail_model.py`); `walk_blocks` takes it."""
+    gamma = _gamma_of(log, gamma)
+    if gamma is None:
+        raise ValueError("no blocks in the log; pass gamma")
+    wl_of = workload_of or default_workload_of
+    workload = np.asarray([wl_of(str(r)) for r in log.block_rid], dtype=np.str_)
+    names, groups = np.unique(workload, return_inverse=True)
+    return _fit_model(log, _walk(log, gamma), gamma, groups.reshape(-1), tuple(names.tolist()))
+
+
+def _modelled_extra(
+    model: TailModel, log: BlockAcceptLog, walk: _Walk, groups: np.ndarray, start: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per block: the model's expected further accepted drafts from `start` on, the same
+    with every rate at the low and at the high end of its range, and the part of the
+    first that rests on unidentified cells. Only blocks with something left are computed."""
+    n, gamma = walk.walked.shape
+    out = np.zeros((4, n))
+    need = np.flatnonzero(start < gamma)
+    if len(need):
+        cols = np.arange(gamma)[None, :]
+        rows = np.broadcast_to(need[:, None], (len(need), gamma))
+        x = _features_at(log, walk, _history(walk), rows, np.broadcast_to(cols, rows.shape))
+        g = groups[need]
+        rates = model.rates(x, g)
+        low, high, ident = model.rate_bounds(rates, g)
+        terms = position_terms(rates, start[need])
+        out[0, need] = terms.sum(axis=1)
+        out[1, need] = position_terms(low, start[need]).sum(axis=1)
+        out[2, need] = position_terms(high, start[need]).sum(axis=1)
+        out[3, need] = np.where(ident, 0.0, terms).sum(axis=1)
+    return out[0], out[1], out[2], out[3]
 
 
 def walk_blocks(
@@ -174,6 +252,9 @@ def walk_blocks(
             "point": empty,
             "hi": empty,
             "var": empty,
+            "point_lo": empty,
+            "point_hi": empty,
+            "unidentified": empty,
             "status": np.zeros(0, dtype=np.str_),
             "walked": np.zeros(0, dtype=np.int64),
             "prod": empty,
@@ -192,18 +273,29 @@ def walk_blocks(
     unreached = np.where(status == EOS, 0, gamma - log.block_window - walked_n)
     start = log.block_window + walked_n  # the first position (0-based) the walk did not reach
 
-    if extrapolate is None or not callable(extrapolate):
-        rates = (
-            tail_acceptance_rates(log, gamma)[0]
-            if extrapolate is None
-            else np.asarray(extrapolate, dtype=np.float64)
+    names, groups = np.unique(workload, return_inverse=True)
+    groups = groups.reshape(-1)
+    if extrapolate is None or isinstance(extrapolate, TailModel):
+        model = extrapolate or _fit_model(log, walk, gamma, groups, tuple(names.tolist()))
+        if model.names != tuple(names.tolist()):
+            raise ValueError(f"the tail model is of workloads {model.names}, the blocks of {names}")
+        extra, extra_lo, extra_hi, unidentified = _modelled_extra(
+            model, log, walk, groups, np.where(unreached > 0, start, gamma)
         )
-        if rates.shape != (gamma,):
-            raise ValueError(f"rates must have shape ({gamma},), got {rates.shape}")
-        extrapolate = rate_extrapolation(rates)
-    groups = np.unique(workload, return_inverse=True)[1].reshape(-1)
-    extra = extrapolated_extra(extrapolate, groups, start, None, unreached)
+    else:
+        if not callable(extrapolate):
+            rates = np.asarray(extrapolate, dtype=np.float64)
+            if rates.shape != (gamma,):
+                raise ValueError(f"rates must have shape ({gamma},), got {rates.shape}")
+            extrapolate = rate_extrapolation(rates)
+        extra = extrapolated_extra(extrapolate, groups, start, None, unreached)
+        # nothing checked a caller's extrapolation: all of it counts as unidentified
+        extra_lo, extra_hi = np.zeros(n), unreached.astype(np.float64)
+        unidentified = np.clip(np.nan_to_num(extra, nan=0.0), 0.0, unreached)
     interval = block_interval(w, lo_extra, var_terms, prod, unreached, extra)
+    interval["point_lo"] = interval["lo"] + prod * np.clip(extra_lo, 0.0, unreached)
+    interval["point_hi"] = interval["lo"] + prod * np.clip(extra_hi, 0.0, unreached)
+    interval["unidentified"] = prod * np.clip(unidentified, 0.0, unreached)
     return {
         "rid": rid,
         "block_fct": log.block_fct,
@@ -217,17 +309,53 @@ def walk_blocks(
     }
 
 
-def _interval(lo: np.ndarray, point: np.ndarray, hi: np.ndarray, var: np.ndarray, z: float):
+def _interval(cols: dict[str, np.ndarray], z: float) -> dict[str, Any]:
+    """Means of a set of steps' `lo`, `point`, `hi` (and the interval), and what the point
+    is made of: `observed` (verified windows and exact ceilings), `walked` (exact products
+    along the walks), `extrapolated` (modelled), which sum to `mean_point`."""
+    lo, point, hi, var = cols["lo"], cols["point"], cols["hi"], cols["var"]
     n = len(lo)
     se = math.sqrt(float(var.sum())) / n
-    mean_lo, mean_hi = float(lo.mean()), float(hi.mean())
+    mean_lo, mean_hi, mean_point = float(lo.mean()), float(hi.mean()), float(point.mean())
+    parts = {
+        "observed": float(cols["observed"].mean()),
+        "walked": float((lo - cols["observed"]).mean()),
+        "extrapolated": float((point - lo).mean()),
+    }
     return {
         "mean_lo": mean_lo,
-        "mean_point": float(point.mean()),
+        "mean_point": mean_point,
         "mean_hi": mean_hi,
         "se": se,
         "ci_lo": mean_lo - z * se,
         "ci_hi": mean_hi + z * se,
+        "parts": parts,
+        "shares": {k: v / mean_point if mean_point else None for k, v in parts.items()},
+        "unidentified": float(cols["unidentified"].mean()),
+        "mean_point_lo": float(cols["point_lo"].mean()),
+        "mean_point_hi": float(cols["point_hi"].mean()),
+    }
+
+
+_SUMMED = ("lo", "point", "hi", "var", "point_lo", "point_hi", "unidentified")
+
+
+def _block_cols(blocks: dict[str, np.ndarray], sel: np.ndarray) -> dict[str, np.ndarray]:
+    cols = {k: blocks[k][sel] for k in _SUMMED}
+    cols["observed"] = blocks["window"][sel].astype(np.float64)
+    return cols
+
+
+def model_report(model: TailModel) -> dict[str, dict[str, Any]]:
+    """Per workload, what the tail model rests on: known positions per offset, which
+    offsets they identify, and the held-out calibration check."""
+    return {
+        name: {
+            "known_positions": model.known[g].tolist(),
+            "identified": model.identified[g].tolist(),
+            "calibration": model.calibration[g],
+        }
+        for g, name in enumerate(model.names)
     }
 
 
@@ -248,6 +376,11 @@ def summarize_by_workload(
     (cl + ct): that mean is the one comparable to a cap-accept run's overall
     mean, and (+1) to SGLang's cumulative online estimate. Without
     `workload_of`, the walk's `workload` column is used.
+
+    Each mean also says what its point is made of (`parts`, in accepted drafts, and
+    `shares` of the point): what was observed, what the walks measured, what was
+    extrapolated; `unidentified` is the part of the extrapolation that no known position
+    backs, and [`mean_point_lo`, `mean_point_hi`] the point's range (`walk_blocks`).
     """
     if workload_of is None:
         workload = blocks["workload"]
@@ -264,11 +397,7 @@ def summarize_by_workload(
             "open": int((status[sel] == OPEN).sum()),
             "mean_window": float(blocks["window"][sel].mean()),
         }
-        stats.update(
-            _interval(
-                blocks["lo"][sel], blocks["point"][sel], blocks["hi"][sel], blocks["var"][sel], z
-            )
-        )
+        stats.update(_interval(_block_cols(blocks, sel), z))
         out[wl] = stats
     if log is None:
         return out
@@ -282,14 +411,10 @@ def summarize_by_workload(
         sel_b = workload == wl
         sel_r = exact & (row_wl == wl)
         ceil = exact_ceiling[sel_r]
-        zeros = np.zeros(len(ceil))
-        steps = _interval(
-            np.concatenate([blocks["lo"][sel_b], ceil]),
-            np.concatenate([blocks["point"][sel_b], ceil]),
-            np.concatenate([blocks["hi"][sel_b], ceil]),
-            np.concatenate([blocks["var"][sel_b], zeros]),
-            z,
-        )
+        exact_cols = {k: ceil for k in ("lo", "point", "hi", "point_lo", "point_hi", "observed")}
+        exact_cols.update(var=np.zeros(len(ceil)), unidentified=np.zeros(len(ceil)))
+        cols = _block_cols(blocks, sel_b)
+        steps = _interval({k: np.concatenate([v, exact_cols[k]]) for k, v in cols.items()}, z)
         steps = {"steps": int(sel_b.sum() + sel_r.sum()), "exact_steps": int(sel_r.sum()), **steps}
         out.setdefault(wl, {"blocks": 0, "resolved": 0, "eos": 0, "open": 0})["all_steps"] = steps
     return out

@@ -63,6 +63,13 @@ def _method_entry(df: pl.DataFrame, method: str) -> dict:
         "hi": part["hi"].mean(),
         "censored_rate": (part["status"] == "censored").mean(),
     }
+    parts = {
+        "observed": part["window"].mean(),
+        "walked": (part["lo"] - part["window"]).mean(),
+        "extrapolated": (part["point"] - part["lo"]).mean(),
+    }
+    entry["parts"] = parts
+    entry["shares"] = {k: v / entry["point"] if entry["point"] else None for k, v in parts.items()}
     se = float(np.sqrt(part["var"].sum())) / n
     entry["interval"] = [entry["lo"] - Z95 * se, entry["hi"] + Z95 * se]
     if method == "greedy":

@@ -148,6 +148,20 @@ def extrapolated_extra(
     return extra
 
 
+def position_terms(rates: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """`[k, n]` each block's expected acceptance of each position from `start` on.
+
+    `rates[b, j]` is the probability that block b's draft at position j is accepted given
+    every earlier one was; the term at j >= start is the product of the rates from
+    `start` to j (0 before `start`), so a row's sum is the expected further accepted
+    drafts, and a subset of its columns says how much of that rests on those positions.
+    """
+    n = rates.shape[1]
+    after = np.arange(n)[None, :] >= np.asarray(start)[:, None]
+    running = np.cumprod(np.where(after, np.clip(rates, 0.0, 1.0), 1.0), axis=1)
+    return np.where(after, running, 0.0)
+
+
 def rate_extrapolation(rates: np.ndarray) -> Extrapolate:
     """An `Extrapolate` from per-position conditional acceptance rates (`rates[j]`: the
     probability that the draft at position j is accepted given every earlier one was),

@@ -179,7 +179,8 @@ def test_sglang_jsonl_needs_gamma():
 
 
 def test_sglang_jsonl_sampled_walk():
-    report = json.loads(cli("estimate", "--sglang-jsonl", str(SGLANG_JSONL), "--gamma", "7").stdout)
+    args = ("estimate", "--sglang-jsonl", str(SGLANG_JSONL), "--gamma", "7")
+    report = json.loads(cli(*args, "--json").stdout)
     assert report["gamma"] == 7
     assert set(report["workloads"]) == {"gsm8k", "arena", "poetry"}
     for name, e in report["workloads"].items():

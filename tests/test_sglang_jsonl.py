@@ -63,7 +63,9 @@ def _by_key(blocks: dict) -> dict:
 def test_hand_blocks_bounds_point_and_variance():
     log = read_block_accept_jsonl(HAND)
     assert log.bad_lines == 0 and log.n_blocks == 4 and log.n_rows == 7 and log.n_markers == 1
-    blocks = walk_blocks(log, 4)
+    # the file's pooled per-offset rates, so the point can be checked by hand (the default,
+    # the tail model, is checked in tests/test_tail_model.py)
+    blocks = walk_blocks(log, 4, tail_acceptance_rates(log, 4)[0])
     got = _by_key(blocks)
     a, b, c, d = got["wa-0", 10], got["wa-1", 10], got["wb-0", 11], got["wb-1", 11]
 
@@ -86,7 +88,7 @@ def test_hand_blocks_bounds_point_and_variance():
     assert d["lo"] == pytest.approx(1.6) and d["hi"] == pytest.approx(1.6 + 0.8 * 2)
     assert d["var"] == pytest.approx(0.8 + 3 * 0.8 - 1.6**2)
 
-    # Default extrapolation: mean walked a per offset = [.8, (.5+.6+1)/3, (1+.5)/2, .5].
+    # Pooled rates: mean walked a per offset = [.8, (.5+.6+1)/3, (1+.5)/2, .5].
     rates, counts = tail_acceptance_rates(log, 4)
     np.testing.assert_allclose(rates, [0.8, 0.7, 0.75, 0.5])
     np.testing.assert_array_equal(counts, [1, 3, 2, 1])

@@ -11,13 +11,16 @@ from ..estimator.file_estimates import block_accept_estimates
 from ..store import open_run
 from ..strict_json import clean_json
 from .errors import CliError
-from .views import print_estimates
+from .views import print_block_accept_estimates, print_estimates
 
 
 def handle(args: argparse.Namespace) -> int:
     if args.sglang_jsonl is not None:
-        report = block_accept_estimates(args.sglang_jsonl, args.gamma)
-        print(json.dumps(clean_json(report), indent=2))
+        report = clean_json(block_accept_estimates(args.sglang_jsonl, args.gamma))
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            print_block_accept_estimates(report)
         return 0
     if args.run_dir is None:
         raise CliError("give a RUN_DIR or --sglang-jsonl FILE --gamma N")

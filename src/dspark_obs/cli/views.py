@@ -107,6 +107,7 @@ def print_estimates(report: dict) -> None:
         "error",
         "covered",
         "exact/censored",
+        "extrapolated",
     ):
         table.add_column(col, justify="left" if col in ("workload", "method") else "right")
     for name, e in report["workloads"].items():
@@ -131,6 +132,7 @@ def print_estimates(report: dict) -> None:
                 "—" if err is None else f"{100 * err:+.2f}%",
                 {True: "yes", False: "NO", None: "—"}[m.get("covered")],
                 rates,
+                _share(m["shares"]["extrapolated"]),
             )
         pop = e.get("population")
         truth = e["truth"]
@@ -147,11 +149,61 @@ def print_estimates(report: dict) -> None:
             "—" if truth in (None, 0) else f"{100 * (pop['mean'] / truth - 1):+.2f}%",
             "",
             "",
+            "",
             end_section=True,
         )
     console.print(table)
     console.print(
         "[dim]walk rows: trimmed blocks only (truth = shadow ceiling of the same blocks); "
         "population: all request-steps; covered: the truth mean lies in the aggregate "
-        "interval (mean lo, mean hi widened by 1.96 standard errors)[/dim]"
+        "interval (mean lo, mean hi widened by 1.96 standard errors); extrapolated: the "
+        "share of the point that the population model filled in past the walks[/dim]"
+    )
+
+
+def _share(x) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def print_block_accept_estimates(report: dict) -> None:
+    """The sampled walk over SGLang's block-accept JSONL (`block_accept_estimates`): per
+    workload, the all-steps mean ceiling, what its point is made of, and the tail model's
+    footing."""
+    console = make_console()
+    table = Table(
+        title=f"{report['source']}: sampled walk, gamma {report['gamma']} "
+        "(accepted drafts per request-step)",
+        title_justify="left",
+    )
+    cols = ("workload", "steps", "lo", "point", "hi", "interval", "observed", "walked",
+            "extrap.", "unident.", "point range", "calibrated")  # fmt: skip
+    for col in cols:
+        table.add_column(col, justify="left" if col == "workload" else "right")
+    for name, e in report["workloads"].items():
+        s = e["sampled"]
+        m = s.get("all_steps", s)
+        shares = m["shares"]
+        cal = (e.get("tail_model") or {}).get("calibration", {}).get("calibrated")
+        unident = m["unidentified"] / m["mean_point"] if m["mean_point"] else None
+        table.add_row(
+            name,
+            f"{m.get('steps', s['blocks']):,}",
+            _f(m["mean_lo"]),
+            _f(m["mean_point"]),
+            _f(m["mean_hi"]),
+            f"[{_f(m['ci_lo'])}, {_f(m['ci_hi'])}]",
+            _share(shares["observed"]),
+            _share(shares["walked"]),
+            _share(shares["extrapolated"]),
+            _share(unident),
+            f"[{_f(m['mean_point_lo'])}, {_f(m['mean_point_hi'])}]",
+            {True: "yes", False: "NO", None: "—"}[cal],
+        )
+    console.print(table)
+    console.print(
+        "[dim]observed, walked, extrap.: shares of the point from verified windows and "
+        "exact ceilings, from the walks' exact products, and from the tail model; "
+        "unident.: the share extrapolated where no known position backs the model "
+        "(there the point range runs to the lo/hi bracket); calibrated: the model's "
+        "held-out check (--json for its bins)[/dim]"
     )

@@ -1,0 +1,213 @@
+"""The acceptance of a tail token no walk reached, modelled from the tokens walks did reach.
+
+Why: in SGLang's block-accept JSONL a walk stops at the first position where the
+committed stream left the tail, so on hard traffic (windows near one draft, early
+divergence) most of every tail is never evaluated and the point estimate is mostly
+extrapolation. The file still says something about every unreached token: its draft
+log-probability `q_lp`, its offset, its block's window, and the acceptance ratios the
+walk did see earlier in the same block. Walked entries have a known outcome, the
+acceptance ratio a = min(1, p/q), so they are the training set.
+
+The model, per workload: a fractional logistic regression (the quasi-likelihood of a
+in [0, 1], fitted by Newton steps) of a on log q, (log q)^2, offset, window, the mean a
+of the block's earlier walked entries, and whether there were any. Each workload's
+coefficients are pulled towards the pooled fit of the whole file by a ridge penalty of
+`SHRINK` (standardised features), so a workload with few known positions borrows the
+pooled shape instead of fitting noise. The fit is checked on held-out known
+positions: blocks are split into `FOLDS` folds, each fold predicted by a model fitted
+on the others, and the held-out predictions compared with the observed ratios
+(`calibration`).
+
+Assumption (what the estimate rests on): given those features, whether a position was
+reached (the committed stream kept matching the tail before it) says nothing more
+about its acceptance ratio. Entries are reached along matching runs, which favour
+contexts where the target agreed with the draft; the block's earlier ratios carry
+that agreement into the model, but a difficulty that neither they nor q_lp reveal
+still biases the deep positions the model extrapolates to.
+
+A (workload, offset) cell with fewer than `MIN_KNOWN` known positions identifies
+nothing: the coefficients there extrapolate in offset from other offsets or other
+workloads. Such cells are flagged (`identified`), and the per-block model range
+(`rate_bounds`) lets their rates run over all of [0, 1], so the range widens to the
+lo/hi bracket there instead of trusting the guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Known positions a (workload, offset) cell needs before its rate counts as identified.
+MIN_KNOWN = 30
+#: Ridge precision pulling a workload's standardised coefficients to the pooled ones.
+SHRINK = 1.0
+#: Block folds of the held-out calibration check.
+FOLDS = 5
+#: Equal-width bins of predicted acceptance in the calibration check.
+CALIBRATION_BINS = 10
+#: A bin fails the check when its gap exceeds this plus 3 standard errors.
+CALIBRATION_SLACK = 0.02
+#: Held-out positions a bin needs before it is tested (its standard error means little below).
+CALIBRATION_MIN_COUNT = 20
+#: The floor of log q in the features: a draft token is never quite impossible.
+LOG_Q_FLOOR = -30.0
+_NEWTON_STEPS = 50
+_FEATURES = 7
+
+
+def features(
+    log_q: np.ndarray, offset: np.ndarray, window: np.ndarray, history: np.ndarray
+) -> np.ndarray:
+    """`[..., 7]` regressors: 1, log q, (log q)^2, offset, window, earlier mean a, none earlier.
+
+    `history` is the mean acceptance ratio of the block's walked entries before the
+    position, NaN where there is none.
+    """
+    lq = np.clip(np.nan_to_num(log_q, nan=LOG_Q_FLOOR), LOG_Q_FLOOR, 0.0)
+    none = np.isnan(history)
+    cols = (
+        np.ones_like(lq),
+        lq,
+        lq * lq,
+        np.broadcast_to(offset, lq.shape).astype(np.float64),
+        np.broadcast_to(window, lq.shape).astype(np.float64),
+        np.where(none, 0.0, history),
+        none.astype(np.float64),
+    )
+    return np.stack(cols, axis=-1)
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+def _fit(x: np.ndarray, a: np.ndarray, prior: np.ndarray, shrink: float) -> np.ndarray:
+    """Coefficients minimising the fractional logistic loss + shrink/2 |beta - prior|^2.
+
+    `x` is standardised (its first column the intercept), so one penalty suits all.
+    """
+    beta = prior.copy()
+    ridge = shrink * np.eye(x.shape[1])
+    for _ in range(_NEWTON_STEPS):
+        mu = _sigmoid(x @ beta)
+        grad = x.T @ (mu - a) + shrink * (beta - prior)
+        hess = (x * (mu * (1 - mu))[:, None]).T @ x + ridge
+        step = np.linalg.solve(hess, grad)
+        beta -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return beta
+
+
+def _fit_groups(
+    x: np.ndarray, a: np.ndarray, group: np.ndarray, groups: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(pooled coefficients, `[groups, features]` per-group coefficients shrunk to them)."""
+    pooled = _fit(x, a, np.zeros(x.shape[1]), 1e-3)
+    per = np.tile(pooled, (groups, 1))
+    for g in np.unique(group).tolist():
+        sel = group == g
+        per[g] = _fit(x[sel], a[sel], pooled, SHRINK)
+    return pooled, per
+
+
+def _calibration(predicted: np.ndarray, observed: np.ndarray) -> dict:
+    """Held-out predictions against the observed ratios, in bins of the prediction."""
+    n = len(predicted)
+    if n == 0:
+        return {"held_out": 0, "calibrated": None}
+    b = np.minimum((predicted * CALIBRATION_BINS).astype(np.int64), CALIBRATION_BINS - 1)
+    count = np.bincount(b, minlength=CALIBRATION_BINS)
+    keep = count > 0
+    tested = count >= CALIBRATION_MIN_COUNT
+    c = np.maximum(count, 1)
+    pred = np.bincount(b, predicted, CALIBRATION_BINS) / c
+    obs = np.bincount(b, observed, CALIBRATION_BINS) / c
+    second = np.bincount(b, observed * observed, CALIBRATION_BINS) / c
+    se = np.sqrt(np.maximum(second - obs * obs, 0.0) / c)
+    gap = pred - obs
+    ok = np.abs(gap) <= CALIBRATION_SLACK + 3 * se
+    return {
+        "held_out": n,
+        "mean_predicted": float(predicted.mean()),
+        "mean_observed": float(observed.mean()),
+        "ece": float((count * np.abs(gap)).sum() / n),
+        "tested_bins": int(tested.sum()),
+        "calibrated": bool(ok[tested].all()) if tested.any() else None,
+        "bins": [
+            {"predicted": float(pred[i]), "observed": float(obs[i]), "count": int(count[i])}
+            for i in np.flatnonzero(keep).tolist()
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class TailModel:
+    """The fitted model: per-group coefficients, identified cells, and the held-out check.
+
+    `names` are the groups' names (workloads, in the order of their ids);
+    `identified[g, c]`: group g has at least `MIN_KNOWN` known positions at offset c + 1;
+    `known[g, c]` their count; `margin[g]` the group's held-out ECE, the half-width of
+    an identified rate's range.
+    """
+
+    names: tuple[str, ...]
+    mean: np.ndarray
+    scale: np.ndarray
+    coef: np.ndarray
+    known: np.ndarray
+    identified: np.ndarray
+    margin: np.ndarray
+    calibration: list[dict]
+
+    def rates(self, x: np.ndarray, group: np.ndarray) -> np.ndarray:
+        """Predicted acceptance ratio for features `x` `[k, gamma, 7]` of blocks in `group`."""
+        z = ((x - self.mean) / self.scale * self.coef[group][:, None, :]).sum(axis=-1)
+        return _sigmoid(z)
+
+    def rate_bounds(
+        self, rates: np.ndarray, group: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(low, high, identified) rates per block position: identified cells within the
+        group's margin, the others anywhere in [0, 1]."""
+        ident = self.identified[group]
+        margin = self.margin[group][:, None]
+        low = np.where(ident, np.clip(rates - margin, 0.0, 1.0), 0.0)
+        high = np.where(ident, np.clip(rates + margin, 0.0, 1.0), 1.0)
+        return low, high, ident
+
+
+def fit_tail_model(
+    x: np.ndarray, a: np.ndarray, group: np.ndarray, block: np.ndarray, offset: np.ndarray,
+    names: tuple[str, ...], gamma: int,
+) -> TailModel:  # fmt: skip
+    """Fit on known positions: features `x` `[n, 7]`, ratios `a`, their group, block and
+    1-based offset; the held-out check splits by block so a block never checks itself."""
+    n, groups = len(a), len(names)
+    known = np.bincount(group * gamma + offset - 1, minlength=groups * gamma).reshape(groups, gamma)
+    mean, scale = np.zeros(_FEATURES), np.ones(_FEATURES)
+    if n:
+        mean[1:] = x[:, 1:].mean(axis=0)
+        spread = x[:, 1:].std(axis=0)
+        scale[1:] = np.where(spread > 0, spread, 1.0)
+    xs = (x - mean) / scale
+    if n == 0:
+        coef = np.zeros((groups, _FEATURES))
+    else:
+        coef = _fit_groups(xs, a, group, groups)[1]
+
+    fold = block % FOLDS
+    held = np.full(n, np.nan)
+    for f in range(FOLDS):
+        test = fold == f
+        if not test.any() or test.all():
+            continue
+        train = ~test
+        per = _fit_groups(xs[train], a[train], group[train], groups)[1]
+        held[test] = _sigmoid((xs[test] * per[group[test]]).sum(axis=1))
+    checked = ~np.isnan(held)
+    calibration = [_calibration(held[checked & (group == g)], a[checked & (group == g)])
+                   for g in range(groups)]  # fmt: skip
+    margin = np.asarray([c.get("ece", 1.0) for c in calibration])
+    return TailModel(names, mean, scale, coef, known, known >= MIN_KNOWN, margin, calibration)

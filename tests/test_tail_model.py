@@ -1,0 +1,190 @@
+"""The tail model of the block-accept walk, on files whose true acceptance law is built in.
+
+Each synthetic workload draws its tokens' draft probabilities and sets every tail token's
+acceptance ratio a = min(1, p/q) from a logistic law in log q and offset of its own; the
+committed stream follows a tail token with probability p (the target sampled it), so
+walks stop early where the target disagrees, as they do in SGLang's file. The truth is
+the exact expected ceiling w + sum_m prod_{i<=m} a_i of every block, all positions known.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from dspark_obs.estimator import interval
+from dspark_obs.estimator.block_accept_walk import (
+    model_report,
+    summarize_by_workload,
+    tail_acceptance_rates,
+    tail_model,
+    walk_blocks,
+)
+from dspark_obs.estimator.tail_model import MIN_KNOWN
+
+from dspark_obs.telemetry.block_accept_log import read_block_accept_jsonl
+
+from .conftest import cli
+
+GAMMA = 7
+#: name -> (blocks, windows drawn from, logit a = c0 + c_lq log q + c_off offset, q range,
+#: share of blocks whose file ends mid-walk)
+SPEC = {
+    "easy": (3000, [2, 3, 4, 5], (2.5, 1.0, -0.15), (0.3, 1.0), 0.1),
+    "hard": (3000, [0, 1, 1, 2], (0.0, 1.5, -0.35), (0.05, 0.9), 0.1),
+    "thin": (40, [3, 4], (1.0, 0.5, 0.0), (0.2, 1.0), 0.1),
+}
+
+
+def _world(seed: int, spec: dict = SPEC) -> tuple[list[str], dict]:
+    """JSONL lines and, per workload, the true mean ceiling, the walked part of it (the
+    products along the walks) and the known positions per offset, all counted here."""
+    rng = np.random.default_rng(seed)
+    lines, truth = [], {}
+    for name, (n, windows, coef, q_range, open_share) in spec.items():
+        ceilings, walked_part, known = [], [], np.zeros(GAMMA, dtype=np.int64)
+        for k in range(n):
+            w = int(rng.choice(windows))
+            m = GAMMA - w
+            lq = np.log(rng.uniform(*q_range, m))
+            offset = np.arange(w + 1, GAMMA + 1)
+            a = 1 / (1 + np.exp(-(coef[0] + coef[1] * lq + coef[2] * offset)))
+            p_lp = np.log(a) + lq
+            ceilings.append(w + np.cumprod(a).sum())
+            tail = list(range(10, 10 + m))
+            reach = m if rng.random() >= open_share else int(rng.integers(1, m + 1))
+            pg = []
+            for j in range(reach):
+                diverge = rng.random() >= math.exp(p_lp[j])
+                realized = tail[j] + 1 if diverge else tail[j]
+                pg.append([0, w + 1 + j, float(p_lp[j]), tail[j], realized])
+                known[w + j] += 1
+                if diverge:
+                    break
+            walked_part.append(np.cumprod(a[: len(pg)]).sum())
+            row = {"rid": f"{name}-{k}", "fct": 0, "w": w, "cl": w, "ct": 0,
+                   "trimmed_tokens": tail, "q_lp": lq.tolist(), "pg": pg}  # fmt: skip
+            lines.append(json.dumps(row))
+        truth[name] = {
+            "ceiling": float(np.mean(ceilings)),
+            "walked": float(np.mean(walked_part)),
+            "known": known,
+        }
+    return lines, truth
+
+
+@pytest.fixture(scope="module")
+def world():
+    lines, truth = _world(3)
+    log = read_block_accept_jsonl(lines)
+    model = tail_model(log, GAMMA)
+    blocks = walk_blocks(log, GAMMA, model)
+    return log, truth, model, blocks, summarize_by_workload(blocks)
+
+
+def test_point_recovers_each_workloads_law_where_the_pooled_rates_miss(world):
+    log, truth, _, blocks, summary = world
+    pooled = summarize_by_workload(walk_blocks(log, GAMMA, tail_acceptance_rates(log, GAMMA)[0]))
+    for name in ("easy", "hard"):
+        t = truth[name]["ceiling"]
+        assert summary[name]["mean_point"] == pytest.approx(t, rel=0.005), name
+    # the hard workload: windows near one draft, most of every tail never walked
+    hard = summary["hard"]
+    sel = blocks["workload"] == "hard"
+    tails = (GAMMA - blocks["window"][sel]).sum()
+    assert blocks["unreached"][sel].sum() > 0.6 * tails and hard["mean_window"] < 1.1
+    new_err = abs(hard["mean_point"] / truth["hard"]["ceiling"] - 1)
+    old_err = abs(pooled["hard"]["mean_point"] / truth["hard"]["ceiling"] - 1)
+    assert old_err > 0.05 and old_err > 10 * new_err
+    # the default of walk_blocks is the same model
+    np.testing.assert_allclose(walk_blocks(log, GAMMA)["point"], blocks["point"])
+
+
+def test_parts_sum_to_the_point_and_the_walked_part_is_the_walks_products(world):
+    _, truth, _, blocks, summary = world
+    for name, s in summary.items():
+        parts = s["parts"]
+        assert sum(parts.values()) == pytest.approx(s["mean_point"], rel=1e-12)
+        assert sum(s["shares"].values()) == pytest.approx(1.0, rel=1e-12)
+        sel = blocks["workload"] == name
+        assert parts["observed"] == pytest.approx(blocks["window"][sel].mean())
+        assert parts["walked"] == pytest.approx(truth[name]["walked"], rel=1e-9)
+        assert 0 <= s["unidentified"] <= parts["extrapolated"] + 1e-12
+        assert s["mean_lo"] <= s["mean_point_lo"] <= s["mean_point"] <= s["mean_point_hi"]
+        assert s["mean_point_hi"] <= s["mean_hi"] + 1e-12
+
+
+def test_calibration_holds_on_held_out_positions(world):
+    _, truth, model, _, _ = world
+    report = model_report(model)
+    for name in ("easy", "hard"):
+        cal = report[name]["calibration"]
+        assert cal["calibrated"] is True, (name, cal)
+        assert cal["held_out"] == truth[name]["known"].sum()
+        assert abs(cal["mean_predicted"] - cal["mean_observed"]) < 0.01
+        assert cal["ece"] < 0.01
+        assert sum(b["count"] for b in cal["bins"]) == cal["held_out"]
+
+
+def test_the_check_fails_a_model_that_does_not_fit():
+    """Acceptance that swings with the parity of the offset: no law smooth in offset fits
+    it, and the held-out check must say so."""
+    spec = {"zigzag": (3000, [0], (0.0, 0.0, 0.0), (0.5, 1.0), 0.0)}
+    lines, _ = _world(5, spec)
+    rows = [json.loads(x) for x in lines]
+    for row in rows:
+        for e in row["pg"]:  # a = 0.95 at odd offsets, 0.3 at even ones: p = a q
+            lq = row["q_lp"][e[1] - 1]
+            e[2] = math.log(0.95 if e[1] % 2 else 0.3) + lq
+    log = read_block_accept_jsonl([json.dumps(r) for r in rows])
+    cal = model_report(tail_model(log, GAMMA))["zigzag"]["calibration"]
+    assert cal["calibrated"] is False
+
+
+def test_unidentified_cells_are_flagged_and_widened(world):
+    _, truth, model, blocks, summary = world
+    report = model_report(model)
+    for name in SPEC:
+        known = truth[name]["known"]
+        assert report[name]["known_positions"] == known.tolist()
+        assert report[name]["identified"] == (known >= MIN_KNOWN).tolist()
+    # the thin workload (40 blocks) identifies few offsets: where every unreached position
+    # of a block is unidentified, its point range is the whole lo/hi bracket
+    ident = np.asarray(report["thin"]["identified"])
+    assert not ident.all()
+    sel = np.flatnonzero(blocks["workload"] == "thin")
+    start = blocks["window"][sel] + blocks["walked"][sel]
+    blind = sel[[not ident[s:].any() and s < GAMMA for s in start.tolist()]]
+    assert len(blind) > 0
+    np.testing.assert_allclose(blocks["point_lo"][blind], blocks["lo"][blind])
+    np.testing.assert_allclose(blocks["point_hi"][blind], blocks["hi"][blind])
+    np.testing.assert_allclose(
+        blocks["unidentified"][blind], blocks["point"][blind] - blocks["lo"][blind]
+    )
+    assert summary["thin"]["unidentified"] > 0
+
+
+def test_position_terms_by_hand():
+    rates = np.array([[0.5, 0.5, 0.4, 0.9], [0.1, 0.2, 0.3, 0.4]])
+    terms = interval.position_terms(rates, np.array([1, 4]))
+    np.testing.assert_allclose(terms, [[0, 0.5, 0.2, 0.18], [0, 0, 0, 0]])
+    # the same sum as per-position rates shared by every block
+    shared = interval.rate_extrapolation(rates[0])(np.zeros(1, int), np.array([1]), None)
+    assert terms[0].sum() == pytest.approx(shared[0])
+
+
+def test_cli_text_and_json_say_what_the_point_is_made_of(tmp_path):
+    lines, _ = _world(4, {k: SPEC[k] for k in ("hard", "thin")})
+    path = tmp_path / "ba.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    args = ("estimate", "--sglang-jsonl", str(path), "--gamma", str(GAMMA))
+    report = json.loads(cli(*args, "--json").stdout)
+    for name in ("hard", "thin"):
+        e = report["workloads"][name]
+        steps = e["sampled"]["all_steps"]
+        assert sum(steps["parts"].values()) == pytest.approx(steps["mean_point"], rel=1e-12)
+        assert len(e["tail_model"]["identified"]) == GAMMA
+    text = cli(*args).stdout
+    assert "hard" in text and "thin" in text and "extrap." in text and "calibrated" in text
