@@ -283,9 +283,9 @@ class DSparkRuntime:
         than the one it left (the lowest such); one with none free waits a step."""
         waiting = []
         for due, state in self.parked:
-            free = np.flatnonzero(~self.active)
-            free = free[free != state["slot"]]
-            if due > self.forward_ct or len(free) == 0:
+            free = np.flatnonzero(~self.active) if due <= self.forward_ct else []
+            free = free[free != state["slot"]] if len(free) else free
+            if len(free) == 0:
                 waiting.append((due, state))
                 continue
             s = int(free[0])
