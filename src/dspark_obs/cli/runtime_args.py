@@ -12,6 +12,7 @@ from pathlib import Path
 from ..runtime.config import RuntimeConfig
 from ..runtime.cost_table import load_cost_table
 from ..runtime.language import parse_workload
+from ..runtime.worlds import WORLDS
 from ..store.writer import FLUSH_SECONDS, FLUSH_STEPS
 
 
@@ -59,10 +60,21 @@ def add_runtime_arguments(
         help="fraction of requests given a shadow twin (default 1.0)",
     )
     g.add_argument(
+        "--world",
+        choices=tuple(WORLDS),
+        default="reference",
+        help="how serving departs from the reference runtime, to test the estimator where it "
+        "was not designed: adversarial-confidence (head reads the draft's own probability; "
+        "hidden per-request difficulty; token-dependent acceptance), unstable-slots (budget on "
+        "2-step-old confidence; requests retracted and re-admitted in another slot; workloads "
+        "with windows near 1 and near gamma) (default reference)",
+    )
+    g.add_argument(
         "--workloads",
-        default="gsm8k,arena,poetry",
+        default=None,
         help="comma list of NAME, NAME=PRESET or NAME=PEAK; presets gsm8k, arena, "
-        "poetry (easy to hard) (default gsm8k,arena,poetry)",
+        "poetry (easy to hard) (default: the world's own; gsm8k,arena,poetry in the "
+        "reference world)",
     )
     g.add_argument(
         "--mix",
@@ -167,9 +179,11 @@ def store_options(args: argparse.Namespace) -> dict:
 
 def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
     """The runtime configuration `add_runtime_arguments` describes, validated."""
-    workloads = [parse_workload(s) for s in args.workloads.split(",") if s.strip()]
-    mix = args.mix if args.mix is not None else [1.0] * len(workloads)
+    workloads = None
+    if args.workloads is not None:
+        workloads = [parse_workload(s) for s in args.workloads.split(",") if s.strip()]
     config = RuntimeConfig(
+        world=args.world,
         seed=args.seed,
         gamma=args.gamma,
         vocab_size=args.vocab_size,
@@ -177,7 +191,7 @@ def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
         shadow=args.shadow,
         shadow_fraction=args.shadow_fraction,
         workloads=workloads,
-        mix=mix,
+        mix=args.mix,
         concurrency=args.concurrency,
         steps_per_level=args.steps_per_level,
         greedy_fraction=args.greedy_fraction,

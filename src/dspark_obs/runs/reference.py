@@ -39,6 +39,7 @@ def runtime_manifest(config: RuntimeConfig, sts: StsCalibration | None) -> dict:
         "gamma": config.gamma,
         "mode": config.mode,
         "shadow": config.shadow,
+        "world": config.world,
         "workloads": [w.name for w in config.workloads],
         "timing": config.timing,
         "target": config.target,

@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, field
 from ..telemetry.batch import MODES
 from .cost_table import DEFAULT_CAPTURE_TIERS, AdditiveCostTable, default_cost_table
 from .drafter import DrafterConfig
-from .language import PRESETS, WorkloadProfile
+from .language import WorkloadProfile
+from .worlds import REFERENCE, WORLDS, World, get_world
 
 
 @dataclass
@@ -18,8 +19,10 @@ class RuntimeConfig:
     mode: str = "compact"
     shadow: str | None = None
     shadow_fraction: float = 1.0
-    workloads: list[WorkloadProfile] = field(default_factory=lambda: list(PRESETS.values()))
-    mix: list[float] = field(default_factory=lambda: [1.0, 1.0, 1.0])
+    world: str = "reference"
+    #: None: the world's own workloads, equally mixed
+    workloads: list[WorkloadProfile] | None = None
+    mix: list[float] | None = None
     concurrency: list[int] = field(default_factory=lambda: [1, 8, 32, 64, 128, 256])
     steps_per_level: int = 200
     greedy_fraction: float = 0.5
@@ -34,6 +37,18 @@ class RuntimeConfig:
     torch_hidden: int = 512
     device: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.workloads is None:
+            known = isinstance(self.world, str) and self.world in WORLDS
+            self.workloads = list((WORLDS[self.world] if known else REFERENCE).workloads)
+        if self.mix is None:
+            self.mix = [1.0] * len(self.workloads)
+
+    @property
+    def world_spec(self) -> World:
+        """What the run's world changes (ValueError for a name that is no world)."""
+        return get_world(self.world)
+
     @property
     def timing(self) -> str:
         """How step times are obtained, as recorded in the run manifest."""
@@ -45,6 +60,7 @@ class RuntimeConfig:
         return self.steps_per_level * len(self.concurrency)
 
     def validate(self) -> None:
+        get_world(self.world)
         if self.target not in ("synthetic", "torch"):
             raise ValueError(f"target must be synthetic or torch, got {self.target!r}")
         if self.torch_hidden < 8:
@@ -66,6 +82,9 @@ class RuntimeConfig:
         names = [w.name for w in self.workloads]
         if len(set(names)) != len(names):
             raise ValueError(f"workload names repeat: {names}")
+        for w in self.workloads:
+            if not 0.0 < w.draft_fidelity <= 1.0:
+                raise ValueError(f"workload {w.name}: draft fidelity must be within (0, 1]")
         if len(self.mix) != len(self.workloads):
             raise ValueError(f"{len(self.mix)} mix weights for {len(self.workloads)} workloads")
         if not self.concurrency or min(self.concurrency) < 1 or max(self.concurrency) > 4096:

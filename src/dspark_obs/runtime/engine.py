@@ -13,6 +13,11 @@ verification give the same tokens, which is the property cap-accept relies on.
 A `--shadow cap-accept` twin reads the same chain to the end: the ceiling a
 cap-accept server with the same seed would report for that request-step.
 
+A world (`worlds.py`) may plan the budget on the confidence of two steps before, as
+SGLang's relay does, and may retract decoding requests and re-admit them later into
+another slot, as SGLang does under memory pressure; a retracted request keeps its
+state, so its committed stream continues where it stopped.
+
 Besides the closed-loop traffic of `step(level)`, requests can come from
 outside (`submit`, then `step_external`): the SGLang-protocol front serves them
 over HTTP. The two kinds of admission are not meant to be mixed on one engine.
@@ -42,6 +47,25 @@ from .hashing import extend, mix, uniform, unit
 from .language import EOS_TOKEN, SyntheticTarget
 from .scheduler import schedule
 from .traffic import Traffic
+from .worlds import World
+
+#: per-slot state a retracted request takes with it and brings back to its new slot
+_SLOT_STATE = (
+    "salt",
+    "workload",
+    "greedy",
+    "temperature",
+    "prefix",
+    "prev2",
+    "prev1",
+    "generated",
+    "max_new",
+    "shadowed",
+    "rid",
+    "ignore_eos",
+    "verify_ct",
+    "prompt_tokens",
+)
 
 _TAG_DRAFT = 41
 _TAG_ACCEPT = 42
@@ -49,6 +73,8 @@ _TAG_BONUS = 43
 _TAG_SHADOW = 44
 _TAG_LEN = 45
 _TAG_EXTERNAL_SALT = 46
+_TAG_RETRACT = 47
+_TAG_GAP = 48
 _DRAW_TAGS = np.array([_TAG_DRAFT, _TAG_ACCEPT], dtype=np.uint64)[:, None, None]
 
 
@@ -74,9 +100,17 @@ class DSparkRuntime:
     def __init__(self, config: RuntimeConfig) -> None:
         config.validate()
         self.config = c = config
+        self.world: World = c.world_spec
         self.gamma = c.gamma
         self.target = make_target(c)
-        self.drafter = BlockDrafter(c.drafter, c.gamma, c.vocab_size, c.seed ^ 0x5EED)
+        self.drafter = BlockDrafter(
+            c.drafter,
+            c.gamma,
+            c.vocab_size,
+            c.seed ^ 0x5EED,
+            self.world,
+            np.array([w.draft_fidelity for w in c.workloads]),
+        )
         self.traffic = Traffic(
             seed=c.seed,
             mix_weights=c.mix,
@@ -92,7 +126,8 @@ class DSparkRuntime:
         self.workload_names = tuple(self.names.tolist())
         self.seed = np.uint64(c.seed)
         self.timing_rng = np.random.default_rng(c.seed)
-        cap = max(c.concurrency)
+        # a spare slot lets every returning request find one other than the slot it left
+        cap = max(c.concurrency) + (self.world.retract_rate > 0)
         self.active = np.zeros(cap, dtype=bool)
         self.salt = np.zeros(cap, dtype=np.uint64)
         self.workload = np.zeros(cap, dtype=np.int64)
@@ -109,6 +144,16 @@ class DSparkRuntime:
         self.verify_ct = np.zeros(cap, dtype=np.int64)
         self.prompt_tokens = np.zeros(cap, dtype=np.int64)
         self.outputs: list[list[int]] = [[] for _ in range(cap)]
+        # SGLang's req_generation: counts admissions into a slot, so a relayed value can
+        # tell whether the request it came from still holds the slot
+        self.generation = np.zeros(cap, dtype=np.int64)
+        lag = self.world.lag_steps
+        self._relay_confidence = np.ones((lag, cap, c.gamma))
+        self._relay_generation = np.full((lag, cap), -1, dtype=np.int64)
+        self._conf_buf = np.ones((cap, c.gamma))
+        # retracted requests: (step they return at, their slot state), in retraction order
+        self.parked: list[tuple[int, dict]] = []
+        self.retracted = 0
         # the verify distributions, reused every step: `gather` reads only the last step's
         self._p_all = np.empty((cap, c.gamma + 1, c.vocab_size))
         self._q_all = np.empty((cap, c.gamma, c.vocab_size))
@@ -132,13 +177,14 @@ class DSparkRuntime:
 
     def _admit(self, level: int) -> None:
         free = np.flatnonzero(~self.active)
-        n = min(level - int(self.active.sum()), len(free))
+        n = min(level - int(self.active.sum()) - len(self.parked), len(free))
         if n <= 0:
             return
         slots = free[:n]
         new = self.traffic.arrivals(self.arrived, n)
         self.arrived += n
         self.active[slots] = True
+        self.generation[slots] += 1
         self.salt[slots] = new.salt
         self.workload[slots] = new.workload
         self.greedy[slots] = new.greedy
@@ -170,6 +216,7 @@ class DSparkRuntime:
         sampled = np.flatnonzero(~greedy)
         u_draft, u_accept = unit(extend(block[:, None], self._positions, _DRAW_TAGS))
         draft_keys = self.drafter.block_keys(salt, prefix, prev1)
+        fidelity = self.drafter.fidelity_factor(salt, wl)
         # [g + 1, b]: row j is position j of every block, contiguous for the per-position hashes
         pos_keys = self.target.position_keys(salt, prefix + self._block[:, None])
         draft = np.empty((b, g), dtype=np.int64)
@@ -184,7 +231,7 @@ class DSparkRuntime:
         for j in range(g):
             ctx[:, :, j] = c2, c1
             lt = self.target.logits_at(pos_keys[j], c2, c1, wl)
-            ld = self.drafter.logits(lt, draft_keys[:, j], prev_draft, j)
+            ld = self.drafter.logits(lt, draft_keys[:, j], prev_draft, j, fidelity)
             lp, lq = log_softmax(lt, temp), log_softmax(ld, temp)
             p, q = np.exp(lp, out=p_all[:, j]), np.exp(lq, out=q_all[:, j])
             d = ld.argmax(axis=1)
@@ -201,8 +248,53 @@ class DSparkRuntime:
         return draft, q_lp, p_lp, accepted, accept_prob, p_all, q_all, (pos_keys.T, *ctx)
 
     def step(self, level: int) -> StepBatch:
+        self._retract()
+        self._readmit()
         self._admit(level)
         return self._advance()
+
+    def _retract(self) -> None:
+        """Take some decoding requests out of the batch, each for a keyed gap of steps.
+
+        SGLang retracts decoding requests when KV memory runs short and re-admits them
+        later; which ones, and for how long, is keyed on (request, prefix) here, so every
+        verify mode retracts the same requests at the same points of their streams.
+        """
+        rate = self.world.retract_rate
+        if rate == 0.0:
+            return
+        slots = np.flatnonzero(self.active & (self.generated > 0))
+        salt, prefix = self.salt[slots], self.prefix[slots]
+        out = slots[uniform(self.seed, salt, prefix, _TAG_RETRACT) < rate]
+        if len(out) == 0:
+            return
+        draw = uniform(self.seed, self.salt[out], self.prefix[out], _TAG_GAP)
+        gaps = 1 + (self.world.max_gap_steps * draw).astype(np.int64)
+        for s, gap in zip(out.tolist(), gaps.tolist(), strict=True):
+            state = {name: getattr(self, name)[s] for name in _SLOT_STATE}
+            state["slot"], state["outputs"] = s, self.outputs[s]
+            self.parked.append((self.forward_ct + gap, state))
+            self.outputs[s] = []
+        self.active[out] = False
+        self.retracted += len(out)
+
+    def _readmit(self) -> None:
+        """Bring back the retracted requests whose gap is over, each into a free slot other
+        than the one it left (the lowest such); one with none free waits a step."""
+        waiting = []
+        for due, state in self.parked:
+            free = np.flatnonzero(~self.active) if due <= self.forward_ct else []
+            free = free[free != state["slot"]] if len(free) else free
+            if len(free) == 0:
+                waiting.append((due, state))
+                continue
+            s = int(free[0])
+            for name in _SLOT_STATE:
+                getattr(self, name)[s] = state[name]
+            self.outputs[s] = state["outputs"]
+            self.active[s] = True
+            self.generation[s] += 1
+        self.parked = waiting
 
     def external_request(
         self,
@@ -278,7 +370,7 @@ class DSparkRuntime:
 
     @property
     def has_external_work(self) -> bool:
-        return bool(self.pending) or bool(self.active.any())
+        return bool(self.pending) or bool(self.active.any()) or bool(self.parked)
 
     def _admit_external(self) -> None:
         free = np.flatnonzero(~self.active)
@@ -293,6 +385,7 @@ class DSparkRuntime:
 
         salt = col("salt", np.uint64)
         self.active[slots] = True
+        self.generation[slots] += 1
         self.salt[slots] = salt
         self.workload[slots] = col("workload", np.int64)
         self.greedy[slots] = col("greedy", bool)
@@ -317,6 +410,8 @@ class DSparkRuntime:
         `ignore_eos`, and at `max_new_tokens`, although the step itself may
         have committed a few tokens past either.
         """
+        self._retract()
+        self._readmit()
         self._admit_external()
         slots = np.flatnonzero(self.active)
         if len(slots) == 0:
@@ -364,15 +459,19 @@ class DSparkRuntime:
             salt, wl, prefix, self.prev2[slots], self.prev1[slots], greedy, temp, block
         )
         self._verified = p_all
-        conf_logits = self.drafter.confidence_logits(acc_prob, salt, prefix)
+        if self.world.confidence == "draft-probability":
+            conf_logits = self.drafter.draft_probability_logits(q_lp)
+        else:
+            conf_logits = self.drafter.confidence_logits(acc_prob, salt, prefix)
         confidence = _sigmoid(conf_logits / self.sts[None, :])
         survival = np.cumprod(confidence, axis=1)
+        budget_survival = self._relay(slots, confidence)
 
         if c.mode == "static":
             windows = np.full(b, g, dtype=np.int64)
             budget = predicted = theta = None
         else:
-            plan = schedule(survival, c.cost_table)
+            plan = schedule(survival, c.cost_table, budget_survival)
             windows = plan.windows
             budget, predicted, theta = plan.budget, plan.predicted_seconds * 1e3, plan.objective
         chain = leading_run(acc)
@@ -403,7 +502,7 @@ class DSparkRuntime:
             rank=0,
             bs=b,
             budget=budget,
-            lag_steps=0,
+            lag_steps=self.world.lag_steps,
             num_running_reqs=b,
             predicted_step_ms=predicted,
             predicted_theta=theta,
@@ -434,6 +533,24 @@ class DSparkRuntime:
         self._commit(slots, draft, accepted, bonus)
         self.forward_ct += 1
         return batch
+
+    def _relay(self, slots: np.ndarray, confidence: np.ndarray) -> np.ndarray | None:
+        """The survivals the budget is planned on under a relay lag (None: no lag).
+
+        As SGLang's relay: each step the per-slot confidence buffer is snapshotted with
+        the slots' generations, and a step reads the snapshot of `lag` steps before; a row
+        whose slot has changed hands since (or that was not there) plans on survival 1.
+        """
+        lag = self.world.lag_steps
+        if lag == 0:
+            return None
+        ring = self.forward_ct % lag
+        lagged = self._relay_confidence[ring, slots]
+        fresh = self._relay_generation[ring, slots] == self.generation[slots]
+        self._conf_buf[slots] = confidence
+        self._relay_confidence[ring] = self._conf_buf
+        self._relay_generation[ring] = self.generation
+        return np.where(fresh[:, None], np.cumprod(lagged, axis=1), 1.0)
 
     def gather_target_logprobs(
         self, rows: np.ndarray, positions: np.ndarray, tokens: np.ndarray

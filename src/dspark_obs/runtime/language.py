@@ -9,7 +9,7 @@ to draft and poetry-like traffic hard.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -31,7 +31,8 @@ class WorkloadProfile:
 
     `peak` lifts one token per context above the rest (in units of the logit
     scale): large for reasoning traces that copy and compute, small for verse.
-    `mean_output_len` sets the EOS rate.
+    `mean_output_len` sets the EOS rate. `draft_fidelity` scales how closely the
+    drafter imitates this workload's text (1: as well as the drafter can).
     """
 
     name: str
@@ -39,6 +40,7 @@ class WorkloadProfile:
     scale: float = 1.6
     mean_output_len: float = 160.0
     prompt_len: int = 256
+    draft_fidelity: float = 1.0
 
 
 #: The article's three example workloads, from easy to hard to draft.
@@ -57,8 +59,7 @@ def parse_workload(spec: str) -> WorkloadProfile:
         raise ValueError(f"workload {spec!r}: empty name")
     rhs = rhs.strip() or name
     if rhs in PRESETS:
-        base = PRESETS[rhs]
-        return WorkloadProfile(name, base.peak, base.scale, base.mean_output_len, base.prompt_len)
+        return replace(PRESETS[rhs], name=name)
     try:
         peak = float(rhs)
     except ValueError:

@@ -8,6 +8,10 @@ verify tokens that maximises expected committed tokens per second,
 highest survivals. Survival never rises along a block, so the chosen slots form
 a prefix of every request's block: windows are contiguous by construction (ties
 broken towards earlier positions keep that true).
+
+Under SGLang's confidence relay the budget K is planned on older survivals (the
+`budget_survival` of the same requests some steps before) while the K slots still go
+to the highest survivals of the current block, as SGLang's planner splits the two.
 """
 
 from __future__ import annotations
@@ -27,14 +31,18 @@ class Schedule:
     objective: float  # (bs + sum of chosen survivals) / T(bs, K), tokens/s
 
 
-def schedule(survival: np.ndarray, table: AdditiveCostTable) -> Schedule:
+def schedule(
+    survival: np.ndarray, table: AdditiveCostTable, budget_survival: np.ndarray | None = None
+) -> Schedule:
+    """Windows from `survival`; the budget from `budget_survival` where given, else the same."""
     bs, gamma = survival.shape
     if bs == 0:
         return Schedule(np.zeros(0, np.int64), 0, 0.0, 0.0)
     flat = survival.reshape(-1)
     position = np.tile(np.arange(gamma), bs)
     order = np.lexsort((position, -flat))
-    gains = np.concatenate(([0.0], np.cumsum(flat[order])))
+    ranked = flat[order] if budget_survival is None else np.sort(budget_survival, axis=None)[::-1]
+    gains = np.concatenate(([0.0], np.cumsum(ranked)))
     ks = np.arange(len(gains))
     seconds = table.step_seconds(bs, ks)
     objective = (bs + gains) / seconds
