@@ -288,6 +288,7 @@ class TailWalker:
             self.set_f,
             self.set_rid,
             self.set_conf,
+            self.away,
         )
         return self._pool
 
