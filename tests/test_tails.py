@@ -616,9 +616,7 @@ def synthetic_steps(seed: int, gamma: int, vocab: int, ranks: int, n_steps: int,
         # at most one rid-less request at a time, on rank 0: the walker's output names
         # blocks by rid and opening step
         ridless = (
-            rank == 0
-            and rng.random() < 0.1
-            and all(r["rid"] is not None for r in live.values())
+            rank == 0 and rng.random() < 0.1 and all(r["rid"] is not None for r in live.values())
         )
         return {
             "rid": None if ridless else f"r{next(counter)}",
