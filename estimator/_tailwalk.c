@@ -53,11 +53,11 @@
 /* The state row's fields, in the order of tails.py's constants (tests/test_tails.py checks). */
 enum {
     OPEN_PREFIX, WINDOW, OPEN_FCT, GROUP, GREEDY, RANK, POOL, NEXT, EXPECT, SEEN,
-    CUM, LO_EXTRA, VAR_TERMS, RESOLVED_FCT, CENSORED, FIELDS
+    CUM, LO_EXTRA, VAR_TERMS, RESOLVED_FCT, CENSORED, AWAY, LINK, FIELDS
 };
 static const char *FIELD_NAMES[FIELDS] = {
     "OPEN_PREFIX", "WINDOW", "OPEN_FCT", "GROUP", "GREEDY", "RANK", "POOL", "NEXT",
-    "EXPECT", "SEEN", "CUM", "LO_EXTRA", "VAR_TERMS", "RESOLVED_FCT", "CENSORED",
+    "EXPECT", "SEEN", "CUM", "LO_EXTRA", "VAR_TERMS", "RESOLVED_FCT", "CENSORED", "AWAY", "LINK",
 };
 
 /* The counters array's entries (tails.py's N_FREE and N_SETTLED). */
@@ -103,7 +103,7 @@ evaluate(double *f, double p, double q, int j)
 
 /* The arrays a Pool binds, in the order (and with the keywords) it takes them. */
 enum { B_COUNTERS, B_BLK, B_LIVE, B_PRID, B_PTAIL, B_PQ, B_PCONF, B_FREE, B_ROW_OF,
-       B_SET_F, B_SET_RID, B_SET_CONF, BOUND };
+       B_SET_F, B_SET_RID, B_SET_CONF, B_AWAY, BOUND };
 
 typedef struct {
     PyObject_HEAD
@@ -114,9 +114,11 @@ typedef struct {
     double *blk, *pq, *pconf, *sf, *sconf;
     char *live;
     PyObject **prid, **srid;
+    PyObject *away; /* rid -> the first id of a chain (LINK) of parked blocks */
     /* a step's pending work, from `advance` to `finish`: gathers (block, row, offset,
-     * token) and done blocks (id, censored), at most one entry per pool id each */
-    int64_t *gb, *grow, *goff, *gtok, *done;
+     * token) and done blocks (id, censored), at most one entry per pool id each; and
+     * room for one rid's chain */
+    int64_t *gb, *grow, *goff, *gtok, *done, *chain;
     int8_t *done_c;
     int64_t ngather, ndone;
     double fct; /* the pending step's forward_ct */
@@ -136,12 +138,12 @@ Pool_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"gamma", "assume_greedy", "counters", "blk", "live", "prid",
                              "ptail", "pq", "pconf", "freestack", "row_of", "set_f",
-                             "set_rid", "set_conf", NULL};
+                             "set_rid", "set_conf", "away", NULL};
     int g, assume;
     PyObject *o[BOUND];
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiOOOOOOOOOOOO:Pool", kwlist, &g, &assume,
-                                     &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7],
-                                     &o[8], &o[9], &o[10], &o[11]))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "iiOOOOOOOOOOOOO!:Pool", kwlist, &g,
+                                     &assume, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
+                                     &o[7], &o[8], &o[9], &o[10], &o[11], &PyDict_Type, &o[12]))
         return NULL;
     if (g < 1 || g > 64 || assume < -1 || assume > 1) {
         PyErr_SetString(PyExc_ValueError, "Pool: gamma outside 1..64 or assume_greedy not -1, 0, 1");
@@ -180,9 +182,10 @@ Pool_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         Py_DECREF(self);
         return NULL;
     }
-    /* one allocation for the pending lists: five int64 lists and one int8 list */
+    self->away = o[B_AWAY];
+    /* one allocation for the pending lists: six int64 lists and one int8 list */
     size_t n = cap > 0 ? (size_t)cap : 1;
-    if ((self->gb = PyMem_Malloc(n * (5 * sizeof(int64_t) + sizeof(int8_t)))) == NULL) {
+    if ((self->gb = PyMem_Malloc(n * (6 * sizeof(int64_t) + sizeof(int8_t)))) == NULL) {
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
@@ -190,7 +193,8 @@ Pool_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->goff = self->grow + n;
     self->gtok = self->goff + n;
     self->done = self->gtok + n;
-    self->done_c = (int8_t *)(self->done + n);
+    self->chain = self->done + n;
+    self->done_c = (int8_t *)(self->chain + n);
     for (int i = 0; i < BOUND; i++) {
         Py_INCREF(o[i]);
         self->bound[i] = o[i];
@@ -442,6 +446,160 @@ Pool_advance(Pool *self, PyObject *args)
     return result;
 }
 
+/* One step's columns and pending work, shared by the passes of `walk`. */
+typedef struct {
+    Pool *pool;
+    const int64_t *P, *A, *S, *BON, *D;
+    const double *BLP, *TLP;
+    PyObject **RID;
+    double steps;
+    int64_t ngather, ndone;
+} Step;
+
+/* Marks block b done (censored or resolved) for `finish`. */
+static inline void
+done_block(Step *st, int64_t b, int censored)
+{
+    st->pool->done[st->ndone] = b;
+    st->pool->done_c[st->ndone++] = (int8_t)censored;
+}
+
+/* Walks block b along row r: compares its tail with the tokens the row commits, from
+ * the block's next position on; the first mismatch of a sampled block becomes a gather. */
+static void
+walk_block(Step *st, int64_t b, int64_t r)
+{
+    Pool *self = st->pool;
+    const int g = self->g;
+    double *f = self->blk + b * FIELDS;
+    const int64_t *PT = self->ptail + b * g, *D = st->D + r * g;
+    int sampled = f[GREEDY] == 0.0;
+    int64_t a = st->A[r];
+    /* tail j sits at offset j + shift of the row; positions are doubles, as in the state
+       row, so no prefix however large overflows */
+    double shift = f[OPEN_PREFIX] - (double)st->P[r];
+    int j = (int)f[NEXT];
+    int resolved = 0;
+    for (; j < g; j++) {
+        double at = j + shift;
+        if (at > (double)a)
+            break; /* not committed in this step: the block stays open */
+        /* below 0 cannot happen for a request that continues; kept in bounds */
+        int64_t off = at < 0.0 ? 0 : (int64_t)at;
+        int64_t tok = off < a ? D[off] : st->BON[r];
+        int64_t want = PT[j];
+        if (tok != want) {
+            resolved = 1; /* the first mismatch, committed in this step */
+            if (sampled) { /* at most one per block: room for the whole pool */
+                int64_t k = st->ngather++;
+                self->gb[k] = b;
+                self->grow[k] = r;
+                self->goff[k] = off;
+                self->gtok[k] = want;
+            }
+            break;
+        }
+        if (sampled) {
+            double p = off < a ? (st->TLP ? st->TLP[r * g + off] : NAN) : st->BLP[r];
+            evaluate(f, p, self->pq[b * g + j], j);
+        }
+    }
+    if (j >= g)
+        resolved = 1;
+    f[NEXT] = j;
+    f[EXPECT] = (double)st->P[r] + (double)(a + 1);
+    f[SEEN] = st->steps;
+    if (resolved)
+        done_block(st, b, 0);
+}
+
+/* Parks block b, whose request left its slot, at the head of its rid's chain in `away`;
+ * -1 with an exception set, nothing changed, where the dictionary fails. */
+static int
+park(Pool *self, int64_t b)
+{
+    PyObject *rid = self->prid[b];
+    PyObject *head = PyDict_GetItemWithError(self->away, rid);
+    if (head == NULL && PyErr_Occurred())
+        return -1;
+    long long link = head == NULL ? -1 : PyLong_AsLongLong(head);
+    if (link == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *id = PyLong_FromLongLong(b);
+    if (id == NULL)
+        return -1;
+    int rc = PyDict_SetItem(self->away, rid, id);
+    Py_DECREF(id);
+    if (rc < 0)
+        return -1;
+    double *f = self->blk + b * FIELDS;
+    f[LINK] = (double)link;
+    f[AWAY] = 1.0;
+    return 0;
+}
+
+/* Takes back the parked blocks of row r's rid that belong to this rank: each walks on
+ * from row r where the row continues its prefix, else is censored (tokens are missing).
+ * The chain keeps the other ranks' blocks. -1 with an exception set where the chain is
+ * broken or the dictionary fails, before any block changed. */
+static int
+take_back(Step *st, int64_t r, double rank_d)
+{
+    Pool *self = st->pool;
+    PyObject *rid = st->RID[r];
+    PyObject *head = PyDict_GetItemWithError(self->away, rid);
+    if (head == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    long long b = PyLong_AsLongLong(head);
+    if (b == -1 && PyErr_Occurred())
+        return -1;
+    /* the chain, checked: the rank's blocks first in `chain`, the others after them */
+    int64_t *chain = self->chain, taken = 0, kept = 0;
+    for (int64_t hops = 0; b >= 0; hops++) {
+        if (b >= self->cap || !self->live[b] || self->blk[b * FIELDS + AWAY] != 1.0
+            || hops >= self->cap) {
+            PyErr_Format(PyExc_ValueError, "parked block id %lld outside the pool or not parked",
+                         b);
+            return -1;
+        }
+        const double *f = self->blk + b * FIELDS;
+        if (f[RANK] == rank_d)
+            chain[taken++] = b;
+        else
+            chain[self->cap - 1 - kept++] = b; /* from the end: the two never meet */
+        b = (long long)f[LINK];
+    }
+    if (taken == 0)
+        return 0;
+    if (kept == 0) {
+        if (PyDict_DelItem(self->away, rid) < 0)
+            return -1;
+    }
+    else {
+        PyObject *id = PyLong_FromLongLong(chain[self->cap - 1]);
+        if (id == NULL)
+            return -1;
+        int rc = PyDict_SetItem(self->away, rid, id);
+        Py_DECREF(id);
+        if (rc < 0)
+            return -1;
+        for (int64_t k = 0; k < kept; k++)
+            self->blk[chain[self->cap - 1 - k] * FIELDS + LINK] =
+                k + 1 < kept ? (double)chain[self->cap - 2 - k] : -1.0;
+    }
+    for (int64_t k = 0; k < taken; k++) {
+        double *f = self->blk + chain[k] * FIELDS;
+        f[AWAY] = 0.0;
+        if ((double)st->P[r] == f[EXPECT]) {
+            f[POOL] = (double)st->S[r];
+            walk_block(st, chain[k], r);
+        }
+        else
+            done_block(st, chain[k], 1);
+    }
+    return 0;
+}
+
 static PyObject *
 walk(Pool *self, long long steps, long long fct, long long rank, int one_rank,
      PyArrayObject **in, PyArrayObject *group, npy_intp n)
@@ -487,149 +645,106 @@ walk(Pool *self, long long steps, long long fct, long long rank, int one_rank,
     int64_t *PT = self->ptail, *FREE = self->freestack, *ROW = self->row_of;
     PyObject **PRID = self->prid;
     char *LIVE = self->live;
-    int64_t *GB = self->gb, *GRW = self->grow, *GO = self->goff, *GT = self->gtok;
-    int64_t *DONE = self->done;
-    int8_t *DONE_C = self->done_c;
-    int64_t ngather = 0, ndone = 0, n_opened = 0, n_skipped = 0;
+    int64_t n_opened = 0, n_skipped = 0;
     const double rank_d = (double)rank;
+    Step st = {self, P, A, S, BON, D, BLP, TLP, RID, (double)steps, 0, 0};
     self->fct = (double)fct;
     self->ngather = self->ndone = 0;
 
-    /* a row without a slot (-1: not recorded) opens blocks that no later step continues;
-       from here on every way out goes through `restore` */
+    /* a row without a slot (-1: not recorded) is found by its rid alone; from here on
+       every way out goes through `restore` */
     for (npy_intp r = 0; r < n; r++)
         if (S[r] >= 0)
             ROW[S[r]] = r;
 
-    /* one pass over the pool, in id order: first the open blocks this step continues,
-       then (ids handed out below) the blocks it opens */
     int failed = 0;
-    for (int stage = 0; stage < 2 && !failed; stage++) {
-        npy_intp count = stage == 0 ? cap : 0;
-        if (stage == 1) {
-            /* open a block per trimmed row that can be walked */
-            for (npy_intp r = 0; r < n; r++) {
-                int flag = GR[r];
-                if (flag < 0 && assume >= 0)
-                    flag = assume;
-                const int64_t w = window_of(VL, r);
-                int trimmed = A[r] == w && w < g;
-                int can_walk = flag == 1 || (flag == 0 && logprobs);
-                OPENED[r] = trimmed && can_walk;
-                SKIPPED[r] = trimmed && !can_walk;
-                n_opened += OPENED[r];
-                n_skipped += SKIPPED[r];
-            }
-            count = n;
+    /* the open blocks this step continues through their slot, in id order; one whose
+       request is not there is parked (a rid-less one waits in its slot, or is censored by
+       another request there) */
+    for (int64_t b = 0; b < cap && !failed; b++) {
+        if (!LIVE[b])
+            continue;
+        double *f = BLK + b * FIELDS;
+        if (f[AWAY] != 0.0 || (!one_rank && f[RANK] != rank_d))
+            continue;
+        int keyed = PRID[b] != Py_None;
+        int64_t sl = (int64_t)f[POOL];
+        int64_t r = sl >= 0 && sl < slots ? ROW[sl] : -1;
+        int same = 0;
+        if (r >= 0 && (same = PyObject_RichCompareBool(RID[r], PRID[b], Py_EQ)) < 0) {
+            failed = 1;
+            break;
         }
-        for (npy_intp i = 0; i < count; i++) {
-            int64_t b, r;
-            if (stage == 0) {
-                b = i;
-                if (!LIVE[b])
-                    continue;
-                double *f = BLK + b * FIELDS;
-                if (!one_rank && f[RANK] != rank_d)
-                    continue;
-                int64_t sl = (int64_t)f[POOL];
-                if (sl < 0 || sl >= slots || ROW[sl] < 0)
-                    continue;
-                r = ROW[sl];
-                int same = PyObject_RichCompareBool(RID[r], PRID[b], Py_EQ);
-                if (same < 0) {
-                    failed = 1;
-                    break;
-                }
-                if (!same || (double)P[r] != f[EXPECT]) {
-                    DONE[ndone] = b;
-                    DONE_C[ndone++] = 1;
-                    continue;
-                }
-            }
-            else {
-                r = i;
-                if (!OPENED[r])
-                    continue;
-                b = FREE[nfree - 1]; /* nfree >= n: checked above */
-                if (b < 0 || b >= cap || LIVE[b]) {
-                    PyErr_Format(PyExc_ValueError,
-                                 "free-slot id %lld on the stack is outside the pool of %lld "
-                                 "or in use",
-                                 (long long)b, (long long)cap);
-                    failed = 1;
-                    break;
-                }
-                nfree--;
-                double *f = BLK + b * FIELDS;
-                for (int k = 0; k < FIELDS; k++)
-                    f[k] = 0.0;
-                f[OPEN_PREFIX] = (double)P[r];
-                f[WINDOW] = f[NEXT] = (double)window_of(VL, r);
-                f[OPEN_FCT] = (double)fct;
-                f[GROUP] = (double)GRP[r];
-                f[GREEDY] = GR[r] < 0 ? (double)assume : (double)GR[r];
-                f[RANK] = rank_d;
-                f[POOL] = (double)S[r];
-                f[CUM] = 1.0;
-                for (int j = 0; j < g; j++) {
-                    PT[b * g + j] = D[r * g + j];
-                    PQ[b * g + j] = DLP ? DLP[r * g + j] : NAN;
-                    PCONF[b * g + j] = CONF ? CONF[r * g + j] : NAN;
-                }
-                Py_INCREF(RID[r]);
-                Py_XSETREF(PRID[b], RID[r]);
-                LIVE[b] = 1;
-            }
-            /* walk block b along row r */
-            double *f = BLK + b * FIELDS;
-            int sampled = f[GREEDY] == 0.0;
-            int64_t a = A[r];
-            /* tail j sits at offset j + shift of the row; positions are doubles, as in the
-               state row, so no prefix however large overflows */
-            double shift = f[OPEN_PREFIX] - (double)P[r];
-            int j = (int)f[NEXT];
-            int resolved = 0;
-            for (; j < g; j++) {
-                double at = j + shift;
-                if (at > (double)a)
-                    break; /* not committed in this step: the block stays open */
-                /* below 0 cannot happen for a request that continues; kept in bounds */
-                int64_t off = at < 0.0 ? 0 : (int64_t)at;
-                int64_t tok = off < a ? D[r * g + off] : BON[r];
-                int64_t want = PT[b * g + j];
-                if (tok != want) {
-                    resolved = 1; /* the first mismatch, committed in this step */
-                    if (sampled) { /* at most one per block: room for the whole pool */
-                        GB[ngather] = b;
-                        GRW[ngather] = r;
-                        GO[ngather] = off;
-                        GT[ngather++] = want;
-                    }
-                    break;
-                }
-                if (sampled) {
-                    double p = off < a ? (TLP ? TLP[r * g + off] : NAN) : BLP[r];
-                    evaluate(f, p, PQ[b * g + j], j);
-                }
-            }
-            if (j >= g)
-                resolved = 1;
-            f[NEXT] = j;
-            f[EXPECT] = (double)P[r] + (double)(a + 1);
-            f[SEEN] = (double)steps;
-            if (resolved) {
-                DONE[ndone] = b;
-                DONE_C[ndone++] = 0;
-            }
+        if (!same && keyed) {
+            if (park(self, b) < 0)
+                failed = 1;
         }
+        else if (r < 0)
+            continue; /* rid-less, its slot empty: it waits there */
+        else if (!same || (double)P[r] != f[EXPECT])
+            done_block(&st, b, 1);
+        else
+            walk_block(&st, b, r);
+    }
+    /* the parked blocks whose rid this step shows: one dictionary lookup per row */
+    if (!failed && PyDict_GET_SIZE(self->away))
+        for (npy_intp r = 0; r < n; r++)
+            if (RID[r] != Py_None && take_back(&st, r, rank_d) < 0) {
+                failed = 1;
+                break;
+            }
+    /* a block per trimmed row that can be walked, walked from its own step */
+    for (npy_intp r = 0; r < n && !failed; r++) {
+        int flag = GR[r];
+        if (flag < 0 && assume >= 0)
+            flag = assume;
+        const int64_t w = window_of(VL, r);
+        int trimmed = A[r] == w && w < g;
+        int can_walk = flag == 1 || (flag == 0 && logprobs);
+        OPENED[r] = trimmed && can_walk;
+        SKIPPED[r] = trimmed && !can_walk;
+        n_opened += OPENED[r];
+        n_skipped += SKIPPED[r];
+        if (!OPENED[r])
+            continue;
+        int64_t b = FREE[nfree - 1]; /* nfree >= n: checked above */
+        if (b < 0 || b >= cap || LIVE[b]) {
+            PyErr_Format(PyExc_ValueError,
+                         "free-slot id %lld on the stack is outside the pool of %lld "
+                         "or in use",
+                         (long long)b, (long long)cap);
+            failed = 1;
+            break;
+        }
+        nfree--;
+        double *f = BLK + b * FIELDS;
+        for (int k = 0; k < FIELDS; k++)
+            f[k] = 0.0;
+        f[OPEN_PREFIX] = (double)P[r];
+        f[WINDOW] = f[NEXT] = (double)window_of(VL, r);
+        f[OPEN_FCT] = (double)fct;
+        f[GROUP] = (double)GRP[r];
+        f[GREEDY] = GR[r] < 0 ? (double)assume : (double)GR[r];
+        f[RANK] = rank_d;
+        f[POOL] = (double)S[r];
+        f[CUM] = 1.0;
+        for (int j = 0; j < g; j++) {
+            PT[b * g + j] = D[r * g + j];
+            PQ[b * g + j] = DLP ? DLP[r * g + j] : NAN;
+            PCONF[b * g + j] = CONF ? CONF[r * g + j] : NAN;
+        }
+        Py_INCREF(RID[r]);
+        Py_XSETREF(PRID[b], RID[r]);
+        LIVE[b] = 1;
+        walk_block(&st, b, r);
     }
     /* restore: the slot map is all -1 again, the counter says which ids are in use */
     for (npy_intp r = 0; r < n; r++)
         if (S[r] >= 0)
             ROW[S[r]] = -1;
     self->counters[C_NFREE] = nfree;
-    self->ngather = ngather;
-    self->ndone = ndone;
+    int64_t ngather = self->ngather = st.ngather;
+    int64_t ndone = self->ndone = st.ndone;
     if (failed) {
         /* the blocks found done leave the pool, censored; the exception stays */
         PyObject *type, *value, *tb;
@@ -644,8 +759,8 @@ walk(Pool *self, long long steps, long long fct, long long rank, int one_rank,
     Py_INCREF(Py_None);
     if (ngather) {
         Py_DECREF(gathers);
-        gathers = Py_BuildValue("(NNN)", int64_list(GRW, ngather), int64_list(GO, ngather),
-                                int64_list(GT, ngather));
+        gathers = Py_BuildValue("(NNN)", int64_list(self->grow, ngather),
+                                int64_list(self->goff, ngather), int64_list(self->gtok, ngather));
         if (gathers == NULL) {
             Py_DECREF(opened_obj);
             Py_DECREF(skipped_obj);
@@ -726,13 +841,14 @@ static PyMethodDef Pool_methods[] = {
 
 PyDoc_STRVAR(Pool_doc,
 "Pool(gamma, assume_greedy, counters, blk, live, prid, ptail, pq, pconf, freestack,\n"
-"     row_of, set_f, set_rid, set_conf)\n\n"
+"     row_of, set_f, set_rid, set_conf, away)\n\n"
 "The walker's arrays, bound once (each checked for dtype, shape and layout, and held):\n"
 "counters int64 [2] (free ids, settled blocks), the pool of `cap` blocks (blk float64\n"
 "[cap, FIELDS], live bool, prid object, ptail int64 [cap, gamma], pq and pconf float64\n"
 "[cap, gamma], freestack int64 [cap]: ids [0, free) are free), row_of int64 [slots]\n"
 "(all -1), and the settled buffers (set_f float64 [rows, FIELDS], set_rid object,\n"
-"set_conf float64 [rows, gamma]). Bind a new one when an array is replaced.");
+"set_conf float64 [rows, gamma]), and away, the dict of parked blocks (rid -> the\n"
+"first id of a chain through the LINK field). Bind a new one when an array is replaced.");
 
 static PyTypeObject PoolType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "dspark_obs.estimator._tailwalk.Pool",

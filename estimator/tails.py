@@ -17,9 +17,17 @@ context is the one the tail was drafted in.
   them as rejected, `hi` as accepted, and the point estimate extrapolates them
   with the population model (`extrapolate`, an `interval.Extrapolate`).
 
-A request that ends (its slot shows another rid or a discontinuous position, or
-it goes idle) before its block resolves leaves the block censored: reported as
-a lower bound, never as exact.
+A block follows its request by rid: mostly through its slot (`req_pool_index`),
+where the request usually stays, and by rid where the request left the slot
+(SGLang retracts requests under memory pressure and re-admits them later,
+often into another slot, with steps between where they are absent). A request
+that leaves its slot parks its open blocks in `away`, a rid -> chain of block ids;
+the first later step showing that rid on the block's rank takes them back. Only
+missing tokens censor a block before it resolves: the request shows up at a
+prefix that does not continue the one it left, or never again (idle for
+`idle_steps`, or the source ends). A censored block is reported as a lower bound,
+never as exact. Rows without a rid (None) keep the slot keying: another request
+in the slot censors their blocks, an empty slot lets them wait there.
 
 Cost. A block is walked, vectorised with every other block its rank has in
 the step, at each step its request appears in: from the opening step on (its
@@ -38,6 +46,7 @@ on arrays of a few hundred elements, which cost more than the work.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import repeat
 
 import numpy as np
 
@@ -77,8 +86,10 @@ Gather = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
     VAR_TERMS,  # sampled: sum of (2m - 1) times the running product at tail draft m
     RESOLVED_FCT,
     CENSORED,
-) = range(15)
-_FIELDS = 15  # _tailwalk.c names the same fields in this order (tests/test_tails.py)
+    AWAY,  # 1 while the request is not in the block's slot: the block waits in `away`
+    LINK,  # while away: the next block id of the rid's chain (-1: the last)
+) = range(17)
+_FIELDS = 17  # _tailwalk.c names the same fields in this order (tests/test_tails.py)
 N_FREE, N_SETTLED = 0, 1  # the counters' entries, as _tailwalk.c has them
 
 
@@ -93,8 +104,9 @@ class TailWalker:
 
     `assume_greedy` decides for rows whose source does not say (SGLang dumps):
     None skips them, True or False treats them as greedy or sampled. A block
-    whose request is gone (its slot shows another rid or a prefix that does not
-    continue it), or has not appeared for `idle_steps` steps, is censored.
+    whose request comes back at a prefix that does not continue it, or has not
+    appeared for `idle_steps` steps, is censored; one whose request moved slot
+    walks on from the new one.
     `compiled` picks the per-step pass: C where it built (None, the default) or numpy
     (False); both give the same blocks.
     """
@@ -136,6 +148,8 @@ class TailWalker:
         # [N_FREE, N_SETTLED]: free ids, blocks in the settled buffers (`n_free`, `set_count`)
         self._counters = np.zeros(2, dtype=np.int64)
         self.row_of = np.zeros(0, dtype=np.int64)  # req_pool_index -> row of the current step
+        # rid -> the first id of a chain (through LINK) of blocks whose request left its slot
+        self.away: dict = {}
         # settled blocks waiting for the next emission: (state rows, rids, confidence)
         self.settled: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         # the compiled pass settles into these buffers instead; `settle` empties them first
@@ -274,6 +288,7 @@ class TailWalker:
             self.set_f,
             self.set_rid,
             self.set_conf,
+            self.away,
         )
         return self._pool
 
@@ -329,28 +344,88 @@ class TailWalker:
             self.blk_conf[ids] = new_conf.take(stay, axis=0)
 
     def _continuing(self, batch: StepBatch) -> tuple[np.ndarray, np.ndarray]:
-        """Open blocks whose request is in this step, and their rows; censor those it replaced."""
-        live = self.blk_live if self.one_rank else self.blk_live & (self.blk[:, RANK] == batch.rank)
-        ids = live.nonzero()[0]
-        if len(ids) == 0:
-            return ids, ids
-        f = self.blk.take(ids, axis=0)
-        pool = batch.req_pool_index
-        self.row_of[pool] = np.arange(len(pool))
-        self.row_of[-1] = -1  # a slotless row (-1) wrote there
-        rows = self.row_of.take(f[:, POOL].astype(np.int64))
-        self.row_of[pool] = -1
-        gone = rows < 0
-        if np.count_nonzero(gone):
-            here = (~gone).nonzero()[0]
-            ids, rows, f = ids[here], rows[here], f.take(here, axis=0)
-        same = (batch.rid.take(rows) == self.blk_rid.take(ids)) & (
-            batch.prefix_len.take(rows) == f[:, EXPECT]
-        )
-        if np.count_nonzero(same) < len(same):
-            self._settle_ids(ids[~same], batch.forward_ct, censored=True)
-            ids, rows = ids[same], rows[same]
+        """Open blocks whose request is in this step, and their rows.
+
+        Through the slot first; a block whose request is not there leaves for `away`
+        (a rid-less one waits in its slot, or is censored by another request there),
+        and `_returning` takes back the ones whose rid this step shows.
+        """
+        live = self.blk_live & (self.blk[:, AWAY] == 0)
+        if not self.one_rank:
+            live &= self.blk[:, RANK] == batch.rank
+        ids = rows = live.nonzero()[0]
+        if len(ids):
+            f = self.blk.take(ids, axis=0)
+            pool = batch.req_pool_index
+            self.row_of[pool] = np.arange(len(pool))
+            self.row_of[-1] = -1  # a slotless row (-1) wrote there
+            rows = self.row_of.take(f[:, POOL].astype(np.int64))
+            self.row_of[pool] = -1
+            rid = self.blk_rid.take(ids)
+            here = rows >= 0
+            same = here & (batch.rid.take(rows) == rid)
+            cont = same & (batch.prefix_len.take(rows) == f[:, EXPECT])
+            leave = ~same & np.not_equal(rid, None)
+            censor = here & ~cont & ~leave
+            if np.count_nonzero(censor):
+                self._settle_ids(ids[censor], batch.forward_ct, censored=True)
+            if np.count_nonzero(leave):
+                self._leave(ids[leave])
+            ids, rows = ids[cont], rows[cont]
+        if self.away:
+            back, back_rows = self._returning(batch)
+            if len(back):
+                ids, rows = np.concatenate([ids, back]), np.concatenate([rows, back_rows])
         return ids, rows
+
+    def _leave(self, ids: np.ndarray) -> None:
+        """Park blocks whose request left its slot, chained under their rid."""
+        for b, rid in zip(ids.tolist(), self.blk_rid.take(ids).tolist(), strict=True):
+            self.blk[b, LINK] = self.away.get(rid, -1)
+            self.away[rid] = b
+        self.blk[ids, AWAY] = 1
+
+    def _returning(self, batch: StepBatch) -> tuple[np.ndarray, np.ndarray]:
+        """Parked blocks whose rid this step shows on their rank, and their rows.
+
+        One dictionary lookup per row; only the rows that find a chain (requests
+        back from elsewhere, a few per step) walk it. A block whose request comes back
+        at a prefix that does not continue it is censored: tokens are missing.
+        """
+        rids = batch.rid.tolist()
+        heads = np.fromiter(map(self.away.get, rids, repeat(-1)), np.int64, len(rids))
+        back, back_rows, lost = [], [], []
+        for r in np.flatnonzero(heads >= 0).tolist():
+            b = self.away.get(rids[r], -1)  # a rid twice in one step: the first row took it
+            keep = []
+            while b >= 0:
+                f = self.blk[b]
+                if f[RANK] != batch.rank:
+                    keep.append(b)
+                elif batch.prefix_len[r] == f[EXPECT]:
+                    back.append(b)
+                    back_rows.append(r)
+                else:
+                    lost.append(b)
+                b = int(f[LINK])
+            self._chain(rids[r], keep)
+        back_ids = np.array(back, dtype=np.int64)
+        rows = np.array(back_rows, dtype=np.int64)
+        self.blk[back_ids, AWAY] = 0
+        self.blk[back_ids, POOL] = batch.req_pool_index.take(rows)
+        if lost:
+            lost_ids = np.array(lost, dtype=np.int64)
+            self.blk[lost_ids, AWAY] = 0
+            self._settle_ids(lost_ids, batch.forward_ct, censored=True)
+        return back_ids, rows
+
+    def _chain(self, rid, ids: list[int]) -> None:
+        """Make `ids` the rid's chain in `away` (none: the rid leaves it)."""
+        if not ids:
+            self.away.pop(rid, None)
+            return
+        self.away[rid] = ids[0]
+        self.blk[ids, LINK] = [*ids[1:], -1]
 
     def _greedy_rows(self, batch: StepBatch) -> np.ndarray:
         flag = batch.greedy.astype(np.int8)
@@ -455,6 +530,8 @@ class TailWalker:
 
     def _settle_ids(self, ids: np.ndarray, fct: int, *, censored: bool) -> None:
         f = self.blk.take(ids, axis=0)
+        if np.count_nonzero(f[:, AWAY]):
+            self._unpark(ids[f[:, AWAY] == 1])
         f[:, RESOLVED_FCT] = fct
         f[:, CENSORED] = censored
         self.settled.append((f, self.blk_rid.take(ids), self.blk_conf.take(ids, axis=0)))
@@ -462,6 +539,16 @@ class TailWalker:
         self.blk_rid[ids] = None
         self.free_blk[self.n_free : self.n_free + len(ids)] = ids
         self.n_free += len(ids)
+
+    def _unpark(self, ids: np.ndarray) -> None:
+        """Take parked blocks (idle, or the source ended) out of their rids' chains."""
+        gone = set(ids.tolist())
+        for rid in set(self.blk_rid.take(ids).tolist()):
+            chain, b = [], self.away.get(rid, -1)
+            while b >= 0:
+                chain.append(b)
+                b = int(self.blk[b, LINK])
+            self._chain(rid, [b for b in chain if b not in gone])
 
     def settle(
         self, extrapolate: Extrapolate | None, fct: int, *, final: bool = False

@@ -33,7 +33,7 @@ LOG = np.log
 
 @dataclass
 class Req:
-    rid: str
+    rid: str | None
     slot: int
     prefix: int
     window: int
@@ -203,12 +203,14 @@ def test_block_stays_pending_until_the_mismatch_steps_later():
     expect_block(out, rid="D", open_fct=0, resolved_fct=2, window=0, status=1, lo=3.0, hi=3.0)
 
 
-def test_rows_without_a_slot_walk_only_their_own_step():
-    """req_pool_index -1 (not recorded): a block resolves in its opening step or is
-    censored; no later step can be matched to it, and no slotted request is mixed in."""
+def test_rows_without_a_slot_are_followed_by_rid():
+    """req_pool_index -1 (not recorded): the rid still finds the request's next step; a
+    row with neither slot nor rid walks only its own step (its block is censored), and no
+    slotted request is mixed in."""
     tw = walker()
-    # E resolves at once (bonus 1 != tail[2] = 7); F's bonus matches its first tail draft
-    # and stays open; G holds the highest slot, the entry a slotless row would alias
+    # E resolves at once (bonus 1 != tail[2] = 7); F's, H's and G's bonus matches their
+    # first tail draft and they stay open; G holds the highest slot, the entry a slotless
+    # row would alias; H has no rid
     out = step(
         tw,
         make_batch(
@@ -216,24 +218,30 @@ def test_rows_without_a_slot_walk_only_their_own_step():
             [
                 Req("E", -1, 10, 2, 2, [5, 6, 7, 8], 1),
                 Req("F", -1, 20, 1, 1, [5, 6, 7, 8], 6),
+                Req(None, -1, 40, 1, 1, [5, 6, 7, 8], 6),
                 Req("G", 3, 30, 1, 1, [5, 6, 7, 8], 6),
             ],
         ),
     )
     expect_block(out, rid="E", open_fct=0, resolved_fct=0, status=1, lo=2.0, hi=2.0)
-    assert tw.pending() == 2
-    # the next steps reject inside their windows (nothing new opens); their bonus 0 at
-    # the second tail position would resolve F, and does resolve G
+    assert tw.pending() == 3
+    # the next step rejects inside its windows (nothing new opens); the bonus 0 at the
+    # second tail position resolves F and G; the rid-less row cannot be told from H
     out = step(
         tw,
         make_batch(
             1,
-            [Req("F", -1, 22, 1, 0, [7, 0, 0, 0], 0), Req("G", 3, 32, 1, 0, [7, 0, 0, 0], 0)],
+            [
+                Req("F", -1, 22, 1, 0, [7, 0, 0, 0], 0),
+                Req(None, -1, 42, 1, 0, [7, 0, 0, 0], 0),
+                Req("G", 3, 32, 1, 0, [7, 0, 0, 0], 0),
+            ],
         ),
     )
-    expect_block(out, rid="G", open_fct=0, resolved_fct=1, status=1, lo=2.0, hi=2.0)
-    assert tw.pending() == 1  # F could not be followed
-    expect_block(tw.close(), rid="F", open_fct=0, status=2)
+    assert sorted(out["rid"].tolist()) == ["F", "G"]
+    assert out["status"].tolist() == [1, 1] and out["lo"].tolist() == [2.0, 2.0]
+    assert tw.pending() == 1
+    expect_block(tw.close(), rid=None, open_fct=0, status=2, lo=2.0)
 
 
 def stub_extra(value: float, calls: list):
@@ -245,28 +253,44 @@ def stub_extra(value: float, calls: list):
 
 
 @pytest.mark.parametrize(
-    "next_req",
+    ("next_reqs", "resolved_fct"),
     [
-        Req("E", 1, 7, 3, 0, [0, 0, 0, 0], 0),  # another request in the same slot
-        Req("B", 1, 25, 3, 0, [0, 0, 0, 0], 3),  # the same rid, but not where it left off
+        # another request in the slot, and B never comes back: censored when the source ends
+        ([Req("E", 1, 7, 3, 0, [0, 0, 0, 0], 0)], -1),
+        # the same rid in its slot, but not where it left off: tokens are missing
+        ([Req("B", 1, 25, 3, 0, [0, 0, 0, 0], 3)], 1),
+        # the same rid in another slot, not where it left off, while E took its slot
+        ([Req("E", 1, 7, 3, 0, [0, 0, 0, 0], 0), Req("B", 4, 25, 3, 0, [0, 0, 0, 0], 3)], 1),
     ],
-    ids=["slot-reused", "discontinuous-prefix"],
+    ids=["slot-reused", "discontinuous-prefix", "moved-discontinuous"],
 )
-def test_greedy_block_is_censored_when_its_request_ends(next_req):
+def test_greedy_block_is_censored_when_its_tokens_are_missing(next_reqs, resolved_fct):
     tw = walker()
     calls: list = []
     conf = [0.9, 0.8, 0.7, 0.6]
     # window 1: tail [2, 3, 4] at 21..23; the bonus matches 21, then the request is gone
     first = Req("B", 1, 20, 1, 1, [1, 2, 3, 4], 2, conf=conf)
     assert step(tw, make_batch(0, [first]), extrapolate=stub_extra(0.75, calls)) == {}
-    out = step(tw, make_batch(1, [next_req]), extrapolate=stub_extra(0.75, calls))
+    out = step(tw, make_batch(1, next_reqs), extrapolate=stub_extra(0.75, calls))
+    if resolved_fct < 0:
+        assert out == {} and tw.pending() == 1
+        out = tw.close(stub_extra(0.75, calls))
     # lo: the matched run (window 1 + one tail draft); hi: the whole block
     expect_block(
-        out, rid="B", open_fct=0, resolved_fct=1, status=2, lo=2.0, point=2.75, hi=4.0, var=0.0
+        out,
+        rid="B",
+        open_fct=0,
+        resolved_fct=resolved_fct,
+        status=2,
+        lo=2.0,
+        point=2.75,
+        hi=4.0,
+        var=0.0,
     )
     groups, start, got_conf = calls[-1]
     assert start.tolist() == [2] and groups.tolist() == [0]
     np.testing.assert_allclose(got_conf, [conf])
+    assert tw.pending() == 0 and tw.away == {}
 
 
 def test_close_censors_what_is_still_pending_and_default_point_stays_inside():
@@ -451,16 +475,26 @@ class ReferenceWalker:
         self.assume_greedy = assume_greedy
         self.gather = gather
         self.extrapolate = extrapolate
-        self.slot: dict[tuple[int, int], tuple[str, int]] = {}  # -> (rid, expected prefix)
-        self.pending: dict[tuple[int, int], list[dict]] = {}
+        # (rank, slot) -> (rid, expected prefix); (rank, rid) -> expected prefix
+        self.slot: dict[tuple[int, int], tuple[str | None, int]] = {}
+        self.expect: dict[tuple[int, str], int] = {}
+        # a request's open blocks: by (rank, rid), or by (rank, slot) where it has no rid
+        self.pending: dict[tuple, list[dict]] = {}
         self.out: dict[tuple[str, int], dict] = {}
 
     def step(self, batch: StepBatch, group: np.ndarray) -> None:
         g = self.g
         for i in range(batch.num_reqs):
             rid, prefix = batch.rid[i], int(batch.prefix_len[i])
-            key = (batch.rank, int(batch.req_pool_index[i]))
-            if self.slot.get(key) != (rid, prefix):
+            slot = (batch.rank, int(batch.req_pool_index[i]))
+            # a rid-less block's request is the one its slot shows: another rid, or a
+            # prefix that does not continue, ends it
+            if self.slot.get(slot) != (rid, prefix):
+                for blk in self.pending.pop(("slot", slot), []):
+                    self._finish(blk, batch.forward_ct, censored=True, mismatch_lp=NAN)
+            # a request with a rid is followed wherever it shows up; missing tokens end it
+            key = ("slot", slot) if rid is None else ("rid", (batch.rank, rid))
+            if rid is not None and self.expect.get(key[1], prefix) != prefix:
                 for blk in self.pending.pop(key, []):
                     self._finish(blk, batch.forward_ct, censored=True, mismatch_lp=NAN)
             a, w = int(batch.correct_drafts[i]), int(batch.window[i])
@@ -494,7 +528,9 @@ class ReferenceWalker:
                 if not self._walk(blk, committed, batch, i):
                     still.append(blk)
             self.pending[key] = still
-            self.slot[key] = (rid, prefix + a + 1)
+            self.slot[slot] = (rid, prefix + a + 1)
+            if rid is not None:
+                self.expect[key[1]] = prefix + a + 1
 
     def _walk(self, blk, committed, batch, row) -> bool:
         while blk["next"] < self.g:
@@ -542,7 +578,7 @@ class ReferenceWalker:
         else:
             hi = lo + prod * remaining
             point = lo + prod * min(extra, remaining)
-        key = (blk["rid"], blk["open_fct"])
+        key = (str(blk["rid"]), blk["open_fct"])
         assert key not in self.out
         self.out[key] = {
             "status": 2 if censored else 1,
@@ -564,7 +600,8 @@ class ReferenceWalker:
 
 
 def synthetic_steps(seed: int, gamma: int, vocab: int, ranks: int, n_steps: int, p_trim: float):
-    """Steps of a few requests per rank: slots reused, requests skipping steps, jumps.
+    """Steps of a few requests per rank: slots reused, requests skipping steps, jumps,
+    requests moving slot (retracted and re-admitted elsewhere), and a request without rid.
 
     Tokens come from a tiny vocabulary so tails match committed tokens often.
     """
@@ -572,12 +609,17 @@ def synthetic_steps(seed: int, gamma: int, vocab: int, ranks: int, n_steps: int,
     counter = iter(range(10**6))
     # every rank numbers its own pool from the same indices; sparse, so the pool grows
     pool = rng.choice(150, size=int(rng.integers(1, 5)), replace=False).tolist()
-    slots = dict.fromkeys(range(ranks), pool)
+    slots = {rank: list(pool) for rank in range(ranks)}
     live: dict[tuple[int, int], dict] = {}
 
-    def new_request():
+    def new_request(rank: int):
+        # at most one rid-less request at a time, on rank 0: the walker's output names
+        # blocks by rid and opening step
+        ridless = (
+            rank == 0 and rng.random() < 0.1 and all(r["rid"] is not None for r in live.values())
+        )
         return {
-            "rid": f"r{next(counter)}",
+            "rid": None if ridless else f"r{next(counter)}",
             "prefix": int(rng.integers(0, 50)),
             "greedy": int(rng.choice([1, 0, -1], p=[0.4, 0.4, 0.2])),
         }
@@ -586,11 +628,24 @@ def synthetic_steps(seed: int, gamma: int, vocab: int, ranks: int, n_steps: int,
     out = []
     for _ in range(n_steps):
         for rank in rng.permutation(ranks).tolist():
+            if rng.random() < 0.2:
+                # a request moves: to a slot of its rank's pool (the two swap) or a new one
+                i, new = int(rng.integers(len(slots[rank]))), int(rng.integers(0, 150))
+                old = slots[rank][i]
+                a, b = live.pop((rank, old), None), live.pop((rank, new), None)
+                if new in slots[rank]:
+                    if b is not None:
+                        live[(rank, old)] = b
+                else:
+                    slots[rank][i] = new
+                if a is not None:
+                    live[(rank, new)] = a
             reqs = []
             for s in slots[rank]:
                 key = (rank, s)
                 if key not in live or rng.random() < 0.1:
-                    live[key] = new_request()
+                    live.pop(key, None)
+                    live[key] = new_request(rank)
                 req = live[key]
                 if rng.random() < 0.15:
                     continue  # not scheduled this step
@@ -677,7 +732,7 @@ def test_walker_matches_the_reference(
             got[key] = {k: v[i] for k, v in frame.items()}
 
     for b in batches:
-        group = np.array([zlib.crc32(r.encode()) % 3 for r in b.rid], dtype=np.int64)
+        group = np.array([zlib.crc32(str(r).encode()) % 3 for r in b.rid], dtype=np.int64)
         current[:] = [b]
         ref.step(b, group)
         collect(tw.step(b, group, gather=gather if use_gather else None, extrapolate=extrapolate))

@@ -206,7 +206,7 @@ def test_the_pool_refuses_arrays_that_do_not_fit():
     arrays = dict(
         counters=w._counters, blk=w.blk, live=w.blk_live, prid=w.blk_rid, ptail=w.blk_tail,
         pq=w.blk_q, pconf=w.blk_conf, freestack=w.free_blk, row_of=w.row_of, set_f=w.set_f,
-        set_rid=w.set_rid, set_conf=w.set_conf,
+        set_rid=w.set_rid, set_conf=w.set_conf, away=w.away,
     )  # fmt: skip
     tails._tailwalk.Pool(4, -1, **arrays)
     frozen = w.blk_q.copy()
@@ -222,6 +222,7 @@ def test_the_pool_refuses_arrays_that_do_not_fit():
         ("set_rid", w.set_rid[:-1].copy()),
         ("set_conf", np.zeros((len(w.set_f), 3))),
         ("row_of", [-1, -1]),
+        ("away", []),
     ):
         with pytest.raises((ValueError, TypeError)):
             tails._tailwalk.Pool(4, -1, **{**arrays, name: bad})
@@ -283,12 +284,12 @@ def test_an_error_in_the_walk_restores_the_slot_map_and_the_next_step_walks():
     )  # fmt: skip
     w.step(first, group)
     assert w.pending() == 3
-    # slot 0 now holds another request (censors its block), slot 1's rid raises on compare
+    # a shows up past where it left off (censors its block), slot 1's rid raises on compare
     second = batch_of(
-        forward_ct=1, prefix_len=np.full(3, 2), correct_drafts=np.zeros(3, np.int64),
+        forward_ct=1, prefix_len=np.array([5, 2, 2]), correct_drafts=np.zeros(3, np.int64),
         verify_len=np.full(3, 2), req_pool_index=np.arange(3, dtype=np.int64),
         greedy=np.ones(3, np.int8), bonus_token=np.full(3, 3), bonus_logprob=np.zeros(3),
-        rid=np.array(["z", RaisingRid(), "c"], dtype=object),
+        rid=np.array(["a", RaisingRid(), "c"], dtype=object),
         draft_tokens=np.tile([9, 9, 9, 9], (3, 1)),
     )  # fmt: skip
     with pytest.raises(RuntimeError, match="cannot compare"):
@@ -297,19 +298,30 @@ def test_an_error_in_the_walk_restores_the_slot_map_and_the_next_step_walks():
     out = w.settle(None, 1)
     assert out["rid"].tolist() == ["a"] and out["status"].tolist() == [2]  # censored
     assert w.pending() == 2
-    # the next step: b's slot shows another request, c continues (its bonus 3 matches)
+    # the next step: b's slot shows another request (b is parked), c continues (its bonus
+    # 3 matches)
     third = batch_of(
         forward_ct=2, prefix_len=np.array([0, 0, 2]), correct_drafts=np.zeros(3, np.int64),
         verify_len=np.full(3, 2), req_pool_index=np.arange(3, dtype=np.int64),
         greedy=np.ones(3, np.int8), bonus_token=np.full(3, 3), bonus_logprob=np.zeros(3),
         rid=np.array(["y", "x", "c"], dtype=object), draft_tokens=np.tile([9, 9, 9, 9], (3, 1)),
     )  # fmt: skip
-    out = w.step(third, group)
-    assert out["rid"].tolist() == ["b"] and out["status"].tolist() == [2]
+    assert w.step(third, group) == {}
+    assert (w.row_of == -1).all() and w.pending() == 2 and list(w.away) == ["b"]
+    # b comes back in slot 5 where it left off; its bonus 7 differs from its tail's 3
+    fourth = batch_of(
+        forward_ct=3, prefix_len=np.array([2]), correct_drafts=np.zeros(1, np.int64),
+        verify_len=np.full(1, 2), req_pool_index=np.array([5]), greedy=np.ones(1, np.int8),
+        bonus_token=np.array([7]), bonus_logprob=np.zeros(1), rid=np.array(["b"], dtype=object),
+        draft_tokens=np.array([[9, 9, 9, 9]]),
+    )  # fmt: skip
+    out = w.step(fourth, group[:1])
+    assert out["rid"].tolist() == ["b"] and out["status"].tolist() == [1]
     assert out["lo"].tolist() == [2.0]  # window 1 + the bonus that matched in the first step
-    assert (w.row_of == -1).all() and w.pending() == 1
+    assert list(w.away) == ["c"] and w.pending() == 1  # c was not in that step
     out = w.close()
     assert out["rid"].tolist() == ["c"] and out["lo"].tolist() == [3.0]  # and position 2
+    assert w.away == {}
 
 
 def test_a_failed_gather_or_finish_abandons_the_step():
