@@ -134,12 +134,14 @@ class StepStream:
         confidence: bool = True,
         folded: bool = False,
         agree: float = 0.75,
+        moves: bool = True,
     ) -> None:
         self.g, self.v = gamma, vocab
         self.rng = np.random.default_rng(seed)
         self.gen = torch.Generator().manual_seed(seed)
         self.greedy_draft, self.confidence, self.folded = greedy_draft, confidence, folded
         self.agree = agree
+        self.moves = moves
         self.greedy_every = greedy_every
         self.next_rid = 0
         self.free_slots = list(range(2 * requests + 4))[::-1]
@@ -171,6 +173,8 @@ class StepStream:
         very position the old one would have continued from)."""
         r = self.rng.random()
         if r < 0.08:
+            if not self.moves:
+                return
             req = self.reqs[int(self.rng.integers(len(self.reqs)))]
             self.free_slots.insert(0, req["slot"])
             req["slot"] = self.free_slots.pop()

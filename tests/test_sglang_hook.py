@@ -140,8 +140,13 @@ def assert_same_batch(new, ref):
     ids=["mixed", "folded", "greedy-draft", "all-sampled", "all-greedy", "no-confidence"],
 )
 def test_same_numbers_as_the_synchronous_hook(options):
-    """Every step observed; batches, aggregates, calibration and ceilings as before."""
-    stream = StepStream(seed=3, **options)
+    """Every step observed; batches, aggregates, calibration and ceilings as before.
+
+    No request moves slot here: the device keeps open tails by slot, so a sampled tail
+    whose request SGLang re-admits elsewhere gets no gather (docs/sglang.md), where the
+    synchronous hook, reading every row on the host, has one; the moves are the next
+    test's."""
+    stream = StepStream(seed=3, moves=False, **options)
     hook, got, want, reference = run_both(stream, 120, drain_every=7)
     assert len(got) == len(want) == 120
     for new, ref in zip(got, want, strict=True):
