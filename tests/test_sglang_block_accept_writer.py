@@ -13,10 +13,12 @@ in tests/sglang_real.py.
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import math
 import sys
+from dataclasses import fields, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +29,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("sglang")
 
 import dspark_obs  # noqa: E402
-from dspark_obs.runs import write_block_accept_step  # noqa: E402
 from dspark_obs.runtime.config import RuntimeConfig  # noqa: E402
 from dspark_obs.runtime.engine import DSparkRuntime  # noqa: E402
 from dspark_obs.runtime.language import PRESETS, WorkloadProfile  # noqa: E402
@@ -39,20 +40,20 @@ def test_dspark_obs_is_one_tree():
     """Every dspark_obs module loaded comes from the repository under test: with the
     package on PYTHONPATH and another checkout installed editable, subpackages mapped
     from the repository root (estimator, exporters) could silently come from the other."""
+    importlib.import_module("dspark_obs.estimator")
+    importlib.import_module("dspark_obs.exporters")
     root = Path(dspark_obs.__file__).resolve().parents[2]
     files = [
         Path(m.__file__).resolve()
         for name, m in list(sys.modules.items())
         if name.split(".")[0] == "dspark_obs" and getattr(m, "__file__", None)
     ]
-    assert "dspark_obs.estimator" in sys.modules
     assert all(f.is_relative_to(root) for f in files), sorted({f.parent for f in files})
 
 
-def _sglang_step(batch, runtime: DSparkRuntime) -> dict:
+def _sglang_step(batch, p: np.ndarray, q: np.ndarray) -> dict:
     """SGLang's observer call for a runtime step: logits are log-probabilities times the
     temperature, so SGLang's softmax(logits / T) gives back the runtime's distributions."""
-    p, q = runtime.last_distributions()
     bs, g = batch.bs, batch.gamma
     greedy = batch.greedy == 1
     temps = np.where(greedy, 1.0, batch.temperature)
@@ -115,19 +116,34 @@ def _same(ours, theirs, where: str) -> None:
         assert type(ours) is type(theirs) and ours == theirs, (where, ours, theirs)
 
 
+def _rows(batch, keep: np.ndarray):
+    """The step with only the rows `keep`: the other requests skip it, as a request that
+    SGLang retracted and re-admitted later does."""
+    per_row = {
+        f.name: v[keep]
+        for f in fields(batch)
+        if isinstance(v := getattr(batch, f.name), np.ndarray) and len(v) == batch.bs
+    }
+    return replace(batch, bs=len(keep), num_running_reqs=len(keep), **per_row)
+
+
 # short answers: requests often stop at EOS with blocks pending (the eos_end markers)
 SHORT = [PRESETS["gsm8k"], WorkloadProfile("short", peak=4.0, mean_output_len=6.0)]
 
 
 @pytest.mark.parametrize(
-    "config",
+    ("config", "skip"),
     [
-        dict(mode="compact", shadow="cap-accept", vocab_size=8, workloads=SHORT, mix=[1, 1]),
-        dict(mode="cap-accept", vocab_size=24, temperature=1.0),
+        (dict(mode="compact", shadow="cap-accept", vocab_size=8, workloads=SHORT, mix=[1, 1]), 0),
+        (dict(mode="cap-accept", vocab_size=24, temperature=1.0), 0),
+        (dict(mode="compact", vocab_size=16), 0.1),
     ],
-    ids=["compact-shadow", "cap-accept"],
+    ids=["compact-shadow", "cap-accept", "requests-skip-steps"],
 )
-def test_the_same_lines_as_sglangs_recorder(config, tmp_path, monkeypatch):
+def test_the_same_lines_as_sglangs_recorder(config, skip, tmp_path, monkeypatch):
+    """Line for line, over every kind of line and entry: blocks opened, walked, diverged,
+    run to gamma, pending at an EOS; in the last case requests now and then miss a step,
+    so that blocks are dropped at the sequence-length discontinuity."""
     path = tmp_path / "sglang.jsonl"
     monkeypatch.setenv("SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH", str(path))
     c = RuntimeConfig(seed=3, concurrency=[4, 16], steps_per_level=150, max_new_tokens=96, **config)
@@ -135,12 +151,18 @@ def test_the_same_lines_as_sglangs_recorder(config, tmp_path, monkeypatch):
     obs = observers(c.gamma)
     ours = io.StringIO()
     writer = BlockAcceptWriter(ours, c.gamma)
+    rng = np.random.default_rng(7)
     for batch in runtime.run():
-        obs.observe_verify_step(**_sglang_step(batch, runtime))
+        keep = np.flatnonzero(rng.random(batch.bs) >= skip)
+        step = _rows(batch, keep)
+        p, q = runtime.last_distributions()
+        obs.observe_verify_step(**_sglang_step(step, p[keep], q[keep]))
+        writer.observe(step, lambda r, j, t, k=keep: runtime.gather_target_logprobs(k[r], j, t))
         rows, natural = runtime.finished_in_last_step()
-        for rid, stop in zip(batch.rid[rows].tolist(), natural.tolist(), strict=True):
+        finished = batch.rid[rows].tolist()
+        for rid, stop in zip(finished, natural.tolist(), strict=True):
             obs.note_request_finished(rid=rid, natural_stop=stop)
-        write_block_accept_step(writer, runtime, batch)
+        writer.finished(finished, natural.tolist())
     obs.note_prefill_step()  # flushes the recorder's file
     theirs = [json.loads(line) for line in path.read_text().splitlines()]
     mine = [json.loads(line) for line in ours.getvalue().splitlines()]
@@ -149,9 +171,12 @@ def test_the_same_lines_as_sglangs_recorder(config, tmp_path, monkeypatch):
         _same(a, b, f"line {i + 1}")
     # the comparison covered every kind of line and entry
     assert sum("trimmed_tokens" in line for line in theirs) > 50
-    assert sum(len(line.get("pg", ())) for line in theirs) > 100
-    assert any(e[3] == e[4] for line in theirs for e in line.get("pg", ()))
+    entries = [e for line in theirs for e in line.get("pg", ())]
+    assert len(entries) > 100 and any(e[3] == e[4] for e in entries)
+    assert any(e[1] == c.gamma for e in entries)
     if c.mode == "cap-accept":
         assert any(line.get("ct", 0) > 0 for line in theirs)
-    else:
+    elif not skip:
         assert any("eos_end" in line for line in theirs)
+    else:
+        assert obs._block_accept_recorder._discontinuity_drop_ct > 0
