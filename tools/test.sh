@@ -57,7 +57,8 @@ DSPARK_OBS_NO_EXTENSIONS=1 $PY -m pytest -p no:cacheprovider \
     tests/test_extensions.py tests/test_sglang_json.py tests/test_sglang_columnar.py \
     tests/test_sglang_compiled.py tests/test_aggregates.py tests/test_tails.py \
     tests/test_interval.py tests/test_golden_outputs.py -k "not across_seeds"
-# SGLang's own DSpark observer and draft-block types, on CPU (tests/test_sglang_real_types.py),
+# SGLang's own DSpark observer and draft-block types, on CPU (tests/test_sglang_real_types.py;
+# tests/test_sglang_block_accept_writer.py holds our block-accept JSONL against its recorder),
 # in a second environment: sglang 0.5.23 pins a torch other than the one above, so it goes
 # in without its dependencies, beside exactly what its observer modules import.
 python3 -m venv .venv-sglang
@@ -67,5 +68,5 @@ $SG -m pip install --quiet torch==2.13.0
 $SG -m pip install --quiet --no-deps sglang==0.5.23
 # pip then reports sglang's own pins (torch 2.14.1 and a few others) as unmet; that is expected.
 $SG -m pip install --quiet -r tools/sglang-requirements.txt -e . pytest
-$SG -m pytest -p no:cacheprovider tests/test_sglang_real_types.py
+$SG -m pytest -p no:cacheprovider tests/test_sglang_real_types.py tests/test_sglang_block_accept_writer.py
 $PY -m bench --quick --json > bench-quick.jsonl

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..analysis.summary import summarize
 from ..runs import default_run_dir, record_reference_run
 from ..store import check_new_run_dir, open_run
+from .errors import CliError
 from .progress import step_progress
 from .runtime_args import (
     add_runtime_arguments,
@@ -25,6 +26,8 @@ def handle(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     out = args.out or default_run_dir(config.mode)
     check_new_run_dir(out)
+    if args.sglang_jsonl is not None and args.sglang_jsonl.exists():
+        raise CliError(f"{args.sglang_jsonl} exists; the JSONL is written to a new file")
     store = store_options(args)
     # SIGTERM and Ctrl-C end the run between steps; what ran is flushed and closed.
     stop = stop_on_signals()
@@ -33,7 +36,15 @@ def handle(args: argparse.Namespace) -> int:
         print("interrupted before the first step; nothing stored", file=sys.stderr)
         return 0
     with step_progress(config.total_steps, f"{config.mode} run", not args.quiet) as advance:
-        record_reference_run(config, out, sts, on_step=advance, stop=stop, store=store)
+        record_reference_run(
+            config,
+            out,
+            sts,
+            on_step=advance,
+            stop=stop,
+            store=store,
+            sglang_jsonl=args.sglang_jsonl,
+        )
     run = open_run(out)
     if run.manifest.get("interrupted"):
         steps = run.manifest.get("steps", 0)
@@ -51,6 +62,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="run directory (default runs/TIME-MODE)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--sglang-jsonl",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write the run as SGLang's block-accept estimator JSONL (what "
+        "SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH gives), for `estimate --sglang-jsonl`",
+    )
     add_runtime_arguments(p, steps_per_level=200, concurrency="1,8,32,64,128,256")
     add_store_arguments(p)
     p.set_defaults(handler=handle)

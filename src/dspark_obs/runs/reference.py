@@ -21,6 +21,8 @@ from ..runtime.engine import DSparkRuntime
 from ..store import RunWriter
 from ..store.provenance import versions
 from ..telemetry import StepBatch
+from ..telemetry.block_accept_writer import BlockAcceptWriter
+from .block_accept import write_block_accept_step
 
 
 def default_run_dir(label: str) -> Path:
@@ -65,18 +67,22 @@ def record_reference_run(
     on_pipeline: Callable[[Pipeline], object] | None = None,
     stop: threading.Event | None = None,
     store: dict | None = None,
+    sglang_jsonl: Path | None = None,
 ) -> Path:
     """Run the runtime's concurrency sweep to its end (or until `stop` is set) into `out`.
 
     `on_pipeline` gets the pipeline before the first step (the demo serves it);
     `on_step` sees every step after it was taken in (a progress bar). A run ended by
     `stop` is flushed and closed like a finished one, with `interrupted: true` in its
-    manifest. `store` holds RunWriter options (flush interval).
+    manifest. `store` holds RunWriter options (flush interval). `sglang_jsonl` names a
+    new file to receive the run as SGLang's block-accept estimator JSONL.
     """
     if sts is not None:
         config.sts_temperatures = list(sts.temperatures)
     runtime = DSparkRuntime(config)
     start = time.perf_counter()
+    # opened first: a file that cannot be created is refused before a run directory exists
+    jsonl = None if sglang_jsonl is None else BlockAcceptWriter(sglang_jsonl, config.gamma)
     writer = RunWriter(out, runtime_manifest(config, sts), **(store or {}))
     if sts is not None:
         save_sts(sts, out / "sts.json")
@@ -87,12 +93,16 @@ def record_reference_run(
     try:
         for batch in runtime.run():
             pipeline.ingest(batch, "runtime", runtime.gather_target_logprobs)
+            if jsonl is not None:
+                write_block_accept_step(jsonl, runtime, batch)
             if on_step is not None:
                 on_step(batch)
             if stop is not None and stop.is_set():
                 interrupted = True
                 break
     finally:
+        if jsonl is not None:
+            jsonl.close()
         pipeline.close(
             {
                 "wall_seconds": round(time.perf_counter() - start, 3),

@@ -163,6 +163,8 @@ class DSparkRuntime:
         self.arrived = 0
         self.finished = 0
         self.forward_ct = 0
+        self._finished_rows = np.zeros(0, dtype=np.int64)
+        self._natural_stop = np.zeros(0, dtype=bool)
 
     def run(self) -> Iterator[StepBatch]:
         """Every step of the concurrency sweep, in order."""
@@ -564,6 +566,18 @@ class DSparkRuntime:
         """
         return np.log(self._verified[rows, positions, tokens])
 
+    def last_distributions(self) -> tuple[np.ndarray, np.ndarray]:
+        """The last step's target `[rows, gamma + 1, vocab]` and draft `[rows, gamma, vocab]`
+        probabilities at each request's temperature (views, overwritten by the next step):
+        what a verify forward's logits and a drafter's corrected logits hold in SGLang."""
+        return self._verified, self._q_all[: len(self._verified)]
+
+    def finished_in_last_step(self) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of the last step whose request finished in it, and whether each stopped
+        naturally (SGLang's FINISH_MATCHED_TOKEN: an EOS within max_new_tokens) rather
+        than at the length cap."""
+        return self._finished_rows, self._natural_stop
+
     def _time(self, batch, ctx, verified, draft_seconds, start) -> None:
         """Step timings: measured on a torch target, else the cost table with noise.
 
@@ -599,7 +613,9 @@ class DSparkRuntime:
         committed = np.concatenate([draft, np.zeros((b, 1), dtype=np.int64)], axis=1)
         committed[rows, accepted] = bonus
         valid = np.arange(g + 1)[None, :] <= accepted[:, None]
-        eos = ((committed == EOS_TOKEN) & valid).any(axis=1) & ~self.ignore_eos[slots]
+        hit = (committed == EOS_TOKEN) & valid & ~self.ignore_eos[slots][:, None]
+        eos = hit.any(axis=1)
+        natural = eos & (self.generated[slots] + hit.argmax(axis=1) < self.max_new[slots])
         last2 = np.where(accepted >= 1, draft[rows, np.maximum(accepted - 1, 0)], self.prev1[slots])
         self.prev2[slots] = last2
         self.prev1[slots] = bonus
@@ -607,6 +623,7 @@ class DSparkRuntime:
         self.generated[slots] += accepted + 1
         done = eos | (self.generated[slots] >= self.max_new[slots])
         self.active[slots[done]] = False
+        self._finished_rows, self._natural_stop = np.flatnonzero(done), natural[done]
         self.finished += int(done.sum())
 
 
