@@ -90,3 +90,21 @@ def world_study(worlds: list[str], seeds: list[int], *, concurrency: int = 64,
                 records.append({"world": world, "seed": seed, "workload": workload,
                                 "method": method, **entry})  # fmt: skip
     return records
+
+
+def summarize_study(records: list[dict]) -> list[dict]:
+    """Per (world, workload, method) over its seeds: the mean and the largest error of the
+    all-step mean, and the share of seeds whose interval covers the truth."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["world"], r["workload"], r["method"]), []).append(r)
+    out = []
+    for (world, workload, method), rs in sorted(groups.items()):
+        errors = np.array([np.nan if r["error"] is None else r["error"] for r in rs])
+        out.append({
+            "world": world, "workload": workload, "method": method, "seeds": len(rs),
+            "mean_error": float(np.mean(errors)),
+            "max_abs_error": float(np.max(np.abs(errors))),
+            "coverage": float(np.mean([r["covered"] for r in rs])),
+        })  # fmt: skip
+    return out
