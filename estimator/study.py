@@ -21,7 +21,8 @@ from dspark_obs.store import Run, open_run
 
 from .evaluate import Z95, walked_blocks
 
-METHODS = ("sampled", "greedy")
+#: the warm-up `dspark-obs run --sts auto` fits STS on by default
+STS_WARMUP_STEPS = 150
 
 
 def all_step_means(run: Run) -> dict[tuple[str, str], dict]:
@@ -71,11 +72,45 @@ def all_step_means(run: Run) -> dict[tuple[str, str], dict]:
     return out
 
 
+def jsonl_all_step_means(path: Path, run: Run) -> dict[tuple[str, str], dict]:
+    """Per workload, the sampled all-step mean from the block-accept JSONL the run wrote
+    (`run --sglang-jsonl`), walked and extrapolated as `estimate --sglang-jsonl` does."""
+    from dspark_obs.telemetry.block_accept_log import default_workload_of, read_block_accept_jsonl
+
+    from .block_accept_truth import row_truth
+    from .block_accept_walk import summarize_by_workload, walk_blocks
+
+    gamma = int(run.manifest["gamma"])
+    log = read_block_accept_jsonl(path)
+    summary = summarize_by_workload(walk_blocks(log, gamma), log=log)
+    truth = row_truth(log, run)
+    row_workload = np.array([default_workload_of(str(r)) for r in log.row_rid])
+    out = {}
+    for workload, entry in summary.items():
+        steps = entry["all_steps"]
+        t = float(np.mean(truth[row_workload == workload]))
+        lo, hi = steps["ci_lo"], steps["ci_hi"]
+        out[(workload, "sampled")] = {
+            "steps": steps["steps"],
+            "truth": t,
+            "point": steps["mean_point"],
+            "interval": [lo, hi],
+            "error": steps["mean_point"] / t - 1.0 if t else None,
+            "covered": lo <= t <= hi,
+        }
+    return out
+
+
 def world_study(worlds: list[str], seeds: list[int], *, concurrency: int = 64,
-                steps: int = 200) -> list[dict]:  # fmt: skip
-    """One record per (world, seed, workload, method) of a compact run with a shadow twin."""
+                steps: int = 200, sts: str = "auto") -> list[dict]:  # fmt: skip
+    """One record per (world, seed, path, workload, method) of a compact run with a shadow
+    twin: `path` is `in-band` (the run's own walks) or `jsonl` (the walk over the
+    block-accept JSONL the run wrote, as SGLang's recorder writes it; sampled requests).
+    `sts` as `dspark-obs run --sts` takes it (the default fits STS on a warm-up run, as
+    a run does)."""
     from dspark_obs.runs import record_reference_run
     from dspark_obs.runtime.config import RuntimeConfig
+    from dspark_obs.runtime.sts_warmup import resolve_sts
 
     records = []
     for world in worlds:
@@ -83,26 +118,30 @@ def world_study(worlds: list[str], seeds: list[int], *, concurrency: int = 64,
             config = RuntimeConfig(seed=seed, world=world, shadow="cap-accept",
                                    concurrency=[concurrency], steps_per_level=steps)  # fmt: skip
             with tempfile.TemporaryDirectory() as tmp:
-                out = Path(tmp) / "run"
-                record_reference_run(config, out, None)
-                means = all_step_means(open_run(out))
-            for (workload, method), entry in sorted(means.items()):
-                records.append({"world": world, "seed": seed, "workload": workload,
-                                "method": method, **entry})  # fmt: skip
+                out, jsonl = Path(tmp) / "run", Path(tmp) / "block_accept.jsonl"
+                calibration = resolve_sts(sts, config, STS_WARMUP_STEPS)
+                record_reference_run(config, out, calibration, sglang_jsonl=jsonl)
+                run = open_run(out)
+                paths = {"in-band": all_step_means(run), "jsonl": jsonl_all_step_means(jsonl, run)}
+            for path, means in paths.items():
+                for (workload, method), entry in sorted(means.items()):
+                    records.append({"world": world, "seed": seed, "path": path,
+                                    "workload": workload, "method": method, **entry})  # fmt: skip
     return records
 
 
 def summarize_study(records: list[dict]) -> list[dict]:
-    """Per (world, workload, method) over its seeds: the mean and the largest error of the
-    all-step mean, and the share of seeds whose interval covers the truth."""
+    """Per (world, path, workload, method) over its seeds: the mean and the largest error
+    of the all-step mean, and the share of seeds whose interval covers the truth."""
     groups: dict[tuple, list[dict]] = {}
     for r in records:
-        groups.setdefault((r["world"], r["workload"], r["method"]), []).append(r)
+        groups.setdefault((r["world"], r["path"], r["workload"], r["method"]), []).append(r)
     out = []
-    for (world, workload, method), rs in sorted(groups.items()):
+    for (world, path, workload, method), rs in sorted(groups.items()):
         errors = np.array([np.nan if r["error"] is None else r["error"] for r in rs])
         out.append({
-            "world": world, "workload": workload, "method": method, "seeds": len(rs),
+            "world": world, "path": path, "workload": workload, "method": method,
+            "seeds": len(rs),
             "mean_error": float(np.mean(errors)),
             "max_abs_error": float(np.max(np.abs(errors))),
             "coverage": float(np.mean([r["covered"] for r in rs])),

@@ -42,10 +42,14 @@ def test_all_step_means_by_hand(run):
         assert lo <= entry["point"] <= hi
 
 
-def test_a_study_has_one_record_per_world_seed_workload_and_method():
-    records = world_study(["reference", "unstable-slots"], [0, 1], concurrency=8, steps=30)
-    keys = {(r["world"], r["seed"], r["workload"], r["method"]) for r in records}
+def test_a_study_has_one_record_per_world_seed_path_workload_and_method():
+    records = world_study(
+        ["reference", "unstable-slots"], [0, 1], concurrency=8, steps=30, sts="none"
+    )
+    keys = {(r["world"], r["seed"], r["path"], r["workload"], r["method"]) for r in records}
     assert len(keys) == len(records)
+    assert {r["path"] for r in records} == {"in-band", "jsonl"}
+    assert {r["method"] for r in records if r["path"] == "jsonl"} == {"sampled"}
     assert {r["world"] for r in records} == {"reference", "unstable-slots"}
     assert {r["workload"] for r in records if r["world"] == "unstable-slots"} == {
         "copy", "arena", "noise",
