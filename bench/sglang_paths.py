@@ -52,10 +52,28 @@ def run(quick: bool) -> list[dict]:
     return [_record(b, quick) for b in ((16, 256) if quick else BATCHES)]
 
 
+def _sglang_real():
+    """tests/sglang_real.py, loaded as on a CPU: with a GPU in sight, SGLang's package
+    imports CUDA-only kernel packages (sgl_kernel) at module level, which the observer
+    types never use; CUDA is hidden while it loads, and SGLang's cached device check is
+    cleared afterwards so that nothing it decides later sees a CPU."""
+    import torch
+
+    available = torch.cuda.is_available
+    torch.cuda.is_available = lambda: False
+    try:
+        from tests import sglang_real
+    finally:
+        torch.cuda.is_available = available
+    from sglang.srt.utils.common import is_cuda
+
+    is_cuda.cache_clear()
+    return sglang_real
+
+
 def _observers(env: dict, tmp: str):
     """SGLang reads its collection settings when the observers are built."""
-    from tests.sglang_real import observers
-
+    observers = _sglang_real().observers
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update({k: v.format(tmp=tmp) for k, v in env.items()})
     try:
@@ -71,8 +89,7 @@ def _observers(env: dict, tmp: str):
 def _record(b: int, quick: bool) -> dict:
     import torch
 
-    from tests.sglang_real import as_sglang
-
+    as_sglang = _sglang_real().as_sglang
     step = StandInStep(b)
     steps = [as_sglang(kw) for kw in _steps(b, "cuda", V)]
     tmp = tempfile.mkdtemp()
@@ -84,7 +101,7 @@ def _record(b: int, quick: bool) -> dict:
     for r in range(rounds + 1):
         for name, obs in arms.items():
             for _ in range(n_steps):
-                kw = dict(steps[i % VARIANTS], forward_ct=i)
+                kw = dict(steps[i % VARIANTS], forward_ct=i, proposal_folded=False)
                 i += 1
                 seconds = step(kw, lambda kw, obs=obs: obs.observe_verify_step(**kw))
                 if r > 0:  # round 0 warms every arm up

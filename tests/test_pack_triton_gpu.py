@@ -70,7 +70,8 @@ def test_the_kernel_writes_what_the_torch_form_writes(options, vocab):
 
 
 def test_the_hook_on_a_gpu_publishes_what_the_reference_does():
-    stream = StepStream(seed=9, vocab=50_000, requests=16, greedy_every=3, agree=0.8)
+    """No request moves slot: the device keeps open tails by slot (docs/sglang.md)."""
+    stream = StepStream(seed=9, vocab=50_000, requests=16, greedy_every=3, agree=0.8, moves=False)
     worker = SimpleNamespace(_observers=Observers())
     hook = attach(worker, gamma=stream.g, consumer="inline", pool_slots=64)
     reference = build_pipeline(stream.g)
