@@ -37,8 +37,8 @@ from .interval import (
     Extrapolate,
     acceptance_log_ratio,
     block_interval,
-    extrapolated_extra,
-    position_terms,
+    extrapolated_parts,
+    point_range,
     rate_extrapolation,
     running_sums,
 )
@@ -202,14 +202,7 @@ def _modelled_extra(
         cols = np.arange(gamma)[None, :]
         rows = np.broadcast_to(need[:, None], (len(need), gamma))
         x = _features_at(log, walk, _history(walk), rows, np.broadcast_to(cols, rows.shape))
-        g = groups[need]
-        rates = model.rates(x, g)
-        low, high, ident = model.rate_bounds(rates, g)
-        terms = position_terms(rates, start[need])
-        out[0, need] = terms.sum(axis=1)
-        out[1, need] = position_terms(low, start[need]).sum(axis=1)
-        out[2, need] = position_terms(high, start[need]).sum(axis=1)
-        out[3, need] = np.where(ident, 0.0, terms).sum(axis=1)
+        out[:, need] = model.parts(x, groups[need], start[need])
     return out[0], out[1], out[2], out[3]
 
 
@@ -288,14 +281,11 @@ def walk_blocks(
             if rates.shape != (gamma,):
                 raise ValueError(f"rates must have shape ({gamma},), got {rates.shape}")
             extrapolate = rate_extrapolation(rates)
-        extra = extrapolated_extra(extrapolate, groups, start, None, unreached)
-        # nothing checked a caller's extrapolation: all of it counts as unidentified
-        extra_lo, extra_hi = np.zeros(n), unreached.astype(np.float64)
-        unidentified = np.clip(np.nan_to_num(extra, nan=0.0), 0.0, unreached)
+        extra, extra_lo, extra_hi, unidentified = extrapolated_parts(
+            extrapolate, groups, start, None, unreached
+        )
     interval = block_interval(w, lo_extra, var_terms, prod, unreached, extra)
-    interval["point_lo"] = interval["lo"] + prod * np.clip(extra_lo, 0.0, unreached)
-    interval["point_hi"] = interval["lo"] + prod * np.clip(extra_hi, 0.0, unreached)
-    interval["unidentified"] = prod * np.clip(unidentified, 0.0, unreached)
+    interval.update(point_range(interval["lo"], prod, unreached, extra_lo, extra_hi, unidentified))
     return {
         "rid": rid,
         "block_fct": log.block_fct,

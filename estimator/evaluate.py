@@ -22,8 +22,9 @@ import polars as pl
 from dspark_obs.analysis.workload_codes import workload_code
 from dspark_obs.store import Run
 
-from .online import CeilingEstimator
-from .population import population_estimates
+from .extrapolation_check import ExtrapolationCheck
+from .online import POPULATION_BATCH_STEPS, CeilingEstimator
+from .population import HazardModel, population_estimates
 
 Z95 = 1.959963984540054
 
@@ -70,6 +71,9 @@ def _method_entry(df: pl.DataFrame, method: str) -> dict:
     }
     entry["parts"] = parts
     entry["shares"] = {k: v / entry["point"] if entry["point"] else None for k, v in parts.items()}
+    if "unidentified" in part.columns:  # runs recorded before the point range have none
+        entry["unidentified"] = part["unidentified"].mean()
+        entry["point_range"] = [part["point_lo"].mean(), part["point_hi"].mean()]
     se = float(np.sqrt(part["var"].sum())) / n
     entry["interval"] = [entry["lo"] - Z95 * se, entry["hi"] + Z95 * se]
     if method == "greedy":
@@ -135,6 +139,39 @@ def _population_rows(req: pl.LazyFrame, names: list, gamma: int) -> tuple:
     )
 
 
+def extrapolation_checks(req: pl.LazyFrame, names: list, gamma: int) -> list[dict]:
+    """Per workload, the in-band extrapolation's held-out check replayed over the run:
+    every `POPULATION_BATCH_STEPS` steps' known positions against the population model
+    learnt from the steps before them, as the estimator checked it in band."""
+    known = [n for n in names if n is not None]
+    cols = ("confidence", "target_logprobs", "draft_logprobs")
+    rows = (
+        req.select(
+            "forward_ct",
+            workload_code(known),
+            "window",
+            "correct_drafts",
+            pl.col("greedy").cast(pl.Int8).fill_null(-1),
+            *cols,
+        )
+        .sort("forward_ct", maintain_order=True)
+        .collect()
+    )
+    model, check = HazardModel(gamma), ExtrapolationCheck(gamma)
+    model.ensure_groups(len(names))
+    chunk = (rows["forward_ct"].to_numpy() - rows["forward_ct"].min()) // POPULATION_BATCH_STEPS
+    bounds = np.flatnonzero(np.diff(chunk)) + 1 if rows.height else np.zeros(0, np.int64)
+    for part in np.split(np.arange(rows.height), bounds) if rows.height else []:
+        sl = rows[int(part[0]) : int(part[-1]) + 1]
+        group, w, a = (sl[c].to_numpy() for c in ("group", "window", "correct_drafts"))
+        mats = [sl[c].to_numpy().reshape(-1, gamma) for c in cols]
+        conf, target_lp, draft_lp = (None if np.isnan(m).all() else m for m in mats)
+        greedy = sl["greedy"].to_numpy()
+        check.observe(model, group, w, greedy, conf, target_lp, draft_lp)
+        model.update(group, w, a, conf)
+    return [check.calibration(g) for g in range(len(names))]
+
+
 def evaluate(run: Run) -> dict:
     """The `dspark-obs estimate --json` object.
 
@@ -187,11 +224,15 @@ def evaluate(run: Run) -> dict:
         # the model is numpy on one core: it fits while polars joins the walks with
         # their truth, instead of leaving the other core idle
         fit = pool.submit(population_estimates, *rows, gamma, groups=len(names))
+        checks = pool.submit(extrapolation_checks, req, names, gamma)
         del rows
         keys = ["rank", "forward_ct", "rid"]
         blocks = walked_blocks(run)
         if blocks.collect_schema().names():
             used = ("workload", "method", "status", "window", "lo", "point", "hi", "var")
+            ranged = ("point_lo", "point_hi", "unidentified")
+            have = set(blocks.collect_schema().names())
+            used += tuple(c for c in ranged if c in have)
             blocks = (
                 blocks.select(*keys, *used)
                 # in the blocks' order, so that sums over them, and the report, repeat
@@ -211,7 +252,7 @@ def evaluate(run: Run) -> dict:
     pops = fit.result()
     empty = blocks.clear() if blocks.width else blocks
     out = {"run": str(run.path), "gamma": gamma, "workloads": {}}
-    for name, pop in zip(names, pops, strict=True):
+    for name, pop, check in zip(names, pops, checks.result(), strict=True):
         st = stats[name]
         walked = by_workload.get((name,), empty)
         has_truth = st["truth_nulls"] == 0
@@ -221,6 +262,7 @@ def evaluate(run: Run) -> dict:
             "sampled": _method_entry(walked, "sampled") if walked.height else {"blocks": 0},
             "population": {k: pop[k] for k in ("mean", "survival", "identifiable", "naive_km")},
             "all_steps": _all_steps(st, walked, gamma),
+            "extrapolation_check": check,
             "counts": {
                 "blocks": st["n"],
                 "trimmed": st["trimmed"],

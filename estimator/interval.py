@@ -148,6 +148,58 @@ def extrapolated_extra(
     return extra
 
 
+def extrapolated_parts(
+    extrapolate: Extrapolate | None,
+    groups: np.ndarray,
+    start: np.ndarray,
+    confidence: np.ndarray | None,
+    unreached: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`[k]` each: the extrapolated further accepted drafts, the low and high ends of its
+    range, and the part of it that no known position backs; 0 where nothing is unreached.
+
+    An extrapolation with a `parts(groups, start, confidence)` method (`[4, k]`, in that
+    order) says its own range; any other was checked by nothing, so its range is all of
+    [0, unreached] and all of it counts as unidentified. Without one (None) the point
+    takes the middle of what the unreached positions could add.
+    """
+    parts = getattr(extrapolate, "parts", None)
+    if parts is None:
+        if extrapolate is None:
+            extra = 0.5 * unreached
+        else:
+            extra = extrapolated_extra(extrapolate, groups, start, confidence, unreached)
+        unchecked = np.clip(np.nan_to_num(extra, nan=0.0), 0.0, unreached)
+        return extra, np.zeros(len(unreached)), unreached.astype(np.float64), unchecked
+    out = np.zeros((4, len(unreached)))
+    need = np.flatnonzero(unreached > 0)
+    if len(need):
+        conf = None if confidence is None else confidence[need]
+        got = np.asarray(parts(groups[need], start[need], conf), dtype=np.float64)
+        if got.shape != (4, len(need)):
+            raise ValueError(f"parts must return shape (4, {len(need)}), got {got.shape}")
+        out[:, need] = got
+    return out[0], out[1], out[2], out[3]
+
+
+def point_range(
+    lo: np.ndarray,
+    reach_prob: np.ndarray,
+    unreached: np.ndarray,
+    extra_lo: np.ndarray,
+    extra_hi: np.ndarray,
+    unidentified: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """`point_lo`, `point_hi` (the point with every extrapolated rate at the low, and at the
+    high, end of its range) and `unidentified` (the part of the point that rests on
+    positions nothing identifies), in accepted drafts, clipped as `block_interval` clips."""
+    return {
+        "point_lo": lo + reach_prob * np.clip(extra_lo, 0.0, unreached),
+        "point_hi": lo + reach_prob * np.clip(extra_hi, 0.0, unreached),
+        "unidentified": reach_prob * np.clip(unidentified, 0.0, unreached),
+    }
+
+
 def position_terms(rates: np.ndarray, start: np.ndarray) -> np.ndarray:
     """`[k, n]` each block's expected acceptance of each position from `start` on.
 
@@ -160,6 +212,31 @@ def position_terms(rates: np.ndarray, start: np.ndarray) -> np.ndarray:
     after = np.arange(n)[None, :] >= np.asarray(start)[:, None]
     running = np.cumprod(np.where(after, np.clip(rates, 0.0, 1.0), 1.0), axis=1)
     return np.where(after, running, 0.0)
+
+
+def extra_parts(
+    rates: np.ndarray, identified: np.ndarray, margin: np.ndarray, start: np.ndarray
+) -> np.ndarray:
+    """`[4, k]`: the expected further accepted drafts from `start` on (`position_terms`),
+    the same with every rate at the low and at the high end of its range, and the part of
+    the first that rests on unidentified positions.
+
+    `rates` and `identified` are `[k, n]`, `margin` `[k]`: an identified rate's range is
+    the rate +- its block's margin (the model's held-out miss), an unidentified one's all
+    of [0, 1], so where nothing identifies a position the range runs to the lo/hi bracket.
+    """
+    m = np.asarray(margin, dtype=np.float64)[:, None]
+    low = np.where(identified, np.clip(rates - m, 0.0, 1.0), 0.0)
+    high = np.where(identified, np.clip(rates + m, 0.0, 1.0), 1.0)
+    terms = position_terms(rates, start)
+    return np.stack(
+        [
+            terms.sum(axis=1),
+            position_terms(low, start).sum(axis=1),
+            position_terms(high, start).sum(axis=1),
+            np.where(identified, 0.0, terms).sum(axis=1),
+        ]
+    )
 
 
 def rate_extrapolation(rates: np.ndarray) -> Extrapolate:

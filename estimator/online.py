@@ -27,6 +27,7 @@ from dspark_obs.aggregates.window import WindowedSums
 from dspark_obs.series import Samples, ratio
 from dspark_obs.telemetry import StepBatch
 
+from .extrapolation_check import CheckedExtrapolation, ExtrapolationCheck
 from .population import HazardModel
 from .tails import GROUP, Gather, TailWalker
 
@@ -175,6 +176,9 @@ class CeilingEstimator:
         self.index = GroupIndex(workload_cap)
         self.walker = TailWalker(gamma, assume_greedy=assume_greedy)
         self.population = HazardModel(gamma)
+        # the walks' extrapolation, with its held-out check on known positions
+        self.check = ExtrapolationCheck(gamma)
+        self.extrapolation = CheckedExtrapolation(self.population, self.check)
         self.sums = WindowedSums(len(COLUMNS), window_steps, blocks)
         self._rows: list[dict[str, np.ndarray]] = []
         self._population_rows: list[tuple] = []
@@ -193,10 +197,15 @@ class CeilingEstimator:
             w, a = batch.window, batch.accepted
             # the population model learns in batches (its hazards move slowly; the walks'
             # extrapolation reads them between batches)
-            self._population_rows.append((group, w, a, batch.confidence))
+            self._population_rows.append(
+                (
+                    group, w, a, batch.confidence, batch.greedy,
+                    batch.target_logprobs, batch.draft_logprobs,
+                )
+            )  # fmt: skip
             if len(self._population_rows) >= POPULATION_BATCH_STEPS:
                 self._teach_population()
-            outcomes = self.walker.step(batch, group, gather, self.population.expected_extra)
+            outcomes = self.walker.step(batch, group, gather, self.extrapolation)
             observed = (a < w) | (w == self.gamma)
             self._counts.append(
                 (group, observed, a, self.walker.opened_rows, self.walker.skipped_rows)
@@ -228,25 +237,26 @@ class CeilingEstimator:
         self.sums.advance(len(counts))
 
     def _teach_population(self) -> None:
+        """The queued rows are checked against the population model, then taught to it."""
         rows, self._population_rows = self._population_rows, []
         if not rows:
             return
-        confs = [r[3] for r in rows]
-        conf = None
-        if all(c is not None for c in confs):
-            conf = np.concatenate(confs)
-        elif any(c is not None for c in confs):
-            conf = np.concatenate(
-                [
-                    c if c is not None else np.full((len(r[1]), self.gamma), np.nan)
-                    for c, r in zip(confs, rows, strict=True)
-                ]
-            )
-        self.population.update(
-            np.concatenate([r[0] for r in rows]),
-            np.concatenate([r[1] for r in rows]),
-            np.concatenate([r[2] for r in rows]),
-            conf,
+        group, w, a, greedy = (np.concatenate([r[i] for r in rows]) for i in (0, 1, 2, 4))
+        conf, target_lp, draft_lp = (self._matrix(rows, i) for i in (3, 5, 6))
+        self.check.observe(self.population, group, w, greedy, conf, target_lp, draft_lp)
+        self.population.update(group, w, a, conf)
+
+    def _matrix(self, rows: list[tuple], i: int) -> np.ndarray | None:
+        """Rows' `[n, gamma]` column `i` concatenated: NaN where a step lacks it, None where
+        every step does."""
+        mats = [r[i] for r in rows]
+        if all(m is None for m in mats):
+            return None
+        return np.concatenate(
+            [
+                m if m is not None else np.full((len(r[1]), self.gamma), np.nan)
+                for m, r in zip(mats, rows, strict=True)
+            ]
         )
 
     def _fold_outcomes(self, out: dict, delta: np.ndarray) -> None:
@@ -263,7 +273,7 @@ class CeilingEstimator:
         """Censor the walks still open (the source ended) and count them."""
         with self._lock:
             self._teach_population()
-            out = self.walker.close(self.population.expected_extra)
+            out = self.walker.close(self.extrapolation)
             if out or self._counts:
                 self._fold(out)
 
@@ -292,6 +302,9 @@ class CeilingEstimator:
                 "hi": cols["hi"],
                 "var": cols["var"],
                 "resolved_at": cols["resolved_fct"],
+                "point_lo": cols["point_lo"],
+                "point_hi": cols["point_hi"],
+                "unidentified": cols["unidentified"],
             }
         )
 

@@ -338,23 +338,49 @@ class HazardModel:
         st = np.broadcast_to(np.asarray(start, dtype=np.int64), (k,))
         if k == 0:
             return np.zeros(0)
-        if (grp < 0).any() or (st < 0).any():
-            raise ValueError("group ids and start positions must be >= 0")
-        self.ensure_groups(int(grp.max()) + 1)
-        codes = self._bin_codes(confidence, k)
-        hazard, _ = self._tables()
+        if (st < 0).any():
+            raise ValueError("start positions must be >= 0")
+        hazard, _, cell = self._cells(grp, confidence)
         gam = self.gamma
-        width = hazard.shape[2]
         # position-major [gamma, k], the running product one position row at a time:
         # gamma vector multiplies, where numpy's cumprod along either axis of so short a
         # dimension costs about five times as much
         pos = np.arange(gam)[:, None]
-        cell = (grp * (gam * width))[None, :] + pos * width + codes.T
         after = pos >= st[None, :]
         keep = np.where(after, 1.0 - hazard.take(cell), 1.0)
         for j in range(1, gam):
             keep[j] *= keep[j - 1]
         return np.where(after, keep, 0.0).sum(axis=0)
+
+    def rates(
+        self, group_ids: np.ndarray, confidence: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`[k, gamma]` each, for each block's own cells: the acceptance rate (1 - hazard),
+        whether that hazard was estimated from data (else extrapolated), and the standard
+        error of an estimated one (sqrt(h (1 - h) / at risk); 0 where extrapolated)."""
+        grp = np.asarray(group_ids, dtype=np.int64).reshape(-1)
+        if len(grp) == 0:
+            empty = np.zeros((0, self.gamma))
+            return empty, empty.astype(bool), empty
+        hazard, data, cell = self._cells(grp, confidence)
+        at_risk = np.concatenate([self._n, self._n0[:, :, None]], axis=2).take(cell).T
+        h, ident = hazard.take(cell).T, data.take(cell).T
+        se = np.where(ident, np.sqrt(h * (1.0 - h) / np.maximum(at_risk, 1)), 0.0)
+        return 1.0 - h, ident, se
+
+    def _cells(
+        self, grp: np.ndarray, confidence: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The hazard and from-data tables, and `[gamma, k]` flat indices of each block's
+        cell per position (position-major)."""
+        if (grp < 0).any():
+            raise ValueError("group ids must be >= 0")
+        self.ensure_groups(int(grp.max()) + 1)
+        codes = self._bin_codes(confidence, len(grp))
+        hazard, data = self._tables()
+        gam, width = self.gamma, hazard.shape[2]
+        pos = np.arange(gam)[:, None]
+        return hazard, data, (grp * (gam * width))[None, :] + pos * width + codes.T
 
 
 def population_estimates(

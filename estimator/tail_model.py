@@ -28,8 +28,8 @@ still biases the deep positions the model extrapolates to.
 A (workload, offset) cell with fewer than `MIN_KNOWN` known positions identifies
 nothing: the coefficients there extrapolate in offset from other offsets or other
 workloads. Such cells are flagged (`identified`), and the per-block model range
-(`rate_bounds`) lets their rates run over all of [0, 1], so the range widens to the
-lo/hi bracket there instead of trusting the guess.
+(`parts`, `interval.extra_parts`) lets their rates run over all of [0, 1], so the range
+widens to the lo/hi bracket there instead of trusting the guess.
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from .interval import extra_parts
 
 #: Known positions a (workload, offset) cell needs before its rate counts as identified.
 MIN_KNOWN = 30
@@ -112,26 +114,45 @@ def _fit_groups(
     return pooled, per
 
 
-def _calibration(predicted: np.ndarray, observed: np.ndarray) -> dict:
-    """Held-out predictions against the observed ratios, in bins of the prediction."""
-    n = len(predicted)
+def calibration_sums(
+    predicted: np.ndarray, observed: np.ndarray, predicted_se: np.ndarray | None = None
+) -> np.ndarray:
+    """`[5, CALIBRATION_BINS]` per bin of the prediction: count, sum predicted, sum observed,
+    sum observed squared, sum of the predictions' own standard errors (0 where not given);
+    sums of several sets of positions add up (`calibration_report`)."""
+    b = np.minimum((predicted * CALIBRATION_BINS).astype(np.int64), CALIBRATION_BINS - 1)
+    se = np.zeros(len(b)) if predicted_se is None else predicted_se
+    return np.stack(
+        [
+            np.bincount(b, minlength=CALIBRATION_BINS).astype(np.float64),
+            np.bincount(b, predicted, CALIBRATION_BINS),
+            np.bincount(b, observed, CALIBRATION_BINS),
+            np.bincount(b, observed * observed, CALIBRATION_BINS),
+            np.bincount(b, se, CALIBRATION_BINS),
+        ]
+    )
+
+
+def calibration_report(sums: np.ndarray) -> dict:
+    """Held-out predictions against the observed ratios, from `calibration_sums`.
+
+    A bin's standard error is the observed ratios' plus the mean of the predictions' own
+    (taken as fully correlated: predictions from one estimated cell share its error)."""
+    count, pred_sum, obs_sum, obs_sq, pred_se = sums
+    n = int(count.sum())
     if n == 0:
         return {"held_out": 0, "calibrated": None}
-    b = np.minimum((predicted * CALIBRATION_BINS).astype(np.int64), CALIBRATION_BINS - 1)
-    count = np.bincount(b, minlength=CALIBRATION_BINS)
     keep = count > 0
     tested = count >= CALIBRATION_MIN_COUNT
     c = np.maximum(count, 1)
-    pred = np.bincount(b, predicted, CALIBRATION_BINS) / c
-    obs = np.bincount(b, observed, CALIBRATION_BINS) / c
-    second = np.bincount(b, observed * observed, CALIBRATION_BINS) / c
-    se = np.sqrt(np.maximum(second - obs * obs, 0.0) / c)
+    pred, obs, second = pred_sum / c, obs_sum / c, obs_sq / c
+    se = np.sqrt(np.maximum(second - obs * obs, 0.0) / c + (pred_se / c) ** 2)
     gap = pred - obs
     ok = np.abs(gap) <= CALIBRATION_SLACK + 3 * se
     return {
         "held_out": n,
-        "mean_predicted": float(predicted.mean()),
-        "mean_observed": float(observed.mean()),
+        "mean_predicted": float(pred_sum.sum() / n),
+        "mean_observed": float(obs_sum.sum() / n),
         "ece": float((count * np.abs(gap)).sum() / n),
         "tested_bins": int(tested.sum()),
         "calibrated": bool(ok[tested].all()) if tested.any() else None,
@@ -166,16 +187,10 @@ class TailModel:
         z = ((x - self.mean) / self.scale * self.coef[group][:, None, :]).sum(axis=-1)
         return _sigmoid(z)
 
-    def rate_bounds(
-        self, rates: np.ndarray, group: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(low, high, identified) rates per block position: identified cells within the
-        group's margin, the others anywhere in [0, 1]."""
-        ident = self.identified[group]
-        margin = self.margin[group][:, None]
-        low = np.where(ident, np.clip(rates - margin, 0.0, 1.0), 0.0)
-        high = np.where(ident, np.clip(rates + margin, 0.0, 1.0), 1.0)
-        return low, high, ident
+    def parts(self, x: np.ndarray, group: np.ndarray, start: np.ndarray) -> np.ndarray:
+        """`interval.extra_parts` of blocks with features `x` `[k, gamma, 7]` in `group`,
+        from position `start` on: identified cells within the group's margin."""
+        return extra_parts(self.rates(x, group), self.identified[group], self.margin[group], start)
 
 
 def fit_tail_model(
@@ -207,7 +222,9 @@ def fit_tail_model(
         per = _fit_groups(xs[train], a[train], group[train], groups)[1]
         held[test] = _sigmoid((xs[test] * per[group[test]]).sum(axis=1))
     checked = ~np.isnan(held)
-    calibration = [_calibration(held[checked & (group == g)], a[checked & (group == g)])
-                   for g in range(groups)]  # fmt: skip
+    calibration = [
+        calibration_report(calibration_sums(held[checked & sel], a[checked & sel]))
+        for sel in (group == g for g in range(groups))
+    ]
     margin = np.asarray([c.get("ece", 1.0) for c in calibration])
     return TailModel(names, mean, scale, coef, known, known >= MIN_KNOWN, margin, calibration)

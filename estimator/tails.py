@@ -57,7 +57,8 @@ from .interval import (
     Extrapolate,
     acceptance_log_ratio,
     block_interval,
-    extrapolated_extra,
+    extrapolated_parts,
+    point_range,
     running_sums,
 )
 
@@ -591,20 +592,23 @@ class TailWalker:
         reached = f[:, NEXT].astype(np.int64)
         # a greedy walk that ended inside the tail is exact: nothing past it can count
         unreached = np.where(greedy & ~censored, 0, g - reached)
-        if extrapolate is not None:
-            extra = extrapolated_extra(extrapolate, group, reached, conf, unreached)
-        else:  # no model: the middle of what the unreached positions could add
-            extra = 0.5 * unreached
+        extra, extra_lo, extra_hi, unidentified = extrapolated_parts(
+            extrapolate, group, reached, conf, unreached
+        )
         # greedy: the matched run is certain (each ratio 1, so the running products sum to
         # its length r, and (2m - 1) times them to r ** 2); sampled: the walk's sums
         run = (reached - window).astype(np.float64)
+        reach_prob = np.where(greedy, 1.0, f[:, CUM])
         interval = block_interval(
             window,
             np.where(greedy, run, f[:, LO_EXTRA]),
             np.where(greedy, run**2, f[:, VAR_TERMS]),
-            np.where(greedy, 1.0, f[:, CUM]),
+            reach_prob,
             unreached,
             extra,
+        )
+        interval.update(
+            point_range(interval["lo"], reach_prob, unreached, extra_lo, extra_hi, unidentified)
         )
         return {
             "open_fct": f[:, OPEN_FCT].astype(np.int64),

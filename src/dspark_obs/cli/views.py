@@ -108,8 +108,11 @@ def print_estimates(report: dict) -> None:
         "covered",
         "exact/censored",
         "extrapolated",
+        "unident.",
+        "calibrated",
     ):
-        table.add_column(col, justify="left" if col in ("workload", "method") else "right")
+        label = col in ("workload", "method")
+        table.add_column(col, justify="left" if label else "right", no_wrap=label)
     for name, e in report["workloads"].items():
         for method in ("greedy", "sampled"):
             m = e[method]
@@ -133,6 +136,8 @@ def print_estimates(report: dict) -> None:
                 {True: "yes", False: "NO", None: "—"}[m.get("covered")],
                 rates,
                 _share(m["shares"]["extrapolated"]),
+                _share(m["unidentified"] / m["point"] if "unidentified" in m else None),
+                _calibrated(e, method),
             )
         pop = e.get("population")
         truth = e["truth"]
@@ -150,6 +155,8 @@ def print_estimates(report: dict) -> None:
             "",
             "",
             "",
+            "",
+            "",
             end_section=True,
         )
     console.print(table)
@@ -157,8 +164,16 @@ def print_estimates(report: dict) -> None:
         "[dim]walk rows: trimmed blocks only (truth = shadow ceiling of the same blocks); "
         "population: all request-steps; covered: the truth mean lies in the aggregate "
         "interval (mean lo, mean hi widened by 1.96 standard errors); extrapolated: the "
-        "share of the point that the population model filled in past the walks[/dim]"
+        "share of the point that the population model filled in past the walks; unident.: "
+        "the share it filled in from cells no data identifies; calibrated: the "
+        "population model's held-out check on known positions (--json for its bins)[/dim]"
     )
+
+
+def _calibrated(entry: dict, method: str) -> str:
+    """The sampled walk's extrapolation check (`extrapolation_check`), as yes, NO or —."""
+    check = entry.get("extrapolation_check") if method == "sampled" else None
+    return {True: "yes", False: "NO", None: "—"}[(check or {}).get("calibrated")]
 
 
 def _share(x) -> str:

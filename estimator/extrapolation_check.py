@@ -1,0 +1,143 @@
+"""The in-band extrapolation held against positions whose acceptance is known.
+
+Why: the sampled walk's point fills the tail positions no walk reached with the
+population model's rates (`population.HazardModel`: 1 - the hazard of each position's
+(group, position, confidence bin) cell), and where windows are short most of the point
+is that extrapolation. In band every verified draft of a sampled request has a known
+acceptance ratio a = min(1, p/q): the step carries the target's and the draft's
+log-probabilities of each token of its window, whether or not an earlier one was
+rejected (verification scores the whole window in one pass). Those are the known
+positions the extrapolation is checked on.
+
+Held out: each batch of rows is checked against the model as it stood before it learnt
+them (prequential), so no position checks a model it taught. The comparison is the
+block-accept tail model's (`tail_model.calibration_sums`, `calibration_report`): bins
+of the predicted rate, `calibrated` false where a bin of 20 or more positions misses by
+more than 0.02 + 3 standard errors (the ratios' and the mean of the predicted rates' own,
+sqrt(h (1 - h) / at risk) per cell, since a thin cell's rate is itself noisy), `ece` the
+count-weighted mean gap.
+
+What it checks: the rates where outcomes are known, i.e. the identified cells' hazards
+(`calibrated`, `ece`), and apart (`unidentified_cells`) the calibration fallback where a
+verified position fell in a cell too thin to estimate (on the reference runtime that
+fallback under-states low-confidence acceptance by a few points, which is why it is kept
+out of the margin and such cells' rates are not trusted at all).
+Known positions are verified ones, which the scheduler picks by confidence, while the
+extrapolated ones lie past the windows: whether censoring is ignorable given the
+confidence bin (the population model's first assumption) is what no verified position
+can test. `identified` says where the rates rest on data at all.
+
+Identification: a cell is identified where the population model estimated its hazard
+from data (`min_at_risk` blocks at risk). `CheckedExtrapolation.parts` gives each
+block's point range, identified rates within the group's held-out `ece` (its margin; 1
+before anything was checked) and unidentified ones anywhere in [0, 1], and the part of
+the point resting on unidentified cells (`interval.extra_parts`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .interval import acceptance_log_ratio, extra_parts
+from .population import HazardModel
+from .tail_model import CALIBRATION_BINS, calibration_report, calibration_sums
+
+
+def known_ratios(
+    window: np.ndarray,
+    greedy: np.ndarray,
+    target_logprobs: np.ndarray | None,
+    draft_logprobs: np.ndarray | None,
+    gamma: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`([n, gamma] known, [n, gamma] a)`: the verified positions of sampled rows (greedy
+    == 0) whose acceptance ratio both log-probabilities give (-inf target: a ratio of 0)."""
+    n = len(window)
+    if target_logprobs is None or draft_logprobs is None:
+        return np.zeros((n, gamma), dtype=bool), np.zeros((n, gamma))
+    with np.errstate(invalid="ignore"):
+        a = np.exp(acceptance_log_ratio(target_logprobs, draft_logprobs))
+    verified = np.arange(gamma)[None, :] < np.asarray(window)[:, None]
+    sampled = (np.asarray(greedy) == 0)[:, None]
+    return verified & sampled & ~np.isnan(a), a
+
+
+class ExtrapolationCheck:
+    """Per group: the population model's rates against known ratios, held out (prequential)."""
+
+    def __init__(self, gamma: int) -> None:
+        self.gamma = gamma
+        self.sums = np.zeros((0, 2, 5, CALIBRATION_BINS))
+
+    def observe(
+        self,
+        model: HazardModel,
+        group: np.ndarray,
+        window: np.ndarray,
+        greedy: np.ndarray,
+        confidence: np.ndarray | None,
+        target_logprobs: np.ndarray | None,
+        draft_logprobs: np.ndarray | None,
+    ) -> None:
+        """Check rows against `model` before it learns them (call before `model.update`)."""
+        group = np.asarray(group, dtype=np.int64)
+        if len(group) and group.max() >= len(self.sums):
+            grown = np.zeros((int(group.max()) + 1, 2, 5, CALIBRATION_BINS))
+            grown[: len(self.sums)] = self.sums
+            self.sums = grown
+        known, a = known_ratios(window, greedy, target_logprobs, draft_logprobs, self.gamma)
+        rows = np.flatnonzero(known.any(axis=1))
+        if len(rows) == 0:
+            return
+        conf = None if confidence is None else confidence[rows]
+        rates, ident, se = model.rates(group[rows], conf)
+        known, a, group = known[rows], a[rows], group[rows]
+        for g in np.unique(group).tolist():
+            for i, cells in enumerate((ident, ~ident)):
+                sel = known & cells & (group == g)[:, None]
+                self.sums[g, i] += calibration_sums(rates[sel], a[sel], se[sel])
+
+    def calibration(self, g: int) -> dict:
+        """The held-out check of group `g` on positions in identified cells
+        (`tail_model.calibration_report`), and under `unidentified_cells` the same over the
+        positions whose cells the model extrapolated (which `parts` does not trust)."""
+        sums = self.sums[g] if g < len(self.sums) else np.zeros((2, 5, CALIBRATION_BINS))
+        report = calibration_report(sums[0])
+        other = calibration_report(sums[1])
+        keys = ("held_out", "mean_predicted", "mean_observed", "ece")
+        report["unidentified_cells"] = {k: other[k] for k in keys if k in other}
+        return report
+
+    def margin(self, groups: np.ndarray) -> np.ndarray:
+        """`[k]` the groups' held-out ECE over identified cells: the half-width of an
+        identified rate's range (1 for a group nothing was checked on)."""
+        groups = np.asarray(groups, dtype=np.int64)
+        count, gap = np.zeros(len(groups)), np.zeros(len(groups))
+        have = groups < len(self.sums)
+        s = self.sums[groups[have], 0]  # [k, 5, bins]: identified cells
+        count[have] = s[:, 0].sum(axis=1)
+        # count * |mean predicted - mean observed| per bin is |sum predicted - sum observed|
+        gap[have] = np.abs(s[:, 1] - s[:, 2]).sum(axis=1)
+        return np.where(count > 0, gap / np.maximum(count, 1), 1.0)
+
+
+@dataclass(frozen=True)
+class CheckedExtrapolation:
+    """The population model's extrapolation (an `interval.Extrapolate`) with its range:
+    `parts` for the walk's point range and unidentified part (`interval.extrapolated_parts`)."""
+
+    model: HazardModel
+    check: ExtrapolationCheck
+
+    def __call__(
+        self, groups: np.ndarray, start: np.ndarray, confidence: np.ndarray | None
+    ) -> np.ndarray:
+        return self.model.expected_extra(groups, start, confidence)
+
+    def parts(
+        self, groups: np.ndarray, start: np.ndarray, confidence: np.ndarray | None
+    ) -> np.ndarray:
+        rates, identified, _ = self.model.rates(groups, confidence)
+        return extra_parts(rates, identified, self.check.margin(groups), start)

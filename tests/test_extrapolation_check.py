@@ -1,0 +1,159 @@
+"""The in-band extrapolation's held-out check, identification and point range.
+
+On the reference runtime (a cap-accept shadow gives every request-step's true ceiling)
+the check must pass and its bookkeeping is recomputed here from the run's own Parquet;
+on a population model that has seen too few blocks, every cell must be flagged and the
+point's range must run to the lo/hi bracket (hand arithmetic).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+from dspark_obs.estimator.extrapolation_check import CheckedExtrapolation, ExtrapolationCheck
+from dspark_obs.estimator.interval import block_interval, extrapolated_parts, point_range
+from dspark_obs.estimator.online import CeilingEstimator
+from dspark_obs.estimator.population import HazardModel
+
+from dspark_obs.store import open_run
+
+from .conftest import cli
+
+
+@pytest.fixture(scope="module")
+def estimate(compact_run) -> tuple[dict, pl.DataFrame, pl.DataFrame, int]:
+    run, _ = compact_run
+    report = json.loads(cli("estimate", str(run), "--json").stdout)
+    req = pl.read_parquet(run / "requests" / "*.parquet")
+    ceilings = pl.read_parquet(run / "ceilings" / "*.parquet")
+    return report, req, ceilings, report["gamma"]
+
+
+def test_the_check_passes_on_the_reference_runtime(estimate):
+    report, req, _, gamma = estimate
+    for name, e in report["workloads"].items():
+        check = e["extrapolation_check"]
+        assert check["calibrated"] is True, (name, check)
+        assert check["ece"] < 0.03, name
+        # every known position is checked once: verified drafts of sampled rows with both
+        # log-probabilities, counted here from the stored matrices
+        part = req.filter((pl.col("workload") == name) & ~pl.col("greedy"))
+        p = part["target_logprobs"].to_numpy().reshape(-1, gamma)
+        q = part["draft_logprobs"].to_numpy().reshape(-1, gamma)
+        w = (part["verify_len"] - 1).to_numpy()
+        known = (np.arange(gamma)[None, :] < w[:, None]) & ~np.isnan(p) & ~np.isnan(q)
+        a = np.minimum(1.0, np.exp(p - q))[known]
+        other = check["unidentified_cells"]
+        assert check["held_out"] + other["held_out"] == known.sum() > 0, name
+        mean = (
+            check["mean_observed"] * check["held_out"]
+            + other.get("mean_observed", 0.0) * other["held_out"]
+        ) / known.sum()
+        assert mean == pytest.approx(a.mean(), rel=1e-9), name
+        assert sum(b["count"] for b in check["bins"]) == check["held_out"]
+
+
+def test_the_point_range_brackets_the_point_and_the_report_averages_it(estimate):
+    report, _, ceilings, _ = estimate
+    c = {k: ceilings[k].to_numpy() for k in ("lo", "point", "hi", "point_lo", "point_hi")}
+    unident = ceilings["unidentified"].to_numpy()
+    tol = 1e-12
+    assert (c["lo"] <= c["point_lo"] + tol).all() and (c["point_lo"] <= c["point"] + tol).all()
+    assert (c["point"] <= c["point_hi"] + tol).all() and (c["point_hi"] <= c["hi"] + tol).all()
+    assert ((unident >= 0) & (unident <= c["point"] - c["lo"] + tol)).all()
+    greedy = ceilings.filter(pl.col("method") == "greedy")
+    assert (greedy["unidentified"] == 0).all()
+    assert (greedy["point_lo"] == greedy["point"]).all()
+    for name, e in report["workloads"].items():
+        part = ceilings.filter((pl.col("workload") == name) & (pl.col("method") == "sampled"))
+        s = e["sampled"]
+        assert s["unidentified"] == pytest.approx(part["unidentified"].mean(), rel=1e-12)
+        want = [part["point_lo"].mean(), part["point_hi"].mean()]
+        assert s["point_range"] == pytest.approx(want, rel=1e-12)
+
+
+def test_the_point_is_the_population_models(compact_run):
+    """The check and the range leave the point alone: replayed with the population model's
+    bare `expected_extra` as the extrapolation, the run's walks give the same points."""
+    run = open_run(compact_run[0])
+    gamma = int(run.manifest["gamma"])
+    points = []
+    for bare in (False, True):
+        est = CeilingEstimator(gamma)
+        if bare:
+            est.extrapolation = est.population.expected_extra
+        for batch in run.batches():
+            est.update(batch)
+        est.close()
+        points.append(est.take_rows())
+    checked, bare = points
+    assert checked.height == bare.height > 0
+    np.testing.assert_allclose(checked["point"], bare["point"], rtol=1e-12, atol=0)
+    assert "unidentified" in checked.columns
+    # a bare extrapolation was checked by nothing: all of it counts as unidentified
+    np.testing.assert_allclose(
+        bare["unidentified"], bare["point"] - bare["lo"], rtol=1e-9, atol=1e-12
+    )
+    assert (checked["unidentified"] <= bare["unidentified"] + 1e-12).all()
+
+
+def _thin_model(gamma: int) -> HazardModel:
+    """A model that has seen 40 blocks of one group, all windows 1 and accepted: only
+    position 0's confidence bin 9 is identified (hazard 0)."""
+    model = HazardModel(gamma)
+    conf = np.full((40, gamma), 0.95)
+    model.update(np.zeros(40, np.int64), np.ones(40), np.ones(40), conf)
+    return model
+
+
+def test_too_few_known_positions_are_flagged_and_widened_to_the_bracket():
+    gamma = 4
+    model, check = _thin_model(gamma), ExtrapolationCheck(gamma)
+    extrapolation = CheckedExtrapolation(model, check)
+    rates, ident, _ = model.rates(np.zeros(1, np.int64), np.full((1, gamma), 0.95))
+    assert ident[0].tolist() == [True, False, False, False]
+    assert rates[0, 0] == 1.0
+    start = np.array([1, 2])  # nothing past position 0 is identified
+    conf = np.full((2, gamma), 0.95)
+    unreached = gamma - start
+    extra, lo, hi, unident = extrapolated_parts(
+        extrapolation, np.zeros(2, np.int64), start, conf, unreached
+    )
+    # unidentified cells use the calibration fallback: rate 0.95 per position
+    want = [0.95 + 0.95**2 + 0.95**3, 0.95 + 0.95**2]
+    np.testing.assert_allclose(extra, want, rtol=1e-12)
+    np.testing.assert_allclose(extra, model.expected_extra(np.zeros(2), start, conf))
+    np.testing.assert_allclose(unident, extra)  # all of it rests on unidentified cells
+    np.testing.assert_array_equal(lo, [0.0, 0.0])
+    np.testing.assert_array_equal(hi, unreached)  # every rate anywhere in [0, 1]
+    # through the block interval: the point range is the whole bracket
+    cum = np.array([0.5, 0.8])
+    iv = block_interval(np.array([1, 2]), np.zeros(2), np.zeros(2), cum, unreached, extra)
+    iv.update(point_range(iv["lo"], cum, unreached, lo, hi, unident))
+    np.testing.assert_array_equal(iv["point_lo"], iv["lo"])
+    np.testing.assert_array_equal(iv["point_hi"], iv["hi"])
+    np.testing.assert_allclose(iv["unidentified"], iv["point"] - iv["lo"])
+
+
+def test_identified_cells_range_within_the_checked_margin():
+    gamma = 2
+    model, check = _thin_model(gamma), ExtrapolationCheck(gamma)
+    # known positions checked before the model learns them: ratio 0.9 at position 0,
+    # where the model says 1.0: an ECE of 0.1
+    n = 50
+    window, greedy = np.ones(n, np.int64), np.zeros(n, np.int8)
+    conf = np.full((n, gamma), 0.95)
+    p = np.full((n, gamma), np.log(0.45))
+    q = np.full((n, gamma), np.log(0.5))
+    check.observe(model, np.zeros(n, np.int64), window, greedy, conf, p, q)
+    report = check.calibration(0)
+    assert report["held_out"] == n and report["unidentified_cells"]["held_out"] == 0
+    assert report["ece"] == pytest.approx(0.1, rel=1e-12)
+    assert report["calibrated"] is False  # 0.1 > 0.02 + 3 se (no spread, se = 0)
+    assert check.margin(np.array([0, 1])).tolist() == pytest.approx([0.1, 1.0])
+    got = CheckedExtrapolation(model, check).parts(np.zeros(1), np.zeros(1, np.int64), conf[:1])
+    # position 0 identified (rate 1 +- 0.1), position 1 not (fallback 0.95, anywhere)
+    np.testing.assert_allclose(got[:, 0], [1 + 0.95, 0.9, 2.0, 0.95], rtol=1e-12)
