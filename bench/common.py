@@ -7,9 +7,11 @@ ratios measured in the same run mean more.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -117,3 +119,10 @@ def with_baseline(
     rec.update(extra)
     rec["machine"] = rec.pop("machine")  # keep the machine last
     return rec
+
+
+def run_alone(run: Callable[[bool], list[dict]]) -> None:
+    """`python -m bench.NAME [--json] [--quick]`: one benchmark without importing the others,
+    whose needs (polars, the compiled parts) a GPU machine may lack."""
+    for rec in run("--quick" in sys.argv):
+        print(json.dumps(rec) if "--json" in sys.argv else rec, flush=True)

@@ -33,13 +33,11 @@ too); the step arms need CUDA and are skipped without it.
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
 import threading
 import time
 
-from .common import record
+from .common import record, run_alone
 
 NAME = "H1_hook_step"
 GAMMA, V, HIDDEN = 7, 129_280, 7168
@@ -332,11 +330,5 @@ def _sglang_signature():
     return inspect.Signature(params)
 
 
-def main() -> None:
-    quick = "--quick" in sys.argv
-    for rec in run(quick):
-        print(json.dumps(rec) if "--json" in sys.argv else rec, flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    run_alone(run)

@@ -23,13 +23,11 @@ ones). Needs CUDA and the `sglang` package; skipped without either.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import statistics
-import sys
 import tempfile
 
-from .common import record
+from .common import record, run_alone
 from .hook_step import BATCHES, GAMMA, VARIANTS, StandInStep, V, _steps
 
 NAME = "H2_sglang_paths"
@@ -119,11 +117,5 @@ def _record(b: int, quick: bool) -> dict:
     return rec
 
 
-def main() -> None:
-    quick = "--quick" in sys.argv
-    for rec in run(quick):
-        print(json.dumps(rec) if "--json" in sys.argv else rec, flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    run_alone(run)
