@@ -40,6 +40,7 @@ from .interval import (
     extrapolated_parts,
     point_range,
     rate_extrapolation,
+    reach_all_variance,
     running_sums,
 )
 from .tail_model import TailModel, features, fit_tail_model
@@ -158,10 +159,8 @@ def _history(walk: _Walk) -> np.ndarray:
         return np.where(before_n > 0, before / before_n, np.nan)
 
 
-def _features_at(
-    log: BlockAcceptLog, walk: _Walk, history: np.ndarray, rows: np.ndarray, cols: np.ndarray
-) -> np.ndarray:
-    return features(walk.log_q[rows, cols], cols + 1, log.block_window[rows], history[rows, cols])
+def _features_at(walk: _Walk, history: np.ndarray, rows: np.ndarray, cols: np.ndarray):
+    return features(walk.log_q[rows, cols], cols + 1, history[rows, cols])
 
 
 def _fit_model(
@@ -169,8 +168,11 @@ def _fit_model(
 ) -> TailModel:
     """The tail model fitted on every walked entry (a known acceptance ratio)."""
     rows, cols = np.nonzero(walk.walked)
-    x = _features_at(log, walk, _history(walk), rows, cols)
-    return fit_tail_model(x, walk.a[rows, cols], groups[rows], rows, cols + 1, names, gamma)
+    x = _features_at(walk, _history(walk), rows, cols)
+    continuation = cols > log.block_window[rows]
+    return fit_tail_model(
+        x, walk.a[rows, cols], groups[rows], rows, cols + 1, continuation, names, gamma
+    )
 
 
 def tail_model(
@@ -201,8 +203,9 @@ def _modelled_extra(
     if len(need):
         cols = np.arange(gamma)[None, :]
         rows = np.broadcast_to(need[:, None], (len(need), gamma))
-        x = _features_at(log, walk, _history(walk), rows, np.broadcast_to(cols, rows.shape))
-        out[:, need] = model.parts(x, groups[need], start[need])
+        x = _features_at(walk, _history(walk), rows, np.broadcast_to(cols, rows.shape))
+        continuation = cols > log.block_window[need][:, None]
+        out[:, need] = model.parts(x, groups[need], start[need], continuation)
     return out[0], out[1], out[2], out[3]
 
 
@@ -226,7 +229,9 @@ def walk_blocks(
     nothing unreached, and only blocks with something unreached are asked.
 
     `var` is the variance of the accepted tail drafts over the walked positions
-    only; the unreached positions are covered by the lo/hi bracket instead.
+    only; the unreached positions are covered by the lo/hi bracket instead, and
+    `var_hi` is the variance were they all accepted (`interval.reach_all_variance`),
+    the spread of what the bracket's upper end stands for.
     """
     gamma = _gamma_of(log, gamma)
     wl_of = workload_of or default_workload_of
@@ -245,6 +250,7 @@ def walk_blocks(
             "point": empty,
             "hi": empty,
             "var": empty,
+            "var_hi": empty,
             "point_lo": empty,
             "point_hi": empty,
             "unidentified": empty,
@@ -285,6 +291,7 @@ def walk_blocks(
             extrapolate, groups, start, None, unreached
         )
     interval = block_interval(w, lo_extra, var_terms, prod, unreached, extra)
+    interval["var_hi"] = reach_all_variance(interval["var"], lo_extra, prod, walked_n, unreached)
     interval.update(point_range(interval["lo"], prod, unreached, extra_lo, extra_hi, unidentified))
     return {
         "rid": rid,
@@ -302,10 +309,16 @@ def walk_blocks(
 def _interval(cols: dict[str, np.ndarray], z: float) -> dict[str, Any]:
     """Means of a set of steps' `lo`, `point`, `hi` (and the interval), and what the point
     is made of: `observed` (verified windows and exact ceilings), `walked` (exact products
-    along the walks), `extrapolated` (modelled), which sum to `mean_point`."""
-    lo, point, hi, var = cols["lo"], cols["point"], cols["hi"], cols["var"]
+    along the walks), `extrapolated` (modelled), which sum to `mean_point`.
+
+    Each end of the interval has its own spread: the lower end that of the walked
+    positions' outcome (`se`), which the realised ceiling never falls short of, the upper
+    end that of the outcome with every unreached position accepted (`se_hi`), which it
+    never exceeds (`interval.reach_all_variance`)."""
+    lo, point, hi = cols["lo"], cols["point"], cols["hi"]
     n = len(lo)
-    se = math.sqrt(float(var.sum())) / n
+    se = math.sqrt(float(cols["var"].sum())) / n
+    se_hi = math.sqrt(float(cols["var_hi"].sum())) / n
     mean_lo, mean_hi, mean_point = float(lo.mean()), float(hi.mean()), float(point.mean())
     parts = {
         "observed": float(cols["observed"].mean()),
@@ -317,8 +330,9 @@ def _interval(cols: dict[str, np.ndarray], z: float) -> dict[str, Any]:
         "mean_point": mean_point,
         "mean_hi": mean_hi,
         "se": se,
+        "se_hi": se_hi,
         "ci_lo": mean_lo - z * se,
-        "ci_hi": mean_hi + z * se,
+        "ci_hi": mean_hi + z * se_hi,
         "parts": parts,
         "shares": {k: v / mean_point if mean_point else None for k, v in parts.items()},
         "unidentified": float(cols["unidentified"].mean()),
@@ -327,7 +341,7 @@ def _interval(cols: dict[str, np.ndarray], z: float) -> dict[str, Any]:
     }
 
 
-_SUMMED = ("lo", "point", "hi", "var", "point_lo", "point_hi", "unidentified")
+_SUMMED = ("lo", "point", "hi", "var", "var_hi", "point_lo", "point_hi", "unidentified")
 
 
 def _block_cols(blocks: dict[str, np.ndarray], sel: np.ndarray) -> dict[str, np.ndarray]:
@@ -337,11 +351,13 @@ def _block_cols(blocks: dict[str, np.ndarray], sel: np.ndarray) -> dict[str, np.
 
 
 def model_report(model: TailModel) -> dict[str, dict[str, Any]]:
-    """Per workload, what the tail model rests on: known positions per offset, which
-    offsets they identify, and the held-out calibration check."""
+    """Per workload, what the tail model rests on: known positions per offset, the
+    continuation positions among them (what unreached positions are predicted from),
+    which offsets those identify, and the held-out calibration check."""
     return {
         name: {
             "known_positions": model.known[g].tolist(),
+            "continuation_positions": model.continuation[g].tolist(),
             "identified": model.identified[g].tolist(),
             "calibration": model.calibration[g],
         }
@@ -358,10 +374,11 @@ def summarize_by_workload(
 ) -> dict[str, dict[str, Any]]:
     """Per-workload means with an interval meant to cover the realized mean ceiling.
 
-    The interval [mean lo - z*se, mean hi + z*se], se = sqrt(sum var) / n, widens
-    the lo/hi bracket (what the unreached positions could add) by the sampling
-    noise of the walked positions, so it should cover the mean of cap-accept's
-    `correct_drafts + cap_trim` over the same censored steps. With `log`, an
+    The interval [mean lo - z*se, mean hi + z*se_hi], se = sqrt(sum var) / n and
+    se_hi = sqrt(sum var_hi) / n, widens the lo/hi bracket (what the unreached positions
+    could add) by the sampling noise of the realised outcome at either end, so it covers
+    the mean of cap-accept's `correct_drafts + cap_trim` over the same censored steps
+    whatever the unreached positions' acceptance. With `log`, an
     `all_steps` entry adds the rows that opened no block, whose ceiling is exact
     (cl + ct): that mean is the one comparable to a cap-accept run's overall
     mean, and (+1) to SGLang's cumulative online estimate. Without
@@ -402,7 +419,8 @@ def summarize_by_workload(
         sel_r = exact & (row_wl == wl)
         ceil = exact_ceiling[sel_r]
         exact_cols = {k: ceil for k in ("lo", "point", "hi", "point_lo", "point_hi", "observed")}
-        exact_cols.update(var=np.zeros(len(ceil)), unidentified=np.zeros(len(ceil)))
+        zeros = np.zeros(len(ceil))
+        exact_cols.update(var=zeros, var_hi=zeros, unidentified=zeros)
         cols = _block_cols(blocks, sel_b)
         steps = _interval({k: np.concatenate([v, exact_cols[k]]) for k, v in cols.items()}, z)
         steps = {"steps": int(sel_b.sum() + sel_r.sum()), "exact_steps": int(sel_r.sum()), **steps}

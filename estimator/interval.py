@@ -126,6 +126,32 @@ def block_interval(
     }
 
 
+def reach_all_variance(
+    var: np.ndarray,
+    lo_extra: np.ndarray,
+    reach_prob: np.ndarray,
+    walked: np.ndarray,
+    unreached: np.ndarray,
+) -> np.ndarray:
+    """`[k]` the variance of a block's accepted tail drafts were every unreached position
+    accepted: the spread the upper end of an aggregate interval must allow for.
+
+    Why: `var` is the spread of the accepted drafts among the walked positions only
+    (N_w, mean `lo_extra`). The realised count is N <= N_w + U 1[N_w = K] =: N_hi, with K
+    the walked positions and U the unreached ones, whatever their acceptance; N_hi's law
+    is known from the walk alone (mean `hi`), so a mean of realised ceilings lies below
+    mean hi + z sqrt(sum var(N_hi)) / n at the stated level, model-free. With P =
+    `reach_prob` = P(N_w = K): var(N_hi) = var + U^2 P (1 - P) + 2 U P (K - lo_extra)
+    (cov(N_w, 1[N_w = K]) = K P - lo_extra P). A block whose first unreached draft is
+    unlikely to be reached (small P) but would then run to gamma has a realised ceiling
+    far above its `hi`, which the walked spread alone does not cover.
+    """
+    u = np.asarray(unreached, dtype=np.float64)
+    p = np.asarray(reach_prob, dtype=np.float64)
+    extra = u * u * p * (1.0 - p) + 2.0 * u * p * (np.asarray(walked) - lo_extra)
+    return np.maximum(var + extra, 0.0)
+
+
 def extrapolated_extra(
     extrapolate: Extrapolate,
     groups: np.ndarray,

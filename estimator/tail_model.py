@@ -9,14 +9,25 @@ walk did see earlier in the same block. Walked entries have a known outcome, the
 acceptance ratio a = min(1, p/q), so they are the training set.
 
 The model, per workload: a fractional logistic regression (the quasi-likelihood of a
-in [0, 1], fitted by Newton steps) of a on log q, (log q)^2, offset, window, the mean a
-of the block's earlier walked entries, and whether there were any. Each workload's
+in [0, 1], fitted by Newton steps) of a on log q, (log q)^2, offset, the mean a of the
+block's earlier walked entries, and whether there were any. Each workload's
 coefficients are pulled towards the pooled fit of the whole file by a ridge penalty of
 `SHRINK` (standardised features), so a workload with few known positions borrows the
 pooled shape instead of fitting noise. The fit is checked on held-out known
 positions: blocks are split into `FOLDS` folds, each fold predicted by a model fitted
 on the others, and the held-out predictions compared with the observed ratios
 (`calibration`).
+
+Two kinds of position. A block's first tail position (offset w + 1) is always walked:
+the opening row commits its bonus token there. Every later one, a *continuation*
+position, is walked only while the committed stream kept matching the tail, which
+happens with the target's probability p of each earlier tail token: a few percent of
+blocks on most traffic. Every position a walk leaves unreached is a continuation
+position (the first one never is), so what the extrapolation rests on is the
+continuation positions alone. The block's window is no regressor: at first positions
+it is offset - 1, so beside offset and "whether there were earlier entries" it only
+adds a linear trend in depth (offset - window) that nothing but the few continuation
+positions identify, and which the model would extrapolate to depths never walked.
 
 Assumption (what the estimate rests on): given those features, whether a position was
 reached (the committed stream kept matching the tail before it) says nothing more
@@ -25,8 +36,9 @@ contexts where the target agreed with the draft; the block's earlier ratios carr
 that agreement into the model, but a difficulty that neither they nor q_lp reveal
 still biases the deep positions the model extrapolates to.
 
-A (workload, offset) cell with fewer than `MIN_KNOWN` known positions identifies
-nothing: the coefficients there extrapolate in offset from other offsets or other
+A (workload, offset) cell with fewer than `MIN_KNOWN` known positions of the kind a
+prediction needs (continuation positions for unreached ones) identifies nothing: the
+coefficients there extrapolate from other offsets, from first positions or from other
 workloads. Such cells are flagged (`identified`), and the per-block model range
 (`parts`, `interval.extra_parts`) lets their rates run over all of [0, 1], so the range
 widens to the lo/hi bracket there instead of trusting the guess.
@@ -55,13 +67,11 @@ CALIBRATION_MIN_COUNT = 20
 #: The floor of log q in the features: a draft token is never quite impossible.
 LOG_Q_FLOOR = -30.0
 _NEWTON_STEPS = 50
-_FEATURES = 7
+_FEATURES = 6
 
 
-def features(
-    log_q: np.ndarray, offset: np.ndarray, window: np.ndarray, history: np.ndarray
-) -> np.ndarray:
-    """`[..., 7]` regressors: 1, log q, (log q)^2, offset, window, earlier mean a, none earlier.
+def features(log_q: np.ndarray, offset: np.ndarray, history: np.ndarray) -> np.ndarray:
+    """`[..., 6]` regressors: 1, log q, (log q)^2, offset, earlier mean a, none earlier.
 
     `history` is the mean acceptance ratio of the block's walked entries before the
     position, NaN where there is none.
@@ -73,7 +83,6 @@ def features(
         lq,
         lq * lq,
         np.broadcast_to(offset, lq.shape).astype(np.float64),
-        np.broadcast_to(window, lq.shape).astype(np.float64),
         np.where(none, 0.0, history),
         none.astype(np.float64),
     )
@@ -168,9 +177,12 @@ class TailModel:
     """The fitted model: per-group coefficients, identified cells, and the held-out check.
 
     `names` are the groups' names (workloads, in the order of their ids);
-    `identified[g, c]`: group g has at least `MIN_KNOWN` known positions at offset c + 1;
-    `known[g, c]` their count; `margin[g]` the group's held-out ECE, the half-width of
-    an identified rate's range.
+    `known[g, c]`: group g's known positions at offset c + 1, `continuation[g, c]` those of
+    them that are continuation positions (an earlier tail entry of their block walked);
+    `identified[g, c]`: at least `MIN_KNOWN` continuation positions there, what an
+    unreached position's rate rests on (`identified_first`: at least `MIN_KNOWN` first
+    positions, for a block nothing of whose tail was walked); `margin[g]` the group's
+    held-out ECE, the half-width of an identified rate's range.
     """
 
     names: tuple[str, ...]
@@ -178,29 +190,45 @@ class TailModel:
     scale: np.ndarray
     coef: np.ndarray
     known: np.ndarray
-    identified: np.ndarray
+    continuation: np.ndarray
     margin: np.ndarray
     calibration: list[dict]
 
+    @property
+    def identified(self) -> np.ndarray:
+        return self.continuation >= MIN_KNOWN
+
+    @property
+    def identified_first(self) -> np.ndarray:
+        return self.known - self.continuation >= MIN_KNOWN
+
     def rates(self, x: np.ndarray, group: np.ndarray) -> np.ndarray:
-        """Predicted acceptance ratio for features `x` `[k, gamma, 7]` of blocks in `group`."""
+        """Predicted acceptance ratio for features `x` `[k, gamma, 6]` of blocks in `group`."""
         z = ((x - self.mean) / self.scale * self.coef[group][:, None, :]).sum(axis=-1)
         return _sigmoid(z)
 
-    def parts(self, x: np.ndarray, group: np.ndarray, start: np.ndarray) -> np.ndarray:
-        """`interval.extra_parts` of blocks with features `x` `[k, gamma, 7]` in `group`,
-        from position `start` on: identified cells within the group's margin."""
-        return extra_parts(self.rates(x, group), self.identified[group], self.margin[group], start)
+    def parts(
+        self, x: np.ndarray, group: np.ndarray, start: np.ndarray, continuation: np.ndarray
+    ) -> np.ndarray:
+        """`interval.extra_parts` of blocks with features `x` `[k, gamma, 6]` in `group`,
+        from position `start` on (`continuation`: whether each position is a continuation
+        position): identified cells within the group's margin, the others anywhere."""
+        ident = np.where(continuation, self.identified[group], self.identified_first[group])
+        return extra_parts(self.rates(x, group), ident, self.margin[group], start)
 
 
 def fit_tail_model(
     x: np.ndarray, a: np.ndarray, group: np.ndarray, block: np.ndarray, offset: np.ndarray,
-    names: tuple[str, ...], gamma: int,
+    continuation: np.ndarray, names: tuple[str, ...], gamma: int,
 ) -> TailModel:  # fmt: skip
-    """Fit on known positions: features `x` `[n, 7]`, ratios `a`, their group, block and
-    1-based offset; the held-out check splits by block so a block never checks itself."""
+    """Fit on known positions: features `x` `[n, 6]`, ratios `a`, their group, block,
+    1-based offset and whether each is a continuation position; the held-out check
+    splits by block so a block never checks itself."""
     n, groups = len(a), len(names)
-    known = np.bincount(group * gamma + offset - 1, minlength=groups * gamma).reshape(groups, gamma)
+    cell = group * gamma + offset - 1
+    known = np.bincount(cell, minlength=groups * gamma).reshape(groups, gamma)
+    cont = np.bincount(cell, continuation.astype(np.int64), minlength=groups * gamma)
+    cont = cont.reshape(groups, gamma).astype(np.int64)
     mean, scale = np.zeros(_FEATURES), np.ones(_FEATURES)
     if n:
         mean[1:] = x[:, 1:].mean(axis=0)
@@ -227,4 +255,4 @@ def fit_tail_model(
         for sel in (group == g for g in range(groups))
     ]
     margin = np.asarray([c.get("ece", 1.0) for c in calibration])
-    return TailModel(names, mean, scale, coef, known, known >= MIN_KNOWN, margin, calibration)
+    return TailModel(names, mean, scale, coef, known, cont, margin, calibration)

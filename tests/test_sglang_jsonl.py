@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dspark_obs.estimator import interval
 from dspark_obs.estimator.block_accept_walk import (
     summarize_by_workload,
     tail_acceptance_rates,
@@ -74,19 +75,25 @@ def test_hand_blocks_bounds_point_and_variance():
     assert a["lo"] == pytest.approx(1 + 0.5 + 0.5)
     assert a["hi"] == pytest.approx(2 + 0.5 * (4 - 3))
     assert a["var"] == pytest.approx(1 * 0.5 + 3 * 0.5 - 1.0**2)
+    # were offset 4 accepted, N would be 0 or 3 (each with chance .5)
+    assert a["var_hi"] == pytest.approx(0.5 * 1.5**2 * 2)
     # B: a = .5, .5 up to offset gamma: P = .5, .25, exact.
     assert b["status"] == "resolved" and b["unreached"] == 0
     assert b["lo"] == pytest.approx(2.75) and b["hi"] == pytest.approx(2.75)
     assert b["point"] == pytest.approx(2.75)
     assert b["var"] == pytest.approx(0.5 + 3 * 0.25 - 0.75**2)
+    assert b["var_hi"] == pytest.approx(b["var"])
     # C: a = .6, then the request stopped naturally: lo == hi == point.
     assert c["status"] == "eos"
     assert c["lo"] == c["hi"] == c["point"] == pytest.approx(1.6)
     assert c["var"] == pytest.approx(0.6 - 0.36)
+    assert c["var_hi"] == pytest.approx(c["var"])
     # D: a = .8, 1 then the file ends: positions 3 and 4 unreached.
     assert d["status"] == "open" and d["unreached"] == 2
     assert d["lo"] == pytest.approx(1.6) and d["hi"] == pytest.approx(1.6 + 0.8 * 2)
     assert d["var"] == pytest.approx(0.8 + 3 * 0.8 - 1.6**2)
+    # were offsets 3 and 4 accepted, N would be 0 (chance .2) or 4 (chance .8)
+    assert d["var_hi"] == pytest.approx(16 * 0.8 * 0.2)
 
     # Pooled rates: mean walked a per offset = [.8, (.5+.6+1)/3, (1+.5)/2, .5].
     rates, counts = tail_acceptance_rates(log, 4)
@@ -107,7 +114,10 @@ def test_hand_blocks_bounds_point_and_variance():
     se = math.sqrt(1.0 + 0.6875) / 2
     assert wa["se"] == pytest.approx(se)
     assert wa["ci_lo"] == pytest.approx(2.375 - 1.96 * se)
-    assert wa["ci_hi"] == pytest.approx(2.625 + 1.96 * se)
+    # the upper end: the spread of the outcome with every unreached position accepted
+    se_hi = math.sqrt(2.25 + 0.6875) / 2
+    assert wa["se_hi"] == pytest.approx(se_hi)
+    assert wa["ci_hi"] == pytest.approx(2.625 + 1.96 * se_hi)
     # All steps: wa adds the exact rows (cl + ct) 0 and 2; wb adds 1.
     steps = wa["all_steps"]
     assert (steps["steps"], steps["exact_steps"]) == (4, 2)
@@ -408,3 +418,53 @@ def test_interval_covers_simulated_cap_accept_mean():
         s = summarize_by_workload(walk_blocks(read_block_accept_jsonl(lines), gamma))["s"]
         covered += s["ci_lo"] <= np.mean(truth) <= s["ci_hi"]
     assert covered >= 0.9 * reps
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=5), st.integers(0, 4))
+def test_reach_all_variance_equals_brute_force(a, unreached):
+    """var_hi: the walk's outcome N_w by enumeration, then N_hi = N_w + U where the walk
+    accepted every walked draft (each unreached draft then accepted too)."""
+    walked = len(a)
+    mean = second = 0.0
+    for outcome in itertools.product((0, 1), repeat=walked):
+        p = math.prod(ai if x else 1 - ai for ai, x in zip(a, outcome, strict=True))
+        n = next((i for i, x in enumerate(outcome) if not x), walked)
+        n += unreached if n == walked else 0
+        mean += p * n
+        second += p * n * n
+    prods = np.cumprod(a)
+    var = float((np.arange(1, walked + 1) * 2 - 1) @ prods - prods.sum() ** 2)
+    got = interval.reach_all_variance(
+        np.array([var]), np.array([prods.sum()]), np.array([prods[-1]]),
+        np.array([walked]), np.array([unreached]),
+    )  # fmt: skip
+    assert got[0] == pytest.approx(second - mean**2, abs=1e-9)
+
+
+def test_upper_end_covers_tails_that_run_to_gamma_once_reached():
+    """Blocks whose first tail draft is rarely accepted but whose later drafts always would
+    be (a copy-like workload: the walk diverges at once): the realised mean sits above
+    the mean of `hi` by more than the walked positions' noise allows. The upper end's
+    spread is that of the outcome with every unreached draft accepted, so it covers."""
+    rng = np.random.default_rng(11)
+    gamma, w, a1, reps, n = 7, 1, 0.02, 300, 100
+    lines, truth = [], {}
+    for r in range(reps):
+        accepted = rng.random(n) < a1  # then every later draft: the tail runs to gamma
+        truth[f"r{r}"] = w + (gamma - w) * accepted.mean()
+        for k in range(n):
+            tail = list(range(gamma - w))
+            pg = [[k, w + 1, _lp(a1), 0, 1]]  # the committed token left the tail at once
+            lines.append(_row(f"r{r}-{k}", k, w, w, tail=tail, q=[1.0] * len(tail), pg=pg))
+    blocks = walk_blocks(read_block_accept_jsonl(lines), gamma, np.ones(gamma))
+    summary = summarize_by_workload(blocks)
+    covered = old_covered = 0
+    for name, s in summary.items():
+        covered += s["ci_lo"] <= truth[name] <= s["ci_hi"]
+        old_covered += s["ci_lo"] <= truth[name] <= s["mean_hi"] + 1.96 * s["se"]
+    # by hand: N = 6 with chance .02, so var_hi = 36 * .02 * .98 per block
+    s = summary["r0"]
+    assert s["se_hi"] == pytest.approx(math.sqrt(36 * a1 * (1 - a1) / n))
+    assert covered >= 0.9 * reps  # 0.95 in theory (Binomial(100, .02) <= 4)
+    assert old_covered < 0.8 * reps

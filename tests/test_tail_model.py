@@ -40,11 +40,13 @@ SPEC = {
 
 def _world(seed: int, spec: dict = SPEC) -> tuple[list[str], dict]:
     """JSONL lines and, per workload, the true mean ceiling, the walked part of it (the
-    products along the walks) and the known positions per offset, all counted here."""
+    products along the walks) and the known positions per offset (all, and those after an
+    earlier walked entry of their block: continuation positions), all counted here."""
     rng = np.random.default_rng(seed)
     lines, truth = [], {}
     for name, (n, windows, coef, q_range, open_share) in spec.items():
-        ceilings, walked_part, known = [], [], np.zeros(GAMMA, dtype=np.int64)
+        ceilings, walked_part = [], []
+        known, continuation = np.zeros(GAMMA, dtype=np.int64), np.zeros(GAMMA, dtype=np.int64)
         for k in range(n):
             w = int(rng.choice(windows))
             m = GAMMA - w
@@ -61,6 +63,7 @@ def _world(seed: int, spec: dict = SPEC) -> tuple[list[str], dict]:
                 realized = tail[j] + 1 if diverge else tail[j]
                 pg.append([0, w + 1 + j, float(p_lp[j]), tail[j], realized])
                 known[w + j] += 1
+                continuation[w + j] += j > 0
                 if diverge:
                     break
             walked_part.append(np.cumprod(a[: len(pg)]).sum())
@@ -71,6 +74,7 @@ def _world(seed: int, spec: dict = SPEC) -> tuple[list[str], dict]:
             "ceiling": float(np.mean(ceilings)),
             "walked": float(np.mean(walked_part)),
             "known": known,
+            "continuation": continuation,
         }
     return lines, truth
 
@@ -149,7 +153,15 @@ def test_unidentified_cells_are_flagged_and_widened(world):
     for name in SPEC:
         known = truth[name]["known"]
         assert report[name]["known_positions"] == known.tolist()
-        assert report[name]["identified"] == (known >= MIN_KNOWN).tolist()
+        continuation = truth[name]["continuation"]
+        assert report[name]["continuation_positions"] == continuation.tolist()
+        # unreached positions are all continuation positions: only those identify them
+        assert report[name]["identified"] == (continuation >= MIN_KNOWN).tolist()
+    # the hard workload (windows near one draft) has first positions enough at offsets
+    # whose continuation positions are too few: a count of all known positions would
+    # call those offsets identified
+    hard = truth["hard"]
+    assert ((hard["known"] >= MIN_KNOWN) & (hard["continuation"] < MIN_KNOWN)).any()
     # the thin workload (40 blocks) identifies few offsets: where every unreached position
     # of a block is unidentified, its point range is the whole lo/hi bracket
     ident = np.asarray(report["thin"]["identified"])

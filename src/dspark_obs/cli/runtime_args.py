@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..runtime.config import RuntimeConfig
+from ..runtime.config import STS_WARMUP_STEPS, RuntimeConfig
 from ..runtime.cost_table import load_cost_table
 from ..runtime.language import parse_workload
 from ..runtime.worlds import WORLDS
@@ -144,7 +144,7 @@ def add_runtime_arguments(
     g.add_argument(
         "--sts-warmup-steps",
         type=int,
-        default=150,
+        default=STS_WARMUP_STEPS,
         help="steps of the STS warm-up run (default 150)",
     )
 

@@ -10,6 +10,9 @@ from .drafter import DrafterConfig
 from .language import WorkloadProfile
 from .worlds import REFERENCE, WORLDS, World, get_world
 
+#: steps of the warm-up run that `--sts auto` fits STS on, unless told otherwise
+STS_WARMUP_STEPS = 150
+
 
 @dataclass
 class RuntimeConfig:
