@@ -107,7 +107,10 @@ class TailWalker:
     None skips them, True or False treats them as greedy or sampled. A block
     whose request comes back at a prefix that does not continue it, or has not
     appeared for `idle_steps` steps, is censored; one whose request moved slot
-    walks on from the new one.
+    walks on from the new one. A request that left its slot and is not seen again for
+    `away_steps` steps most likely finished (SGLang's own block-accept recorder drops a
+    request's pending blocks after as many idle steps): its blocks are censored then,
+    so finished requests do not hold blocks for the whole `idle_steps`.
     `compiled` picks the per-step pass: C where it built (None, the default) or numpy
     (False); both give the same blocks.
     """
@@ -118,6 +121,7 @@ class TailWalker:
         *,
         assume_greedy: bool | None = None,
         idle_steps: int = 4096,
+        away_steps: int = 1024,
         walk_every: int = 32,
         compiled: bool | None = None,
     ) -> None:
@@ -129,6 +133,7 @@ class TailWalker:
         g = self.gamma = gamma
         self.assume_greedy = assume_greedy
         self.idle_steps = idle_steps
+        self.away_steps = away_steps
         self.walk_every = walk_every
         self.steps = 0
         self.skipped = 0  # trimmed blocks no walk can follow (unknown sampling, no log-probs)
@@ -555,11 +560,15 @@ class TailWalker:
         self, extrapolate: Extrapolate | None, fct: int, *, final: bool = False
     ) -> dict[str, np.ndarray]:
         """Censor idle blocks (all, when `final`), then emit every block settled so far."""
-        stale = (
-            self.blk_live
-            if final
-            else self.blk_live & (self.blk[:, SEEN] < self.steps - self.idle_steps)
-        )
+        if final:
+            stale = self.blk_live
+        else:
+            seen = self.blk[:, SEEN]
+            away = self.blk[:, AWAY] == 1
+            stale = self.blk_live & (
+                (seen < self.steps - self.idle_steps)
+                | (away & (seen < self.steps - self.away_steps))
+            )
         ids = np.flatnonzero(stale)
         if len(ids):
             self._settle_ids(ids, fct, censored=True)

@@ -293,6 +293,27 @@ def test_greedy_block_is_censored_when_its_tokens_are_missing(next_reqs, resolve
     assert tw.pending() == 0 and tw.away == {}
 
 
+def test_a_request_that_left_its_slot_and_never_returns_is_censored_after_away_steps():
+    """A finished request's slot goes to another request: its open block waits for the rid
+    `away_steps` steps (a retracted request comes back), then is censored, long before
+    `idle_steps`."""
+
+    def censored_at(tw: TailWalker) -> tuple[int, dict]:
+        # B's tail [2, 3, 4] sits at 21..23 and its bonus matches 21: the block stays open
+        assert step(tw, make_batch(0, [Req("B", 1, 20, 1, 1, [1, 2, 3, 4], 2)])) == {}
+        for fct in range(1, 40):  # B's slot now holds C, whose steps open no block
+            out = step(tw, make_batch(fct, [Req("C", 1, 5 + fct, 4, 0, [0, 0, 0, 0], 1)]))
+            if out:
+                return fct, out
+        return -1, {}
+
+    fct, out = censored_at(walker(away_steps=5, idle_steps=1000))
+    assert 5 <= fct <= 7
+    expect_block(out, rid="B", open_fct=0, resolved_fct=fct, status=2, lo=2.0, hi=4.0)
+    tw = walker(idle_steps=1000)
+    assert censored_at(tw) == (-1, {}) and tw.pending() == 1 and "B" in tw.away
+
+
 def test_close_censors_what_is_still_pending_and_default_point_stays_inside():
     tw = walker()
     assert step(tw, make_batch(0, [Req("F", 0, 0, 0, 0, [1, 2, 3, 4], 1)])) == {}
