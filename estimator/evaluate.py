@@ -75,7 +75,10 @@ def _method_entry(df: pl.DataFrame, method: str) -> dict:
         entry["unidentified"] = part["unidentified"].mean()
         entry["point_range"] = [part["point_lo"].mean(), part["point_hi"].mean()]
     se = float(np.sqrt(part["var"].sum())) / n
-    entry["interval"] = [entry["lo"] - Z95 * se, entry["hi"] + Z95 * se]
+    # the upper end's spread: every unreached draft accepted (runs recorded before it: var)
+    var_hi = part["var_hi"] if "var_hi" in part.columns else part["var"]
+    se_hi = float(np.sqrt(var_hi.sum())) / n
+    entry["interval"] = [entry["lo"] - Z95 * se, entry["hi"] + Z95 * se_hi]
     if method == "greedy":
         entry["mean"] = entry["point"]
         entry["exact_rate"] = (part["status"] == "exact").mean()
@@ -230,7 +233,7 @@ def evaluate(run: Run) -> dict:
         blocks = walked_blocks(run)
         if blocks.collect_schema().names():
             used = ("workload", "method", "status", "window", "lo", "point", "hi", "var")
-            ranged = ("point_lo", "point_hi", "unidentified")
+            ranged = ("var_hi", "point_lo", "point_hi", "unidentified")
             have = set(blocks.collect_schema().names())
             used += tuple(c for c in ranged if c in have)
             blocks = (

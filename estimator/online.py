@@ -301,6 +301,7 @@ class CeilingEstimator:
                 "point": cols["point"],
                 "hi": cols["hi"],
                 "var": cols["var"],
+                "var_hi": cols["var_hi"],
                 "resolved_at": cols["resolved_fct"],
                 "point_lo": cols["point_lo"],
                 "point_hi": cols["point_hi"],

@@ -38,7 +38,7 @@ def all_step_means(run: Run) -> dict[tuple[str, str], dict]:
         )
         .collect()
     )
-    blocks = walked_blocks(run).select(*keys, "lo", "point", "hi", "var").collect()
+    blocks = walked_blocks(run).select(*keys, "lo", "point", "hi", "var", "var_hi").collect()
     rows = req.join(blocks, on=keys, how="left")
     trimmed = (pl.col("correct_drafts") == pl.col("window")) & (pl.col("window") < gamma)
     exact = pl.col("correct_drafts").cast(pl.Float64)
@@ -50,14 +50,15 @@ def all_step_means(run: Run) -> dict[tuple[str, str], dict]:
         pl.when(trimmed).then(pl.col("point")).otherwise(exact).alias("point"),
         pl.when(trimmed).then(pl.coalesce("hi", pl.lit(float(gamma)))).otherwise(exact).alias("hi"),
         pl.when(trimmed).then(pl.col("var").fill_null(0.0)).otherwise(0.0).alias("var"),
+        pl.when(trimmed).then(pl.col("var_hi").fill_null(0.0)).otherwise(0.0).alias("var_hi"),
     )  # fmt: skip
     out = {}
     for (workload, method), part in rows.group_by("workload", "method"):
         n = part.height
         truth = float(part["truth"].mean())
         point = None if part["point"].null_count() else float(part["point"].mean())
-        se = float(np.sqrt(part["var"].sum())) / n
-        lo, hi = float(part["lo"].mean()) - Z95 * se, float(part["hi"].mean()) + Z95 * se
+        se, se_hi = (float(np.sqrt(part[v].sum())) / n for v in ("var", "var_hi"))
+        lo, hi = float(part["lo"].mean()) - Z95 * se, float(part["hi"].mean()) + Z95 * se_hi
         out[(workload, method)] = {
             "steps": n,
             "truth": truth,

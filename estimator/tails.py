@@ -59,6 +59,7 @@ from .interval import (
     block_interval,
     extrapolated_parts,
     point_range,
+    reach_all_variance,
     running_sums,
 )
 
@@ -618,6 +619,9 @@ class TailWalker:
         )
         interval.update(
             point_range(interval["lo"], reach_prob, unreached, extra_lo, extra_hi, unidentified)
+        )
+        interval["var_hi"] = reach_all_variance(
+            interval["var"], interval["lo"] - window, reach_prob, run, unreached
         )
         return {
             "open_fct": f[:, OPEN_FCT].astype(np.int64),
