@@ -74,7 +74,7 @@ def bar_style(quantity: str, colour: str) -> dict:
     style = dict(BAR_STYLES[quantity])
     alpha = style.pop("alpha")
     if style.pop("fill", True):
-        return {"color": colour, "alpha": alpha, "edgecolor": colour, "linewidth": 0.8, **style}
+        return {"facecolor": colour, "alpha": alpha, "edgecolor": colour, "linewidth": 0.8, **style}
     return {"facecolor": "white", "edgecolor": colour, "linewidth": 1.0, **style}
 
 

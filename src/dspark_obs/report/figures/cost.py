@@ -101,15 +101,13 @@ def draw_surface(ax, fit: CostFit) -> None:
             label=label,
             zorder=3,
         )
-    ax.plot([], [], color="grey", lw=1.8, label="fitted table (lines)")
-    ax.scatter([], [], s=40, color="grey", edgecolor="black", label="cell mean (dot area ~ steps)")
     ax.set_title(
         f"Step time vs verify tokens: {fit.cells} (bs, M/64) cell means and the fitted table"
     )
     ax.set_xlabel("verify tokens per step, M (tokens; cells at the middle of their 64-token bin)")
     ax.set_ylabel("step time (ms)")
     ax.grid(alpha=0.3)
-    legend_outside(ax, title="batch size")
+    legend_outside(ax, title="batch size\n(dot: cell mean, area ~ steps;\nline: fitted table)")
 
 
 def draw_scatter(ax, fit: CostFit, limit: int = SAMPLE_LIMIT) -> None:
