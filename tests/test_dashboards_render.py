@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 from pathlib import Path
 
 import pytest
@@ -12,10 +13,13 @@ pytest.importorskip("matplotlib")
 
 import matplotlib.image
 import numpy as np
+from matplotlib.colors import to_hex
 
 from dspark_obs.dashboards import generate
 from dspark_obs.dashboards.drawing import data_panels, slug
-from dspark_obs.dashboards.querying import substitute, substitutions
+from dspark_obs.dashboards.panel_plots import draw_panel
+from dspark_obs.dashboards.querying import PanelData, Series, substitute, substitutions
+from dspark_obs.dashboards.values import NAMED_COLOURS
 
 from .conftest import cli
 from .live_exporter import serve_scraped
@@ -76,3 +80,61 @@ def test_render_every_panel(tmp_path: Path, request: pytest.FixtureRequest) -> N
     assert page.count('src="data:image/png;base64,') == len(pngs) + 1
     for p in panels:
         assert f"<b>{html.escape(p['title'])}</b>" in page, p["title"]
+
+
+def _panel(title: str) -> dict:
+    return next(p for p in data_panels(generate()) if p["title"] == title)
+
+
+def _drawn(panel: dict, series: list[Series]):
+    from dspark_obs.plotting import new_figure
+
+    fig = new_figure()
+    ax = fig.add_subplot()
+    draw_panel(ax, PanelData(panel, series))
+    return ax
+
+
+def test_stat_is_a_big_number_in_its_unit_and_threshold_colour() -> None:
+    """As Grafana draws a stat: `10432 tok/s`, `264 µs`, `90.00%` in yellow, never `1e+04`."""
+    cases = [
+        ("Committed tokens/s", [10432.4], ["10432 tok/s"], None),
+        ("Refit RMS error", [0.000264], ["264 µs"], None),
+        ("Utilisation", [0.9], ["90.00%"], NAMED_COLOURS["yellow"]),
+        ("Utilisation", [0.5], ["50.00%"], NAMED_COLOURS["red"]),
+        ("Refit R²", [0.0046], ["0.005"], NAMED_COLOURS["red"]),
+        ("Sources up", [1.0, 0.0], ["1", "0"], None),
+    ]
+    for title, values, texts, colour in cases:
+        series = [Series(f"s{i}", [0.0, 15.0], [v, v]) for i, v in enumerate(values)]
+        ax = _drawn(_panel(title), series)
+        big = [t for t in ax.texts if t.get_gid() == "stat-value"]
+        assert [t.get_text() for t in big] == texts, title
+        if colour is not None:
+            assert {to_hex(t.get_color()) for t in big} == {colour.lower()}, title
+        assert not ax.patches, f"{title}: drawn as bars"
+    up = [
+        t
+        for t in _drawn(
+            _panel("Sources up"), [Series("a", [0.0], [1.0]), Series("b", [0.0], [0.0])]
+        ).texts
+    ]
+    colours = {t.get_text(): to_hex(t.get_color()) for t in up if t.get_gid() == "stat-value"}
+    assert colours == {"1": NAMED_COLOURS["green"].lower(), "0": NAMED_COLOURS["red"].lower()}
+
+
+def test_heatmap_shows_only_buckets_that_hold_data() -> None:
+    bounds = [1.0, 2.0, 4.0, 8.0, 16.0, math.inf]
+    counts = [0.0, 0.0, 3.0, 0.0, 5.0, 0.0]
+    series = [Series(f"{b:g}", [0.0, 15.0], [c, c], b) for b, c in zip(bounds, counts, strict=True)]
+    ax = _drawn(_panel("Batch size distribution"), series)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["≤ 4", "≤ 8", "≤ 16"]
+
+
+def test_every_per_rank_legend_names_the_instance() -> None:
+    """Two exporters' rank 0 must not share a legend entry (nor be summed together)."""
+    for p in data_panels(generate()):
+        for t in p["targets"]:
+            if "{{rank}}" in t["legendFormat"]:
+                assert "{{instance}}" in t["legendFormat"], (p["title"], t["legendFormat"])
+                assert "by (mode, rank)" not in t["expr"], (p["title"], t["expr"])

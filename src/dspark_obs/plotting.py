@@ -1,5 +1,7 @@
 """The one place figures are made and embedded, so report, compare and dashboard renders look alike.
 
+Colours and styles are `palette`'s; this module makes, lays out and embeds figures.
+
 Figures are `matplotlib.figure.Figure` objects on the Agg canvas, never pyplot:
 no global state, no display needed, safe in threads and in CI. PNGs embed in
 HTML as base64 data URIs so a report opens offline from a single file.
@@ -14,18 +16,6 @@ from pathlib import Path
 #: Default size of a single-panel figure, inches at `DPI`.
 WIDTH, HEIGHT, DPI = 8.0, 4.8, 100
 
-#: Colour cycle shared by every figure (one colour per run or workload, stable by index).
-COLOURS = (
-    "#1f77b4",
-    "#d62728",
-    "#2ca02c",
-    "#ff7f0e",
-    "#9467bd",
-    "#8c564b",
-    "#e377c2",
-    "#17becf",
-)
-
 
 def new_figure(width: float = WIDTH, height: float = HEIGHT):
     """A blank Agg figure with constrained layout (labels never clip at 100%)."""
@@ -37,8 +27,21 @@ def new_figure(width: float = WIDTH, height: float = HEIGHT):
     return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
 
 
-def colour(i: int) -> str:
-    return COLOURS[i % len(COLOURS)]
+def legend_outside(target, handles=None, labels=None, *, title: str | None = None):
+    """A legend beside the data, never over it: right of one axes, or of a whole figure.
+
+    Constrained layout makes room for it, so the plot shrinks rather than the
+    legend covering bars or lines.
+    """
+    from matplotlib.axes import Axes
+
+    kw = {"fontsize": "small", "title": title, "title_fontsize": "small", "frameon": False}
+    args = () if handles is None else (handles, labels)
+    if isinstance(target, Axes):
+        return target.legend(
+            *args, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, **kw
+        )
+    return target.legend(*args, loc="outside right upper", **kw)
 
 
 def save_png(fig, path: str | Path, dpi: int = DPI) -> Path:

@@ -1,13 +1,14 @@
 """Render the Grafana dashboard to PNGs and an offline HTML page, without Grafana.
 
 Every data panel of `generate()` has its template variables substituted (`substitute`), its
-queries run through Prometheus' `/api/v1/query_range`, and is drawn with matplotlib (Agg):
-timeseries as lines, stat and bar-gauge panels as bars of the last values, heatmaps as an
-image. `render(...)` writes DIR/NN-<slug>.png per panel, DIR/overview.png (all panels in a
-grid) and DIR/index.html (the PNGs embedded as base64, so it opens offline).
+queries run through Prometheus' `/api/v1/query_range`, and is drawn with matplotlib (Agg)
+as Grafana shows it: timeseries as lines, stat panels as big numbers in their threshold
+colours, bar gauges as bars of the last values, heatmaps as an image. `render(...)` writes
+DIR/NN-<slug>.png per panel, DIR/overview.png (all panels in a grid) and DIR/index.html
+(the PNGs embedded as base64, so it opens offline).
 
 This module walks the dashboard and lays the drawings out as files and a page; `querying`
-fetches each panel's series and `panel_plots` draws them.
+fetches each panel's series, `panel_plots` draws them and `values` writes their numbers.
 """
 
 from __future__ import annotations

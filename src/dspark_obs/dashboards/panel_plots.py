@@ -1,35 +1,21 @@
 """One dashboard panel drawn with matplotlib the way Grafana shows it, from fetched series.
 
-Timeseries become lines, stat and bar-gauge panels bars of their last values, heatmaps an
-image; a panel without data says so in place. It draws what `querying` fetched and knows
+Timeseries become lines; a stat panel its last value per series as a big number in the
+colour of its threshold, over a sparkline; bar-gauge panels bars of their last values in
+their threshold colours; heatmaps an image over the buckets that hold data. A panel without
+data says so in place. It draws what `querying` fetched and knows
 nothing of Prometheus, so a panel's look can be checked from made-up series.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from ..plotting import new_figure, save_png
-from .querying import PanelData
-
-UNITS = {
-    "percentunit": ("%", 100.0),
-    "s": ("seconds", 1.0),
-    "ops": ("ops/s", 1.0),
-    "short": ("count", 1.0),
-    "none": ("value", 1.0),
-}
-
-
-def unit_of(panel: Mapping[str, Any]) -> tuple[str, float]:
-    unit = (panel.get("fieldConfig") or {}).get("defaults", {}).get("unit") or "none"
-    if unit.startswith("suffix:"):
-        return unit.split(":", 1)[1].strip(), 1.0
-    return UNITS.get(unit, (unit, 1.0))
+from .querying import PanelData, Series
+from .values import defaults, format_value, threshold_colour, unit_of
 
 
 def _no_data(ax, data: PanelData) -> None:
@@ -57,16 +43,18 @@ def draw_panel(ax, data: PanelData, *, compact: bool = False) -> None:
         _no_data(ax, data)
         return
     kind = panel.get("type")
-    defaults = (panel.get("fieldConfig") or {}).get("defaults", {})
+    limits = defaults(panel)
     if kind == "heatmap":
         _heatmap(ax, data, unit, compact)
-    elif kind in ("stat", "bargauge"):
+    elif kind == "stat":
+        _stat(ax, data, compact)
+    elif kind == "bargauge":
         _bars(ax, data, unit, scale, compact)
-        if defaults.get("min") is not None and defaults.get("max") is not None:
-            ax.set_ylim(defaults["min"] * scale, defaults["max"] * scale)
+        if limits.get("min") is not None and limits.get("max") is not None:
+            ax.set_ylim(limits["min"] * scale, limits["max"] * scale)
     else:
         _lines(ax, data, unit, scale, compact)
-        lo, hi = defaults.get("min"), defaults.get("max")
+        lo, hi = limits.get("min"), limits.get("max")
         if lo is not None or hi is not None:
             ax.set_ylim(
                 bottom=None if lo is None else lo * scale, top=None if hi is None else hi * scale
@@ -130,11 +118,62 @@ def _legend_columns(ax, labels: list[str], fontsize: float) -> int:
     return max(1, min(len(labels), 4, int(width_pt // entry_pt)))
 
 
+def _stat(ax, data: PanelData, compact: bool) -> None:
+    """One big number per series, coloured by its threshold, its name above, a sparkline below."""
+    shown = [s for s in data.series if s.last is not None]
+    ax.set_axis_off()
+    n = len(shown)
+    cols = min(n, 4)
+    rows = math.ceil(n / cols)
+    size = (22 if compact else 34) / max(1, rows) ** 0.5 / max(1.0, cols / 2)
+    for i, s in enumerate(shown):
+        r, c = divmod(i, cols)
+        x0, width = c / cols, 1 / cols
+        y0, height = 1 - (r + 1) / rows, 1 / rows
+        colour = threshold_colour(s.last, data.panel)
+        _sparkline(ax, s, (x0 + 0.04 * width, y0, 0.92 * width, 0.3 * height), colour)
+        ax.text(
+            x0 + width / 2,
+            y0 + 0.58 * height,
+            format_value(s.last, data.panel),
+            ha="center",
+            va="center",
+            fontsize=size,
+            fontweight="bold",
+            color=colour,
+            transform=ax.transAxes,
+            gid="stat-value",
+        )
+        if n > 1:  # as Grafana: a lone value goes unnamed
+            ax.text(
+                x0 + width / 2,
+                y0 + 0.9 * height,
+                s.label,
+                ha="center",
+                va="center",
+                fontsize=7 if compact else 9,
+                color="#444444",
+                transform=ax.transAxes,
+            )
+
+
+def _sparkline(ax, s: Series, bounds: tuple[float, float, float, float], colour: str) -> None:
+    points = [(t, v) for t, v in zip(s.times, s.values, strict=True) if not math.isnan(v)]
+    if len(points) < 2:
+        return
+    inset = ax.inset_axes(bounds)
+    ts, vs = zip(*points, strict=True)
+    inset.fill_between(ts, vs, min(vs), color=colour, alpha=0.25, lw=0)
+    inset.plot(ts, vs, color=colour, lw=1)
+    inset.set_axis_off()
+
+
 def _bars(ax, data: PanelData, unit: str, scale: float, compact: bool) -> None:
     shown = [s for s in data.series if s.last is not None]
     labels = [s.label or "value" for s in shown]
     values = [s.last * scale for s in shown]
-    bars = ax.bar(range(len(values)), values, color="#3274d9")
+    colours = [threshold_colour(s.last, data.panel) for s in shown]
+    bars = ax.bar(range(len(values)), values, color=colours)
     ax.set_xticks(range(len(values)))
     rotate = len(values) > 4 or max(len(label) for label in labels) > 12
     ax.set_xticklabels(
@@ -143,7 +182,7 @@ def _bars(ax, data: PanelData, unit: str, scale: float, compact: bool) -> None:
     ax.set_ylabel(f"{unit} (last value)", fontsize=8 if compact else 10)
     ax.grid(True, axis="y", alpha=0.3)
     if len(values) <= 16:
-        ax.bar_label(bars, labels=[f"{v:.3g}" for v in values], fontsize=7)
+        ax.bar_label(bars, labels=[format_value(s.last, data.panel) for s in shown], fontsize=7)
 
 
 def _heatmap(ax, data: PanelData, unit: str, compact: bool) -> None:
@@ -152,6 +191,7 @@ def _heatmap(ax, data: PanelData, unit: str, compact: bool) -> None:
     rows = [s for s in data.series if s.last is not None]
     if all(s.le is not None for s in rows):
         rows.sort(key=lambda s: s.le)
+        rows = _occupied(rows)
     grid = sorted({t for s in rows for t in s.times})
     matrix = []
     for s in rows:
@@ -171,11 +211,36 @@ def _heatmap(ax, data: PanelData, unit: str, compact: bool) -> None:
     ax.xaxis_date()
     _time_axis(ax, compact)
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([s.label for s in rows], fontsize=7)
+    ax.set_yticklabels(_bucket_labels(rows), fontsize=7)
     ax.set_ylabel(f"{unit} (bucket le)", fontsize=8 if compact else 10)
     bar = ax.figure.colorbar(image, ax=ax)
     bar.ax.tick_params(labelsize=7)
     bar.set_label("per second", fontsize=8)
+
+
+def _occupied(buckets: list[Series]) -> list[Series]:
+    """The buckets from the lowest to the highest that ever counted something.
+
+    Grafana's heatmap spends a row on every bucket up to +Inf; most of them stay
+    empty, squeezing the rows that hold the data into a strip.
+    """
+    full = [i for i, s in enumerate(buckets) if any(v > 0 for v in s.values if not math.isnan(v))]
+    if not full:
+        return buckets
+    return buckets[full[0] : full[-1] + 1]
+
+
+def _bucket_labels(buckets: list[Series]) -> list[str]:
+    """`≤ le` per bucket; the +Inf bucket is everything above the previous bound."""
+    out = []
+    for i, s in enumerate(buckets):
+        if s.le is None:
+            out.append(s.label)
+        elif math.isinf(s.le):
+            out.append(f"> {buckets[i - 1].le:g}" if i else "all")
+        else:
+            out.append(f"≤ {s.le:g}")
+    return out
 
 
 def panel_png(data: PanelData, path: Path) -> None:

@@ -24,6 +24,7 @@ from ..analysis.trim_loss import (
 from ..analysis.verify_lengths import window_shares
 from ..calibration import CalibrationAccumulator
 from ..estimator.evaluate import walked_blocks
+from ..palette import workload_palette
 from ..store import Run
 
 #: Requests whose step-by-step windows are drawn in the drill-down.
@@ -47,6 +48,11 @@ class Arm:
     top: pl.DataFrame | None
     traces: pl.DataFrame | None
     notes: list[str] = field(default_factory=list)
+
+
+def arms_palette(arms: list[Arm]) -> dict[str | None, str]:
+    """Workload colours over every arm, so a workload keeps its colour across runs and figures."""
+    return workload_palette(name for arm in arms for name in arm.summary["workloads"])
 
 
 def has_requests(run: Run) -> bool:

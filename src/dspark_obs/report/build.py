@@ -27,6 +27,7 @@ from ..analysis.reliability import calibration_histograms, pooled
 from ..analysis.summary import summarize
 from ..analysis.verify_lengths import window_shares
 from ..estimator.evaluate import evaluate
+from ..palette import workload_palette
 from ..store import open_run
 from ..strict_json import clean_json
 from .arms import Arm, analyse, arm_labels, has_requests
@@ -101,6 +102,7 @@ def overlay_figures(run_dirs: list[Path], out: Path) -> list[Figure]:
         gamma = int(run.manifest["gamma"])
         arms.append((label, summarize(run), window_shares(run.requests(), gamma), load_curve(run)))
     gamma = max(int(open_run(p).manifest["gamma"]) for p in run_dirs)
+    palette = workload_palette(name for _, summary, _, _ in arms for name in summary["workloads"])
     w = FigureQueue(out, background=False)
     workload_rows = [
         (label, [{"workload": k, **v} for k, v in summary["workloads"].items()])
@@ -108,11 +110,17 @@ def overlay_figures(run_dirs: list[Path], out: Path) -> list[Figure]:
     ]
     loads = [(label, load) for label, _, _, load in arms]
     figures = [
-        w.save(1, workloads_fig.workload_figure, (workload_rows, gamma), "workloads", "Workloads"),
+        w.save(
+            1,
+            workloads_fig.workload_figure,
+            (workload_rows, gamma, palette),
+            "workloads",
+            "Workloads",
+        ),
         w.save(
             1,
             workloads_fig.window_share_figure,
-            ([(a[0], a[2]) for a in arms], gamma),
+            ([(a[0], a[2]) for a in arms], gamma, palette),
             "verify-windows",
             "Verify windows",
         ),

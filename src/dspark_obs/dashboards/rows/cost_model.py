@@ -9,6 +9,9 @@ from __future__ import annotations
 from ..panels import R2, REL_ERROR, stat_panel, timeseries
 from ..promql import RI, STEP
 
+#: Each exporter's ranks run their own table: never sum two exporters' rank 0 together.
+BY_LABELS = "by (instance, mode, rank)"
+
 
 def panels() -> list:
     return [
@@ -19,17 +22,17 @@ def panels() -> list:
             "s",
             [
                 (
-                    f"sum by (mode, rank) (rate(dspark_step_predicted_seconds_total{{{STEP}}}{RI}))"
-                    f" / sum by (mode, rank) (rate(dspark_cost_model_steps_total{{{STEP}}}{RI}))",
-                    "predicted {{mode}} r{{rank}}",
+                    f"sum {BY_LABELS} (rate(dspark_step_predicted_seconds_total{{{STEP}}}{RI}))"
+                    f" / sum {BY_LABELS} (rate(dspark_cost_model_steps_total{{{STEP}}}{RI}))",
+                    "predicted {{mode}} r{{rank}} @{{instance}}",
                 ),
                 (
-                    f"sum by (mode, rank) (rate(dspark_step_measured_seconds_total{{{STEP}}}{RI}))"
-                    f" / sum by (mode, rank) (rate(dspark_cost_model_steps_total{{{STEP}}}{RI}))",
-                    "measured {{mode}} r{{rank}}",
+                    f"sum {BY_LABELS} (rate(dspark_step_measured_seconds_total{{{STEP}}}{RI}))"
+                    f" / sum {BY_LABELS} (rate(dspark_cost_model_steps_total{{{STEP}}}{RI}))",
+                    "measured {{mode}} r{{rank}} @{{instance}}",
                 ),
             ],
-            w=10,
+            w=9,
             min_val=0,
         ),
         timeseries(
@@ -40,27 +43,51 @@ def panels() -> list:
             [
                 (
                     f"dspark_cost_model_relative_error_ratio{{{STEP}}}",
-                    "median relative error {{mode}} r{{rank}}",
+                    "median relative error {{mode}} r{{rank}} @{{instance}}",
                 ),
                 (
                     f"dspark_cost_model_abs_error_seconds{{{STEP}}} / "
                     f"dspark_step_measured_seconds{{{STEP}}}",
-                    "mean abs error / mean measured {{mode}} r{{rank}}",
+                    "mean abs error / mean measured {{mode}} r{{rank}} @{{instance}}",
                 ),
             ],
             thresholds=REL_ERROR,
-            w=10,
+            w=9,
             min_val=0,
         ),
         stat_panel(
             "Refit R²",
             "R² of the additive table T = bias + alpha(bs) + theta(M) refitted online to the "
-            "measured step times since start; low means the table's shape does not fit.",
+            "measured step times since start, per exporter, mode and rank. R² is the share of the "
+            "step times' variance the table explains: where step times barely vary (one load "
+            "level, a steady batch) there is little to explain and R² sits near 0 even for a "
+            "table that predicts every step closely, so read it beside the refit's RMS error.",
             "none",
-            [(f"min(dspark_cost_model_refit_r2{{{STEP}}})", "R²")],
+            [
+                (
+                    f"min {BY_LABELS} (dspark_cost_model_refit_r2{{{STEP}}})",
+                    "{{mode}} r{{rank}} @{{instance}}",
+                )
+            ],
             thresholds=R2,
-            w=4,
+            w=3,
             h=8,
             decimals=3,
+        ),
+        stat_panel(
+            "Refit RMS error",
+            "Root-mean-square residual of that refit per step, per exporter, mode and rank: how "
+            "far, in time, the refitted table misses a measured step. Small beside the step "
+            "time means the table fits, whatever the R².",
+            "s",
+            [
+                (
+                    f"max {BY_LABELS} (dspark_cost_model_refit_rms_seconds{{{STEP}}})",
+                    "{{mode}} r{{rank}} @{{instance}}",
+                )
+            ],
+            w=3,
+            h=8,
+            decimals=None,
         ),
     ]

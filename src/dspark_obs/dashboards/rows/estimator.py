@@ -50,7 +50,7 @@ def panels() -> list:
                 (
                     f"dspark_ceiling_estimate_upper_tokens{{{REQ}}} - "
                     f"dspark_ceiling_estimate_lower_tokens{{{REQ}}}",
-                    "{{workload}} {{mode}} r{{rank}}",
+                    "{{workload}} {{mode}} r{{rank}} @{{instance}}",
                 )
             ],
             thresholds=threshold_steps((None, GREEN), (0.25, YELLOW), (1, RED)),

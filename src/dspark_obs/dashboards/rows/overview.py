@@ -102,7 +102,12 @@ def panels() -> list:
             "dspark_utilisation_ratio: accepted / ceiling over the last N steps per workload, "
             "mode and rank; 1 means trimming lost nothing.",
             "percentunit",
-            [(f"dspark_utilisation_ratio{{{REQ}}}", "{{workload}} {{mode}} r{{rank}}")],
+            [
+                (
+                    f"dspark_utilisation_ratio{{{REQ}}}",
+                    "{{workload}} {{mode}} r{{rank}} @{{instance}}",
+                )
+            ],
             thresholds=UTILISATION,
             w=8,
             max_val=1,

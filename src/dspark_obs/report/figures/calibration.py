@@ -14,9 +14,13 @@ import math
 import numpy as np
 
 from ...calibration import CalibrationAccumulator
-from ...plotting import colour, new_figure
+from ...palette import FAINT, INK, MUTED
+from ...plotting import legend_outside, new_figure
 
 STAGE_LABELS = {"survival": "as used (after STS)", "raw": "raw (before STS)"}
+
+#: Stages are not workloads: they draw in neutral tones (`palette`).
+STAGE_COLOURS = {"survival": INK, "raw": MUTED}
 
 
 def reliability_figure(label: str, stages: dict[str, CalibrationAccumulator]):
@@ -32,16 +36,16 @@ def reliability_figure(label: str, stages: dict[str, CalibrationAccumulator]):
         if j >= gamma:
             ax.set_visible(False)
             continue
-        ax.plot([0, 1], [0, 1], color="grey", lw=1, ls=":", label="perfect")
+        ax.plot([0, 1], [0, 1], color=FAINT, lw=1, ls=":", label="perfect")
         eces = []
-        for k, stage in enumerate(stages):
+        for stage in stages:
             c = curves[stage][j]
             total = max(1, int(c["count"].sum()))
             keep = c["count"] > 0
             ax.plot(
                 c["pred_mean"][keep],
                 c["target_mean"][keep],
-                color=colour(k),
+                color=STAGE_COLOURS.get(stage, INK),
                 ls="-" if stage == "survival" else "--",
                 lw=1.2,
                 label=STAGE_LABELS.get(stage, stage),
@@ -50,7 +54,7 @@ def reliability_figure(label: str, stages: dict[str, CalibrationAccumulator]):
                 c["pred_mean"][keep],
                 c["target_mean"][keep],
                 s=8 + 200 * c["count"][keep] / total,
-                color=colour(k),
+                color=STAGE_COLOURS.get(stage, INK),
                 alpha=0.6,
             )
             eces.append(f"{metrics[stage][j]['ece']:.3f}")
@@ -61,7 +65,7 @@ def reliability_figure(label: str, stages: dict[str, CalibrationAccumulator]):
         ax.set_ylabel("observed survival", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, loc="upper left")
+    legend_outside(fig, *axes[0].get_legend_handles_labels(), title="predicted survival")
     order = " / ".join(STAGE_LABELS.get(s, s) for s in stages)
     fig.suptitle(f"{label}: reliability per block position (ECE {order})", fontsize=11)
     return fig
@@ -80,13 +84,13 @@ def ece_figure(label: str, stages: dict[str, CalibrationAccumulator]):
             x + (k - (len(stages) - 1) / 2) * width,
             ece,
             width,
-            color=colour(k),
+            color=STAGE_COLOURS.get(stage, INK),
             label=STAGE_LABELS.get(stage, stage),
         )
     ax.set_xticks(x)
     ax.set_xlabel("block position")
     ax.set_ylabel("ECE (15 bins)")
     ax.set_title(f"{label}: calibration error per position")
-    ax.legend(fontsize=8)
+    legend_outside(ax, title="predicted survival")
     ax.grid(axis="y", alpha=0.3)
     return fig

@@ -26,10 +26,20 @@ import polars as pl
 
 from ...aggregates.cost_model import M_BIN
 from ...analysis.cost_fit import CostFit
-from ...plotting import colour, new_figure, save_png
+from ...palette import INK, MUTED, levels
+from ...plotting import legend_outside, new_figure, save_png
 
 #: Most per-step points a figure draws.
 SAMPLE_LIMIT = 20_000
+
+#: Why the residuals of a good fit need not centre on zero (shown under the residual plot).
+BIAS_NOTE = (
+    "Why the mean residual is not zero: the table is fitted to (bs, M/64) cell means with M "
+    "at the middle of its 64-token bin (SGLang's binning), where the residuals do average "
+    "zero; here each step is scored at its own M. Where the table rises with M, steps low in "
+    "their bin read above zero and steps high in it below, so the mean is that offset, "
+    "not a drift of the fit."
+)
 
 #: Up to this many distinct batch sizes get a line each; beyond, cells group by bs probe.
 MAX_BS_LINES = 8
@@ -74,30 +84,30 @@ def draw_surface(ax, fit: CostFit) -> None:
     hi_all = lo_all + M_BIN
     size = 15 + 85 * np.sqrt(n / n.max())
     table = fit.table
-    for i, (level, label, mask) in enumerate(_levels(fit)):
+    lines = _levels(fit)
+    colours = levels(len(lines))
+    for i, (level, label, mask) in enumerate(lines):
         lo, hi = lo_all[mask].min(), hi_all[mask].max()
         probes = [p for p in table.m_probes if lo < p < hi]
         grid = np.unique(np.concatenate([np.linspace(lo, hi, 200), probes]))
-        ax.plot(grid, table.step_seconds(level, grid - level) * 1e3, color=colour(i), lw=1.8)
+        ax.plot(grid, table.step_seconds(level, grid - level) * 1e3, color=colours[i], lw=1.8)
         ax.scatter(
             m[mask],
             mean_ms[mask],
             s=size[mask],
-            color=colour(i),
+            color=colours[i],
             edgecolor="black",
             linewidth=0.5,
             label=label,
             zorder=3,
         )
-    ax.plot([], [], color="grey", lw=1.8, label="fitted table (lines)")
-    ax.scatter([], [], s=40, color="grey", edgecolor="black", label="cell mean (dot area ~ steps)")
     ax.set_title(
         f"Step time vs verify tokens: {fit.cells} (bs, M/64) cell means and the fitted table"
     )
     ax.set_xlabel("verify tokens per step, M (tokens; cells at the middle of their 64-token bin)")
     ax.set_ylabel("step time (ms)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", loc="best")
+    legend_outside(ax, title="batch size\n(dot: cell mean, area ~ steps;\nline: fitted table)")
 
 
 def draw_scatter(ax, fit: CostFit, limit: int = SAMPLE_LIMIT) -> None:
@@ -109,7 +119,7 @@ def draw_scatter(ax, fit: CostFit, limit: int = SAMPLE_LIMIT) -> None:
         df["fitted_ms"].to_numpy(),
         s=8,
         alpha=0.4,
-        color=colour(0),
+        color=INK,
         label=f"fitted table (R² {fit.fitted.r2:.3f})",
     )
     shown.append(df["fitted_ms"].to_numpy())
@@ -120,7 +130,7 @@ def draw_scatter(ax, fit: CostFit, limit: int = SAMPLE_LIMIT) -> None:
             own["predicted_ms"].to_numpy(),
             s=8,
             alpha=0.4,
-            color=colour(1),
+            color=MUTED,
             marker="x",
             label=f"run's own table (R² {fit.own.r2:.3f})",
         )
@@ -133,7 +143,7 @@ def draw_scatter(ax, fit: CostFit, limit: int = SAMPLE_LIMIT) -> None:
     ax.set_xlabel("measured step time (ms)")
     ax.set_ylabel("predicted step time (ms)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", loc="upper left")
+    legend_outside(ax)
 
 
 def draw_residuals(ax, fit: CostFit, limit: int = SAMPLE_LIMIT) -> None:
@@ -143,7 +153,7 @@ def draw_residuals(ax, fit: CostFit, limit: int = SAMPLE_LIMIT) -> None:
         df["residual_ms"].to_numpy(),
         s=8,
         alpha=0.3,
-        color=colour(0),
+        color=MUTED,
         label="step" if stride == 1 else f"step (1 in {stride})",
     )
     per_m = (
@@ -155,18 +165,29 @@ def draw_residuals(ax, fit: CostFit, limit: int = SAMPLE_LIMIT) -> None:
     ax.plot(
         per_m["m"].to_numpy(),
         per_m["mean"].to_numpy(),
-        color=colour(1),
+        color=INK,
         marker="D",
         ms=6,
         ls="",
         label="mean per M (all steps)",
     )
-    ax.axhline(0.0, color="black", lw=1, ls="--")
+    ax.axhline(0.0, color="black", lw=1, ls="--", label="zero")
+    bias = fit.fitted.bias_seconds * 1e3
+    ax.axhline(bias, color=INK, lw=1.2, ls="-", label=f"mean residual {bias:+.3f} ms")
     ax.set_title(_sampled("Residuals of the fitted table, measured − fitted", fit, stride))
     ax.set_xlabel("verify tokens per step, M (tokens)")
     ax.set_ylabel("measured − fitted step time (ms)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", loc="best")
+    legend_outside(ax)
+    ax.annotate(
+        BIAS_NOTE,
+        (0.0, -0.2),
+        xycoords="axes fraction",
+        va="top",
+        fontsize="small",
+        color=INK,
+        wrap=True,
+    )
 
 
 def surface_figure(fit: CostFit):

@@ -2,7 +2,8 @@
 
 Built from the `dspark-obs estimate` object (`estimator.evaluate.evaluate`).
 Where the run has no truth (no shadow, compact mode) only the estimates are
-drawn and the titles say so.
+drawn and the titles say so. Each workload draws in its `palette` colour; the
+estimate is told by the bar's fill or the line's style, shown in grey in the legend.
 """
 
 from __future__ import annotations
@@ -10,71 +11,115 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
-from ...plotting import colour, new_figure
+from ...palette import MUTED, bar_style, legend_style, workload_name
+from ...plotting import legend_outside, new_figure
+
+#: (palette bar style, legend label) of the estimates figure, in bar order.
+_ESTIMATES = (
+    ("ceiling", "truth (shadow)"),
+    ("estimate", "walk estimate and [lo, hi]"),
+    ("population", "population model"),
+)
+
+#: (survival key, legend label, line style) of the survival figure.
+_CURVES = (
+    ("truth_survival", "truth (shadow)", {"ls": "-", "marker": "o"}),
+    ("survival", "population model", {"ls": "--", "marker": "s"}),
+    ("naive_km", "naive Kaplan-Meier", {"ls": ":", "marker": "^"}),
+)
 
 
-def estimates_figure(label: str, report: dict):
+def _entry_values(entry: dict) -> dict[str, tuple[float | None, float | None, float | None]]:
+    walk = entry.get("all_steps") or {}
+    return {
+        "ceiling": (entry.get("truth"), None, None),
+        "estimate": (walk.get("point"), walk.get("lo"), walk.get("hi")),
+        "population": ((entry.get("population") or {}).get("mean"), None, None),
+    }
+
+
+def estimates_figure(label: str, report: dict, palette: dict):
     """Mean ceiling per workload: truth, the walk's point and bracket, the population model."""
     names = list(report["workloads"])
-    entries = [report["workloads"][n] for n in names]
-    fig = new_figure(8.0, 4.6)
+    values = [_entry_values(report["workloads"][n]) for n in names]
+    shown = [
+        (style, legend)
+        for style, legend in _ESTIMATES
+        if any(v[style][0] is not None or v[style][1] is not None for v in values)
+    ]
+    fig = new_figure(9.0, 4.6)
     ax = fig.add_subplot()
-    x = np.arange(len(names))
-    width = 0.26
-    truth = np.array([np.nan if e.get("truth") is None else e["truth"] for e in entries])
-    walk = [e.get("all_steps") or {} for e in entries]
-    point = np.array([np.nan if w.get("point") is None else w["point"] for w in walk])
-    lo = np.array([w.get("lo", np.nan) for w in walk], float)
-    hi = np.array([w.get("hi", np.nan) for w in walk], float)
-    pop = np.array([(e.get("population") or {}).get("mean", np.nan) for e in entries], float)
-    if not np.isnan(truth).all():
-        ax.bar(x - width, np.nan_to_num(truth), width, color=colour(0), label="truth (shadow)")
-    centre = np.where(np.isnan(point), (lo + hi) / 2, point)
-    ax.bar(x, np.nan_to_num(point), width, color=colour(1), label="walk estimate")
-    ax.errorbar(
-        x,
-        centre,
-        yerr=np.nan_to_num(np.vstack([centre - lo, hi - centre])),
-        fmt="none",
-        ecolor="black",
-        capsize=4,
-        label="walk bracket [lo, hi]",
-    )
-    ax.bar(x + width, np.nan_to_num(pop), width, color=colour(2), label="population model")
-    ax.set_xticks(x, [n or "(none)" for n in names])
+    width = 0.8 / max(1, len(shown))
+    for i, (name, v) in enumerate(zip(names, values, strict=True)):
+        for k, (style, legend) in enumerate(shown):
+            point, lo, hi = v[style]
+            if point is None and lo is None:
+                continue
+            at = i + (k - (len(shown) - 1) / 2) * width
+            ax.bar(
+                at,
+                0.0 if point is None else point,
+                width,
+                label=legend,
+                gid=f"workload={name}",
+                **bar_style(style, palette[name]),
+            )
+            if lo is not None and hi is not None:
+                centre = (lo + hi) / 2 if point is None else point
+                ax.errorbar(
+                    at, centre, yerr=[[centre - lo], [hi - centre]], fmt="none", ecolor="black"
+                )
+    ax.set_xticks(np.arange(len(names)), [workload_name(n) for n in names])
+    ax.set_xlabel("workload")
     ax.set_ylabel("mean ceiling (accepted drafts per request-step)")
-    suffix = "" if not np.isnan(truth).all() else " (no shadow truth in this run)"
+    truth = any(v["ceiling"][0] is not None for v in values)
+    suffix = "" if truth else " (no shadow truth in this run)"
     ax.set_title(f"{label}: estimated vs true ceiling per workload{suffix}")
-    ax.legend(fontsize=8, loc="lower right")
+    legend_outside(
+        ax,
+        [Patch(**legend_style(style)) for style, _ in shown],
+        [legend for _, legend in shown],
+        title="bar (colour: workload)",
+    )
     ax.grid(axis="y", alpha=0.3)
     return fig
 
 
-def survival_figure(label: str, report: dict):
+def survival_figure(label: str, report: dict, palette: dict):
     """P(ceiling > j) per workload: truth, population model and naive Kaplan-Meier."""
     names = list(report["workloads"])
     cols = min(3, max(1, len(names)))
     rows = math.ceil(len(names) / cols)
-    fig = new_figure(max(6.0, 4.2 * cols), 3.4 * rows + 0.4)
+    fig = new_figure(max(7.0, 4.0 * cols + 2.0), 3.4 * rows + 0.4)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     gamma = report["gamma"]
     j = np.arange(gamma)
+    drawn = []
     for ax, name in zip(axes, names, strict=False):
         pop = report["workloads"][name].get("population") or {}
-        if "truth_survival" in pop:
-            ax.plot(j, pop["truth_survival"], color=colour(0), marker="o", label="truth (shadow)")
-        if "survival" in pop:
-            ax.plot(j, pop["survival"], color=colour(1), marker="s", label="population model")
-            ax.plot(j, pop["naive_km"], color=colour(3), ls="--", label="naive Kaplan-Meier")
+        for key, legend, style in _CURVES:
+            if key in pop:
+                ax.plot(
+                    j, pop[key], color=palette[name], label=legend, gid=f"workload={name}", **style
+                )
+                drawn.append(key)
         ax.set_ylim(0, 1.02)
         ax.set_xticks(j)
         ax.set_xlabel("block position j")
         ax.set_ylabel("P(ceiling > j)")
-        ax.set_title(name or "(none)", fontsize=10)
+        ax.set_title(workload_name(name), fontsize=10, color=palette[name], fontweight="bold")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
     for ax in axes[len(names) :]:
         ax.set_visible(False)
+    shown = [c for c in _CURVES if c[0] in drawn]
+    legend_outside(
+        fig,
+        [Line2D([], [], color=MUTED, **style) for _, _, style in shown],
+        [legend for _, legend, _ in shown],
+        title="line (colour: workload)",
+    )
     fig.suptitle(f"{label}: survival of the full-verification ceiling", fontsize=11)
     return fig

@@ -1,5 +1,8 @@
 """Load figures: throughput against per-user speed (figures 1 and 3), budget and step time by batch.
 
+Runs draw in `palette.run_style` (black and grey, told by line and marker), never in a
+workload's colour.
+
 `arms` is a list of `(label, load_curve frame)`; every arm is one line, so an
 A/B (compact vs no-trim) overlays on shared axes.
 """
@@ -8,7 +11,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from ...plotting import colour, new_figure
+from ...palette import run_style
+from ...plotting import legend_outside, new_figure
 
 
 def _timed(frame: pl.DataFrame) -> pl.DataFrame:
@@ -25,7 +29,7 @@ def throughput_figure(arms: list[tuple[str, pl.DataFrame]]):
             timed["per_user_tokens_per_s"].to_numpy(),
             timed["throughput_tokens_per_s"].to_numpy(),
         )
-        ax.plot(x, y, marker="o", color=colour(k), label=label)
+        ax.plot(x, y, label=label, **run_style(k))
         for bs, xi, yi in zip(timed["bs"].to_list(), x, y, strict=True):
             if k:  # the arms share their load levels: label one curve's points
                 break
@@ -35,7 +39,7 @@ def throughput_figure(arms: list[tuple[str, pl.DataFrame]]):
     ax.set_title(
         "Throughput vs per-user speed across the concurrency sweep (up and right is better)"
     )
-    ax.legend(title="run", fontsize=8)
+    legend_outside(ax, title="run")
     ax.grid(alpha=0.3)
     return fig
 
@@ -45,14 +49,12 @@ def _by_batch(arms, column: str, ylabel: str, title: str):
     ax = fig.add_subplot()
     for k, (label, frame) in enumerate(arms):
         part = frame.filter(pl.col(column).is_not_null())
-        ax.plot(
-            part["bs"].to_numpy(), part[column].to_numpy(), marker="o", color=colour(k), label=label
-        )
+        ax.plot(part["bs"].to_numpy(), part[column].to_numpy(), label=label, **run_style(k))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size (requests per step)")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(title="run", fontsize=8)
+    legend_outside(ax, title="run")
     ax.grid(alpha=0.3)
     return fig
 

@@ -6,7 +6,7 @@ estimate's error against it; without one it shows the estimates alone.
 
 from __future__ import annotations
 
-from ..arms import Arm
+from ..arms import Arm, arms_palette
 from ..document import Section, Table, fmt
 from ..figure_queue import FigureQueue, arm_figures
 from ..figures import estimator as estimator_fig
@@ -22,6 +22,7 @@ def estimator_section(arms: list[Arm], w: FigureQueue) -> Section:
         "walk point's relative error on the walked blocks, covered whether the truth lies in the "
         "aggregate interval.",
     )
+    palette = arms_palette(arms)
     for arm in arms:
         report = arm.estimate
         if not report or not report["workloads"]:
@@ -94,7 +95,7 @@ def estimator_section(arms: list[Arm], w: FigureQueue) -> Section:
             w,
             5,
             arm.label,
-            (arm.label, report),
+            (arm.label, report, palette),
             [
                 (estimator_fig.estimates_figure, "estimates", "estimated vs true ceiling"),
                 (estimator_fig.survival_figure, "survival", "survival of the ceiling"),

@@ -6,7 +6,7 @@ the scheduler's trimming, and what their windows looked like.
 
 from __future__ import annotations
 
-from ..arms import TRACED_REQUESTS, Arm
+from ..arms import TRACED_REQUESTS, Arm, arms_palette
 from ..document import Section
 from ..figure_queue import FigureQueue, arm_figures
 from ..figures import requests as requests_fig
@@ -35,6 +35,7 @@ def requests_section(arms: list[Arm], w: FigureQueue, top: int) -> Section:
         "fully accepted, or the tail walk's point estimate; unknown steps make the loss a lower "
         "bound.",
     )
+    palette = arms_palette(arms)
     for arm in arms:
         if arm.top is None:
             s.missing.append(
@@ -55,7 +56,7 @@ def requests_section(arms: list[Arm], w: FigureQueue, top: int) -> Section:
             w,
             6,
             arm.label,
-            (arm.label, arm.top),
+            (arm.label, arm.top, palette),
             [(requests_fig.top_requests_figure, "top-requests", "largest trim losses")],
         )
         if arm.traces is not None and arm.traces.height:
@@ -64,7 +65,7 @@ def requests_section(arms: list[Arm], w: FigureQueue, top: int) -> Section:
                 w,
                 6,
                 arm.label,
-                (arm.label, arm.traces, rids),
+                (arm.label, arm.traces, rids, palette),
                 [(requests_fig.traces_figure, "traces", "windows of the top requests")],
             )
     return s

@@ -6,7 +6,7 @@ observed one), so the report builds it once that pass has run.
 
 from __future__ import annotations
 
-from ..arms import Arm
+from ..arms import Arm, arms_palette
 from ..document import Section, Table, fmt
 from ..figure_queue import FigureQueue
 from ..figures import workloads as workloads_fig
@@ -86,11 +86,12 @@ def workloads_section(arms: list[Arm], w: FigureQueue) -> Section:
             )
         )
     gamma = max(a.gamma for a in arms)
+    palette = arms_palette(arms)
     s.figures.append(
         w.save(
             1,
             workloads_fig.workload_figure,
-            ([(a.label, _workload_rows(a)) for a in arms], gamma),
+            ([(a.label, _workload_rows(a)) for a in arms], gamma, palette),
             "workloads",
             "Window, accepted and ceiling per workload",
         )
@@ -99,7 +100,7 @@ def workloads_section(arms: list[Arm], w: FigureQueue) -> Section:
         w.save(
             1,
             workloads_fig.window_share_figure,
-            ([(a.label, a.shares) for a in arms], gamma),
+            ([(a.label, a.shares) for a in arms], gamma, palette),
             "verify-windows",
             "Distribution of verify windows per workload",
         )
