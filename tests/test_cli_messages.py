@@ -7,9 +7,13 @@ Each case runs the real `dspark-obs` in a subprocess and checks the message and 
 from __future__ import annotations
 
 import os
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from .conftest import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,3 +35,38 @@ def test_dashboards_export_writes_the_committed_json_without_the_grafana_sdk(tmp
     committed = (ROOT / "dashboards" / "dspark.json").read_text(encoding="utf-8")
     assert (out / "dspark.json").read_text(encoding="utf-8") == committed
     assert str(out / "provisioning" / "datasources.yml") in proc.stdout.splitlines()
+
+
+DEMO = ["demo", "--concurrency", "4", "--steps-per-level", "20", "--sts", "none", "--quiet"]
+
+
+def _listening_socket() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+def test_demo_on_a_chosen_busy_port_fails_naming_it(tmp_path):
+    with _listening_socket() as busy:
+        listen = f"127.0.0.1:{busy.getsockname()[1]}"
+        proc = cli(*DEMO, "--listen", listen, "--out", str(tmp_path / "run"), check=False)
+    assert proc.returncode == 2
+    assert f"error: cannot listen on {listen}: Address already in use" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_demo_moves_off_a_busy_default_port_and_says_so(tmp_path):
+    """The default port (9464) is held here, by this test or by whatever else holds it."""
+    held = socket.socket()
+    try:
+        held.bind(("127.0.0.1", 9464))
+        held.listen()
+    except OSError:
+        held.close()  # taken already: the case under test all the same
+    with held:
+        proc = cli(*DEMO, "--out", str(tmp_path / "run"))
+    note = "note: 127.0.0.1:9464 is taken (Address already in use), so the demo serves on a free"
+    assert note in proc.stdout
+    url = re.search(r"serving live metrics at http://127\.0\.0\.1:(\d+)/metrics", proc.stdout)
+    assert url is not None and url.group(1) != "9464", proc.stdout
