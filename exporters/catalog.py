@@ -166,7 +166,8 @@ CATALOG: tuple[Metric, ...] = (
         "gauge",
         POS,
         "AUROC of survival against the prefix label " + SLIDING + ", from a 1,020-bin "
-        "histogram. " + CALIBRATION_ROWS,
+        "histogram (68 bins to each of the 15 ECE bins; `dspark-obs calibration` uses 1,024 "
+        "bins, as SGLang, and both are within one bin of the exact value). " + CALIBRATION_ROWS,
         source=("confidence", "auroc"),
     ),
     Metric(

@@ -6,6 +6,7 @@ Each case runs the real `dspark-obs` in a subprocess and checks the message and 
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import socket
@@ -70,3 +71,18 @@ def test_demo_moves_off_a_busy_default_port_and_says_so(tmp_path):
     assert note in proc.stdout
     url = re.search(r"serving live metrics at http://127\.0\.0\.1:(\d+)/metrics", proc.stdout)
     assert url is not None and url.group(1) != "9464", proc.stdout
+
+
+def test_auroc_help_states_the_bins_the_code_uses():
+    """The live gauge's histogram (15 ECE bins x 68) and the post-hoc command's (1,024)."""
+    from dspark_obs.exporters.catalog import CATALOG
+
+    from dspark_obs.aggregates.confidence import FINE_BINS
+    from dspark_obs.calibration.metrics import histogram_auroc
+
+    help_text = next(m for m in CATALOG if m.name == "dspark_confidence_auroc").help
+    post_hoc = inspect.signature(histogram_auroc).parameters["num_bins"].default
+    assert f"from a {FINE_BINS:,}-bin histogram" in help_text
+    assert f"`dspark-obs calibration` uses {post_hoc:,} bins" in help_text
+    doc = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert f"AUROC ({post_hoc:,}-bin histogram" in doc and f"uses {FINE_BINS:,} bins" in doc
