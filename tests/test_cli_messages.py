@@ -7,12 +7,18 @@ Each case runs the real `dspark-obs` in a subprocess and checks the message and 
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from dspark_obs.runtime.config import RuntimeConfig
+from dspark_obs.runtime_server import RuntimeFrontend
 
 from .conftest import cli
 
@@ -86,3 +92,70 @@ def test_auroc_help_states_the_bins_the_code_uses():
     assert f"`dspark-obs calibration` uses {post_hoc:,} bins" in help_text
     doc = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     assert f"AUROC ({post_hoc:,}-bin histogram" in doc and f"uses {FINE_BINS:,} bins" in doc
+
+
+# -- shadow, against two SGLang-protocol fronts over real HTTP -----------------------------
+
+
+@pytest.fixture(scope="module")
+def fronts():
+    """A compact production front, a cap-accept twin and a compact front posing as one."""
+    servers = [
+        RuntimeFrontend(RuntimeConfig(mode=mode, seed=4), port=0, dp_size=1)
+        for mode in ("compact", "cap-accept", "compact")
+    ]
+    for server in servers:
+        server.start()
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def _requests_file(path: Path, n: int) -> Path:
+    names = ("gsm8k", "arena", "poetry")
+    lines = [
+        {
+            "rid": f"{names[i % 3]}-{i}",
+            "text": f"prompt {i}",
+            "sampling_params": {"max_new_tokens": 40},
+        }
+        for i in range(n)
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in lines))
+    return path
+
+
+def _shadow(production: str, shadow: str, tmp_path: Path, *extra: str):
+    requests = _requests_file(tmp_path / "requests.jsonl", 12)
+    out = tmp_path / "shadow"
+    args = ("--production", production, "--shadow", shadow, "--requests", str(requests))
+    return cli("shadow", *args, "--out", str(out), *extra, check=False), out
+
+
+def test_shadow_names_workloads_from_name_n_rids_and_hints_at_the_sample(fronts, tmp_path):
+    prod, twin, _ = fronts
+    proc, out = _shadow(prod.url, twin.url, tmp_path, "--sample", "0.5")
+    assert proc.returncode == 0, proc.stderr
+    replayed = int(re.search(r"replayed (\d+) of 12 requests \(--sample 0.5\)", proc.stdout)[1])
+    assert 0 < replayed < 12
+    assert f"note: {replayed} requests give loose per-workload estimates" in proc.stdout
+    assert "--sample 1 replays all 12" in proc.stdout
+    summary = json.loads(cli("summary", str(out), "--json").stdout)
+    assert set(summary["workloads"]) <= {"gsm8k", "arena", "poetry"}
+    assert summary["workloads"], "no workload named from the rids"
+
+
+def test_shadow_refuses_a_twin_that_is_not_cap_accept(fronts, tmp_path):
+    prod, _, compact = fronts
+    proc, out = _shadow(prod.url, compact.url, tmp_path, "--sample", "1")
+    assert proc.returncode == 2
+    assert f"error: {compact.url} verifies in compact mode, not cap-accept" in proc.stderr
+    assert not (out / "run.json").exists()
+
+
+def test_shadow_names_the_server_it_cannot_reach(fronts, tmp_path):
+    with _listening_socket() as closed:
+        dead = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    proc, _ = _shadow(fronts[0].url, dead, tmp_path)
+    assert proc.returncode == 2
+    assert f"error: cannot reach {dead}/" in proc.stderr

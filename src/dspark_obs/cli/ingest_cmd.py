@@ -88,7 +88,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--workload-from-rid",
         metavar="REGEX",
         default=None,
-        help="workload from the rid: a regex with a named group (?P<workload>...)",
+        help="workload from the rid: a regex with a named group (?P<workload>...) "
+        "(default: NAME-N rids, e.g. gsm8k-17, name it; other rids count as other)",
     )
     g.add_argument(
         "--workload-file",

@@ -145,7 +145,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--workload-from-rid",
         default=None,
         metavar="REGEX",
-        help="workload from the rid by a named group, e.g. '^(?P<workload>[a-z]+)-'",
+        help="workload from the rid by a named group, e.g. '^(?P<workload>[a-z]+)-' "
+        "(default: NAME-N rids, e.g. gsm8k-17, name it; other rids count as other)",
     )
     g.add_argument(
         "--workload-file",
