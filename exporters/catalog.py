@@ -416,7 +416,10 @@ CATALOG: tuple[Metric, ...] = (
         "dspark_ingest_errors_total",
         "counter",
         (*SRC, "reason"),
-        "Step records rejected, by reason; processing continues.",
+        "Ingest errors by reason; processing continues. Step records rejected (a broken "
+        "telemetry invariant), failed polls (timeout, connect_failed, http_NNN, bad_json, "
+        "oversized, clear_failed), steps the server dropped before a poll read them "
+        "(dropped_steps, one per step) and server restarts (server_restart).",
         source=("ingest", "errors"),
     ),
     Metric(

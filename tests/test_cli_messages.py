@@ -21,6 +21,7 @@ from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime_server import RuntimeFrontend
 
 from .conftest import cli
+from .test_sglang_poller import SAMPLE, Stub, serve_polling, stop_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -159,3 +160,17 @@ def test_shadow_names_the_server_it_cannot_reach(fronts, tmp_path):
     proc, _ = _shadow(fronts[0].url, dead, tmp_path)
     assert proc.returncode == 2
     assert f"error: cannot reach {dead}/" in proc.stderr
+
+
+# -- serve: what became of the steps -------------------------------------------------------
+
+
+def test_serve_says_steps_the_server_dropped_were_dropped_not_rejected(tmp_path, request):
+    info = json.loads(SAMPLE.read_text())["internal_states"][0]["dspark_info_record"]
+    info["records"] = info["records"][:10] + info["records"][15:20]  # five steps never read
+    child, _ = serve_polling(Stub(info), 15, tmp_path / "run", tmp_path, request)
+    stop_serving(child)
+    assert (
+        "stopped: 15 steps ingested, 0 rejected, "
+        "5 dropped by the server before a poll read them (dropped_steps); run stored in"
+    ) in child.stderr

@@ -222,3 +222,39 @@ def print_block_accept_estimates(report: dict) -> None:
         "(there the point range runs to the lo/hi bracket); calibrated: the model's "
         "held-out check (--json for its bins)[/dim]"
     )
+
+
+#: Ingest error reasons that are not a rejected step, and how a person says them.
+_NOT_REJECTIONS = {
+    "dropped_steps": "dropped by the server before a poll read them (dropped_steps)",
+    "server_restart": "server restarts seen (server_restart)",
+    "source_failed": "source failures (source_failed)",
+    "hook_failed": "observer failures inside the hook (hook_failed)",
+}
+#: Reasons for a poll that failed as a whole (plus http_NNN): no step was seen, none rejected.
+_POLL_FAULTS = frozenset(
+    ("timeout", "connect_failed", "bad_json", "oversized", "poll_failed", "clear_failed",
+     "bad_envelope")
+)  # fmt: skip
+
+
+def _by_reason(counts: dict[str, int]) -> str:
+    return ", ".join(f"{reason} {n:,}" for reason, n in sorted(counts.items()))
+
+
+def ingest_outcome(ingested: int, errors: dict[str, int], dropped: dict[str, int]) -> str:
+    """What became of a source's steps, in words: ingested, rejected (a broken telemetry
+    invariant) and, apart, what was never a step to reject: steps the server or the hook
+    dropped unread, failed polls, restarts (`dspark_ingest_errors_total` counts them all)."""
+    polls = {r: n for r, n in errors.items() if r in _POLL_FAULTS or r.startswith("http_")}
+    rejected = {r: n for r, n in errors.items() if r not in polls and r not in _NOT_REJECTIONS}
+    parts = [f"{ingested:,} steps ingested", f"{sum(rejected.values()):,} rejected"]
+    if rejected:
+        parts[-1] += f" ({_by_reason(rejected)})"
+    parts += [f"{errors[r]:,} {text}" for r, text in _NOT_REJECTIONS.items() if errors.get(r)]
+    if polls:
+        parts.append(f"{sum(polls.values()):,} failed polls ({_by_reason(polls)})")
+    if any(dropped.values()):
+        kept = {r: n for r, n in dropped.items() if n}
+        parts.append(f"{sum(kept.values()):,} dropped before aggregation ({_by_reason(kept)})")
+    return ", ".join(parts)
