@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from dspark_obs.analysis.verdict import ci_text
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime_server import RuntimeFrontend
 
@@ -174,3 +175,42 @@ def test_serve_says_steps_the_server_dropped_were_dropped_not_rejected(tmp_path,
         "stopped: 15 steps ingested, 0 rejected, "
         "5 dropped by the server before a poll read them (dropped_steps); run stored in"
     ) in child.stderr
+
+
+# -- summary and compare of a run ingested from SGLang ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ingested(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ingested") / "run"
+    proc = cli("ingest", str(SAMPLE), "--out", str(out))
+    assert "timing none (no step times recorded)" in proc.stdout
+    return out
+
+
+def test_summary_of_an_ingested_run_says_it_has_no_step_times(ingested):
+    proc = cli("summary", str(ingested))
+    assert "timing=none (no step times recorded)" in proc.stdout
+    assert "None" not in proc.stdout
+
+
+def test_compare_with_an_ingested_run_notes_the_missing_configuration(compact_run, ingested):
+    run, _ = compact_run
+    args = ("compare", str(run), str(ingested), "--allow-mismatch", "--reps", "200")
+    text = cli(*args).stdout
+    assert "None" not in text and "null" not in text
+    assert "run B records no runtime configuration (not a reference run)" in text
+    assert "configuration A -> B" not in text and "no key differs" not in text
+    b_line = next(line for line in text.splitlines() if line.startswith("B: "))
+    assert "seed=" not in b_line and "timing=none (no step times recorded)" in b_line
+    result = json.loads(cli(*args, "--json").stdout)
+    assert result["config_compared"] is False and result["config_diff"] == []
+    rows = [r for r in result["rows"] if r["ci_holm"] is not None]
+    assert rows
+    for r in rows:  # the verdict and the interval beside it agree
+        lo, hi = r["ci_holm"]
+        assert r["significant"] == (lo > 0 or hi < 0), r
+        assert ("no significant difference" in r["verdict"]) == (not r["significant"]), r
+        assert f"Holm 95% CI {ci_text(r['ci_holm'])}" in r["verdict"] or r["verdict"] == (
+            "no difference"
+        )

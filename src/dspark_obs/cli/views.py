@@ -10,6 +10,12 @@ from rich.table import Table
 from .console import make_console
 
 
+def timing_text(timing: str | None) -> str:
+    """A run's `timing` for people: `simulated`, `measured`, or that it has no step times
+    (runs ingested from dumps that carry none)."""
+    return timing or "none (no step times recorded)"
+
+
 def _fmt(value, digits: int = 2) -> str:
     if value is None:
         return "—"
@@ -22,7 +28,7 @@ def render_summary(summary: dict, console: Console) -> None:
     title = f"{summary['run']}  mode={summary['mode']}"
     if summary["shadow"]:
         title += f" (+{summary['shadow']} shadow)"
-    title += f"  gamma={summary['gamma']}  timing={summary['timing']}"
+    title += f"  gamma={summary['gamma']}  timing={timing_text(summary['timing'])}"
     table = Table(title=title, title_justify="left")
     for col in (
         "workload",
