@@ -13,6 +13,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime_server import RuntimeFrontend
 
 from .conftest import cli
+from .test_serve_cli import Child
 from .test_sglang_poller import SAMPLE, Stub, serve_polling, stop_serving
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -214,3 +216,21 @@ def test_compare_with_an_ingested_run_notes_the_missing_configuration(compact_ru
         assert f"Holm 95% CI {ci_text(r['ci_holm'])}" in r["verdict"] or r["verdict"] == (
             "no difference"
         )
+
+
+def test_serve_says_polls_of_an_unreachable_server_failed(tmp_path, request):
+    with _listening_socket() as closed:
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    args = ("serve", "--source", f"sglang:{url}", "--poll-interval", "0.1", "--gamma", "7")
+    child = Child(*args, "--listen", "127.0.0.1:0", workdir=tmp_path / "child")
+    request.addfinalizer(child.kill)
+    deadline = time.monotonic() + 60
+    while "connect_failed" not in child.stderr and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stop_serving(child)
+    assert f"source sglang:{url}: connect_failed: " in child.stderr
+    assert "rejected a step" not in child.stderr
+    assert re.search(
+        r"stopped: 0 steps ingested, 0 rejected, (\d+) failed polls \(connect_failed \1\)",
+        child.stderr,
+    ), child.stderr
