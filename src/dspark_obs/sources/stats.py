@@ -87,8 +87,7 @@ class IngestStats:
             log.warning(
                 # not "rejected a step": a failed poll or steps the server dropped count
                 # here too (the reason says which)
-                "source %s: %s: %s; further ones are only counted "
-                "(dspark_ingest_errors_total)",
+                "source %s: %s: %s; further ones are only counted (dspark_ingest_errors_total)",
                 source,
                 reason,
                 message,
