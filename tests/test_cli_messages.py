@@ -14,8 +14,10 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dspark_obs.analysis.verdict import ci_text
@@ -248,3 +250,13 @@ def test_hook_consumer_on_a_busy_port_fails_naming_it():
         ring.close()
     assert proc.returncode == 2
     assert f"error: cannot listen on {listen}: Address already in use" in proc.stderr
+
+
+def test_the_default_workload_rule_takes_name_n_rids_and_leaves_uuids_as_other():
+    from dspark_obs.sources.workloads import workload_rule
+
+    rids = ["gsm8k-17", "long_ctx.v2-3", uuid.uuid4().hex, str(uuid.uuid4()), "a-b-3", "7-3"]
+    names = workload_rule()(np.array(rids, dtype=object)).tolist()
+    assert names == ["gsm8k", "long_ctx.v2", "other", "other", "other", "other"]
+    # hex UUIDs that happen to start with a letter and end in digits stay `other` too
+    assert workload_rule()(np.array(["abcdef12-abcd-ef12-abcd-123456789012"])).tolist() == ["other"]
