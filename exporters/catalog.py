@@ -166,7 +166,8 @@ CATALOG: tuple[Metric, ...] = (
         "gauge",
         POS,
         "AUROC of survival against the prefix label " + SLIDING + ", from a 1,020-bin "
-        "histogram. " + CALIBRATION_ROWS,
+        "histogram (68 bins to each of the 15 ECE bins; `dspark-obs calibration` uses 1,024 "
+        "bins, as SGLang, and both are within one bin of the exact value). " + CALIBRATION_ROWS,
         source=("confidence", "auroc"),
     ),
     Metric(
@@ -415,7 +416,10 @@ CATALOG: tuple[Metric, ...] = (
         "dspark_ingest_errors_total",
         "counter",
         (*SRC, "reason"),
-        "Step records rejected, by reason; processing continues.",
+        "Ingest errors by reason; processing continues. Step records rejected (a broken "
+        "telemetry invariant), failed polls (timeout, connect_failed, http_NNN, bad_json, "
+        "oversized, clear_failed), steps the server dropped before a poll read them "
+        "(dropped_steps, one per step) and server restarts (server_restart).",
         source=("ingest", "errors"),
     ),
     Metric(

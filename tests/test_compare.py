@@ -11,7 +11,13 @@ import polars as pl
 import pytest
 
 from dspark_obs.analysis import bootstrap as boot
-from dspark_obs.analysis.bootstrap import bootstrap_delta, holm, p_value, replicate_deltas
+from dspark_obs.analysis.bootstrap import (
+    bootstrap_delta,
+    holm,
+    holm_intervals,
+    p_value,
+    replicate_deltas,
+)
 from dspark_obs.analysis.compare import ROW_KEYS
 from dspark_obs.analysis.verdict import verdict
 
@@ -85,7 +91,7 @@ def test_identical_arms_give_zero_and_no_difference():
     assert res.p == 1.0
     row = {
         "delta": res.delta,
-        "ci": list(res.ci),
+        "ci_holm": list(res.ci),
         "rel_delta": res.rel_delta,
         "unit": "drafts",
         "significant": False,
@@ -112,14 +118,14 @@ def test_verdict_wording():
     row = {
         "delta": -7.21,
         "rel_delta": -0.253,
-        "ci": [-7.4, -7.0],
+        "ci_holm": [-7.4, -7.0],
         "unit": "ms",
         "significant": True,
     }
-    assert verdict(row) == "B lower by 7.21 ms (-25.3%), 95% CI [-7.4, -7.0]"
-    row.update(delta=0.004, ci=[-0.02, 0.03], significant=False)
-    assert verdict(row) == "no significant difference (95% CI [-0.020, +0.030])"
-    assert verdict({"delta": None, "ci": None, "reason": "B has no known ceiling"}) == (
+    assert verdict(row) == "B lower by 7.21 ms (-25.3%), Holm 95% CI [-7.4, -7.0]"
+    row.update(delta=0.004, ci_holm=[-0.02, 0.03], significant=False)
+    assert verdict(row) == "no significant difference (Holm 95% CI [-0.020, +0.030])"
+    assert verdict({"delta": None, "ci_holm": None, "reason": "B has no known ceiling"}) == (
         "not compared: B has no known ceiling"
     )
 
@@ -267,3 +273,27 @@ def test_out_writes_the_overlaid_figures(runs, tmp_path):
         pixels = matplotlib.image.imread(png)[..., :3]
         assert pixels.std() > 0.02, png.name
     assert f"wrote 5 overlaid figures to {out}" in proc.stdout.replace("\n", "")
+
+
+def test_holm_intervals_exclude_zero_exactly_for_the_rows_holm_rejects():
+    """Many families of rows, some shifted off zero: a row is significant after Holm exactly
+    when its Holm interval excludes zero, and that interval is at the level Holm used."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        m = int(rng.integers(1, 30))
+        n = int(rng.integers(50, 2000))
+        shifts = rng.normal(0, 2.5, m) * (rng.random(m) < 0.5)
+        deltas = [np.sort(rng.normal(s, 1.0, n)) for s in shifts]
+        p = np.array([p_value(d) for d in deltas])
+        intervals, levels = holm_intervals(deltas, p, 0.05)
+        significant = holm(p) < 0.05
+        for sig, (lo, hi), d, level in zip(significant, intervals, deltas, levels, strict=True):
+            assert sig == (lo > 0 or hi < 0), (p, lo, hi)
+            # the order statistics a percentile interval at `level` takes
+            share_below, share_above = np.mean(d < lo), np.mean(d > hi)
+            assert share_below <= level / 2 and share_above <= level / 2
+        # Holm's levels: the i-th smallest p is tested at alpha / (m - i + 1) until one is kept
+        first_kept = next((i for i, k in enumerate(np.argsort(p, kind="stable"))
+                           if not significant[k]), m)  # fmt: skip
+        for i, k in enumerate(np.argsort(p, kind="stable")):
+            assert levels[k] == pytest.approx(0.05 / (m - min(i, first_kept)))

@@ -27,6 +27,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from dspark_obs.cli.main import main as cli_main
 from dspark_obs.dashboards import DASHBOARD_UID, generate, render_json
+from dspark_obs.dashboards.provisioning import shipped_json
 from dspark_obs.dashboards.querying import substitute as render_substitute
 from dspark_obs.dashboards.querying import substitutions
 
@@ -57,6 +58,9 @@ def test_committed_json_is_current() -> None:
     assert COMMITTED.exists(), f"dashboards/dspark.json missing; run `{REGENERATE}`"
     assert COMMITTED.read_text(encoding="utf-8") == render_json(), (
         f"dashboards/dspark.json is stale; regenerate it with `{REGENERATE}`"
+    )
+    assert shipped_json() == render_json(), (
+        f"src/dspark_obs/dashboards/dspark.json is stale; regenerate it with `{REGENERATE}`"
     )
     for name in ("dashboards.yml", "datasources.yml"):
         assert (ROOT / "dashboards" / "provisioning" / name).exists(), REGENERATE

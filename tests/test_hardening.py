@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 from dspark_obs.exporters import MetricsServer, hash_password
 
+from dspark_obs.cli.demo_cmd import DEFAULT_LISTEN as DEMO_LISTEN
 from dspark_obs.cli.main import build_parser
 from dspark_obs.ingest.lines import JsonlFollower
 from dspark_obs.runtime.config import RuntimeConfig
@@ -170,7 +171,9 @@ def test_serve_refuses_oversized_answers(sample_info, tmp_path, request):
     assert count >= 3, scrape(url)
     assert f'dspark_source_up{{source="sglang:{stub.url}"}} 0' in scrape(url)
     assert child.stop() == 0
-    assert child.stderr.count("oversized") == 1, child.stderr
+    # logged once (the final line counts them apart: "N failed polls (oversized N)")
+    assert child.stderr.count(": oversized: ") == 1, child.stderr
+    assert re.search(r"failed polls \(oversized \d+\)", child.stderr), child.stderr
 
 
 # -- oversized records in files ------------------------------------------------------------------
@@ -335,7 +338,8 @@ def test_everything_listens_on_loopback_by_default():
     parser = build_parser()
     assert parser.parse_args(["serve"]).listen == "127.0.0.1:9464"
     assert parser.parse_args(["runtime-server"]).host == "127.0.0.1"
-    assert parser.parse_args(["demo"]).listen.startswith("127.0.0.1:")
+    assert parser.parse_args(["demo"]).listen is None  # then the demo's default:
+    assert DEMO_LISTEN.startswith("127.0.0.1:")
     with MetricsServer(metrics_app=lambda env, start: [], port=0) as server:
         assert server.address[0] == "127.0.0.1"
     with RuntimeFrontend(_config(), port=0) as front:

@@ -21,7 +21,8 @@ from the generator, so chunking does not change the result.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,6 +41,8 @@ class BootResult:
     ci: tuple[float, float] | None
     p: float | None
     reps: int  # replicates with a finite difference
+    #: the finite replicate differences, sorted (for `holm_intervals`)
+    deltas: np.ndarray | None = field(default=None, repr=False, compare=False)
 
 
 def ratio(num: np.ndarray, den: np.ndarray) -> float | None:
@@ -117,7 +120,43 @@ def bootstrap_delta(
         return BootResult(a, b, delta, rel, None, None, 0)
     tail = 100.0 * (1.0 - confidence) / 2.0
     lo, hi = np.percentile(deltas, [tail, 100.0 - tail])
-    return BootResult(a, b, delta, rel, (float(lo), float(hi)), p_value(deltas), deltas.size)
+    return BootResult(
+        a, b, delta, rel, (float(lo), float(hi)), p_value(deltas), deltas.size, np.sort(deltas)
+    )
+
+
+def interval_at(sorted_deltas: np.ndarray, level: float) -> tuple[float, float]:
+    """The percentile interval that excludes zero exactly when `p_value` < `level`.
+
+    Order statistics, not interpolated quantiles: with c replicates at or below zero,
+    the lower end is above zero iff c < n * level / 2, which is `p_value`'s tail test.
+    """
+    n = sorted_deltas.size
+    k = max(1, math.ceil(n * level / 2 - 1e-9))
+    return float(sorted_deltas[k - 1]), float(sorted_deltas[n - k])
+
+
+def holm_intervals(
+    sorted_deltas: list[np.ndarray], p: np.ndarray, alpha: float
+) -> tuple[list[tuple[float, float]], np.ndarray]:
+    """Intervals that agree with Holm's step-down test at `alpha`, and their levels.
+
+    A row Holm rejects, the i-th smallest p of m, was tested at alpha / (m - i + 1): its
+    interval has that level and excludes zero. Once a row is kept, every later one is
+    tested at the level of the first kept row: their intervals have that level and hold
+    zero. So "significant" and "the interval excludes zero" never disagree.
+    """
+    m = len(p)
+    order = np.argsort(p, kind="stable")
+    significant = holm(p) < alpha
+    levels = np.empty(m, dtype=np.float64)
+    kept_level = None
+    for i, row in enumerate(order):
+        if kept_level is None and not significant[row]:
+            kept_level = alpha / (m - i)
+        levels[row] = alpha / (m - i) if kept_level is None else kept_level
+    intervals = [interval_at(d, a) for d, a in zip(sorted_deltas, levels, strict=True)]
+    return intervals, levels
 
 
 def holm(p: np.ndarray) -> np.ndarray:

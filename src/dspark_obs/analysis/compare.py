@@ -10,7 +10,10 @@ step (`rank`, `forward_ct`). Each metric is a ratio of sums over clusters, so
 the value equals the plain mean (or rate) over rows, and the bootstrap in
 `bootstrap.py` resamples whole clusters. All rows of one comparison form one
 family for Holm's correction, so the chance of any false "significant" stays
-at 5% however many workloads and batch sizes are listed.
+at 5% however many workloads and batch sizes are listed. Each row also gets the
+interval at the level Holm tested it at (`ci_holm`, `bootstrap.holm_intervals`), so that a
+verdict and the interval printed beside it never disagree; `ci` stays the row's own 95%
+interval.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 import polars as pl
 
 from ..store import Run, open_run
-from .bootstrap import bootstrap_delta, holm
+from .bootstrap import bootstrap_delta, holm, holm_intervals
 from .compare_meta import CompareError, check_comparable, config_diff, describe
 from .step_time import measured_step_ms
 from .verdict import verdict
@@ -48,6 +51,8 @@ ROW_KEYS = (
     "delta",
     "rel_delta",
     "ci",
+    "ci_holm",
+    "ci_holm_level",
     "p",
     "p_adjusted",
     "significant",
@@ -218,6 +223,7 @@ def _row(
         rel_delta=res.rel_delta if res else None,
         ci=list(res.ci) if res and res.ci else None,
         p=res.p if res else None,
+        deltas=res.deltas if res else None,
     )
     if row["a"] is None or row["b"] is None:
         lacking = " and ".join(n for n in ("A", "B") if row[n.lower()] is None)
@@ -243,11 +249,15 @@ def _bs_list(sa: pl.DataFrame, sb: pl.DataFrame, wanted: Sequence[int] | None, n
 def _finish(rows: list[dict[str, Any]]) -> None:
     """Holm across the family (rows with a p-value), then significance and verdict."""
     tested = [r for r in rows if r["p"] is not None]
-    adjusted = holm(np.array([r["p"] for r in tested], dtype=np.float64))
-    for r, p_adj in zip(tested, adjusted, strict=True):
-        r["p_adjusted"] = float(p_adj)
+    p = np.array([r["p"] for r in tested], dtype=np.float64)
+    intervals, levels = holm_intervals([r["deltas"] for r in tested], p, ALPHA)
+    for r, p_adj, ci, level in zip(tested, holm(p), intervals, levels, strict=True):
+        r.update(p_adjusted=float(p_adj), ci_holm=list(ci), ci_holm_level=float(1 - level))
     for r in rows:
+        del r["deltas"]
         r.setdefault("p_adjusted", None)
+        r.setdefault("ci_holm", None)
+        r.setdefault("ci_holm_level", None)
         r["significant"] = r["p_adjusted"] is not None and r["p_adjusted"] < ALPHA
         r["verdict"] = verdict(r, confidence=CONFIDENCE)
 
@@ -273,7 +283,8 @@ def compare_runs(
     timing, workloads, complete), `reps`, `seed`, `confidence`, `alpha`,
     `correction`, `tested` (rows in the Holm family), `workloads` and
     `batch_sizes` compared, `config_diff` (`{key, a, b}` per differing config
-    key), `notes`, `rows` (one dict per metric and group, keys `ROW_KEYS`) and
+    key; empty, with `config_compared` false and a note, when a run has no runtime
+    configuration), `notes`, `rows` (one dict per metric and group, keys `ROW_KEYS`) and
     `findings` (one line per significant row). `batch_sizes` restricts the
     per-batch-size rows. Raises CompareError when the runs' gamma or workload
     sets differ (unless `allow_mismatch`), or when either run has no
@@ -288,6 +299,13 @@ def compare_runs(
             raise CompareError(f"run {name} ({r.path}) holds no request-steps")
     da, db = describe(ra), describe(rb)
     workloads, notes = check_comparable(da, db, allow_mismatch=allow_mismatch)
+    configs = ra.manifest.get("config"), rb.manifest.get("config")
+    unconfigured = [name for name, c in zip("AB", configs, strict=True) if c is None]
+    if unconfigured:
+        notes.append(
+            f"run {' and '.join(unconfigured)} records no runtime configuration (not a "
+            "reference run): configurations not compared"
+        )
 
     rows: list[dict[str, Any]] = []
     req_a, all_a = _request_clusters(ra, workloads)
@@ -330,7 +348,8 @@ def compare_runs(
         "tested": sum(r["p"] is not None for r in rows),
         "workloads": workloads,
         "batch_sizes": compared_bs,
-        "config_diff": config_diff(ra.manifest.get("config"), rb.manifest.get("config")),
+        "config_compared": not unconfigured,
+        "config_diff": [] if unconfigured else config_diff(*configs),
         "notes": notes,
         "rows": [{k: r[k] for k in ROW_KEYS} for r in rows],
         "findings": [

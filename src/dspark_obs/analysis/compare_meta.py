@@ -117,7 +117,8 @@ def check_comparable(a: dict, b: dict, *, allow_mismatch: bool) -> tuple[list[st
     if a["mode"] != b["mode"]:
         notes.append(f"modes differ: {a['mode']} -> {b['mode']}")
     if a["timing"] != b["timing"]:
-        notes.append(f"timing differs: {a['timing']} -> {b['timing']}; step times are not alike")
+        ta, tb = (t or "no step times" for t in (a["timing"], b["timing"]))
+        notes.append(f"timing differs: {ta} -> {tb}; step times are not alike")
     for name, d in (("A", a), ("B", b)):
         if not d["complete"]:
             notes.append(f"run {name} is not complete (still being written, or its writer died)")

@@ -2,9 +2,11 @@
 
 Wording is fixed so that people and scripts can grep it: "no difference"
 (the two runs gave the same numbers, every replicate agreed), "no significant
-difference (95% CI [lo, hi])", or "B higher|lower by X unit (rel%), 95% CI
-[lo, hi]" when the Holm-adjusted p-value is below alpha. Rows that could not
-be compared say "not compared: ..." with the reason.
+difference (Holm 95% CI [lo, hi])", or "B higher|lower by X unit (rel%), Holm 95% CI
+[lo, hi]" when the Holm-adjusted p-value is below alpha. The interval is the row's
+`ci_holm`, at the level Holm tested the row at, so it holds zero exactly when the verdict
+says "no significant difference". Rows that could not be compared say "not compared: ..."
+with the reason.
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ def ci_text(ci: list[float] | tuple[float, float]) -> str:
 
 
 def verdict(row: dict[str, Any], *, confidence: float = 0.95) -> str:
-    level = f"{round(100 * confidence)}% CI"
-    if row["delta"] is None or row["ci"] is None:
+    level = f"Holm {round(100 * confidence)}% CI"
+    if row["delta"] is None or row["ci_holm"] is None:
         return f"not compared: {row.get('reason') or 'no finite bootstrap replicate'}"
-    delta, ci = row["delta"], row["ci"]
+    delta, ci = row["delta"], row["ci_holm"]
     if delta == 0 and ci[0] == 0 and ci[1] == 0:
         return "no difference"
     if not row["significant"]:

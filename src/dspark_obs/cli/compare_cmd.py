@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..analysis.compare import compare_runs
@@ -20,6 +21,7 @@ from ..report import overlay_figures
 from ..strict_json import clean_json
 from .console import make_console
 from .errors import CliError
+from .views import timing_text
 
 
 def _value(text: Any, limit: int = 48) -> str:
@@ -47,7 +49,7 @@ def _short_verdict(row: dict) -> str:
 
 def _table(title: str, first: str, rows: list[tuple[str, dict]]) -> Table:
     table = Table(title=title, title_justify="left")
-    for col in (first, "metric", "A", "B", "delta", "95% CI", "p adj", "verdict"):
+    for col in (first, "metric", "A", "B", "delta", "Holm 95% CI", "p adj", "verdict"):
         table.add_column(col, justify="left" if col in (first, "metric", "verdict") else "right")
     for i, (group, r) in enumerate(rows):
         last = i + 1 == len(rows) or rows[i + 1][0] != group
@@ -58,7 +60,7 @@ def _table(title: str, first: str, rows: list[tuple[str, dict]]) -> Table:
             num(r["a"], 4),
             num(r["b"], 4),
             num(r["delta"], 3, sign=True),
-            ci_text(r["ci"]) if r["ci"] else "—",
+            ci_text(r["ci_holm"]) if r["ci_holm"] else "—",
             "—" if r["p_adjusted"] is None else f"{r['p_adjusted']:.3f}",
             f"[{_style(r)}]{_short_verdict(r)}[/]",
             end_section=last,
@@ -69,16 +71,17 @@ def _table(title: str, first: str, rows: list[tuple[str, dict]]) -> Table:
 def render(result: dict, console: Console) -> None:
     for name in ("a", "b"):
         d = result[name]
+        seed = "" if d["seed"] is None else f"  seed={d['seed']}"
         console.print(
-            f"[bold]{name.upper()}[/]: {d['run']}  mode={d['mode']}  gamma={d['gamma']}  "
-            f"seed={d['seed']}  timing={d['timing']}"
+            f"[bold]{name.upper()}[/]: {escape(d['run'])}  mode={d['mode']}  "
+            f"gamma={d['gamma']}{seed}  timing={timing_text(d['timing'])}"
         )
     diff = result["config_diff"]
     if diff:
         console.print("configuration A -> B:")
         for d in diff:
             console.print(f"  {d['key']}: {_value(d['a'])} -> {_value(d['b'])}", markup=False)
-    else:
+    elif result["config_compared"]:
         console.print("configuration: no key differs")
     for note in result["notes"]:
         console.print(f"[yellow]note:[/] {note}")
@@ -103,9 +106,11 @@ def render(result: dict, console: Console) -> None:
             f"no significant difference (Holm-adjusted p < {result['alpha']}, {tested} rows)"
         )
     console.print(
-        f"[dim]delta = B - A; {round(100 * result['confidence'])}% percentile intervals from "
-        f"{result['reps']:,} bootstrap resamples of requests or steps, matched by id across "
-        f"the runs (seed {result['seed']}); p adj: Holm over all rows[/dim]"
+        f"[dim]delta = B - A from {result['reps']:,} bootstrap resamples of requests or steps, "
+        f"matched by id across the runs (seed {result['seed']}); p adj: Holm over all rows; "
+        f"Holm {round(100 * result['confidence'])}% CI: each row's percentile interval at the "
+        "level Holm tested it at, so it excludes 0 exactly when the row is significant "
+        "(--json also gives each row's own 95% interval, ci)[/dim]"
     )
 
 

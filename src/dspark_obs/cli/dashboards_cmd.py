@@ -57,12 +57,7 @@ def _push(args: argparse.Namespace) -> int:
 
 
 def _render(args: argparse.Namespace) -> int:
-    try:
-        import matplotlib  # noqa: F401
-
-        from ..dashboards.drawing import QUERY_VARIABLES, RenderError, parse_duration, render
-    except ImportError as exc:  # matplotlib or grafana-foundation-sdk missing
-        raise CliError(f"{exc}; install it with: pip install 'dspark-obs[dashboards]'") from None
+    from ..dashboards.drawing import QUERY_VARIABLES, RenderError, parse_duration, render
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():

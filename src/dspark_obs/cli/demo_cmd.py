@@ -14,9 +14,8 @@ from pathlib import Path
 
 from ..analysis.summary import summarize
 from ..estimator.evaluate import evaluate
-from ..exporters.endpoint import parse_listen
 from ..runs import default_run_dir
-from ..service import record_while_serving
+from ..service import check_can_listen, record_while_serving
 from ..store import check_new_run_dir, open_run
 from ..strict_json import clean_json
 from .progress import step_progress
@@ -24,21 +23,28 @@ from .runtime_args import add_runtime_arguments, calibration_from_args, config_f
 from .signals import stop_on_signals
 from .views import print_estimates, print_summary
 
+DEFAULT_LISTEN = "127.0.0.1:9464"
+
 
 def handle(args: argparse.Namespace) -> int:
     args.shadow = args.shadow or "cap-accept"
     config = config_from_args(args)
     out = args.out or default_run_dir("demo")
     check_new_run_dir(out)
-    if not args.no_serve:
-        parse_listen(args.listen)  # refused before the warm-up, not after
+    # a port the user chose is kept to (refused before the warm-up, not after); the default
+    # one moves to a free port when taken, and the demo says so
+    chosen = args.listen is not None
+    listen = None if args.no_serve else (args.listen or DEFAULT_LISTEN)
+    if listen is not None and chosen:
+        check_can_listen(listen)
     sts = calibration_from_args(args, config)
     with step_progress(config.total_steps, f"{config.mode} run", not args.quiet) as advance:
         exporter = record_while_serving(
             config,
             out,
             sts,
-            listen=None if args.no_serve else args.listen,
+            listen=listen,
+            move_if_taken=not chosen,
             on_step=advance,
             say=lambda line: print(line, flush=True),
         )
@@ -68,8 +74,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--listen",
-        default="127.0.0.1:9464",
-        help="HOST:PORT for live /metrics (default 127.0.0.1:9464; a free port if taken)",
+        default=None,
+        help=f"HOST:PORT for live /metrics (default {DEFAULT_LISTEN}, or a free port if that "
+        "is taken; a port given here is used or the demo stops with an error)",
     )
     p.add_argument("--no-serve", action="store_true", help="do not serve /metrics")
     p.add_argument(

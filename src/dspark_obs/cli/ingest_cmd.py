@@ -11,6 +11,7 @@ from ..sources.workloads import workload_rule
 from ..store import check_new_run_dir
 from .errors import CliError
 from .signals import stop_on_signals
+from .views import timing_text
 
 
 def _print_server_info(out: Path, stats: dict) -> None:
@@ -26,7 +27,9 @@ def _print_server_info(out: Path, stats: dict) -> None:
         f"  bad records {sum(bad.values()):,}"
         + (f" ({', '.join(f'{k} {v}' for k, v in bad.items())})" if bad else "")
     )
-    print(f"  workloads {', '.join(stats['workloads']) or '-'}  timing {stats['timing']}")
+    print(
+        f"  workloads {', '.join(stats['workloads']) or '-'}  timing {timing_text(stats['timing'])}"
+    )
 
 
 def _print_block_accept(out: Path, stats: dict) -> None:
@@ -88,7 +91,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--workload-from-rid",
         metavar="REGEX",
         default=None,
-        help="workload from the rid: a regex with a named group (?P<workload>...)",
+        help="workload from the rid: a regex with a named group (?P<workload>...) "
+        "(default: NAME-N rids, e.g. gsm8k-17, name it; other rids count as other)",
     )
     g.add_argument(
         "--workload-file",

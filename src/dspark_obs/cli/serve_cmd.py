@@ -18,6 +18,7 @@ from .runtime_args import (
     store_options,
 )
 from .signals import stop_on_signals
+from .views import ingest_outcome
 
 
 def add_exporter_arguments(p: argparse.ArgumentParser, listen: str = "127.0.0.1:9464") -> None:
@@ -83,7 +84,7 @@ def handle(args: argparse.Namespace) -> int:
     stop = stop_on_signals()
     result = serve(options_from_args(args), stop, say=lambda line: print(line, flush=True))
     print(
-        f"stopped: {result.steps_ingested:,} steps ingested, {result.steps_rejected:,} rejected"
+        f"stopped: {ingest_outcome(result.steps_ingested, result.errors, result.dropped)}"
         + (f"; run stored in {result.out}" if result.out else ""),
         file=sys.stderr,
     )
@@ -145,7 +146,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--workload-from-rid",
         default=None,
         metavar="REGEX",
-        help="workload from the rid by a named group, e.g. '^(?P<workload>[a-z]+)-'",
+        help="workload from the rid by a named group, e.g. '^(?P<workload>[a-z]+)-' "
+        "(default: NAME-N rids, e.g. gsm8k-17, name it; other rids count as other)",
     )
     g.add_argument(
         "--workload-file",

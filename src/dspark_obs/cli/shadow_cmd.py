@@ -13,6 +13,10 @@ from ..store import check_new_run_dir, open_run
 from ..strict_json import clean_json
 from .views import print_estimates
 
+#: Fewer replayed requests than this earn a note suggesting a larger --sample: per workload
+#: they leave a handful of requests, and the estimators' intervals are about requests.
+FEW_REQUESTS = 50
+
 
 def handle(args: argparse.Namespace) -> int:
     check_new_run_dir(args.out)
@@ -29,10 +33,15 @@ def handle(args: argparse.Namespace) -> int:
         workload_of=workload_rule(args.workload_from_rid, args.workload_file),
     )
     print(
-        f"replayed {stats.requests:,} requests; joined {stats.joined_rows:,} of "
-        f"{stats.production_rows:,} production request-steps to the shadow's ceilings "
-        f"({stats.shadow_rows:,} shadow rows)"
+        f"replayed {stats.requests:,} of {stats.offered:,} requests (--sample {args.sample:g}); "
+        f"joined {stats.joined_rows:,} of {stats.production_rows:,} production request-steps "
+        f"to the shadow's ceilings ({stats.shadow_rows:,} shadow rows)"
     )
+    if stats.requests < FEW_REQUESTS and stats.requests < stats.offered:
+        print(
+            f"note: {stats.requests:,} requests give loose per-workload estimates; replay more "
+            f"with a larger --sample (--sample 1 replays all {stats.offered:,})"
+        )
     print_estimates(clean_json(evaluate(open_run(args.out))))
     return 0
 
@@ -48,7 +57,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--requests", type=Path, required=True, help="JSONL of /generate requests, each with a rid"
     )
-    p.add_argument("--sample", type=float, default=0.05, help="share replayed (default 0.05)")
+    p.add_argument(
+        "--sample",
+        type=float,
+        default=0.05,
+        help="share of the requests replayed (default 0.05; 1 replays all)",
+    )
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument(
         "--keep-sampling",
@@ -67,7 +81,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--workload-from-rid",
         default=None,
         metavar="REGEX",
-        help="workload from the rid by a named group",
+        help="workload from the rid by a named group (default: NAME-N rids, e.g. gsm8k-17, "
+        "name it; other rids count as other)",
     )
     p.add_argument(
         "--workload-file", type=Path, default=None, help='JSONL of {"rid": ..., "workload": ...}'

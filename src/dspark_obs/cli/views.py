@@ -10,6 +10,12 @@ from rich.table import Table
 from .console import make_console
 
 
+def timing_text(timing: str | None) -> str:
+    """A run's `timing` for people: `simulated`, `measured`, or that it has no step times
+    (runs ingested from dumps that carry none)."""
+    return timing or "none (no step times recorded)"
+
+
 def _fmt(value, digits: int = 2) -> str:
     if value is None:
         return "—"
@@ -22,7 +28,7 @@ def render_summary(summary: dict, console: Console) -> None:
     title = f"{summary['run']}  mode={summary['mode']}"
     if summary["shadow"]:
         title += f" (+{summary['shadow']} shadow)"
-    title += f"  gamma={summary['gamma']}  timing={summary['timing']}"
+    title += f"  gamma={summary['gamma']}  timing={timing_text(summary['timing'])}"
     table = Table(title=title, title_justify="left")
     for col in (
         "workload",
@@ -222,3 +228,39 @@ def print_block_accept_estimates(report: dict) -> None:
         "(there the point range runs to the lo/hi bracket); calibrated: the model's "
         "held-out check (--json for its bins)[/dim]"
     )
+
+
+#: Ingest error reasons that are not a rejected step, and how a person says them.
+_NOT_REJECTIONS = {
+    "dropped_steps": "dropped by the server before a poll read them (dropped_steps)",
+    "server_restart": "server restarts seen (server_restart)",
+    "source_failed": "source failures (source_failed)",
+    "hook_failed": "observer failures inside the hook (hook_failed)",
+}
+#: Reasons for a poll that failed as a whole (plus http_NNN): no step was seen, none rejected.
+_POLL_FAULTS = frozenset(
+    ("timeout", "connect_failed", "bad_json", "oversized", "poll_failed", "clear_failed",
+     "bad_envelope")
+)  # fmt: skip
+
+
+def _by_reason(counts: dict[str, int]) -> str:
+    return ", ".join(f"{reason} {n:,}" for reason, n in sorted(counts.items()))
+
+
+def ingest_outcome(ingested: int, errors: dict[str, int], dropped: dict[str, int]) -> str:
+    """What became of a source's steps, in words: ingested, rejected (a broken telemetry
+    invariant) and, apart, what was never a step to reject: steps the server or the hook
+    dropped unread, failed polls, restarts (`dspark_ingest_errors_total` counts them all)."""
+    polls = {r: n for r, n in errors.items() if r in _POLL_FAULTS or r.startswith("http_")}
+    rejected = {r: n for r, n in errors.items() if r not in polls and r not in _NOT_REJECTIONS}
+    parts = [f"{ingested:,} steps ingested", f"{sum(rejected.values()):,} rejected"]
+    if rejected:
+        parts[-1] += f" ({_by_reason(rejected)})"
+    parts += [f"{errors[r]:,} {text}" for r, text in _NOT_REJECTIONS.items() if errors.get(r)]
+    if polls:
+        parts.append(f"{sum(polls.values()):,} failed polls ({_by_reason(polls)})")
+    if any(dropped.values()):
+        kept = {r: n for r, n in dropped.items() if n}
+        parts.append(f"{sum(kept.values()):,} dropped before aggregation ({_by_reason(kept)})")
+    return ", ".join(parts)

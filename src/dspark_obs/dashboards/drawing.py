@@ -1,11 +1,12 @@
 """Render the Grafana dashboard to PNGs and an offline HTML page, without Grafana.
 
-Every data panel of `generate()` has its template variables substituted (`substitute`), its
-queries run through Prometheus' `/api/v1/query_range`, and is drawn with matplotlib (Agg)
-as Grafana shows it: timeseries as lines, stat panels as big numbers in their threshold
-colours, bar gauges as bars of the last values, heatmaps as an image. `render(...)` writes
-DIR/NN-<slug>.png per panel, DIR/overview.png (all panels in a grid) and DIR/index.html
-(the PNGs embedded as base64, so it opens offline).
+Every data panel of the dashboard (the copy of `generate()` shipped in the package) has its
+template variables substituted (`substitute`), its queries run through Prometheus'
+`/api/v1/query_range`, and is drawn with matplotlib (Agg) as Grafana shows it:
+timeseries as lines, stat panels as big numbers in their threshold colours, bar gauges as
+bars of the last values, heatmaps as an image. `render(...)` writes DIR/NN-<slug>.png per
+panel, DIR/overview.png (all panels in a grid) and DIR/index.html (the PNGs embedded as
+base64, so it opens offline).
 
 This module walks the dashboard and lays the drawings out as files and a page; `querying`
 fetches each panel's series, `panel_plots` draws them and `values` writes their numbers.
@@ -24,6 +25,7 @@ from typing import Any
 
 from ..plotting import img_tag
 from .panel_plots import overview_png, panel_png
+from .provisioning import shipped_dashboard
 from .querying import (
     DEFAULT_VARIABLES,
     QUERY_VARIABLES,
@@ -116,9 +118,7 @@ def render(
 ) -> Rendered:
     """Query every panel over the last `range_` and write the PNGs, overview and index.html."""
     if dashboard is None:
-        from .definition import generate
-
-        dashboard = generate()
+        dashboard = shipped_dashboard()
     span_s, step_s = parse_duration(range_), parse_duration(step)
     prom = Prometheus(prometheus_url, timeout=timeout)
     prom.check()

@@ -6,9 +6,10 @@ dashboard and its data source, not about what the dashboard shows.
 
 from __future__ import annotations
 
+import json
+from importlib.resources import files
 from pathlib import Path
-
-from .definition import render_json
+from typing import Any
 
 DASHBOARDS_YML = """\
 # Grafana file provisioning: copy to /etc/grafana/provisioning/dashboards/ and put
@@ -44,15 +45,26 @@ datasources:
 """
 
 
-def write_tree(directory: str | Path) -> list[Path]:
-    """Write DIR/dspark.json and DIR/provisioning/{dashboards,datasources}.yml."""
+def shipped_json() -> str:
+    """The generated dashboard shipped in the package (kept equal to `render_json()` by
+    tests/test_dashboards.py), read without grafana-foundation-sdk."""
+    return (files(__package__) / "dspark.json").read_text(encoding="utf-8")
+
+
+def shipped_dashboard() -> dict[str, Any]:
+    return json.loads(shipped_json())
+
+
+def write_tree(directory: str | Path, dashboard_json: str | None = None) -> list[Path]:
+    """Write DIR/dspark.json (`dashboard_json`, by default the shipped copy) and
+    DIR/provisioning/{dashboards,datasources}.yml."""
     root = Path(directory)
     (root / "provisioning").mkdir(parents=True, exist_ok=True)
-    files = {
-        root / "dspark.json": render_json(),
+    written = {
+        root / "dspark.json": shipped_json() if dashboard_json is None else dashboard_json,
         root / "provisioning" / "dashboards.yml": DASHBOARDS_YML,
         root / "provisioning" / "datasources.yml": DATASOURCES_YML,
     }
-    for path, text in files.items():
+    for path, text in written.items():
         path.write_text(text, encoding="utf-8")
-    return list(files)
+    return list(written)

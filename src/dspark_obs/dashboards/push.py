@@ -1,7 +1,7 @@
 """The dashboard uploaded through Grafana's HTTP API (POST /api/dashboards/db, overwrite).
 
-grafana-client is imported only here and only when pushing: exporting the committed
-JSON needs no Grafana package at all.
+grafana-client is imported only here and only when pushing: exporting or rendering the
+shipped JSON needs no Grafana package at all.
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ def push_dashboard(
     from grafana_client import GrafanaApi
     from grafana_client.client import GrafanaException
 
-    from . import generate
+    from .provisioning import shipped_dashboard
 
     api = GrafanaApi.from_url(url, credential=token(), timeout=timeout)
     try:
         payload: dict = {
-            "dashboard": {**generate(), "id": None},
+            "dashboard": {**shipped_dashboard(), "id": None},
             "overwrite": True,
             "message": "dspark-obs dashboards push",
         }

@@ -162,10 +162,15 @@ def run_consumer(
     ring = sr.SharedRing(ring_name, create=False)
     pipeline = build_pipeline(ring.gamma)
     exporter = None
-    if listen is not None:
-        exporter = Exporter(pipeline, *listen)
-        log.info("dspark-obs hook consumer: serving %s", exporter.start())
     try:
+        if listen is not None:
+            exporter = Exporter(pipeline, *listen)
+            try:
+                log.info("dspark-obs hook consumer: serving %s", exporter.start())
+            except OSError as exc:
+                exporter = None
+                host, port = listen
+                raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
         HookConsumer(ring, pipeline, mode=mode, rank=rank).run(stop, parent=parent)
     finally:
         if exporter is not None:

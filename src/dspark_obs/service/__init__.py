@@ -1,7 +1,14 @@
 """The live service: sources fed into one pipeline while `/metrics` is served (`serving`), and
 the demo's reference run served while it is recorded (`demo`)."""
 
-from .demo import record_while_serving
+from .demo import check_can_listen, record_while_serving
 from .serving import PollOptions, ServeOptions, ServeResult, serve
 
-__all__ = ["PollOptions", "ServeOptions", "ServeResult", "record_while_serving", "serve"]
+__all__ = [
+    "PollOptions",
+    "ServeOptions",
+    "ServeResult",
+    "check_can_listen",
+    "record_while_serving",
+    "serve",
+]

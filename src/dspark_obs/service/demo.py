@@ -1,11 +1,15 @@
 """The demo's run: the reference runtime recorded into a run while `/metrics` is served.
 
-The demo must work on any machine with nothing else running, so a taken port is not
-an error here: the exporter moves to a free one and says where.
+The demo must work on any machine with nothing else running, so a taken default port is
+not an error: the exporter moves to a free one and says so, naming both. A port the user
+chose is kept to: when it is taken the demo stops with an error before its warm-up, since
+a Prometheus or a browser pointed at that port would otherwise read nothing, or another
+process.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,14 +21,36 @@ from ..runtime.config import RuntimeConfig
 from ..telemetry import StepBatch
 
 
-def _start_exporter(pipeline: Pipeline, listen: str) -> Exporter:
+def check_can_listen(listen: str) -> None:
+    """Raise OSError naming `listen` when nothing could listen there now (checked before a
+    long warm-up, not after it)."""
+    host, port = parse_listen(listen)
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        raise OSError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+
+
+def _start_exporter(
+    pipeline: Pipeline, listen: str, move_if_taken: bool, say: Callable[[str], object]
+) -> Exporter:
     host, port = parse_listen(listen)
     exporter = Exporter(pipeline, host, port)
     try:
         exporter.start()
-    except OSError:
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        if not move_if_taken:
+            raise OSError(f"cannot listen on {listen}: {reason}") from None
         exporter = Exporter(pipeline, host, 0)
         exporter.start()
+        say(
+            f"note: {listen} is taken ({reason}), so the demo serves on a free port instead "
+            "(choose one with --listen HOST:PORT)"
+        )
     return exporter
 
 
@@ -34,10 +60,12 @@ def record_while_serving(
     sts: StsCalibration | None,
     *,
     listen: str | None,
+    move_if_taken: bool = False,
     on_step: Callable[[StepBatch], object] | None = None,
     say: Callable[[str], object] = print,
 ) -> Exporter | None:
-    """Record the run into `out`, serving its live metrics on `listen` (None: not served).
+    """Record the run into `out`, serving its live metrics on `listen` (None: not served;
+    `move_if_taken`: on a free port when `listen`'s is taken, said through `say`).
 
     Returns the exporter, still serving the run's final values; the caller stops it.
     """
@@ -49,7 +77,7 @@ def record_while_serving(
         nonlocal exporter
         if listen is None:
             return
-        exporter = _start_exporter(pipeline, listen)
+        exporter = _start_exporter(pipeline, listen, move_if_taken, say)
         say(f"serving live metrics at {exporter.server.url}/metrics while the demo runs")
 
     try:

@@ -64,7 +64,8 @@ class ServeOptions:
 @dataclass
 class ServeResult:
     steps_ingested: int
-    steps_rejected: int
+    errors: dict[str, int]  # ingest errors by reason, over all sources
+    dropped: dict[str, int]  # steps dropped before they were aggregated, by reason
     out: Path | None
 
 
@@ -181,5 +182,8 @@ def serve(
         stop.set()
         pipeline.close(_closing_manifest(sources))
         exporter.stop()
-    records, errors = pipeline.stats.snapshot()[:2]
-    return ServeResult(sum(records.values()), sum(errors.values()), out)
+    snap = pipeline.stats.snapshot()
+    errors: dict[str, int] = {}
+    for (_, reason), n in snap.errors.items():
+        errors[reason] = errors.get(reason, 0) + n
+    return ServeResult(sum(snap.records.values()), errors, dict(snap.dropped), out)

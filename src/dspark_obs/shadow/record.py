@@ -44,8 +44,8 @@ def record_shadow_run(
             concurrency=concurrency,
             workload_of=workload_of,
         )
-    except OSError as exc:
-        raise ValueError(f"server unreachable: {exc}") from None
+    except OSError as exc:  # Server's errors name the URL
+        raise ValueError(str(exc)) from None
     if not batches:
         raise ValueError("production returned no step records (is SGLANG_DSPARK_DEBUG_DUMP set?)")
     gamma = batches[0].gamma

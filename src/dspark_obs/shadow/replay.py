@@ -33,7 +33,8 @@ from ..telemetry.server_info import info_record_to_batches, server_info_ranks
 
 @dataclass
 class ShadowStats:
-    requests: int
+    offered: int  # requests in the file
+    requests: int  # of them replayed
     production_rows: int
     joined_rows: int
     shadow_rows: int
@@ -60,6 +61,14 @@ def load_requests(path: Path) -> list[dict]:
 
 
 class Server(SGLangClient):
+    def request(self, path: str, body: dict | None = None) -> bytes:
+        """As SGLangClient's, with the URL in the error: two servers are in play."""
+        try:
+            return super().request(path, body)
+        except OSError as exc:
+            reason = getattr(exc, "reason", None) or exc.strerror or exc
+            raise OSError(f"cannot reach {self.url}{path}: {reason}") from None
+
     def call(self, path: str, body: dict | None = None):
         return json.loads(self.request(path, body))
 
@@ -97,7 +106,10 @@ def _send(server: Server, requests: list[dict], concurrency: int) -> None:
     for t in threads:
         t.join()
     if errors:
-        raise ValueError(f"{server.url}: /generate failed: {errors[0]}")
+        first = errors[0]
+        raise ValueError(
+            str(first) if isinstance(first, OSError) else f"{server.url}/generate: {first}"
+        )
 
 
 def run_shadow(
@@ -126,6 +138,7 @@ def run_shadow(
     _send(shadow, chosen, concurrency)
     prod = production.batches(workload_of)
     twin = shadow.batches(workload_of)
+    _check_twin(shadow.url, twin)
     truth: dict[tuple[str, int], int] = {}
     shadow_rows = 0
     for b in twin:
@@ -148,5 +161,24 @@ def run_shadow(
         )
         rows += b.num_reqs
         joined += int((b.shadow_ceiling >= 0).sum())
+    if rows and not joined:
+        raise ValueError(
+            f"none of production's {rows:,} request-steps matched a shadow step by rid and "
+            "position: the two servers committed different tokens (replay greedy, without "
+            "--keep-sampling, on servers with the same model and draft)"
+        )
     prod.sort(key=lambda b: (b.rank, b.forward_ct))
-    return prod, ShadowStats(len(chosen), rows, joined, shadow_rows)
+    return prod, ShadowStats(len(requests), len(chosen), rows, joined, shadow_rows)
+
+
+def _check_twin(url: str, twin: list[StepBatch]) -> None:
+    """The twin must reveal ceilings: a compact one joins nothing, a static one commits other
+    tokens than production, so neither gives a truth worth storing."""
+    if not twin:
+        raise ValueError(f"{url} returned no step records (is SGLANG_DSPARK_DEBUG_DUMP set?)")
+    modes = sorted({b.mode or "an unnamed" for b in twin} - {"cap-accept"})
+    if modes:
+        raise ValueError(
+            f"{url} verifies in {', '.join(modes)} mode, not cap-accept, so its steps carry no "
+            "ceiling to join: --shadow needs a server started in cap-accept verify mode"
+        )

@@ -85,7 +85,9 @@ class IngestStats:
             self.errors[(source, reason)] += count
         if first:
             log.warning(
-                "source %s: rejected a step (%s): %s; further ones are only counted",
+                # not "rejected a step": a failed poll or steps the server dropped count
+                # here too (the reason says which)
+                "source %s: %s: %s; further ones are only counted (dspark_ingest_errors_total)",
                 source,
                 reason,
                 message,

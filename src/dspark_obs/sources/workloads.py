@@ -2,9 +2,11 @@
 
 SGLang's records carry no workload. Operators name it either in the rid (a
 regular expression with a named group `workload`, e.g. `^(?P<workload>[a-z]+)-`)
-or in a JSONL side file of `{"rid": ..., "workload": ...}` lines. Anything else
-counts as `other`. Lookups are cached per rid, so a request costs one match over
-its whole life, not one per step.
+or in a JSONL side file of `{"rid": ..., "workload": ...}` lines. Given neither, a rid
+of the form `NAME-N` (`gsm8k-17`: a name that starts with a letter and holds no dash, a
+dash, digits) names its workload, the way benchmark and replay tools number requests;
+SGLang's own rids (UUIDs) never match it. Anything else counts as `other`. Lookups are
+cached per rid, so a request costs one match over its whole life, not one per step.
 """
 
 from __future__ import annotations
@@ -19,13 +21,18 @@ from pathlib import Path
 import numpy as np
 
 OTHER = "other"
+#: The rule without --workload-from-rid or --workload-file: `NAME-N` rids.
+DEFAULT_RID_PATTERN = r"^(?P<workload>[A-Za-z][A-Za-z0-9_.]*)-\d+$"
 _CACHE_LIMIT = 1 << 16
 
 
 def workload_rule(
     pattern: str | None = None, side_file: str | Path | None = None
 ) -> Callable[[np.ndarray], np.ndarray]:
-    """A `workload_of(rids) -> names` function for the SGLang converters."""
+    """A `workload_of(rids) -> names` function for the SGLang converters (with neither
+    argument, `DEFAULT_RID_PATTERN`)."""
+    if pattern is None and side_file is None:
+        pattern = DEFAULT_RID_PATTERN
     regex = None
     if pattern is not None:
         try:
