@@ -26,6 +26,7 @@ from . import (
     report_large,
     serve_throughput,
     sglang_paths,
+    torch_verify,
 )
 from .common import ALLOCATOR
 
@@ -39,6 +40,7 @@ BENCHMARKS = {
     "hook_step": hook_step,
     "sglang_paths": sglang_paths,
     "cli_startup": cli_startup,
+    "torch_verify": torch_verify,
 }
 
 

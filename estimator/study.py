@@ -6,23 +6,20 @@ and greedy requests apart. Here it is computed from a reference-runtime run, who
 cap-accept shadow twin gives every request-step's true ceiling, for each world the
 runtime has (`runtime/worlds.py`) and many seeds: the error of the mean and whether
 its interval (the mean of the blocks' lo and hi, widened by 1.96 standard errors of
-the walked positions' noise) covers the truth.
+the walked positions' noise) covers the truth. The driver that records those runs is
+`dspark_obs.runs.world_study` (the estimator does not depend on the runtime).
 """
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from dspark_obs.store import Run, open_run
+from dspark_obs.store import Run
 
 from .evaluate import Z95, walked_blocks
-
-#: the warm-up `dspark-obs run --sts auto` fits STS on by default
-STS_WARMUP_STEPS = 150
 
 
 def all_step_means(run: Run) -> dict[tuple[str, str], dict]:
@@ -99,35 +96,6 @@ def jsonl_all_step_means(path: Path, run: Run) -> dict[tuple[str, str], dict]:
             "covered": lo <= t <= hi,
         }
     return out
-
-
-def world_study(worlds: list[str], seeds: list[int], *, concurrency: int = 64,
-                steps: int = 200, sts: str = "auto") -> list[dict]:  # fmt: skip
-    """One record per (world, seed, path, workload, method) of a compact run with a shadow
-    twin: `path` is `in-band` (the run's own walks) or `jsonl` (the walk over the
-    block-accept JSONL the run wrote, as SGLang's recorder writes it; sampled requests).
-    `sts` as `dspark-obs run --sts` takes it (the default fits STS on a warm-up run, as
-    a run does)."""
-    from dspark_obs.runs import record_reference_run
-    from dspark_obs.runtime.config import RuntimeConfig
-    from dspark_obs.runtime.sts_warmup import resolve_sts
-
-    records = []
-    for world in worlds:
-        for seed in seeds:
-            config = RuntimeConfig(seed=seed, world=world, shadow="cap-accept",
-                                   concurrency=[concurrency], steps_per_level=steps)  # fmt: skip
-            with tempfile.TemporaryDirectory() as tmp:
-                out, jsonl = Path(tmp) / "run", Path(tmp) / "block_accept.jsonl"
-                calibration = resolve_sts(sts, config, STS_WARMUP_STEPS)
-                record_reference_run(config, out, calibration, sglang_jsonl=jsonl)
-                run = open_run(out)
-                paths = {"in-band": all_step_means(run), "jsonl": jsonl_all_step_means(jsonl, run)}
-            for path, means in paths.items():
-                for (workload, method), entry in sorted(means.items()):
-                    records.append({"world": world, "seed": seed, "path": path,
-                                    "workload": workload, "method": method, **entry})  # fmt: skip
-    return records
 
 
 def summarize_study(records: list[dict]) -> list[dict]:

@@ -171,7 +171,9 @@ def test_run_writes_the_jsonl_that_estimate_reads(tmp_path):
     path = tmp_path / "ba.jsonl"
     args = ["--concurrency", "4", "--steps-per-level", "40", "--sts", "none", "--quiet"]
     cli("run", "--out", str(tmp_path / "run"), "--sglang-jsonl", str(path), *args)
-    report = json.loads(cli("estimate", "--sglang-jsonl", str(path), "--gamma", "7", "--json").stdout)
+    report = json.loads(
+        cli("estimate", "--sglang-jsonl", str(path), "--gamma", "7", "--json").stdout
+    )
     log = read_block_accept_jsonl(path)
     assert report["bad_lines"] == 0
     assert sum(w["sampled"]["blocks"] for w in report["workloads"].values()) == log.n_blocks > 0

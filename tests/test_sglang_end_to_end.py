@@ -21,7 +21,7 @@ from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime_server import RuntimeFrontend
 
 from .conftest import cli
-from .prometheus_harness import PrometheusServer, prometheus_available
+from .prometheus_harness import WAIT, PrometheusServer, prometheus_available
 from .test_serve_cli import Child
 from .test_sglang_poller import RID, polling_args
 
@@ -87,7 +87,7 @@ def test_poller_counts_every_record_once_per_rank_in_prometheus(fronts, tmp_path
     with PrometheusServer({"dspark": [hostport]}, scrape_interval="1s") as prom:
         prom.wait_until_up("dspark")
         # wait until the poller has drained everything the servers recorded
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + WAIT
         while time.monotonic() < deadline:
             served = sum(
                 len(s["dspark_info_record"]["records"])
@@ -110,9 +110,7 @@ def test_poller_counts_every_record_once_per_rank_in_prometheus(fronts, tmp_path
             return got == {k: float(v) for k, v in served.items()}
 
         try:
-            result = prom.wait_for(
-                'sum by (rank) (dspark_steps_total{job="dspark"})', counted_once, timeout=30
-            )
+            result = prom.wait_for('sum by (rank) (dspark_steps_total{job="dspark"})', counted_once)
         except Exception as exc:
             raise AssertionError(f"served {served}: {exc}") from None
         assert counted_once(result)

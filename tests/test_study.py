@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dspark_obs.estimator.study import all_step_means, world_study
+from dspark_obs.estimator.study import all_step_means
 
 from dspark_obs.runs import record_reference_run
+from dspark_obs.runs.world_study import world_study
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.store import open_run
 
