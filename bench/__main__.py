@@ -25,6 +25,7 @@ from . import (
     render_scrape,
     report_large,
     serve_throughput,
+    sglang_load,
     sglang_paths,
     torch_verify,
 )
@@ -41,6 +42,7 @@ BENCHMARKS = {
     "sglang_paths": sglang_paths,
     "cli_startup": cli_startup,
     "torch_verify": torch_verify,
+    "sglang_load": sglang_load,
 }
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.serve_child import serve_args
+from bench.sglang_load import polling_args
 from dspark_obs.sources.sglang_poller import SGLangPoller
 from dspark_obs.sources.stats import IngestStats
 from dspark_obs.sources.workloads import workload_rule
@@ -269,25 +269,6 @@ def test_bearer_token(sample_info, tmp_path):
     got = collect(poller, threading.Event(), lambda out: len(out) >= 5)
     assert len(got) >= 5
     stub.close()
-
-
-RID = r"^(?P<workload>[a-z0-9]+)-"
-
-
-def polling_args(*urls: str, poll_interval: float, out: Path) -> list[str]:
-    """`serve` polling SGLang servers, stored to `out`, as the poller tests run it.
-
-    SGLang's dumps do not say how requests sample; the tests' traffic is greedy,
-    which lets the ceiling walk run exactly. Their rids start with the workload.
-    """
-    return [
-        *serve_args(*(f"sglang:{url}" for url in urls)),
-        "--poll-interval", str(poll_interval),
-        "--gamma", "7",
-        "--assume", "greedy",
-        "--workload-from-rid", RID,
-        "--out", str(out),
-    ]  # fmt: skip
 
 
 def serve_polling(stub: Stub, n: int, out: Path, tmp_path: Path, request) -> tuple[Child, str]:
