@@ -25,7 +25,9 @@ from . import (
     render_scrape,
     report_large,
     serve_throughput,
+    sglang_load,
     sglang_paths,
+    torch_verify,
 )
 from .common import ALLOCATOR
 
@@ -39,6 +41,8 @@ BENCHMARKS = {
     "hook_step": hook_step,
     "sglang_paths": sglang_paths,
     "cli_startup": cli_startup,
+    "torch_verify": torch_verify,
+    "sglang_load": sglang_load,
 }
 
 

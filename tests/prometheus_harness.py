@@ -37,6 +37,9 @@ __all__ = [
 
 PROMETHEUS = "prometheus"
 PROMTOOL = "promtool"
+#: Seconds to wait for a condition (ready, up, a query's answer): generous, so that a loaded
+#: machine only makes a test slower; every wait polls and returns once its condition holds.
+WAIT = 180.0
 
 # A loopback-only opener: urllib honours http_proxy/https_proxy from the environment, and a CI
 # proxy would otherwise swallow requests meant for 127.0.0.1.
@@ -132,7 +135,7 @@ class PrometheusServer:
         *,
         scrape_interval: str = "1s",
         workdir: str | os.PathLike[str] | None = None,
-        ready_timeout: float = 30.0,
+        ready_timeout: float = WAIT,
         extra_args: Sequence[str] = (),
     ) -> None:
         self.jobs = _normalise_jobs(jobs)
@@ -326,7 +329,7 @@ class PrometheusServer:
         key = "droppedTargets" if state == "dropped" else "activeTargets"
         return data.get(key, [])
 
-    def wait_until_up(self, job: str, timeout: float = 30.0) -> list[dict[str, Any]]:
+    def wait_until_up(self, job: str, timeout: float = WAIT) -> list[dict[str, Any]]:
         """Block until the first scrapes succeeded; on timeout report each target's lastError."""
         deadline = time.monotonic() + timeout
         mine: list[dict[str, Any]] = []
@@ -351,7 +354,7 @@ class PrometheusServer:
         self,
         promql: str,
         predicate: Callable[[list[dict[str, Any]]], bool],
-        timeout: float = 30.0,
+        timeout: float = WAIT,
         interval: float = 0.2,
     ) -> list[dict[str, Any]]:
         """Poll instead of sleeping a guessed number of scrape intervals; returns the result.

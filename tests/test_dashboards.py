@@ -32,7 +32,7 @@ from dspark_obs.dashboards.querying import substitute as render_substitute
 from dspark_obs.dashboards.querying import substitutions
 
 from .live_exporter import serve_scraped
-from .prometheus_harness import prometheus_available
+from .prometheus_harness import WAIT, prometheus_available
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "dashboards" / "dspark.json"
@@ -268,7 +268,7 @@ def test_every_panel_query_returns_data(tmp_path: Path, request: pytest.FixtureR
         values = {r["metric"].get(label) for r in prom.query(f"group by ({label}) ({metric})")}
         assert values - {None}, f"variable {name} would have no values"
 
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + WAIT
     while True:
         empty = []
         for p in data_panels(generate()):

@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from .conftest import SMALL_RUN, cli
+from .conftest import cli
 
 SGLANG_JSONL = Path(__file__).parent / "data" / "sglang" / "block_accept.sampled.jsonl"
 Z95 = 1.959963984540054
@@ -143,10 +143,10 @@ def test_text_output_names_every_workload(compact_run):
     assert "greedy walk" in out and "sampled walk" in out and "population" in out
 
 
-def test_run_without_ceilings_is_estimated_by_replay(tmp_path):
+def test_run_without_ceilings_is_estimated_by_replay(compact_run, tmp_path):
     """Older runs have no `ceilings` table; replay walks them without gathered log-probs."""
     run = tmp_path / "run"
-    cli("run", "--mode", "compact", "--shadow", "cap-accept", "--out", str(run), *SMALL_RUN)
+    shutil.copytree(compact_run[0], run)  # the session's run, copied: its ceilings go
     in_band = json.loads(cli("estimate", str(run), "--json").stdout)
     shutil.rmtree(run / "ceilings")
     replay = json.loads(cli("estimate", str(run), "--json").stdout)

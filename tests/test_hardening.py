@@ -128,7 +128,7 @@ def test_poller_counts_oversized_once_drains_and_recovers(sample_info, caplog):
     thread = threading.Thread(target=lambda: out.extend(poller.batches(stop)), daemon=True)
     with caplog.at_level(logging.WARNING, logger="dspark_obs"):
         thread.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 120
         while stub.clears < 1 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert stub.clears >= 1  # the over-large buffer was drained
@@ -162,7 +162,7 @@ def test_serve_refuses_oversized_answers(sample_info, tmp_path, request):
         rf'dspark_ingest_errors_total\{{source="sglang:{re.escape(stub.url)}",'
         rf'reason="oversized"\}} (\d+)'
     )
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120
     count = 0
     while time.monotonic() < deadline and count < 3:
         match = pattern.search(scrape(url))
@@ -274,21 +274,23 @@ def test_rate_limiter_token_arithmetic():
 
 def test_runtime_server_answers_429_with_retry_after():
     with RuntimeFrontend(_config(), port=0, rate_limit=5) as front:
+        # the bucket's clock stands still unless moved: how fast requests go does not matter
+        now = [0.0]
+        front.limiter.clock = lambda: now[0]
         statuses = [_get(front.url)[0] for _ in range(20)]
-        assert statuses[:5] == [200] * 5
-        assert statuses.count(429) >= 14  # none refilled faster than 5/s
+        assert statuses == [200] * 5 + [429] * 15  # a burst of one second's worth
         status, headers, body = _get(front.url)
         assert status == 429 and int(headers["Retry-After"]) >= 1
         assert json.loads(body)["error"]["code"] == 429
-        time.sleep(0.3)  # > 1/5 s: one token back
-        assert _get(front.url)[0] == 200
+        now[0] += 0.21  # > 1/5 s: one token back
+        assert [_get(front.url)[0] for _ in range(2)] == [200, 429]
         # a refused POST: answered without reading its body, and its connection closed
         conn = http.client.HTTPConnection(front.url.removeprefix("http://"), timeout=10)
         conn.request("POST", "/generate", body=b'{"text": "x"}')
         resp = conn.getresponse()
         assert resp.status == 429 and resp.getheader("Connection") == "close"
         conn.close()
-        assert front.limiter.refused >= 15
+        assert front.limiter.refused == 18
 
 
 def test_runtime_server_rate_limit_zero_disables_it():
@@ -325,8 +327,11 @@ def test_cli_rate_limit_logs_once(tmp_path, request):
                   workdir=tmp_path)  # fmt: skip
     request.addfinalizer(child.kill)
     url = child.wait_for_line(r"serving (http://\S+)").group(1)
-    statuses = [_get(url)[0] for _ in range(12)]
-    assert statuses.count(429) >= 8
+    statuses = [_get(url)[0] for _ in range(2)]
+    assert statuses == [200, 200]  # the burst; then refusals, however slow each request
+    while statuses.count(429) < 3:
+        assert len(statuses) < 1000, statuses
+        statuses.append(_get(url)[0])
     assert child.stop() == 0
     assert child.stderr.count("--rate-limit") == 1, child.stderr
 
@@ -390,7 +395,7 @@ def test_sglang_token_is_never_logged(sample_info, tmp_path, request, via):
                 os.environ[k] = v
     request.addfinalizer(child.kill)
     url = child.url()
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 120
     text = ""
     while time.monotonic() < deadline:
         text = scrape(url)

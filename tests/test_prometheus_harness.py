@@ -128,7 +128,7 @@ def _self_signed(tmp: Path) -> tuple[Path, Path]:
         ],
         check=True,
         capture_output=True,
-        timeout=30,
+        timeout=120,
     )
     return cert, key
 
@@ -178,7 +178,7 @@ def scraped(
                 )
             )
         with PrometheusServer(jobs, workdir=tmp / "server") as prom:
-            prom.wait_until_up("exporter", timeout=30)
+            prom.wait_until_up("exporter")
             yield prom
     finally:
         for stop in reversed(stops):
@@ -186,14 +186,14 @@ def scraped(
 
 
 def test_counter_reaches_promql(scraped: PrometheusServer) -> None:
-    scraped.wait_for('dspark_test_total{job="exporter"}', lambda r: len(r) == 1, timeout=15)
+    scraped.wait_for('dspark_test_total{job="exporter"}', lambda r: len(r) == 1)
     assert scraped.query_value('dspark_test_total{job="exporter"}') == 42
     assert scraped.query_value('up{job="exporter"}') == 1
 
 
 def test_histogram_reaches_promql(scraped: PrometheusServer) -> None:
     sel = '{job="exporter"}'
-    scraped.wait_for(f"dspark_test_seconds_count{sel}", lambda r: len(r) == 1, timeout=15)
+    scraped.wait_for(f"dspark_test_seconds_count{sel}", lambda r: len(r) == 1)
     assert scraped.query_value(f"dspark_test_seconds_count{sel}") == len(OBSERVATIONS)
     assert scraped.query_value(f"dspark_test_seconds_sum{sel}") == pytest.approx(sum(OBSERVATIONS))
     # Cumulative buckets: le=0.1:1, 0.25:2, 0.5:3, 1:4, 2.5:4, 5:5, +Inf:5, and Prometheus
@@ -246,16 +246,16 @@ def test_config_is_valid_for_promtool(scraped: PrometheusServer) -> None:
         ["promtool", "check", "config", str(scraped.config_path)],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=120,
     )
     assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_basic_auth_passes_through(scraped: PrometheusServer) -> None:
-    scraped.wait_until_up("auth_ok", timeout=20)
+    scraped.wait_until_up("auth_ok")
     assert scraped.query_value('dspark_test_total{job="auth_ok"}') == 42
     # The wrong password must be a visible scrape failure, not a silent success.
-    scraped.wait_for('up{job="auth_bad"}', lambda r: len(r) == 1, timeout=15)
+    scraped.wait_for('up{job="auth_bad"}', lambda r: len(r) == 1)
     assert scraped.query_value('up{job="auth_bad"}') == 0
     (bad,) = [t for t in scraped.targets() if t["labels"]["job"] == "auth_bad"]
     assert "401" in bad["lastError"]
@@ -266,6 +266,6 @@ def test_basic_auth_passes_through(scraped: PrometheusServer) -> None:
 def test_https_tls_config_passes_through(scraped: PrometheusServer) -> None:
     if not any(job["job_name"] == "tls" for job in scraped.jobs):
         pytest.skip("openssl CLI needed to mint a test certificate")
-    (target,) = scraped.wait_until_up("tls", timeout=20)
+    (target,) = scraped.wait_until_up("tls")
     assert target["scrapeUrl"].startswith("https://")
     assert scraped.query_value('dspark_test_total{job="tls"}') == 42

@@ -39,6 +39,7 @@ from bench.serve_child import serve_args
 
 from .pki import PKI, make_pki
 from .prometheus_harness import (
+    WAIT,
     PrometheusServer,
     prometheus_available,
     promtool_check_metrics,
@@ -241,12 +242,11 @@ def prom(plain_url, secured, expected) -> Iterator[PrometheusServer]:
         ),
     ]
     with PrometheusServer(jobs, scrape_interval="1s") as server:
-        server.wait_until_up(JOB, timeout=30)
+        server.wait_until_up(JOB)
         # The replay may still be running at the first scrape; wait for its final values.
         server.wait_for(
             f'dspark_ingest_records_total{{job="{JOB}"}}',
             lambda r: len(r) == 1 and float(r[0]["value"][1]) == expected.steps,
-            timeout=30,
         )
         yield server
 
@@ -385,17 +385,16 @@ def test_no_client_certificate_fails_the_handshake(secured):
 
 
 def test_prometheus_scrapes_through_mtls_and_basic_auth(prom, expected):
-    prom.wait_until_up(MTLS_JOB, timeout=30)
+    prom.wait_until_up(MTLS_JOB)
     assert prom.query_value(f'up{{job="{MTLS_JOB}"}}') == 1
     prom.wait_for(
         f'dspark_ingest_records_total{{job="{MTLS_JOB}"}}',
         lambda r: len(r) == 1 and float(r[0]["value"][1]) == expected.steps,
-        timeout=30,
     )
 
 
 def test_prometheus_with_a_wrong_password_is_refused(prom):
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + WAIT
     while True:
         mine = [t for t in prom.targets() if t["labels"]["job"] == BAD_AUTH_JOB]
         if mine and mine[0]["health"] == "down":

@@ -12,18 +12,17 @@ from __future__ import annotations
 import json
 import signal
 import threading
-import time
 import urllib.request
 
 import pytest
 
+from bench.sglang_load import RID, polling_args
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime_server import RuntimeFrontend
 
 from .conftest import cli
-from .prometheus_harness import PrometheusServer, prometheus_available
+from .prometheus_harness import WAIT, PrometheusServer, prometheus_available
 from .test_serve_cli import Child
-from .test_sglang_poller import RID, polling_args
 
 
 def _post(url: str, body: dict):
@@ -86,19 +85,6 @@ def test_poller_counts_every_record_once_per_rank_in_prometheus(fronts, tmp_path
         t.join()
     with PrometheusServer({"dspark": [hostport]}, scrape_interval="1s") as prom:
         prom.wait_until_up("dspark")
-        # wait until the poller has drained everything the servers recorded
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            served = sum(
-                len(s["dspark_info_record"]["records"])
-                for url in (prod.url, twin.url)
-                for s in json.loads(urllib.request.urlopen(f"{url}/server_info").read())[
-                    "internal_states"
-                ]
-            )
-            if served == 0:
-                break
-            time.sleep(0.2)
         served = {}  # the records each rank's /server_info holds (nothing drains them here)
         for offset, front in ((0, prod), (1000, twin)):
             info = json.loads(urllib.request.urlopen(f"{front.url}/server_info").read())
@@ -110,9 +96,7 @@ def test_poller_counts_every_record_once_per_rank_in_prometheus(fronts, tmp_path
             return got == {k: float(v) for k, v in served.items()}
 
         try:
-            result = prom.wait_for(
-                'sum by (rank) (dspark_steps_total{job="dspark"})', counted_once, timeout=30
-            )
+            result = prom.wait_for('sum by (rank) (dspark_steps_total{job="dspark"})', counted_once)
         except Exception as exc:
             raise AssertionError(f"served {served}: {exc}") from None
         assert counted_once(result)
@@ -124,7 +108,7 @@ def test_poller_counts_every_record_once_per_rank_in_prometheus(fronts, tmp_path
         )
         assert rows > 0
     child.proc.send_signal(signal.SIGINT)
-    assert child.proc.wait(15) == 0, child.describe()
+    assert child.proc.wait(WAIT) == 0, child.describe()
 
 
 def test_shadow_join_agrees_with_the_greedy_walk(fronts, tmp_path):

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.sglang_load import RID
+
 from .conftest import cli
-from .test_sglang_poller import RID, SAMPLE, Stub, serve_polling, stop_serving
+from .test_sglang_poller import SAMPLE, Stub, serve_polling, stop_serving
 
 
 def _drop_run_path(obj: dict) -> dict:

@@ -10,11 +10,13 @@ names the traffic invents.
 The child's resident set size is read from /proc/PID/status (VmRSS) while it
 runs; `dspark_estimator_pending_blocks` (open walks) and the step counters are
 scraped from its /metrics. A plateau: the largest RSS of the last third of the
-run is under 500 MB and a straight line through the last half rises by less than
-a few MB per minute.
+run is under 500 MB and a robust straight line (Theil-Sen) through the last half
+rises by less than a few MB per million request-steps served. Against the traffic,
+not the clock: a leak grows with what was served, and a loaded machine serves less
+of it per second, so the verdict does not depend on the machine's speed.
 
-The default run streams what fits in about a minute at 256 running requests
-(freed on finish), checks the idle timeout in process with a short timeout, and
+The default run streams a million request-steps at 256 running requests (about 45 s
+on two cores; freed on finish), checks the idle timeout in process with a short timeout, and
 the workload label cap with 10,000 names. The full profile (>= 20M
 request-steps, >= 1M requests, sweeps 256 -> 1 so that every concurrency-1
 phase frees the other slots' requests by the idle timeout; about 17 minutes on
@@ -37,6 +39,7 @@ import numpy as np
 import polars as pl
 import pytest
 from dspark_obs.estimator.tails import TailWalker
+from scipy.stats import theilslopes
 
 from bench.serve_child import serve_args
 from dspark_obs.runtime.config import RuntimeConfig
@@ -114,7 +117,7 @@ def soak(
         *extra,
     )
     with child:
-        url = child.url(60)
+        url = child.url()
         start = time.monotonic()
         rows = 0.0
         while rows < request_steps and time.monotonic() - start < timeout:
@@ -131,7 +134,7 @@ def soak(
                     sample_sum(text, "dspark_estimator_pending_blocks"),
                 )
             )
-        assert child.stop(signal.SIGTERM, timeout=120) == 0, child.describe()
+        assert child.stop(signal.SIGTERM) == 0, child.describe()
     samples.manifest = json.loads((out / "run.json").read_text())
     assert samples.manifest["complete"] is True
     samples.manifest["store_mb"] = sum(p.stat().st_size for p in out.rglob("*")) / 2**20
@@ -139,16 +142,17 @@ def soak(
     return samples
 
 
-def check_plateau(samples: Samples, max_slope_mb_per_min: float) -> tuple[float, float]:
-    """RSS stays under the limit over the last third and flat over the last half."""
-    t = np.array([s[0] for s in samples.rss])
+def check_plateau(samples: Samples, max_mb_per_million: float) -> tuple[float, float]:
+    """RSS stays under the limit over the last third and flat over the last half, against
+    the request-steps served (a flush's buffer comes and goes: a robust line, Theil-Sen)."""
+    served = np.array([s[2] for s in samples.scraped]) / 1e6  # million request-steps
     mb = np.array([s[1] for s in samples.rss])
     last_third = mb[len(mb) * 2 // 3 :]
     half = len(mb) // 2
-    slope = np.polyfit(t[half:], mb[half:], 1)[0] * 60  # MB per minute
+    slope = float(theilslopes(mb[half:], served[half:]).slope)  # MB per million request-steps
     assert last_third.max() <= RSS_LIMIT_MB, (last_third.max(), mb)
-    assert slope < max_slope_mb_per_min, (slope, mb)
-    return float(last_third.max()), float(slope)
+    assert slope < max_mb_per_million, (slope, mb, served)
+    return float(last_third.max()), slope
 
 
 def check_eviction(samples: Samples, concurrency: int, steps_per_level: int) -> tuple[float, list]:
@@ -186,7 +190,8 @@ def report(name: str, samples: Samples, peak: float, slope: float, busy: float, 
         f"{m['requests_finished']:,} requests finished in {t_end:.0f} s "
         f"({rows / t_end:,.0f} request-steps/s); RSS first {samples.rss[0][1]:.0f} MB, "
         f"max {max(r for _, r in samples.rss):.0f} MB, last-third max {peak:.0f} MB, "
-        f"last-half slope {slope:+.2f} MB/min; open walks max {busy:.0f}, idle phases "
+        f"last-half slope {slope:+.2f} MB per million request-steps; "
+        f"open walks max {busy:.0f}, idle phases "
         f"(before, after the timeout) {phases}; store {m['store_mb']:.0f} MB"
     )
     print("\n" + line)
@@ -198,11 +203,11 @@ def test_rss_plateaus_and_finished_requests_are_freed(tmp_path):
         tmp_path,
         concurrency="256",
         steps_per_level=10**6,
-        request_steps=10**12,  # until the timeout
-        timeout=float(os.environ.get("DSPARK_SOAK_QUICK_SECONDS", "60")),
+        request_steps=int(os.environ.get("DSPARK_SOAK_QUICK_REQUEST_STEPS", "1000000")),
+        timeout=1800,  # a bound on a hung child, far above any machine's pace
         every=1.0,
     )
-    peak, slope = check_plateau(samples, max_slope_mb_per_min=30.0)
+    peak, slope = check_plateau(samples, max_mb_per_million=25.0)
     pending = np.array([s[3] for s in samples.scraped])
     # slots are reused as requests finish: open walks stay a few walk intervals' worth
     assert pending.max() <= 256 * 2 * WALK_EVERY, pending.max()
@@ -272,7 +277,7 @@ def test_soak_twenty_million_request_steps(tmp_path):
         )
     assert samples.manifest["request_steps"] >= 20_000_000
     assert samples.manifest["requests_finished"] >= 1_000_000
-    peak, slope = check_plateau(samples, max_slope_mb_per_min=2.0)
+    peak, slope = check_plateau(samples, max_mb_per_million=2.0)
     busy, phases = check_eviction(samples, 256, steps_per_level)
     report("soak (long)", samples, peak, slope, busy, phases)
 
@@ -292,15 +297,15 @@ def test_workload_labels_are_capped_with_ten_thousand_names(tmp_path):
         str(cap),
     )
     with child:
-        url = child.url(60)
-        deadline = time.monotonic() + 60
+        url = child.url()
+        deadline = time.monotonic() + 600  # generous: a loaded machine only makes it slower
         while True:  # until the traffic has shown thousands of names
             text = scrape(url)
             if sample_sum(text, "dspark_request_steps_total") >= 60_000:
                 break
             assert time.monotonic() < deadline, child.describe()
             time.sleep(0.5)
-        assert child.stop(signal.SIGTERM, timeout=30) == 0, child.describe()
+        assert child.stop(signal.SIGTERM) == 0, child.describe()
     stored = (
         pl.scan_parquet(str(tmp_path / "run" / "requests" / "*.parquet"))
         .select(pl.col("workload").unique())

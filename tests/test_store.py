@@ -13,6 +13,7 @@ import shutil
 import zlib
 from dataclasses import fields
 from pathlib import Path
+from types import SimpleNamespace
 
 import duckdb
 import numpy as np
@@ -21,6 +22,7 @@ import polars as pl
 import pytest
 
 from dspark_obs.store import Run, RunStoreError, RunWriter, checksums, open_run
+from dspark_obs.store import writer as writer_module
 from dspark_obs.store.tables import batches_to_frames, frames_to_batches, requests_schema
 from dspark_obs.telemetry.batch import (
     MATRIX_COLUMNS,
@@ -374,6 +376,34 @@ def test_time_bound_flushes_without_reaching_step_bound(tmp_path):
             # readable while still being written, and marked incomplete
             assert open_run(run).complete is False
     assert json.loads((run / "run.json").read_text())["parts"] == 5
+
+
+def test_time_bound_is_the_age_of_the_oldest_buffered_step(tmp_path, monkeypatch):
+    """`flush_seconds` on a clock the test moves: a part exactly when the oldest buffered
+    step is S old (checked as steps arrive), never before, whatever the machine's pace."""
+    now = [100.0]
+    monkeypatch.setattr(writer_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    run = tmp_path / "run"
+
+    def parts() -> int:
+        return len(list((run / "steps").glob("part-*.parquet")))
+
+    batches = make_batches(13, steps=6)
+    with RunWriter(run, {"gamma": GAMMA}, flush_steps=1000, flush_seconds=5.0) as w:
+        w.append(batches[0])  # the oldest buffered step, at t = 100
+        for b, t in zip(batches[1:3], (102.0, 104.999), strict=True):
+            now[0] = t
+            w.append(b)
+            assert parts() == 0 and w.buffered_steps > 0
+        now[0] = 105.0  # S after the oldest: this step's arrival publishes all four
+        w.append(batches[3])
+        assert parts() == 1 and w.buffered_steps == 0
+        now[0] = 109.0  # the next oldest arrives 4 s later: its clock starts then
+        w.append(batches[4])
+        now[0] = 113.9
+        w.append(batches[5])
+        assert parts() == 1
+    assert open_run(run).complete and parts() == 2
 
 
 def test_exception_flushes_but_leaves_run_incomplete(tmp_path):

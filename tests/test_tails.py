@@ -861,8 +861,14 @@ def test_acceptance_walks_against_the_shadow_truth(record_property):
     record_property("tail_walk_acceptance", repr(report))
 
 
-def test_sampled_interval_covers_the_truth_across_seeds(record_property):
-    """The aggregate interval is a 95% statement: it must hold for (nearly) every seed."""
+def test_sampled_interval_covers_the_truth_across_seeds(record_property, compiled):
+    """The aggregate interval is a 95% statement: it must hold for (nearly) every seed.
+
+    A statement about the method, measured once, on the pass a user gets (compiled where
+    built): the passes emit the same blocks (tests/test_tails_compiled.py).
+    """
+    if compiled != PASSES[-1]:
+        pytest.skip("the 20-seed statistic runs on one pass; the passes agree block by block")
     cases = []
     for seed in range(20):
         config = RuntimeConfig(

@@ -2,7 +2,6 @@
 
 from collections import defaultdict
 
-import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -37,7 +36,8 @@ def test_compact_and_cap_accept_stay_in_lockstep_on_the_torch_target():
     assert sum(map(len, streams["compact"].values())) > 1000
 
 
-def test_step_times_are_measured_and_grow_with_the_verify_size():
+def test_step_times_are_measured_on_every_step():
+    """That they grow with the verify size is a speed claim: bench/torch_verify.py (P8)."""
     cfg = RuntimeConfig(
         seed=2,
         mode="compact",
@@ -49,7 +49,8 @@ def test_step_times_are_measured_and_grow_with_the_verify_size():
     )
     assert cfg.timing == "measured"
     batches = list(DSparkRuntime(cfg).run())
-    small = np.median([b.target_verify_gpu_ms for b in batches if b.bs == 1])
-    large = np.median([b.target_verify_gpu_ms for b in batches if b.bs == 128])
+    assert {b.bs for b in batches} == {1, 128}
     assert all(b.step_gpu_ms > 0 and b.draft_gpu_ms > 0 for b in batches)
-    assert large > 2 * small
+    for b in batches:  # a step is its draft and its verify, both timed
+        assert b.target_verify_gpu_ms > 0
+        assert b.step_gpu_ms == pytest.approx(b.draft_gpu_ms + b.target_verify_gpu_ms)
