@@ -56,8 +56,9 @@ def test_every_step_on_sglangs_own_observers(options, tmp_path, monkeypatch):
     """Attached to a real DsparkStepObservers, the hook publishes what the synchronous
     reference does on every step, folded and greedy-draft ones included, while SGLang's
     own paths run beside it: the dumper records every step, and the block-accept recorder
-    skips folded proposals and greedy drafts, which the hook does not."""
-    stream = StepStream(seed=11, vocab=30, requests=8, **options)
+    skips folded proposals and greedy drafts, which the hook does not. No request moves
+    slot (the device keeps tails by slot; tests/test_sglang_hook.py has the moves)."""
+    stream = StepStream(seed=11, vocab=30, requests=8, moves=False, **options)
     obs = observers(stream.g, tmp_path, monkeypatch)
     worker = SimpleNamespace(_observers=obs)
     hook = attach(worker, gamma=stream.g, consumer="inline", pool_slots=64)
