@@ -52,7 +52,7 @@ $PY tools/audit.py
 DSPARK_OBS_REQUIRE_EXTENSIONS=1 $PY -m pytest "$@"
 # Their Python fallbacks, with every extension switched off: the tests of the code that has a
 # compiled twin (parser, row fold, tail walk) and the end-to-end golden outputs. About 45 s
-# on two cores, against about 9 minutes for the run above: the whole command stays under 12.
+# on two cores, against about 10 minutes for the run above (measured with other work running).
 DSPARK_OBS_NO_EXTENSIONS=1 $PY -m pytest -p no:cacheprovider \
     tests/test_extensions.py tests/test_sglang_json.py tests/test_sglang_columnar.py \
     tests/test_sglang_compiled.py tests/test_aggregates.py tests/test_tails.py \
