@@ -513,6 +513,18 @@ walk_block(Step *st, int64_t b, int64_t r)
         done_block(st, b, 0);
 }
 
+/* away[rid] = b, the head of the rid's chain; -1 with an exception set where it fails. */
+static int
+set_head(Pool *self, PyObject *rid, int64_t b)
+{
+    PyObject *id = PyLong_FromLongLong(b);
+    if (id == NULL)
+        return -1;
+    int rc = PyDict_SetItem(self->away, rid, id);
+    Py_DECREF(id);
+    return rc;
+}
+
 /* Parks block b, whose request left its slot, at the head of its rid's chain in `away`;
  * -1 with an exception set, nothing changed, where the dictionary fails. */
 static int
@@ -525,12 +537,7 @@ park(Pool *self, int64_t b)
     long long link = head == NULL ? -1 : PyLong_AsLongLong(head);
     if (link == -1 && PyErr_Occurred())
         return -1;
-    PyObject *id = PyLong_FromLongLong(b);
-    if (id == NULL)
-        return -1;
-    int rc = PyDict_SetItem(self->away, rid, id);
-    Py_DECREF(id);
-    if (rc < 0)
+    if (set_head(self, rid, b) < 0)
         return -1;
     double *f = self->blk + b * FIELDS;
     f[LINK] = (double)link;
@@ -576,12 +583,7 @@ take_back(Step *st, int64_t r, double rank_d)
             return -1;
     }
     else {
-        PyObject *id = PyLong_FromLongLong(chain[self->cap - 1]);
-        if (id == NULL)
-            return -1;
-        int rc = PyDict_SetItem(self->away, rid, id);
-        Py_DECREF(id);
-        if (rc < 0)
+        if (set_head(self, rid, chain[self->cap - 1]) < 0)
             return -1;
         for (int64_t k = 0; k < kept; k++)
             self->blk[chain[self->cap - 1 - k] * FIELDS + LINK] =
