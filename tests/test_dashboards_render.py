@@ -138,3 +138,44 @@ def test_every_per_rank_legend_names_the_instance() -> None:
             if "{{rank}}" in t["legendFormat"]:
                 assert "{{instance}}" in t["legendFormat"], (p["title"], t["legendFormat"])
                 assert "by (mode, rank)" not in t["expr"], (p["title"], t["expr"])
+
+
+def test_lines_take_their_workloads_colour_from_the_shared_palette() -> None:
+    """A workload keeps one hue across panels (mode and rank differ by line style), chosen
+    over every panel drawn together; series without a workload stay in neutral tones."""
+    from dspark_obs.dashboards.panel_plots import panel_palette
+    from dspark_obs.palette import INK, MUTED, WORKLOAD_COLOURS
+
+    def s(workload, label):
+        return Series(label, [0.0, 15.0], [1.0, 2.0], workload=workload)
+
+    both = PanelData(
+        _panel("Window vs ceiling by workload"),
+        [s("poetry", "p c"), s("gsm8k", "g c"), s("poetry", "p s"), s("gsm8k", "g s")],
+    )
+    alone = PanelData(_panel("Utilisation by workload"), [s("poetry", "p c")])
+    palette = panel_palette([both, alone])
+    assert palette == {"gsm8k": WORKLOAD_COLOURS[0], "poetry": WORKLOAD_COLOURS[1]}
+
+    from dspark_obs.plotting import new_figure
+
+    fig = new_figure()
+    ax = fig.add_subplot()
+    draw_panel(ax, both, palette=palette)
+    drawn = {ln.get_label(): (to_hex(ln.get_color()), ln.get_linestyle()) for ln in ax.lines}
+    assert drawn["p c"][0] == drawn["p s"][0] == WORKLOAD_COLOURS[1]
+    assert drawn["g c"][0] == drawn["g s"][0] == WORKLOAD_COLOURS[0]
+    assert drawn["p c"][1] != drawn["p s"][1] and drawn["g c"][1] != drawn["g s"][1]
+    ax = fig.add_subplot()
+    draw_panel(ax, alone, palette=palette)
+    assert to_hex(ax.lines[0].get_color()) == WORKLOAD_COLOURS[1]
+
+    ax = _drawn(_panel("Predicted vs measured step time"), [s(None, "r0"), s(None, "r1")])
+    assert {to_hex(line.get_color()) for line in ax.lines} <= {INK, MUTED}
+    assert not {to_hex(line.get_color()) for line in ax.lines} & set(WORKLOAD_COLOURS)
+
+
+def test_grafana_keeps_a_series_colour_by_its_name() -> None:
+    for p in data_panels(generate()):
+        if p["type"] == "timeseries":
+            assert p["fieldConfig"]["defaults"]["color"]["mode"] == "palette-classic-by-name"

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..plotting import img_tag
-from .panel_plots import overview_png, panel_png
+from .panel_plots import overview_png, panel_palette, panel_png
 from .provisioning import shipped_dashboard
 from .querying import (
     DEFAULT_VARIABLES,
@@ -130,16 +130,17 @@ def render(
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
     written = []
+    palette = panel_palette(datas)
     for i, data in enumerate(datas, start=1):
         path = root / f"{i:02d}-{slug(data.panel.get('title', ''))}.png"
-        panel_png(data, path)
+        panel_png(data, path, palette)
         written.append((data, path))
     title = dashboard.get("title", "dashboard")
     when = datetime.fromtimestamp(end).strftime("%Y-%m-%d %H:%M:%S")
     chosen = ", ".join(f"{k}={v}" for k, v in {**DEFAULT_VARIABLES, **(variables or {})}.items())
     subtitle = f"{prom.url}, last {range_} to {when}, step {step}; {chosen}"
     overview = root / "overview.png"
-    overview_png(datas, overview, f"{title} — last {range_}")
+    overview_png(datas, overview, f"{title} — last {range_}", palette=palette)
     index = root / "index.html"
     index.write_text(index_html(title, subtitle, overview, written), encoding="utf-8")
     return Rendered(written, overview, index)

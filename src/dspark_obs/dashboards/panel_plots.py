@@ -10,9 +10,11 @@ nothing of Prometheus, so a panel's look can be checked from made-up series.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
+from ..palette import run_style, workload_palette
 from ..plotting import new_figure, save_png
 from .querying import PanelData, Series
 from .values import defaults, format_value, threshold_colour, unit_of
@@ -34,8 +36,10 @@ def _no_data(ax, data: PanelData) -> None:
     )
 
 
-def draw_panel(ax, data: PanelData, *, compact: bool = False) -> None:
-    """Draw one panel into a matplotlib Axes."""
+def draw_panel(
+    ax, data: PanelData, *, compact: bool = False, palette: Mapping[str, str] | None = None
+) -> None:
+    """Draw one panel into a matplotlib Axes; `palette` colours series by their workload."""
     panel = data.panel
     unit, scale = unit_of(panel)
     ax.set_title(panel.get("title", ""), fontsize=10 if compact else 12, fontweight="bold")
@@ -53,7 +57,7 @@ def draw_panel(ax, data: PanelData, *, compact: bool = False) -> None:
         if limits.get("min") is not None and limits.get("max") is not None:
             ax.set_ylim(limits["min"] * scale, limits["max"] * scale)
     else:
-        _lines(ax, data, unit, scale, compact)
+        _lines(ax, data, unit, scale, compact, palette or panel_palette([data]))
         lo, hi = limits.get("min"), limits.get("max")
         if lo is not None or hi is not None:
             ax.set_ylim(
@@ -74,16 +78,36 @@ def _time_axis(ax, compact: bool) -> None:
     ax.set_xlabel("time", fontsize=8 if compact else 10)
 
 
-def _lines(ax, data: PanelData, unit: str, scale: float, compact: bool) -> None:
+def panel_palette(datas: list[PanelData]) -> dict[str, str]:
+    """One colour per workload over every panel drawn together, as the report's figures do."""
+    return workload_palette(s.workload for d in datas for s in d.series if s.workload is not None)
+
+
+def _line_styles(shown: list[Series], palette: Mapping[str, str]) -> list[dict]:
+    """A workload's series share its hue and differ by line style (mode, rank, instance);
+    series without a workload label draw in the neutral tones of `run_style`."""
+    seen: dict[str | None, int] = {}
+    out = []
+    for s in shown:
+        k = seen[s.workload] = seen.get(s.workload, -1) + 1
+        style = run_style(k)
+        colour = palette.get(s.workload) if s.workload is not None else None
+        out.append({"color": colour or style["color"], "ls": style["ls"]})
+    return out
+
+
+def _lines(
+    ax, data: PanelData, unit: str, scale: float, compact: bool, palette: Mapping[str, str]
+) -> None:
     shown = [s for s in data.series if s.last is not None]
     from matplotlib import dates
 
-    for s in shown:
+    for s, style in zip(shown, _line_styles(shown, palette), strict=True):
         xs = dates.date2num(_times(s.times))
         # markers keep a series of one or two points (a fresh Prometheus) visible
         marker = "o" if len(s.times) < 20 else None
         ys = [v * scale for v in s.values]
-        ax.plot(xs, ys, label=s.label, linewidth=1.4, marker=marker, markersize=3)
+        ax.plot(xs, ys, label=s.label, linewidth=1.4, marker=marker, markersize=3, **style)
     ax.xaxis_date()
     first = min(min(s.times) for s in shown)
     last = max(max(s.times) for s in shown)
@@ -243,19 +267,25 @@ def _bucket_labels(buckets: list[Series]) -> list[str]:
     return out
 
 
-def panel_png(data: PanelData, path: Path) -> None:
+def panel_png(data: PanelData, path: Path, palette: Mapping[str, str] | None = None) -> None:
     grid = data.panel.get("gridPos") or {}
     width = max(5.0, min(14.0, grid.get("w", 12) * 0.6))
     height = 4.5 if data.panel.get("type") == "timeseries" else 4.0
     fig = new_figure(width, height)
-    draw_panel(fig.add_subplot(), data)
+    draw_panel(fig.add_subplot(), data, palette=palette)
     save_png(fig, path)
 
 
-def overview_png(datas: list[PanelData], path: Path, title: str, cols: int = 4) -> None:
+def overview_png(
+    datas: list[PanelData],
+    path: Path,
+    title: str,
+    cols: int = 4,
+    palette: Mapping[str, str] | None = None,
+) -> None:
     rows = math.ceil(len(datas) / cols)
     fig = new_figure(cols * 5.5, rows * 4.2)
     fig.suptitle(title, fontsize=16, fontweight="bold")
     for i, data in enumerate(datas):
-        draw_panel(fig.add_subplot(rows, cols, i + 1), data, compact=True)
+        draw_panel(fig.add_subplot(rows, cols, i + 1), data, compact=True, palette=palette)
     save_png(fig, path, dpi=70)

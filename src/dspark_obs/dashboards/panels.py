@@ -77,6 +77,9 @@ def timeseries(
     max_val: float | None = None,
 ):
     p = _common(ts.Panel(), title, description, unit, thresholds, w, h)
+    # Grafana cannot key a colour on one label; by name, a series at least keeps its colour
+    # from panel to panel and from one reload to the next, whatever else is shown beside it.
+    p = p.color_scheme(dashboard.FieldColor().mode(dm.FieldColorModeId.PALETTE_CLASSIC_BY_NAME))
     p = p.legend(
         common.VizLegendOptions()
         .display_mode(cm.LegendDisplayMode.LIST)

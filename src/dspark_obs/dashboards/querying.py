@@ -131,6 +131,7 @@ class Series:
     times: list[float]
     values: list[float]
     le: float | None = None  # heatmap-format bucket bound
+    workload: str | None = None  # the series' `workload` label, which picks its colour
 
     @property
     def last(self) -> float | None:
@@ -203,6 +204,7 @@ def fetch(
                     times=[float(t) for t, _ in points],
                     values=[_float(v) for _, v in points],
                     le=_le(metric),
+                    workload=metric.get("workload"),
                 )
             )
         if target.get("format") == "heatmap":
