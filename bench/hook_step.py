@@ -232,27 +232,17 @@ def _step_record(b: int, quick: bool) -> dict:
         gpu_ms.append((e0, e1))
         floors.append(_floor_bytes(kw))
 
-    arms = {"none": None, "old": old, "new": new}
-    per_step = {name: [] for name in arms}
-    n_steps = 40 if quick else 100
-    rounds = 3 if quick else 6
-    i = 0
-    for r in range(rounds + 1):
-        for name, call in arms.items():
-            if r == 0 and name == "new":
-                hook_us.clear()
-            for _ in range(n_steps):
-                kw = dict(steps[i % VARIANTS])
-                i += 1
-                seconds = step(kw, call)
-                if r > 0:  # round 0 warms every arm up
-                    per_step[name].append(seconds)
-        if r == 0:
-            hook_us.clear()
-            gpu_ms.clear()
-            floors.clear()
-            _catch_up(hook)  # the consumer process has started and drained the warm-up
-            dropped_before = hook.ring.counters()["dropped_full"]
+    state = {}
+
+    def settled() -> None:
+        hook_us.clear()
+        gpu_ms.clear()
+        floors.clear()
+        _catch_up(hook)  # the consumer process has started and drained the warm-up
+        state["dropped_before"] = hook.ring.counters()["dropped_full"]
+
+    per_step = interleave(step, steps, {"none": None, "old": old, "new": new}, quick,
+                          after_warmup=settled)  # fmt: skip
     torch.cuda.synchronize()
     gpu = [s.elapsed_time(e) / 1e3 for s, e in gpu_ms]
     _catch_up(hook)
@@ -281,12 +271,37 @@ def _step_record(b: int, quick: bool) -> dict:
             "target_ratio": 1.3,
             "read_bandwidth_TBps": round(bandwidth / 1e12, 2),
         },
-        dropped=counters["dropped_full"] - dropped_before,
+        dropped=counters["dropped_full"] - state["dropped_before"],
         failed=counters["failed"],
         threads_added_to_serving_process=threads_added,
         device=torch.cuda.get_device_name(),
     )
     return rec
+
+
+def interleave(step, steps, arms: dict, quick: bool, *, prepare=lambda kw, i: dict(kw),
+               after_arm=None, after_warmup=None) -> dict[str, list[float]]:  # fmt: skip
+    """Wall seconds per step of each arm: the arms take turns, `n` steps each, for a few
+    rounds after a warm-up round that is not counted, so that drift in the machine's
+    speed (clocks, other work) falls on every arm alike. `prepare(kw, i)` adapts the
+    i-th step's inputs; `after_arm(name)` runs after each arm's turn, outside its steps."""
+    per_step = {name: [] for name in arms}
+    n_steps = 40 if quick else 100
+    rounds = 3 if quick else 6
+    i = 0
+    for r in range(rounds + 1):
+        for name, call in arms.items():
+            for _ in range(n_steps):
+                kw = prepare(steps[i % VARIANTS], i)
+                i += 1
+                seconds = step(kw, call)
+                if r > 0:
+                    per_step[name].append(seconds)
+            if after_arm is not None:
+                after_arm(name)
+        if r == 0 and after_warmup is not None:
+            after_warmup()
+    return per_step
 
 
 def _catch_up(hook, timeout: float = 30.0) -> None:

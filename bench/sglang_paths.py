@@ -28,7 +28,7 @@ import statistics
 import tempfile
 
 from .common import record, run_alone
-from .hook_step import BATCHES, GAMMA, VARIANTS, StandInStep, V, _steps
+from .hook_step import BATCHES, GAMMA, StandInStep, V, _steps, interleave
 
 NAME = "H2_sglang_paths"
 ARMS = {
@@ -92,19 +92,14 @@ def _record(b: int, quick: bool) -> dict:
     steps = [as_sglang(kw) for kw in _steps(b, "cuda", V)]
     tmp = tempfile.mkdtemp()
     arms = {name: _observers(env, tmp) for name, env in ARMS.items()}
-    per_step = {name: [] for name in arms}
-    n_steps = 40 if quick else 100
-    rounds = 3 if quick else 6
-    i = 0
-    for r in range(rounds + 1):
-        for name, obs in arms.items():
-            for _ in range(n_steps):
-                kw = dict(steps[i % VARIANTS], forward_ct=i, proposal_folded=False)
-                i += 1
-                seconds = step(kw, lambda kw, obs=obs: obs.observe_verify_step(**kw))
-                if r > 0:  # round 0 warms every arm up
-                    per_step[name].append(seconds)
-            obs.dump_info_records()  # a /server_info poll, outside the timed steps
+    per_step = interleave(
+        step,
+        steps,
+        {name: (lambda kw, obs=obs: obs.observe_verify_step(**kw)) for name, obs in arms.items()},
+        quick,
+        prepare=lambda kw, i: dict(kw, forward_ct=i, proposal_folded=False),
+        after_arm=lambda name: arms[name].dump_info_records(),  # a /server_info poll, untimed
+    )
     torch.cuda.synchronize()
     med = {k: statistics.median(v) for k, v in per_step.items()}
     rec = record(NAME, {"B": b, "gamma": GAMMA, "V": V, "steps_per_arm": len(per_step["off"])},
