@@ -10,6 +10,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -192,10 +193,17 @@ def ingested(tmp_path_factory) -> Path:
     return out
 
 
-def test_summary_of_an_ingested_run_says_it_has_no_step_times(ingested):
-    proc = cli("summary", str(ingested))
-    assert "timing=none (no step times recorded)" in proc.stdout
-    assert "None" not in proc.stdout
+def test_summary_of_an_ingested_run_says_it_has_no_step_times(ingested, tmp_path):
+    """Piped, a header line stays whole however long the run's path (it once broke at
+    120 columns, mid-phrase)."""
+    deep = tmp_path / ("a-run-directory-with-a-long-name-" * 4) / "run"
+    shutil.copytree(ingested, deep)
+    for run in (ingested, deep):
+        proc = cli("summary", str(run))
+        header = proc.stdout.splitlines()[0]
+        assert header.startswith(f"{run}  mode=compact"), header
+        assert header.endswith("timing=none (no step times recorded)"), header
+        assert "None" not in proc.stdout
 
 
 def test_compare_with_an_ingested_run_notes_the_missing_configuration(compact_run, ingested):
