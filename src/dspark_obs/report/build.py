@@ -99,9 +99,9 @@ def overlay_figures(run_dirs: list[Path], out: Path) -> list[Figure]:
     arms = []
     for label, path in zip(arm_labels(list(run_dirs)), run_dirs, strict=True):
         run = open_run(path)
-        gamma = int(run.manifest["gamma"])
+        gamma = run.gamma
         arms.append((label, summarize(run), window_shares(run.requests(), gamma), load_curve(run)))
-    gamma = max(int(open_run(p).manifest["gamma"]) for p in run_dirs)
+    gamma = max(open_run(p).gamma for p in run_dirs)
     palette = workload_palette(name for _, summary, _, _ in arms for name in summary["workloads"])
     w = FigureQueue(out, background=False)
     workload_rows = [
