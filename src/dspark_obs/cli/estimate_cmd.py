@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from .. import strict_json
 from ..estimator.evaluate import evaluate
 from ..estimator.file_estimates import block_accept_estimates
 from ..store import open_run
@@ -18,7 +18,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.sglang_jsonl is not None:
         report = clean_json(block_accept_estimates(args.sglang_jsonl, args.gamma))
         if args.json:
-            print(json.dumps(report, indent=2))
+            print(strict_json.dumps(report, indent=2))
         else:
             print_block_accept_estimates(report)
         return 0
@@ -26,7 +26,7 @@ def handle(args: argparse.Namespace) -> int:
         raise CliError("give a RUN_DIR or --sglang-jsonl FILE --gamma N")
     report = clean_json(evaluate(open_run(args.run_dir)))
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(strict_json.dumps(report, indent=2))
     else:
         print_estimates(report)
     return 0

@@ -114,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug or not _is_data_error(exc):
             raise
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        print(f"dspark-obs {args.command}: error: unreadable data: {one_line(first)}", file=sys.stderr)
+        print(
+            f"dspark-obs {args.command}: error: unreadable data: {one_line(first)}", file=sys.stderr
+        )
         return 2
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 from rich.console import Console
 from rich.table import Table
 
+from .. import strict_json
 from .console import make_console
 
 
@@ -86,7 +85,7 @@ def render_summary(summary: dict, console: Console) -> None:
 
 def print_summary(summary: dict, *, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(summary, indent=2))
+        print(strict_json.dumps(summary, indent=2))
     else:
         render_summary(summary, make_console())
 

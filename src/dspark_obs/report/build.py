@@ -22,6 +22,7 @@ from pathlib import Path
 
 import polars as pl
 
+from .. import strict_json
 from ..analysis.load import load_curve
 from ..analysis.reliability import calibration_histograms, pooled
 from ..analysis.summary import summarize
@@ -184,5 +185,5 @@ def build_report(
     page = out / "report.html"
     page.write_text(html_page(title, meta, sections), encoding="utf-8")
     js = out / "report.json"
-    js.write_text(json.dumps(_json(arms), indent=1), encoding="utf-8")
+    js.write_text(strict_json.dumps(_json(arms), indent=1), encoding="utf-8")
     return Report(out, arms, sections, page, md, js)

@@ -53,8 +53,10 @@ def _numbered(directory: Path, pattern: re.Pattern[str]) -> list[tuple[int, Path
     except FileNotFoundError:
         return []
     if not stat.S_ISDIR(st.st_mode):
-        raise not_regular(directory, st.st_mode) if stat.S_ISLNK(st.st_mode) else RunStoreError(
-            f"{directory}: not a directory"
+        raise (
+            not_regular(directory, st.st_mode)
+            if stat.S_ISLNK(st.st_mode)
+            else RunStoreError(f"{directory}: not a directory")
         )
     found = []
     with os.scandir(directory) as entries:

@@ -46,7 +46,6 @@ from .tables import frames_to_batches, requests_schema, steps_schema
 __all__ = ["MANIFEST", "Run", "check_table_name", "list_parts", "open_run", "part_name"]
 
 
-
 def check_table_name(table: str) -> str:
     """Table names become directory names: none may leave the run or be `_checksums`."""
     if not isinstance(table, str) or not TABLE_RE.match(table) or table == CHECKSUMS:
