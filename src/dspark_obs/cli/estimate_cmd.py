@@ -23,7 +23,7 @@ def handle(args: argparse.Namespace) -> int:
             print_block_accept_estimates(report)
         return 0
     if args.run_dir is None:
-        raise CliError("give a RUN_DIR or --sglang-jsonl FILE --gamma N")
+        raise CliError("give a RUN_DIR or --sglang-jsonl FILE")
     report = clean_json(evaluate(open_run(args.run_dir)))
     if args.json:
         print(strict_json.dumps(report, indent=2))
@@ -45,5 +45,11 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=None,
         help="run the sampled walk on SGLang's block-accept estimator JSONL instead",
     )
-    p.add_argument("--gamma", type=int, default=None, help="block size of that JSONL")
+    p.add_argument(
+        "--gamma",
+        type=int,
+        default=None,
+        help="block size of that JSONL (default: implied by its blocks, as ingest does); "
+        "lines that contradict it are counted as bad lines",
+    )
     p.set_defaults(handler=handle)

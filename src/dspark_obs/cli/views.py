@@ -227,6 +227,12 @@ def print_block_accept_estimates(report: dict) -> None:
         "(there the point range runs to the lo/hi bracket); calibrated: the model's "
         "held-out check (--json for its bins)[/dim]"
     )
+    if report["bad_lines"]:
+        console.print(
+            f"[yellow]{report['bad_lines']:,} bad lines skipped[/yellow] (first: "
+            + "; ".join(report["bad_line_samples"][:3])
+            + ")"
+        )
 
 
 #: Ingest error reasons that are not a rejected step, and how a person says them.
