@@ -293,7 +293,10 @@ BAD_CONFIGS = [
     # a key meant to turn authentication on that would leave /metrics open
     ({"basic_auth_users": {}}, "basic_auth_users names no user"),
     ({"basic_auth_users": None}, "basic_auth_users names no user"),
-    ({"basic_auth_users": {"a": json.loads("[" * 70 + "1" + "]" * 70)}}, "nested 70 levels"),
+    (
+        {"basic_auth_users": {"a": json.loads("[" * 70 + "1" + "]" * 70)}},
+        "nested 72 levels",
+    ),  # the two outer objects count
     (["tls_server_config"], "mapping"),
 ]
 
