@@ -33,7 +33,7 @@ def walked_blocks(run: Run) -> pl.LazyFrame:
     """The `ceilings` rows of a run, computing them by replay where the run has none."""
     if "ceilings" in run.tables():
         return run.scan("ceilings")
-    gamma = int(run.manifest["gamma"])
+    gamma = run.gamma
     estimator = CeilingEstimator(gamma)
     frames = []
     for batch in run.batches():
@@ -182,7 +182,7 @@ def evaluate(run: Run) -> dict:
     population model reads its four columns once, as numpy arrays that it fits
     in a worker thread while that join runs.
     """
-    gamma = int(run.manifest["gamma"])
+    gamma = run.gamma
     if "requests" not in run.tables():  # walks only (an ingested block-accept JSONL)
         blocks = walked_blocks(run).collect().with_columns(pl.lit(None, pl.Float64).alias("truth"))
         return {

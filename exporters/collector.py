@@ -26,6 +26,8 @@ from .catalog import CATALOG, Metric
 from .exposition import Writer, label_string
 
 #: Label sets whose formatted strings are kept; groups only grow, so few are ever live.
+#: Sample name suffixes of counters and histograms.
+_SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created")
 _CACHE_SIZE = 256
 
 
@@ -34,6 +36,12 @@ def bound_string(bound: float) -> str:
     if isinstance(bound, (int, np.integer)):
         return str(int(bound))
     return f"{bound:.6g}"
+
+
+def sample_names(family: str) -> frozenset[str]:
+    """Every name a sample of the family `family` may carry in the exposition."""
+    base = family.removesuffix("_total")
+    return frozenset((family, base, *(base + s for s in _SUFFIXES)))
 
 
 class Collector:
@@ -46,14 +54,21 @@ class Collector:
         self._bounds: dict[tuple, list[str]] = {}
         self._helps: dict[tuple[str, object], str] = {}
 
-    def collect(self, *snapshots: Published | None) -> bytes:
-        """The exposition of these snapshots (None: a producer that is not there)."""
+    def collect(self, *snapshots: Published | None, names: frozenset[str] | None = None) -> bytes:
+        """The exposition of these snapshots (None: a producer that is not there).
+
+        With `names` (a scrape's `name[]=` values), only the families named, by their
+        own name or one of their samples' (`_total`, `_bucket`, `_count`, `_sum`), as
+        prometheus_client's restricted registry selects them.
+        """
         sections: dict[str, object | None] = {}
         for snap in snapshots:
             if snap is not None:
                 sections.update(snap.sections())
         w = Writer()
         for metric in self.catalog:
+            if names is not None and not names & sample_names(metric.name):
+                continue
             section_name, attr = metric.source
             section = sections.get(section_name)
             if section is None:

@@ -32,13 +32,15 @@ class Exporter:
             host=host, port=port, web_config=web_config, metrics_app=wsgi_app(self.render)
         )
 
-    def render(self) -> bytes:
+    def render(self, names: frozenset[str] | None = None) -> bytes:
+        """The exposition; only the families `names` asks for when given (`name[]=`)."""
         with self._render_lock:
             est = self.pipeline.estimator
             return self.collector.collect(
                 self.pipeline.aggregates.snapshot(),
                 self.pipeline.stats.snapshot(),
                 None if est is None else est.snapshot(),
+                names=names,
             )
 
     def start(self) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import math
 from collections.abc import Callable, Iterable, Sequence
+from urllib.parse import parse_qs
 
 import numpy as np
 
@@ -112,11 +113,21 @@ class Writer:
         return "".join(self.parts).encode()
 
 
-def wsgi_app(render: Callable[[], bytes]) -> Callable[[dict, Callable], Iterable[bytes]]:
-    """A WSGI app serving `render()` as text exposition, gzipped when the scraper asks."""
+def asked_names(query: str) -> frozenset[str] | None:
+    """The `name[]=` values of a /metrics query (None: no filter), as Prometheus clients
+    send them to scrape a few families; prometheus_client's exporters honour them."""
+    names = parse_qs(query, keep_blank_values=True).get("name[]")
+    return frozenset(names) if names else None
+
+
+def wsgi_app(
+    render: Callable[[frozenset[str] | None], bytes],
+) -> Callable[[dict, Callable], Iterable[bytes]]:
+    """A WSGI app serving `render(names)` as text exposition, gzipped when the scraper asks;
+    `names` are the families a `name[]=` query restricts it to (None: all)."""
 
     def app(environ, start_response):
-        body = render()
+        body = render(asked_names(environ.get("QUERY_STRING", "")))
         headers = [("Content-Type", CONTENT_TYPE)]
         if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):
             body = gzip.compress(body, compresslevel=1)

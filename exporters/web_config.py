@@ -22,6 +22,8 @@ from typing import Any
 
 import bcrypt
 
+from dspark_obs.json_files import check_nesting
+
 __all__ = ["TLSServerConfig", "WebConfig", "hash_password", "load_web_config"]
 
 # Modular-crypt bcrypt: $2a$/$2b$/$2y$, two-digit cost, 22 salt + 31 hash chars.
@@ -111,6 +113,12 @@ def load_web_config(path: str | Path) -> WebConfig:
     tls_raw = data.get("tls_server_config")
     tls = None if tls_raw is None else _parse_tls(path, tls_raw)
     users = _parse_users(path, data.get("basic_auth_users"))
+    if "basic_auth_users" in data and not users:
+        # a key meant to turn authentication on must not leave the endpoint open
+        raise ValueError(
+            f"{path}: basic_auth_users names no user, so /metrics would be served without "
+            "authentication; add a user, or remove the key to serve without basic auth"
+        )
     if tls is not None:
         try:
             tls.ssl_context()
@@ -122,6 +130,10 @@ def load_web_config(path: str | Path) -> WebConfig:
 def _parse(path: Path, text: str) -> Any:
     if not text.strip():
         return {}  # exporter-toolkit treats an empty file as "no TLS, no auth"
+    try:  # JSON, or YAML's flow style, nested past any real config: refused, not recursed into
+        check_nesting(text.encode("utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as json_exc:
@@ -136,6 +148,8 @@ def _parse(path: Path, text: str) -> Any:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise ValueError(f"{path}: not valid YAML: {exc}") from None
+        except RecursionError:  # block-style nesting, which brackets do not show
+            raise ValueError(f"{path}: YAML nested too deeply") from None
         return {} if loaded is None else loaded
 
 

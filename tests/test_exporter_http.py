@@ -290,6 +290,13 @@ BAD_CONFIGS = [
     ({"basic_auth_users": {"prom": "$1$abc$" + "x" * 22}}, "basic_auth_users.prom"),
     ({"basic_auth_users": {"a:b": USERS["prom"]}}, "basic_auth_users"),
     ({"basic_auth_users": ["prom"]}, "basic_auth_users"),
+    # a key meant to turn authentication on that would leave /metrics open
+    ({"basic_auth_users": {}}, "basic_auth_users names no user"),
+    ({"basic_auth_users": None}, "basic_auth_users names no user"),
+    (
+        {"basic_auth_users": {"a": json.loads("[" * 70 + "1" + "]" * 70)}},
+        "nested 72 levels",
+    ),  # the two outer objects count
     (["tls_server_config"], "mapping"),
 ]
 

@@ -211,11 +211,13 @@ def test_nonfinite_log_probs_like_json_dumps_writes_them():
     ]
     assert "-Infinity" in lines[0] and "NaN" in lines[1]
     log = read_block_accept_jsonl(lines)
-    assert log.bad_lines == 0
+    # -Infinity is a masked token (never accepted); NaN is no log-probability: SGLang's
+    # min(1.0, exp(nan)) would count the token as accepted, so the line is refused instead
+    assert log.bad_lines == 1 and log.bad_line_samples[0][0] == 2
+    assert "p_lp is NaN" in log.bad_line_samples[0][1]
     blocks = _by_key(walk_blocks(log, 2))
     assert blocks["x-0", 1]["lo"] == 0.0 and blocks["x-0", 1]["hi"] == 0.0
-    # Python's min(1.0, exp(nan)) is 1.0: SGLang counts such a token as accepted.
-    assert blocks["x-1", 1]["lo"] == 1.0
+    assert ("x-1", 1) not in blocks
 
 
 def test_workload_default_and_custom():
@@ -348,7 +350,7 @@ def _files(draw):
         for j in range(walked):
             diverge = draw(st.booleans())
             realized = tail[j] + 1 if diverge else tail[j]
-            pg.append([k, w + 1 + j, draw(st.floats(-8, 0.5)), tail[j], realized])
+            pg.append([k, w + 1 + j, draw(st.floats(-8, 0)), tail[j], realized])
             if diverge:
                 break
         rid = f"{draw(st.sampled_from(['a', 'b']))}-{k}"

@@ -331,9 +331,13 @@ def test_resume_discards_debris_of_a_crashed_flush(tmp_path):
     run = tmp_path / "run"
     batches = make_batches(9, steps=12)
     write_run(run, batches)
-    # a flush that died after publishing requests but before steps, plus a half file
+    # a writer killed in a flush after publishing requests but before steps, plus a half file
+    _set_manifest(run, complete=False)
     (run / "requests" / "part-000002.parquet").write_bytes(
         (run / "requests" / "part-000000.parquet").read_bytes()
+    )
+    (run / "_checksums" / "requests" / "part-000002.parquet.json").write_bytes(
+        (run / "_checksums" / "requests" / "part-000000.parquet.json").read_bytes()
     )
     (run / "steps" / "part-000002.parquet.tmp").write_bytes(b"PAR1 half a file")
     r = open_run(run)
@@ -587,11 +591,17 @@ def test_every_part_has_a_checksum_record(tmp_path):
     assert open_run(run).tables() == ["estimates", "requests", "steps"]
 
 
+def _set_manifest(run: Path, **values) -> None:
+    manifest = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**manifest, **values}))
+
+
 @pytest.mark.parametrize("keep", ["none", "some"])
 def test_parts_without_checksum_records_still_read(tmp_path, keep):
-    """Runs written before parts had checksums (or copied without them) read unverified."""
+    """Runs written before every part had a checksum record read unverified."""
     run = tmp_path / "run"
     batches = _written_with_extra_table(run)
+    _set_manifest(run, store_version=1)
     if keep == "none":
         shutil.rmtree(run / "_checksums")
     else:
@@ -709,11 +719,11 @@ def test_resumed_old_run_gets_records_for_its_new_parts(tmp_path):
         b.forward_ct += 1000
     write_run(run, first)
     shutil.rmtree(run / "_checksums")
+    _set_manifest(run, store_version=1)
     write_run(run, second, resume=True)
-    assert {k.split("/")[1] for k in _records(run)} == {
-        "part-000002.parquet.json",
-        "part-000003.parquet.json",
-    }
+    # the old parts are adopted as they are: the resumed run has a record for every part
+    assert set(_records(run)) == {f"{p.parent.name}/{p.name}.json" for p in run.glob("*/*.parquet")}
+    assert json.loads((run / "run.json").read_text())["store_version"] == 2
     assert_batches_equal(list(open_run(run).batches()), first + second)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 
@@ -15,3 +17,9 @@ def clean_json(obj):
     if isinstance(obj, (list, tuple)):
         return [clean_json(v) for v in obj]
     return obj
+
+
+def dumps(obj, **kwargs) -> str:
+    """`obj` as JSON any parser accepts: `clean_json` first, and a ValueError, not an
+    `Infinity`, for anything it missed (`allow_nan=False`)."""
+    return json.dumps(clean_json(obj), allow_nan=False, **kwargs)

@@ -28,6 +28,7 @@ import numpy as np
 import polars as pl
 
 from ..store import Run, open_run
+from ..store.errors import reading
 from .bootstrap import bootstrap_delta, holm, holm_intervals
 from .compare_meta import CompareError, check_comparable, config_diff, describe
 from .step_time import measured_step_ms
@@ -294,6 +295,18 @@ def compare_runs(
         raise CompareError("--reps must be at least 1")
     ra = run_a if isinstance(run_a, Run) else open_run(run_a)
     rb = run_b if isinstance(run_b, Run) else open_run(run_b)
+    with reading(ra, rb):
+        return _compare(ra, rb, allow_mismatch, reps, seed, batch_sizes)
+
+
+def _compare(
+    ra: Run,
+    rb: Run,
+    allow_mismatch: bool,
+    reps: int,
+    seed: int,
+    batch_sizes: Sequence[int] | None,
+) -> dict[str, Any]:
     for name, r in (("A", ra), ("B", rb)):
         if "requests" not in r.tables():
             raise CompareError(f"run {name} ({r.path}) holds no request-steps")

@@ -49,7 +49,7 @@ def matrix_and_labels(
 def fit_sts_from_run(run_dir: Path, bins: int = 15) -> StsCalibration:
     """STS temperatures from the raw confidence logits a run recorded, with their labels."""
     run = open_run(run_dir)
-    gamma = int(run.manifest["gamma"])
+    gamma = run.gamma
     df = confidence_rows(run, "confidence_logits")
     if df.height == 0:
         raise ValueError(f"{run_dir}: no raw confidence logits recorded; cannot fit STS")

@@ -53,7 +53,7 @@ def calibration_histograms(
     run: Run, stages: tuple[str, ...] = (RECORDED, RAW), bins: int = 15, auroc_bins: int = 1024
 ) -> dict[str, dict[str | None, CalibrationAccumulator]]:
     """Per stage, one accumulator per workload; a stage no row records is left out."""
-    gamma = int(run.manifest["gamma"])
+    gamma = run.gamma
     req = run.requests()
     names = sorted(
         req.select(pl.col("workload").unique()).collect()["workload"].to_list(),

@@ -27,7 +27,7 @@ def _ceiling(gamma: int, walked: bool) -> pl.Expr:
 
 def request_steps_with_ceiling(run: Run, blocks: pl.LazyFrame | None) -> pl.LazyFrame:
     """Request-steps with `ceiling_best` (null where unknown); joins walks only if needed."""
-    gamma = int(run.manifest["gamma"])
+    gamma = run.gamma
     req = run.requests()
     missing = req.select(
         (

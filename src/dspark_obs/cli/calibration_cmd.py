@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 from rich.table import Table
 
+from .. import strict_json
 from ..analysis.reliability import calibration_report
-from ..strict_json import clean_json
 from .console import make_console
 
 
 def handle(args: argparse.Namespace) -> int:
     report = calibration_report(args.run_dir, args.bins)
     if args.json:
-        print(json.dumps(clean_json(report), indent=2))
+        print(strict_json.dumps(report, indent=2))
         return 0
     console = make_console()
     sections = [*report["workloads"].items(), ("overall", report["overall"])]

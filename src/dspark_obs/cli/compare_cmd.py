@@ -15,10 +15,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .. import strict_json
 from ..analysis.compare import compare_runs
 from ..analysis.verdict import ci_text, num
 from ..report import overlay_figures
-from ..strict_json import clean_json
 from .console import make_console
 from .errors import CliError
 from .views import timing_text
@@ -124,7 +124,7 @@ def handle(args: argparse.Namespace) -> int:
         batch_sizes=args.bs,
     )
     if args.json:
-        print(json.dumps(clean_json(result), indent=2))
+        print(strict_json.dumps(result, indent=2))
     else:
         render(result, make_console())
     if args.out is not None:

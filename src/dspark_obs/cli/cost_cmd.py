@@ -14,12 +14,12 @@ import argparse
 import json
 from pathlib import Path
 
+from .. import strict_json
 from ..analysis.cost_fit import TIME_COLUMNS, CostFit, CostFitError, check_probes, fit_cost_table
 from ..report import cost_quality_table
 from ..report.document import print_table
 from ..report.figures.cost import write_cost_plots
 from ..store import open_run
-from ..strict_json import clean_json
 from .console import make_console
 from .errors import CliError
 
@@ -86,7 +86,7 @@ def handle_fit(args: argparse.Namespace) -> int:
             "fit": fit.to_dict(),
             "plots": plots,
         }
-        print(json.dumps(clean_json(report), indent=2))
+        print(strict_json.dumps(report, indent=2))
     else:
         render(fit, args.out, plots)
     return 0

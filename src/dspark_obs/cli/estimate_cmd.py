@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from .. import strict_json
 from ..estimator.evaluate import evaluate
 from ..estimator.file_estimates import block_accept_estimates
 from ..store import open_run
@@ -18,15 +18,15 @@ def handle(args: argparse.Namespace) -> int:
     if args.sglang_jsonl is not None:
         report = clean_json(block_accept_estimates(args.sglang_jsonl, args.gamma))
         if args.json:
-            print(json.dumps(report, indent=2))
+            print(strict_json.dumps(report, indent=2))
         else:
             print_block_accept_estimates(report)
         return 0
     if args.run_dir is None:
-        raise CliError("give a RUN_DIR or --sglang-jsonl FILE --gamma N")
+        raise CliError("give a RUN_DIR or --sglang-jsonl FILE")
     report = clean_json(evaluate(open_run(args.run_dir)))
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(strict_json.dumps(report, indent=2))
     else:
         print_estimates(report)
     return 0
@@ -45,5 +45,11 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=None,
         help="run the sampled walk on SGLang's block-accept estimator JSONL instead",
     )
-    p.add_argument("--gamma", type=int, default=None, help="block size of that JSONL")
+    p.add_argument(
+        "--gamma",
+        type=int,
+        default=None,
+        help="block size of that JSONL (default: implied by its blocks, as ingest does); "
+        "lines that contradict it are counted as bad lines",
+    )
     p.set_defaults(handler=handle)

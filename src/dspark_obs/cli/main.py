@@ -110,6 +110,27 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"dspark-obs {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
+    except BaseException as exc:
+        if args.debug or not _is_data_error(exc):
+            raise
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(
+            f"dspark-obs {args.command}: error: unreadable data: {one_line(first)}", file=sys.stderr
+        )
+        return 2
+
+
+def _is_data_error(exc: BaseException) -> bool:
+    """Whether `exc` is polars failing on bad data (a damaged part nothing verified).
+
+    Libraries name the run they read where they can (`store.errors.reading`); this is
+    the last line, so that no command prints a traceback for a damaged file. polars is
+    only looked at when the command already imported it.
+    """
+    pl = sys.modules.get("polars")
+    if pl is None:
+        return False
+    return isinstance(exc, (pl.exceptions.PolarsError, pl.exceptions.PanicException))
 
 
 def one_line(text: str) -> str:

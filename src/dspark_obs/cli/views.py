@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 from rich.console import Console
 from rich.table import Table
 
+from .. import strict_json
 from .console import make_console
 
 
@@ -86,7 +85,7 @@ def render_summary(summary: dict, console: Console) -> None:
 
 def print_summary(summary: dict, *, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(summary, indent=2))
+        print(strict_json.dumps(summary, indent=2))
     else:
         render_summary(summary, make_console())
 
@@ -228,6 +227,12 @@ def print_block_accept_estimates(report: dict) -> None:
         "(there the point range runs to the lo/hi bracket); calibrated: the model's "
         "held-out check (--json for its bins)[/dim]"
     )
+    if report["bad_lines"]:
+        console.print(
+            f"[yellow]{report['bad_lines']:,} bad lines skipped[/yellow] (first: "
+            + "; ".join(report["bad_line_samples"][:3])
+            + ")"
+        )
 
 
 #: Ingest error reasons that are not a rejected step, and how a person says them.

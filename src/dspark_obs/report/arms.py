@@ -78,7 +78,7 @@ def analyse(label: str, run: Run, top: int) -> Arm:
     after the light views' figures are queued, so that a large run's figures
     render in the figure worker while those passes run here.
     """
-    gamma = int(run.manifest["gamma"])
+    gamma = run.gamma
     if not has_requests(run):
         raise ValueError(
             f"{run.path}: no request-steps (a block-accept-only ingest); "

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import polars as pl
 
+from .. import strict_json
 from ..analysis.load import load_curve
 from ..analysis.reliability import calibration_histograms, pooled
 from ..analysis.summary import summarize
@@ -99,9 +100,9 @@ def overlay_figures(run_dirs: list[Path], out: Path) -> list[Figure]:
     arms = []
     for label, path in zip(arm_labels(list(run_dirs)), run_dirs, strict=True):
         run = open_run(path)
-        gamma = int(run.manifest["gamma"])
+        gamma = run.gamma
         arms.append((label, summarize(run), window_shares(run.requests(), gamma), load_curve(run)))
-    gamma = max(int(open_run(p).manifest["gamma"]) for p in run_dirs)
+    gamma = max(open_run(p).gamma for p in run_dirs)
     palette = workload_palette(name for _, summary, _, _ in arms for name in summary["workloads"])
     w = FigureQueue(out, background=False)
     workload_rows = [
@@ -184,5 +185,5 @@ def build_report(
     page = out / "report.html"
     page.write_text(html_page(title, meta, sections), encoding="utf-8")
     js = out / "report.json"
-    js.write_text(json.dumps(_json(arms), indent=1), encoding="utf-8")
+    js.write_text(strict_json.dumps(_json(arms), indent=1), encoding="utf-8")
     return Report(out, arms, sections, page, md, js)

@@ -42,7 +42,15 @@ from .acceptance import accept_probability, leading_run, log_softmax, residual, 
 from .config import RuntimeConfig
 from .cost_table import round_to_tier
 from .drafter import BlockDrafter
-from .external import RID_WORKLOAD, ExternalRequest, ExternalStep, FinishedRequest
+from .external import (
+    MAX_NEW_TOKENS,
+    MAX_RID_CHARS,
+    MAX_TOKEN_ID,
+    RID_WORKLOAD,
+    ExternalRequest,
+    ExternalStep,
+    FinishedRequest,
+)
 from .hashing import extend, mix, uniform, unit
 from .language import EOS_TOKEN, SyntheticTarget
 from .scheduler import schedule
@@ -315,8 +323,8 @@ class DSparkRuntime:
         arrival order, so one prompt gives one token stream whatever the
         traffic around it; text prompts count as their UTF-8 bytes.
         """
-        if not isinstance(rid, str) or not rid:
-            raise ValueError("rid must be a non-empty string")
+        if not isinstance(rid, str) or not 1 <= len(rid) <= MAX_RID_CHARS:
+            raise ValueError(f"rid must be a string of 1..{MAX_RID_CHARS} characters")
         if (input_ids is None) == (text is None):
             raise ValueError("give exactly one of text or input_ids")
         if text is not None:
@@ -325,9 +333,10 @@ class DSparkRuntime:
             ids = list(text.encode())
         else:
             if not isinstance(input_ids, (list, tuple)) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in input_ids
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID
+                for t in input_ids
             ):
-                raise ValueError("input_ids must be a list of non-negative integers")
+                raise ValueError("input_ids must be a list of integers in 0..2**63-1")
             ids = list(input_ids)
         if not ids:
             raise ValueError("the prompt is empty")
@@ -337,8 +346,8 @@ class DSparkRuntime:
             raise ValueError("temperature must be >= 0")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
             raise ValueError("max_new_tokens must be an integer")
-        if max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be >= 1")
+        if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+            raise ValueError(f"max_new_tokens {max_new_tokens} outside 1..{MAX_NEW_TOKENS}")
         if workload is None:
             m = RID_WORKLOAD.match(rid)
             name = m["workload"] if m and m["workload"] in self.workload_names else None
@@ -369,6 +378,19 @@ class DSparkRuntime:
         req = self.external_request(rid, **request)
         self.pending.append(req)
         return req
+
+    def abort_external(self, rids: set[str]) -> int:
+        """Stop requests nobody waits for any more; how many were queued or running.
+
+        A queued one is dropped; a running one ends at its next step as if it had
+        reached `max_new_tokens` (its slot is freed the usual way, its output unread).
+        """
+        queued = len(self.pending)
+        self.pending = deque(r for r in self.pending if r.rid not in rids)
+        slots = [s for s in np.flatnonzero(self.active).tolist() if self.rid[s] in rids]
+        self.max_new[slots] = np.maximum(self.generated[slots], 1)
+        self.ignore_eos[slots] = False
+        return queued - len(self.pending) + len(slots)
 
     @property
     def has_external_work(self) -> bool:

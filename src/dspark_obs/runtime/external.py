@@ -15,6 +15,13 @@ from ..telemetry.batch import StepBatch
 
 #: The workload of an external request named like SGLang benchmark rids (`gsm8k-17`).
 RID_WORKLOAD = re.compile(r"^(?P<workload>[^-]+)-")
+#: Most tokens one request may ask for: past any model's context, and small enough that
+#: counts stay exact in every array (a request for 2**64 tokens overflowed a rank's step).
+MAX_NEW_TOKENS = 1 << 16
+#: Longest rid accepted (SGLang's are uuid hex, 32 characters).
+MAX_RID_CHARS = 256
+#: Token ids are int64 in every array.
+MAX_TOKEN_ID = 2**63 - 1
 
 
 @dataclass(frozen=True)

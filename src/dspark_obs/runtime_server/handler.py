@@ -11,6 +11,8 @@ import hmac
 import json
 import logging
 import math
+import select
+import socket
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from .. import __version__
-from .protocol import RequestError
+from .protocol import ClientGone, RequestError
 
 if TYPE_CHECKING:
     from .server import RuntimeFrontend
@@ -77,6 +79,14 @@ def make_handler(front: RuntimeFrontend) -> type[BaseHTTPRequestHandler]:
             except (ValueError, UnicodeDecodeError) as exc:
                 raise RequestError(f"invalid JSON body: {exc}") from None
 
+        def _client_gone(self) -> bool:
+            """Whether the client closed its end (readable with nothing to read)."""
+            try:
+                readable, _, _ = select.select([self.connection], [], [], 0)
+                return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
+
         def _limited(self, method: str) -> bool:
             """Answer 429 (with Retry-After) when this client is over --rate-limit."""
             wait = front.limiter.wait(self.client_address[0])
@@ -111,13 +121,16 @@ def make_handler(front: RuntimeFrontend) -> type[BaseHTTPRequestHandler]:
                 elif method == "GET" and path in ("/server_info", "/get_server_info"):
                     self._send(HTTPStatus.OK, front.server_info())
                 elif method == "POST" and path == "/generate":
-                    self._send(HTTPStatus.OK, front.generate(self._body()))
+                    self._send(HTTPStatus.OK, front.generate(self._body(), self._client_gone))
                 elif method == "POST" and path == "/set_internal_state":
                     self._send(HTTPStatus.OK, front.set_internal_state(self._body()))
                 else:
                     self._error(HTTPStatus.NOT_FOUND, f"no {method} {path}")
             except RequestError as exc:
                 self._error(exc.status, str(exc))
+            except ClientGone as exc:
+                self.close_connection = True
+                log.info("%s %s: %s", method, path, exc)
             except Exception as exc:  # a bug answers 500; the server stays up
                 log.exception("%s %s failed", method, path)
                 self._error(HTTPStatus.INTERNAL_SERVER_ERROR, repr(exc))

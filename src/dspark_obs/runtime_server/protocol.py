@@ -24,6 +24,10 @@ class RequestError(ValueError):
         self.status = status
 
 
+class ClientGone(Exception):
+    """The client closed its connection before its answer: nothing is sent back."""
+
+
 def detokenize(ids: list[int]) -> str:
     """A stand-in for the tokenizer: synthetic tokens have no text, only a stable spelling."""
     return "".join(_ALPHABET[t % len(_ALPHABET)] for t in ids)
@@ -74,6 +78,9 @@ def parse_generate(body: dict) -> tuple[list[dict], bool]:
                 "workload": wl,
             }
         )
+    for r in out:  # checked here so that the duplicate test below can hash them
+        if not isinstance(r["rid"], str):
+            raise RequestError(f"rid must be a string, got {type(r['rid']).__name__}")
     if len({r["rid"] for r in out}) != n:
         raise RequestError("rids repeat within the batch")
     return out, batched

@@ -43,6 +43,8 @@ class Rank:
         self.speed = speed
         self.records: deque = deque(maxlen=max_records)
         self.steps = 0
+        #: requests stopped because their client went away before the answer
+        self.aborted = 0
         self.force_budget_frac: float | None = None
         self._engine_lock = threading.Lock()
         self._wake = threading.Condition(self._engine_lock)
@@ -70,6 +72,13 @@ class Rank:
             self.engine.pending.append(req)
             self._wake.notify()
         return waiter
+
+    def abort(self, rids: set[str]) -> None:
+        """Stop the requests `rids` (their clients went away) and forget their waiters."""
+        with self._wake:
+            for rid in rids:
+                self._waiters.pop(rid, None)
+            self.aborted += self.engine.abort_external(rids)
 
     def running(self) -> int:
         return len(self._waiters)

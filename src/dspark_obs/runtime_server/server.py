@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import ThreadingHTTPServer
 
@@ -27,9 +28,12 @@ from .. import __version__
 from ..runtime.config import RuntimeConfig
 from ..telemetry.server_info import MAX_DP_RANKS
 from .handler import make_handler
-from .protocol import RequestError, detokenize, parse_generate
+from .protocol import ClientGone, RequestError, detokenize, parse_generate
 from .ranks import MAX_RECORDS, Rank
 from .rate_limit import DEFAULT_RATE_LIMIT, RateLimiter
+
+#: How often a waiting `/generate` checks that its client is still connected.
+_GONE_POLL_S = 0.25
 
 
 class _Server(ThreadingHTTPServer):
@@ -99,7 +103,13 @@ class RuntimeFrontend:
 
     # -- endpoints -------------------------------------------------------------------------
 
-    def generate(self, body) -> dict | list:
+    def generate(self, body, gone: Callable[[], bool] | None = None) -> dict | list:
+        """The answer to a `/generate` body; `gone` says whether the client hung up.
+
+        While waiting, `gone` is asked every `_GONE_POLL_S`: once the client has gone,
+        its requests are stopped (a client that times out on a long `ignore_eos`
+        request must not leave it generating) and ClientGone is raised.
+        """
         if not isinstance(body, dict):
             raise RequestError("the body must be a JSON object")
         reqs, batched = parse_generate(body)
@@ -108,15 +118,20 @@ class RuntimeFrontend:
             checked = [ranks[0].engine.external_request(kw.pop("rid"), **kw) for kw in reqs]
         except ValueError as exc:
             raise RequestError(str(exc)) from None
-        submitted = []
+        submitted, used = [], []
         for req in checked:
             with self._rr_lock:
                 rank = ranks[next(self._next_rank) % len(ranks)]
             start = time.perf_counter()
             submitted.append((rank.submit(req), start))
+            used.append(rank)
         answers = []
         for waiter, start in submitted:
-            waiter.done.wait()
+            while not waiter.done.wait(_GONE_POLL_S):
+                if gone is not None and gone():
+                    for r, k in zip(checked, used, strict=True):
+                        k.abort({r.rid})
+                    raise ClientGone(f"client went away; {len(checked)} requests stopped")
             if waiter.error is not None:
                 raise RequestError(waiter.error, HTTPStatus.SERVICE_UNAVAILABLE)
             f = waiter.result

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..json_files import decode_json
 from ..sources.sglang_http import SGLangClient
 from ..telemetry import StepBatch
 from ..telemetry.server_info import info_record_to_batches, server_info_ranks
@@ -47,8 +48,8 @@ def load_requests(path: Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            req = json.loads(line)
-        except json.JSONDecodeError as exc:
+            req = decode_json(line.encode("utf-8"))
+        except ValueError as exc:
             raise ValueError(f"{path}, line {n}: not JSON ({exc})") from None
         if (
             not isinstance(req, dict)

@@ -12,8 +12,9 @@ to scan a directory holding anything but Parquet files, and a table directory
 stays readable by any tool as a plain Parquet dataset. The writer publishes a
 record before the part it describes, so a published part always has its
 record; a record without its part is debris of an interrupted flush and is
-ignored. A part without a record was written before parts had checksums (or
-copied without them): it is read unverified, as it always was.
+ignored. A part without a record is refused in a run whose manifest says every
+part has one (`store_version` 2 and later, `inventory.py`); only runs written
+before parts had checksums are read unverified.
 
 CRC-32 runs at about 4 GB/s in `zlib` and releases the GIL on large buffers,
 so a run's parts are verified on a thread pool, each once per `Run` (see
@@ -33,7 +34,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..json_files import decode_json
 from .errors import RunStoreError, unreadable
+from .files import check_regular, open_regular, read_regular
 
 try:  # ISA-L's CRC-32 equals zlib's (tests/test_store.py checks it), only faster
     from isal.isal_zlib import crc32
@@ -58,23 +61,31 @@ def checksum_path(part: Path) -> Path:
     return table_dir.parent / CHECKSUMS / table_dir.name / f"{part.name}.json"
 
 
+def _record(size: int, crc: int) -> bytes:
+    return json.dumps({"size": size, "crc32": crc}).encode("ascii") + b"\n"
+
+
 def checksum_record(data: bytes | memoryview) -> bytes:
     """The record published with a part whose bytes are `data`."""
-    return json.dumps({"size": len(data), "crc32": crc32(data)}).encode("ascii") + b"\n"
+    return _record(len(data), crc32(data))
+
+
+def file_record(part: Path) -> bytes:
+    """The record of the part file `part` as it is now (a resumed older run's parts)."""
+    return _record(check_regular(part).st_size, _crc32_file(part))
 
 
 def _read_record(path: Path) -> tuple[int, int] | None:
     """(size, crc32) recorded for a part, or None when the part has no record."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(_MAX_RECORD_BYTES + 1)
+        raw = read_regular(path, _MAX_RECORD_BYTES)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise unreadable(path, exc) from exc
     try:
-        record = json.loads(raw) if len(raw) <= _MAX_RECORD_BYTES else None
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        record = decode_json(raw) if len(raw) <= _MAX_RECORD_BYTES else None
+    except ValueError:
         record = None
     size = record.get("size") if isinstance(record, dict) else None
     crc = record.get("crc32") if isinstance(record, dict) else None
@@ -85,12 +96,12 @@ def _read_record(path: Path) -> tuple[int, int] | None:
 
 
 def _crc32_file(path: Path) -> int:
-    """CRC-32 of a file, read through one buffer per thread rather than whole into memory."""
+    """CRC-32 of a regular file, read through one buffer per thread rather than whole."""
     buf = getattr(_buffers, "buf", None)
     if buf is None:
         buf = _buffers.buf = memoryview(bytearray(_CHUNK))
     crc = 0
-    with open(path, "rb", buffering=0) as f:
+    with open(open_regular(path), "rb", buffering=0) as f:
         while n := f.readinto(buf):
             crc = crc32(buf[:n], crc)
     return crc
@@ -103,7 +114,7 @@ def verify_part(part: Path) -> None:
         return
     size, crc = record
     try:
-        actual_size = part.stat().st_size
+        actual_size = check_regular(part).st_size
         actual_crc = _crc32_file(part) if actual_size == size else None
     except OSError as exc:
         raise unreadable(part, exc) from exc

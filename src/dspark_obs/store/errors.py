@@ -9,6 +9,9 @@ to look at that file.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import polars as pl
 
 
@@ -33,3 +36,17 @@ def unreadable(path, exc: BaseException) -> RunStoreError:
     """
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return RunStoreError(f"{path}: unreadable: {first}")
+
+
+@contextmanager
+def reading(*runs) -> Iterator[None]:
+    """Turn what reading a run's parts raises inside a query into a RunStoreError.
+
+    A part with no checksum record (a run written before parts had them) can pass
+    every check of `Run.scan` and still be damaged inside a data page, which polars
+    only finds when a query reads that page: the error then names the run(s) read.
+    """
+    try:
+        yield
+    except READ_ERRORS as exc:
+        raise unreadable(" or ".join(str(getattr(r, "path", r)) for r in runs), exc) from exc

@@ -14,13 +14,13 @@ describe the same steps.
 
 Every part is checked against its checksum record (`checksums.py`) before
 polars reads anything of it, because polars aborts the process on some damaged
-page headers instead of raising.
+page headers instead of raising; the parts found are held to the records and the
+manifest first (`inventory.py`), and a closed run's rows to the manifest's counts,
+so a missing, extra or unreadable part is an error naming it, never a hole.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,49 +31,26 @@ import polars as pl
 from ..telemetry.batch import StepBatch
 from .checksums import CHECKSUMS, verify_parts
 from .errors import READ_ERRORS, RunStoreError, unreadable
-from .tables import REQUESTS, STEPS, frames_to_batches, requests_schema, steps_schema
+from .inventory import (
+    MANIFEST,
+    REQUESTS,
+    STEPS,
+    TABLE_RE,
+    list_parts,
+    part_name,
+    take_inventory,
+)
+from .manifest import read_manifest
+from .tables import frames_to_batches, requests_schema, steps_schema
 
-MANIFEST = "run.json"
-_PART_RE = re.compile(r"^part-(\d{6,})\.parquet$")
-_TABLE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
-
-
-def part_name(number: int) -> str:
-    """File name of part `number` (zero-padded so names also sort in shell globs)."""
-    return f"part-{number:06d}.parquet"
+__all__ = ["MANIFEST", "Run", "check_table_name", "list_parts", "open_run", "part_name"]
 
 
 def check_table_name(table: str) -> str:
     """Table names become directory names: none may leave the run or be `_checksums`."""
-    if not isinstance(table, str) or not _TABLE_RE.match(table) or table == CHECKSUMS:
+    if not isinstance(table, str) or not TABLE_RE.match(table) or table == CHECKSUMS:
         raise RunStoreError(f"invalid table name {table!r}")
     return table
-
-
-def list_parts(table_dir: Path) -> list[tuple[int, Path]]:
-    """Published parts of one table, by part number; `.tmp` leftovers excluded."""
-    if not table_dir.is_dir():
-        return []
-    found = []
-    for entry in table_dir.iterdir():
-        m = _PART_RE.match(entry.name)
-        if m and entry.is_file():
-            found.append((int(m.group(1)), entry))
-    found.sort()
-    return found
-
-
-def read_manifest(path: Path) -> dict[str, Any]:
-    """The parsed `run.json`, or a RunStoreError naming the file."""
-    if not path.is_file():
-        raise RunStoreError(f"{path}: missing run manifest (not a run directory?)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RunStoreError(f"{path}: corrupt run manifest: {exc}") from exc
-    if not isinstance(manifest, dict):
-        raise RunStoreError(f"{path}: run manifest is not a JSON object")
-    return manifest
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,26 +64,45 @@ class Run:
     _checked: dict[tuple[str, int, int, int], pl.Schema] = field(
         default_factory=dict, repr=False, compare=False
     )
+    #: rows of a table's parts, by (table, parts): counted once, held to the manifest
+    _rows: dict[tuple[str, tuple[Path, ...]], int] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @property
     def complete(self) -> bool:
         """Whether the writer closed cleanly (False while writing or after a crash)."""
         return bool(self.manifest.get("complete", False))
 
+    @property
+    def gamma(self) -> int:
+        """Drafted tokens per block, from the manifest (validated when it was read)."""
+        gamma = self.manifest.get("gamma")
+        if gamma is None:
+            raise RunStoreError(f"{self.path / MANIFEST}: no gamma (the run holds no steps?)")
+        return gamma
+
     def tables(self) -> list[str]:
         """Tables that have at least one published part."""
-        return sorted(
-            d.name
-            for d in self.path.iterdir()
-            if d.is_dir() and d.name != CHECKSUMS and self._part_list(d.name)
-        )
+        return sorted(t for t in take_inventory(self.path, self.manifest) if self._part_list(t))
 
     def _part_list(self, table: str) -> list[tuple[int, Path]]:
-        parts = list_parts(self.path / check_table_name(table))
+        inventory = take_inventory(self.path, self.manifest)
+        parts = inventory.get(check_table_name(table), [])
         if table == REQUESTS:
-            committed = {n for n, _ in list_parts(self.path / STEPS)}
+            committed = {n for n, _ in inventory.get(STEPS, [])}
             parts = [(n, p) for n, p in parts if n in committed]
         return parts
+
+    def _check_rows(self, table: str, rows: int) -> None:
+        """RunStoreError unless a closed run's `table` holds the rows its manifest counts."""
+        key = {STEPS: "steps", REQUESTS: "request_steps"}.get(table)
+        expected = self.manifest.get(key) if key else None
+        if self.complete and expected is not None and rows != expected:
+            raise RunStoreError(
+                f"{self.path / table}: {rows} rows, but {MANIFEST} says the run stored "
+                f"{expected}: parts changed, missing or added"
+            )
 
     def parts(self, table: str) -> list[Path]:
         """Published part files of `table`, in part order."""
@@ -125,15 +121,24 @@ class Run:
         if not files:
             raise RunStoreError(f"{self.path / table}: table {table!r} has no parts")
         self.check_parts(table, files)
-        return pl.scan_parquet([str(f) for f in files], glob=False)
+        frame = pl.scan_parquet([str(f) for f in files], glob=False)
+        if table in (STEPS, REQUESTS) and self.complete:
+            key = (table, tuple(files))
+            if key not in self._rows:
+                try:
+                    self._rows[key] = frame.select(pl.len()).collect().item()
+                except READ_ERRORS as exc:
+                    raise unreadable(self.path / table, exc) from exc
+            self._check_rows(table, self._rows[key])
+        return frame
 
     def _expected_schema(self, table: str) -> dict[str, pl.DataType]:
         if table == STEPS:
             return dict(steps_schema())
         if table == REQUESTS:
             gamma = self.manifest.get("gamma")
-            schema = dict(requests_schema(gamma if isinstance(gamma, int) and gamma > 0 else 1))
-            if not (isinstance(gamma, int) and gamma > 0):  # matrix width unknown: names only
+            schema = dict(requests_schema(gamma or 1))
+            if gamma is None:  # matrix width unknown: names only
                 schema = {k: v for k, v in schema.items() if not isinstance(v, pl.Array)}
             return schema
         return {}
@@ -180,6 +185,7 @@ class Run:
         steps = self._part_list(STEPS)
         if not steps:
             raise RunStoreError(f"{self.path / STEPS}: table 'steps' has no parts")
+        rows = {STEPS: 0, REQUESTS: 0}
         for number, steps_path in steps:
             req_path = self.path / REQUESTS / part_name(number)
             self.check_parts(STEPS, [steps_path])
@@ -198,7 +204,11 @@ class Run:
                 raise RunStoreError(f"{steps_path}: {exc}") from exc
             except (*READ_ERRORS, ValueError) as exc:  # values no writer writes
                 raise unreadable(steps_path, exc) from exc
+            rows[STEPS] += steps_df.height
+            rows[REQUESTS] += 0 if requests_df is None else requests_df.height
             yield from batches
+        for table, n in rows.items():
+            self._check_rows(table, n)
 
 
 def open_run(run_dir: str | Path) -> Run:
@@ -220,8 +230,8 @@ def check_new_run_dir(out: str | Path) -> None:
     if not manifest.exists():
         return
     try:
-        complete = json.loads(manifest.read_text(encoding="utf-8")).get("complete") is True
-    except (OSError, ValueError, AttributeError):
+        complete = read_manifest(manifest).get("complete") is True
+    except RunStoreError:
         complete = True  # unreadable: say no more than that a run is there
     state = "" if complete else " (incomplete: its writer was stopped before closing it)"
     raise RunStoreError(f"{out} already holds a run{state}; choose another --out")

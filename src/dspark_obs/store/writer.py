@@ -37,15 +37,18 @@ import numpy as np
 import polars as pl
 
 from ..telemetry.batch import MATRIX_COLUMNS, REQUEST_COLUMNS, StepBatch
-from .checksums import CHECKSUMS, checksum_path, checksum_record, verify_parts
+from .checksums import CHECKSUMS, checksum_path, checksum_record, file_record, verify_parts
 from .errors import RunStoreError
-from .reader import MANIFEST, check_table_name, list_parts, part_name, read_manifest
+from .inventory import MANIFEST, RECORDS_REQUIRED, list_parts, part_name
+from .manifest import read_manifest
+from .reader import check_table_name
 from .tables import REQUESTS, STEPS, batches_to_frames
 
 log = logging.getLogger(__name__)
 
-#: Version of the on-disk layout, recorded in run.json for future readers.
-STORE_VERSION = 1
+#: Version of the on-disk layout, recorded in run.json for future readers. From 2 on,
+#: every part has a checksum record (a resumed older run gets records for its parts).
+STORE_VERSION = RECORDS_REQUIRED
 #: Default flush interval: a part per this many steps, or once the oldest buffered step is
 #: this many seconds old. A crash loses at most what was buffered since the last part.
 FLUSH_STEPS = 2000
@@ -222,6 +225,10 @@ class RunWriter:
         if not existing:
             return
         verify_parts([p for parts in existing.values() for _, p in parts])
+        for parts in existing.values():
+            for _, part in parts:  # written before parts had records: adopted as they are
+                if not checksum_path(part).exists():
+                    self._adopt(part)
         numbers = {n for parts in existing.values() for n, _ in parts}
         self._next_part = max(numbers) + 1
         self._parts = len(numbers)
@@ -240,6 +247,13 @@ class RunWriter:
                 self._gamma = int(first["gamma"][0])
         for table, parts in existing.items():
             self._schemas[table] = pl.read_parquet_schema(parts[-1][1])
+
+    @staticmethod
+    def _adopt(part: Path) -> None:
+        """Publish a checksum record for a part of an older run this writer resumes."""
+        record, text = checksum_path(part), file_record(part)
+        record.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(record, lambda f: f.write(text))
 
     def _write_manifest(self) -> None:
         manifest = {**self._manifest, **self.counts}

@@ -16,6 +16,7 @@ are `None`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING, dataclass, field, fields
 from typing import get_type_hints
 
@@ -270,8 +271,17 @@ class StepBatch:
             raise InvalidBatch("malformed", f"forward_ct {self.forward_ct} outside 0..2**53")
         for name in STEP_OPTIONAL_FLOAT_FIELDS:
             value = getattr(self, name)
-            if value is not None and not isinstance(value, (float, int, np.floating, np.integer)):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(
+                value, (float, int, np.floating, np.integer)
+            ):
                 raise InvalidBatch("malformed", f"{name}={value!r} is not a number")
+            # a time of -1e308 or NaN would turn every mean it enters into -inf or NaN
+            if not math.isfinite(value) or (name.endswith("_ms") and value < 0):
+                raise InvalidBatch(
+                    "time_out_of_range", f"{name}={value!r} is not a finite time >= 0"
+                )
 
     def validate_rows(self) -> None:
         """The per-request part of `validate`: every check is row by row, so it holds for

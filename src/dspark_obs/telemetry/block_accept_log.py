@@ -25,7 +25,9 @@ such indicators is the one with the larger m).
 from __future__ import annotations
 
 import json
+import math
 import os
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +35,20 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-__all__ = ["BlockAcceptLog", "default_workload_of", "read_block_accept_jsonl"]
+__all__ = [
+    "MAX_LINE_BYTES",
+    "BlockAcceptLog",
+    "default_workload_of",
+    "read_block_accept_jsonl",
+]
 
 _MAX_BAD_SAMPLES = 20
+#: Longest line read: a row holds at most gamma (<= 64) tail tokens and log-probabilities
+#: and a few walk entries per open block, a few kilobytes. A longer line is skipped
+#: without being held in memory (read in pieces of this size), and counted as bad.
+MAX_LINE_BYTES = 1 << 20
+#: A log-probability above this is no log-probability (float32 rounding stays far below).
+_MAX_LOG_PROB = 1e-3
 
 
 class _Line(msgspec.Struct):
@@ -102,6 +115,8 @@ class BlockAcceptLog:
     token_mismatches: int
     unknown_eos: int
     bad_line_samples: tuple[tuple[int, str], ...]
+    #: the block size every kept block spans (given, or most blocks' w + len(tail))
+    gamma: int | None = None
 
     @property
     def n_blocks(self) -> int:
@@ -175,20 +190,43 @@ def _check(line: _Line) -> str | None:
             return "block opened by a row with cl != w"
     if line.pg is not None and any(entry[1] < 1 for entry in line.pg):
         return "pg offset < 1"
+    # NaN or a huge p_lp makes min(1, exp(p_lp - q_lp)) 1: a token accepted for no reason
+    if line.pg is not None and any(not entry[2] <= _MAX_LOG_PROB for entry in line.pg):
+        return "pg p_lp is NaN or above 0 (not a log-probability)"
+    if line.q_lp is not None and any(math.isnan(q) or q == math.inf for q in line.q_lp):
+        return "q_lp is NaN or +Infinity (not a log-probability)"
     return None
 
 
-def _iter_lines(source: str | os.PathLike | Iterable[str | bytes]) -> Iterable[bytes]:
+def _oversized(n: int) -> str:
+    return f"line longer than {MAX_LINE_BYTES} bytes ({n} read before skipping the rest)"
+
+
+def _read_lines(fh) -> Iterable[bytes | int]:
+    """The file's lines, or for a line over `MAX_LINE_BYTES` the bytes it had (skipped)."""
+    while line := fh.readline(MAX_LINE_BYTES + 1):
+        if len(line) <= MAX_LINE_BYTES or line.endswith(b"\n"):
+            yield line
+            continue
+        n = len(line)
+        while (piece := fh.readline(MAX_LINE_BYTES)) and not piece.endswith(b"\n"):
+            n += len(piece)
+        yield n + len(piece)
+
+
+def _iter_lines(source: str | os.PathLike | Iterable[str | bytes]) -> Iterable[bytes | int]:
     if isinstance(source, str | os.PathLike):
         with Path(source).open("rb") as fh:
-            yield from fh
+            yield from _read_lines(fh)
         return
     for item in source:
-        yield item.encode() if isinstance(item, str) else bytes(item)
+        raw = item.encode() if isinstance(item, str) else bytes(item)
+        yield raw if len(raw) <= MAX_LINE_BYTES + 1 else len(raw)
 
 
 def read_block_accept_jsonl(
     source: str | os.PathLike | Iterable[str | bytes],
+    gamma: int | None = None,
 ) -> BlockAcceptLog:
     """Parse the whole file; damage is counted, never raised.
 
@@ -197,6 +235,11 @@ def read_block_accept_jsonl(
     (rotation) or be concatenated with a replay: such lines and entries land in
     the counters instead of aborting the analysis. A `str` is a path; to parse
     text, pass an iterable of lines (e.g. `text.splitlines()`).
+
+    The file has no gamma field: every block's tail spans w+1..gamma, so it is
+    implied. A line that contradicts `gamma` (given, else the value most blocks
+    imply) is a bad line too: a block whose w + len(trimmed_tokens) differs, a row
+    whose window exceeds it. Memory is bounded per line (`MAX_LINE_BYTES`).
     """
     rows: dict[tuple[str, int], int] = {}
     row_cols: dict[str, list] = {k: [] for k in ("rid", "fct", "w", "cl", "ct", "opens")}
@@ -211,8 +254,19 @@ def read_block_accept_jsonl(
     n_lines = bad = dup_rows = n_markers = 0
     samples: list[tuple[int, str]] = []
 
+    row_line: list[int] = []
+
+    def refuse(lineno: int, reason: str) -> None:
+        nonlocal bad
+        bad += 1
+        if len(samples) < _MAX_BAD_SAMPLES:
+            samples.append((lineno, reason))
+
     for lineno, raw in enumerate(_iter_lines(source), start=1):
         n_lines += 1
+        if isinstance(raw, int):
+            refuse(lineno, _oversized(raw))
+            continue
         if not raw.strip():
             continue
         try:
@@ -220,10 +274,10 @@ def read_block_accept_jsonl(
             reason = _check(line)
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
             reason = f"{type(exc).__name__}: {exc}"
+        except RecursionError:
+            reason = "JSON nested too deeply"
         if reason is not None:
-            bad += 1
-            if len(samples) < _MAX_BAD_SAMPLES:
-                samples.append((lineno, reason))
+            refuse(lineno, reason)
             continue
         if line.eos_end is not None:
             n_markers += 1
@@ -234,6 +288,7 @@ def read_block_accept_jsonl(
             dup_rows += 1
             continue
         rows[key] = len(row_cols["fct"])
+        row_line.append(lineno)
         opens = line.trimmed_tokens is not None
         for name, value in zip(
             row_cols, (line.rid, line.fct, line.w, line.cl, line.ct, opens), strict=True
@@ -248,6 +303,29 @@ def read_block_accept_jsonl(
             qs.append(line.q_lp)
         for bfct, offset, p_lp, token, realized in line.pg or ():
             raw_entries.append((line.rid, bfct, offset, p_lp, token, realized, line.fct))
+
+    implied = [w + len(t) for w, t in zip(b_w, tails, strict=True)]
+    if gamma is None and implied:
+        gamma = Counter(implied).most_common(1)[0][0]
+    if gamma is not None:  # drop the lines that contradict it, counted with their line
+        block_of_row = {index: blocks[key] for key, index in rows.items() if key in blocks}
+        drop = []
+        for index, w in enumerate(row_cols["w"]):
+            b = block_of_row.get(index)
+            if w > gamma:
+                drop.append((index, f"window w={w} exceeds gamma={gamma}"))
+            elif b is not None and implied[b] != gamma:
+                drop.append((index, f"w + len(trimmed_tokens) = {implied[b]}, not gamma={gamma}"))
+        for index, reason in drop:
+            refuse(row_line[index], reason)
+        if drop:
+            gone = {index for index, _ in drop}
+            keep = [i for i in range(len(row_line)) if i not in gone]
+            row_cols = {name: [col[i] for i in keep] for name, col in row_cols.items()}
+            kept_blocks = [b for b in range(len(b_fct)) if implied[b] == gamma]
+            b_rid, b_fct, b_w = ([col[b] for b in kept_blocks] for col in (b_rid, b_fct, b_w))
+            tails, qs = [tails[b] for b in kept_blocks], [qs[b] for b in kept_blocks]
+            blocks = {(r, f): i for i, (r, f) in enumerate(zip(b_rid, b_fct, strict=True))}
 
     window = np.asarray(b_w, dtype=np.int64)
     tail_len = np.asarray([len(t) for t in tails], dtype=np.int64)
@@ -315,5 +393,6 @@ def read_block_accept_jsonl(
         duplicate_entries=dup_entries,
         token_mismatches=mismatch,
         unknown_eos=unknown_eos,
-        bad_line_samples=tuple(samples),
+        bad_line_samples=tuple(sorted(samples)[:_MAX_BAD_SAMPLES]),
+        gamma=gamma,
     )
