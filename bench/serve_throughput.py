@@ -46,7 +46,7 @@ from .common import record, with_baseline
 from .report_large import _dspark, tile_run
 from .serve_child import SERVING, serve_args
 
-QUICK_REQUEST_STEPS = 250_000
+QUICK_REQUEST_STEPS = 100_000
 FULL_REQUEST_STEPS = 1_000_000
 SCRAPE_EVERY = 0.5
 BASE_ARGS = (

@@ -236,7 +236,7 @@ def _sum(text: str, name: str) -> float:
 
 
 def run(quick: bool) -> list[dict]:
-    seconds = 20.0 if quick else 40.0
+    seconds = 8.0 if quick else 40.0
     pool, envelope = record_pool()
     stub = StubRanks(RANKS, STEPS_PER_SECOND, pool, envelope)
     with tempfile.TemporaryDirectory() as tmp:

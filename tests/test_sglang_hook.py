@@ -11,7 +11,6 @@ kernel is held to the same numbers on a GPU (tests/test_pack_triton_gpu.py).
 from __future__ import annotations
 
 import re
-import socket
 import time
 import urllib.request
 import warnings
@@ -28,6 +27,7 @@ from dspark_obs.hooks.consumer import HookConsumer  # noqa: E402
 from dspark_obs.hooks.sglang_worker import SOURCE, attach  # noqa: E402
 from dspark_obs.pipeline import build_pipeline  # noqa: E402
 from tests.hook_reference import StepStream, reference_batch  # noqa: E402
+from tests.prometheus_harness import free_port  # noqa: E402
 
 
 class Observers:
@@ -317,12 +317,6 @@ def test_a_different_interface_is_left_alone_with_one_warning():
     assert len(caught) == 1 and "not attached" in str(caught[0].message)
     with pytest.warns(RuntimeWarning):
         assert attach(SimpleNamespace(), gamma=4) is None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_consumer_process_serves_metrics():

@@ -41,6 +41,25 @@ $PY -m pip install --quiet --upgrade pip
 $PY -m pip install --quiet torch==2.13.0
 $PY -m pip install --quiet -e '.[dev,torch]'
 
+# SGLang's own DSpark observer and draft-block types, on CPU (tests/test_sglang_real_types.py;
+# tests/test_sglang_block_accept_writer.py holds our block-accept JSONL against its recorder),
+# in a second environment: sglang 0.5.23 pins a torch other than the one above, so it goes
+# in without its dependencies, beside exactly what its observer modules import. Built in the
+# background while the main tests run (about 100 s of mostly unpacking); our own package goes
+# in afterwards, since installing it rebuilds the compiled extensions the tests have loaded.
+build_sglang_env() {
+    python3 -m venv .venv-sglang
+    SG=.venv-sglang/bin/python
+    $SG -m pip install --quiet --upgrade pip
+    $SG -m pip install --quiet torch==2.13.0
+    $SG -m pip install --quiet --no-deps sglang==0.5.23
+    # pip then reports sglang's own pins (torch 2.14.1 and a few others) as unmet; expected.
+    $SG -m pip install --quiet -r tools/sglang-requirements.txt pytest
+}
+sglang_log="$(mktemp)"
+build_sglang_env >"$sglang_log" 2>&1 &
+sglang_build=$!
+
 $PY -m ruff check .
 # Static security checks; skips and the few `# nosec` are justified in pyproject / inline.
 $PY -m bandit -q -r src estimator exporters -c pyproject.toml
@@ -49,24 +68,21 @@ $PY -m bandit -q -r src estimator exporters -c pyproject.toml
 $PY tools/audit.py
 # The compiled extensions must be built here (README, "C extensions"): with this set, the
 # tests of tests/test_extensions.py fail where one is missing instead of skipping.
-DSPARK_OBS_REQUIRE_EXTENSIONS=1 $PY -m pytest "$@"
+# Two workers, a test file each at a time: a file's fixtures are built once, and a test that
+# waits on a subprocess or a server leaves the core to the other worker.
+DSPARK_OBS_REQUIRE_EXTENSIONS=1 $PY -m pytest -n 2 --dist loadfile "$@"
 # Their Python fallbacks, with every extension switched off: the tests of the code that has a
 # compiled twin (parser, row fold, tail walk) and the end-to-end golden outputs. About 45 s
-# on two cores, against about 10 minutes for the run above (measured with other work running).
-DSPARK_OBS_NO_EXTENSIONS=1 $PY -m pytest -p no:cacheprovider \
+# on two cores.
+DSPARK_OBS_NO_EXTENSIONS=1 $PY -m pytest -n 2 --dist loadfile -p no:cacheprovider \
     tests/test_extensions.py tests/test_sglang_json.py tests/test_sglang_columnar.py \
     tests/test_sglang_compiled.py tests/test_aggregates.py tests/test_tails.py \
     tests/test_interval.py tests/test_golden_outputs.py -k "not across_seeds"
-# SGLang's own DSpark observer and draft-block types, on CPU (tests/test_sglang_real_types.py;
-# tests/test_sglang_block_accept_writer.py holds our block-accept JSONL against its recorder),
-# in a second environment: sglang 0.5.23 pins a torch other than the one above, so it goes
-# in without its dependencies, beside exactly what its observer modules import.
-python3 -m venv .venv-sglang
-SG=.venv-sglang/bin/python
-$SG -m pip install --quiet --upgrade pip
-$SG -m pip install --quiet torch==2.13.0
-$SG -m pip install --quiet --no-deps sglang==0.5.23
-# pip then reports sglang's own pins (torch 2.14.1 and a few others) as unmet; that is expected.
-$SG -m pip install --quiet -r tools/sglang-requirements.txt -e . pytest
-$SG -m pytest -p no:cacheprovider tests/test_sglang_real_types.py tests/test_sglang_block_accept_writer.py
+if ! wait "$sglang_build"; then
+    cat "$sglang_log"
+    echo "tools/test.sh: building the SGLang test environment failed" >&2
+    exit 1
+fi
+.venv-sglang/bin/python -m pip install --quiet -e .
+.venv-sglang/bin/python -m pytest -p no:cacheprovider tests/test_sglang_real_types.py tests/test_sglang_block_accept_writer.py
 $PY -m bench --quick --json > bench-quick.jsonl
