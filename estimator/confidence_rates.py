@@ -60,6 +60,7 @@ class ConfidenceRates:
         self._mean = np.zeros((0, _FEATURES))
         self._scale = np.ones((0, _FEATURES))
         self._fitted_on = np.zeros(0)  # known positions at each group's last fit
+        self._cumulative_counts: np.ndarray | None = None
 
     def _grow(self, n: int) -> None:
         extra = n - len(self._sums)
@@ -78,7 +79,7 @@ class ConfidenceRates:
         groups = np.asarray(groups, dtype=np.int64)
         have = groups < len(self._sums)
         out = np.zeros(len(groups), dtype=bool)
-        out[have] = self._sums[groups[have], 0].any(axis=(1, 2))
+        out[have] = self._sums[:, 0].any(axis=(1, 2))[groups[have]]
         return out
 
     def update(
@@ -96,6 +97,7 @@ class ConfidenceRates:
         size = len(self._sums) * self.gamma * BINS
         for i, w in enumerate((None, a[rows, cols])):
             self._sums[:, i] += np.bincount(cell, w, size).reshape(-1, self.gamma, BINS)
+        self._cumulative_counts = None
         total = self._sums[:, 0].sum(axis=(1, 2))
         for k in np.flatnonzero(total > (1.0 + REFIT_GROWTH) * self._fitted_on).tolist():
             self._refit(k)
@@ -126,8 +128,7 @@ class ConfidenceRates:
         groups = np.asarray(groups, dtype=np.int64)
         if len(groups):
             self._grow(int(groups.max()) + 1)
-        count = np.cumsum(self._sums[:, 0], axis=2)  # [groups, gamma, BINS]
-        count = np.concatenate([np.zeros((*count.shape[:2], 1)), count], axis=2)
+        count = self._cumulative()
         c = np.nan_to_num(confidence, nan=-1.0)
         lo = np.clip(((c - SUPPORT_WIDTH) * BINS).astype(np.int64), 0, BINS)
         hi = np.clip(((c + SUPPORT_WIDTH) * BINS).astype(np.int64) + 1, 0, BINS)
@@ -135,13 +136,28 @@ class ConfidenceRates:
         g = groups[:, None]
         return (count[g, pos, hi] - count[g, pos, lo] >= SUPPORT) & ~np.isnan(confidence)
 
+    def _cumulative(self) -> np.ndarray:
+        """`[groups, gamma, BINS + 1]` known positions in the bins below each bin edge (kept
+        until the next `update`)."""
+        if self._cumulative_counts is None or len(self._cumulative_counts) != len(self._sums):
+            count = np.cumsum(self._sums[:, 0], axis=2)
+            zero = np.zeros((*count.shape[:2], 1))
+            self._cumulative_counts = np.concatenate([zero, count], axis=2)
+        return self._cumulative_counts
+
     def rates(self, groups: np.ndarray, confidence: np.ndarray) -> np.ndarray:
         """`[k, gamma]` the predicted acceptance ratio at each block's positions (NaN where
         its confidence is NaN or its group has no known position)."""
         groups = np.asarray(groups, dtype=np.int64)
         if len(groups):
             self._grow(int(groups.max()) + 1)
-        x = features(np.arange(self.gamma), confidence)
-        z = (x - self._mean[groups][:, None]) / self._scale[groups][:, None]
-        r = sigmoid((z * self._coef[groups][:, None]).sum(axis=-1))
-        return np.where(np.isnan(confidence) | ~self.fitted(groups)[:, None], np.nan, r)
+        # the standardised coefficients as raw ones, per group: the linear predictor is then
+        # a few [k, gamma] operations, no [k, gamma, features] temporaries
+        raw = self._coef / self._scale
+        raw[:, 0] -= (raw[:, 1:] * self._mean[:, 1:]).sum(axis=1)
+        b = raw[groups].T[:, :, None]  # [features, k, 1]
+        c = np.clip(confidence, _EPS, 1.0 - _EPS)
+        lc = np.log(c) - np.log1p(-c)
+        pos = np.arange(self.gamma)[None, :]
+        z = b[0] + b[1] * pos + lc * (b[2] + b[3] * lc + b[4] * pos)
+        return np.where(np.isnan(confidence) | ~self.fitted(groups)[:, None], np.nan, sigmoid(z))

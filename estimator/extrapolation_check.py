@@ -109,15 +109,18 @@ class ExtrapolationCheck:
         conf = None if confidence is None else confidence[rows]
         rates, ident, se = model.rates(group[rows], conf)
         known, a, group = known[rows], a[rows], group[rows]
-        smooth = None if conf is None else self.smooth.rates(group, conf)
+        # the smooth model's rates, only on the rows with a known position in a silent cell
+        silent = np.flatnonzero((known & ~ident).any(axis=1)) if conf is not None else []
+        smooth = np.full(known.shape, np.nan)
+        if len(silent):
+            smooth[silent] = self.smooth.rates(group[silent], conf[silent])
         for g in np.unique(group).tolist():
             for i, cells in enumerate((ident, ~ident)):
                 sel = known & cells & (group == g)[:, None]
                 self.sums[g, i] += calibration_sums(rates[sel], a[sel], se[sel])
-            if smooth is not None:
-                sel = known & ~ident & (group == g)[:, None] & ~np.isnan(smooth)
-                blend = BLEND_WEIGHTS[:, None] * (smooth[sel] - rates[sel]) + rates[sel]
-                self.blend_loss[g] += ((blend - a[sel]) ** 2).sum(axis=1)
+            sel = known & ~ident & (group == g)[:, None] & ~np.isnan(smooth)
+            blend = BLEND_WEIGHTS[:, None] * (smooth[sel] - rates[sel]) + rates[sel]
+            self.blend_loss[g] += ((blend - a[sel]) ** 2).sum(axis=1)
         if conf is not None:
             self.smooth.update(group, known, a, conf)
 
