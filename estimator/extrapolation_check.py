@@ -32,6 +32,13 @@ from data (`min_at_risk` blocks at risk). `CheckedExtrapolation.parts` gives eac
 block's point range, identified rates within the group's held-out `ece` (its margin; 1
 before anything was checked) and unidentified ones anywhere in [0, 1], and the part of
 the point resting on unidentified cells (`interval.extra_parts`).
+
+The blend: an unidentified cell's rate, the population model's calibration fallback, is
+blended with a model smooth in position and confidence fitted on the known positions
+(`confidence_rates.ConfidenceRates`), by the weight whose blend missed the known
+positions that fell in unidentified cells least, held out like the check; where no known
+position lies near (`ConfidenceRates.supported`) both rates are extrapolations and the
+point takes the middle of the two. The range still lets those rates run over [0, 1].
 """
 
 from __future__ import annotations
