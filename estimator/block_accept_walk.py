@@ -146,21 +146,32 @@ def tail_acceptance_rates(
     return rates, counts
 
 
-def _history(walk: _Walk) -> np.ndarray:
-    """`[n, gamma]` the mean acceptance ratio of the block's walked entries before each
-    position, NaN where there is none (a feature of the tail model)."""
-    seen = np.cumsum(walk.walked, axis=1)
-    total = np.cumsum(np.where(walk.walked, walk.a, 0.0), axis=1)
-    before_n = np.zeros_like(seen)
-    before_n[:, 1:] = seen[:, :-1]
-    before = np.zeros_like(total)
-    before[:, 1:] = total[:, :-1]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(before_n > 0, before / before_n, np.nan)
+def _first(walk: _Walk) -> np.ndarray:
+    """`[n, gamma]` whether no walked entry of the block comes before each position."""
+    before = np.zeros_like(walk.walked)
+    before[:, 1:] = np.logical_or.accumulate(walk.walked, axis=1)[:, :-1]
+    return ~before
 
 
-def _features_at(walk: _Walk, history: np.ndarray, rows: np.ndarray, cols: np.ndarray):
-    return features(walk.log_q[rows, cols], cols + 1, history[rows, cols])
+def _request_ease(log: BlockAcceptLog, walk: _Walk) -> np.ndarray:
+    """`[n]` the mean acceptance ratio at the first tail position over the blocks of each
+    block's request: walked in every block whatever followed, so free of the selection
+    that makes the walks' continuation positions easy (`tail_model`). A request none of
+    whose first positions was walked takes the file's mean."""
+    n, gamma = walk.walked.shape
+    rows = np.arange(n)
+    col = np.minimum(log.block_window, gamma - 1)
+    seen = walk.walked[rows, col] & (log.block_window < gamma)
+    a = np.where(seen, walk.a[rows, col], 0.0)
+    _, request = np.unique(log.block_rid.astype(str), return_inverse=True)
+    request = request.reshape(-1)
+    total, count = np.bincount(request, a), np.bincount(request, seen)
+    fallback = a.sum() / seen.sum() if seen.any() else 0.0
+    return np.where(count[request] > 0, total[request] / np.maximum(count[request], 1), fallback)
+
+
+def _features_at(walk: _Walk, first: np.ndarray, ease: np.ndarray, rows: np.ndarray, cols):
+    return features(walk.log_q[rows, cols], cols + 1, first[rows, cols], ease[rows])
 
 
 def _fit_model(
@@ -168,7 +179,7 @@ def _fit_model(
 ) -> TailModel:
     """The tail model fitted on every walked entry (a known acceptance ratio)."""
     rows, cols = np.nonzero(walk.walked)
-    x = _features_at(walk, _history(walk), rows, cols)
+    x = _features_at(walk, _first(walk), _request_ease(log, walk), rows, cols)
     continuation = cols > log.block_window[rows]
     return fit_tail_model(
         x, walk.a[rows, cols], groups[rows], rows, cols + 1, continuation, names, gamma
@@ -203,7 +214,8 @@ def _modelled_extra(
     if len(need):
         cols = np.arange(gamma)[None, :]
         rows = np.broadcast_to(need[:, None], (len(need), gamma))
-        x = _features_at(walk, _history(walk), rows, np.broadcast_to(cols, rows.shape))
+        cols = np.broadcast_to(cols, rows.shape)
+        x = _features_at(walk, _first(walk), _request_ease(log, walk), rows, cols)
         continuation = cols > log.block_window[need][:, None]
         out[:, need] = model.parts(x, groups[need], start[need], continuation)
     return out[0], out[1], out[2], out[3]

@@ -32,6 +32,13 @@ from data (`min_at_risk` blocks at risk). `CheckedExtrapolation.parts` gives eac
 block's point range, identified rates within the group's held-out `ece` (its margin; 1
 before anything was checked) and unidentified ones anywhere in [0, 1], and the part of
 the point resting on unidentified cells (`interval.extra_parts`).
+
+The blend: an unidentified cell's rate, the population model's calibration fallback, is
+blended with a model smooth in position and confidence fitted on the known positions
+(`confidence_rates.ConfidenceRates`), by the weight whose blend missed the known
+positions that fell in unidentified cells least, held out like the check; where no known
+position lies near (`ConfidenceRates.supported`) both rates are extrapolations and the
+point takes the middle of the two. The range still lets those rates run over [0, 1].
 """
 
 from __future__ import annotations
@@ -40,9 +47,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .interval import acceptance_log_ratio, extra_parts
+from .confidence_rates import ConfidenceRates
+from .interval import acceptance_log_ratio, extra_parts, position_terms
 from .population import HazardModel
 from .tail_model import CALIBRATION_BINS, calibration_report, calibration_sums
+
+#: The blend weights of the smooth model's rate an unidentified cell may take (0: the
+#: population model's calibration fallback alone, 1: the smooth model alone).
+BLEND_WEIGHTS = np.linspace(0.0, 1.0, 11)
+#: The smooth model's weight where no known position supports it (an extrapolation as
+#: much as the fallback is: the point takes the middle of the two).
+UNSUPPORTED_WEIGHT = 0.5
 
 
 def known_ratios(
@@ -70,6 +85,10 @@ class ExtrapolationCheck:
     def __init__(self, gamma: int) -> None:
         self.gamma = gamma
         self.sums = np.zeros((0, 2, 5, CALIBRATION_BINS))
+        self.smooth = ConfidenceRates(gamma)
+        #: per group and blend weight: the squared error of the blended rate over the known
+        #: positions in unidentified cells, held out
+        self.blend_loss = np.zeros((0, len(BLEND_WEIGHTS)))
 
     def observe(
         self,
@@ -87,6 +106,9 @@ class ExtrapolationCheck:
             grown = np.zeros((int(group.max()) + 1, 2, 5, CALIBRATION_BINS))
             grown[: len(self.sums)] = self.sums
             self.sums = grown
+            loss = np.zeros((len(grown), len(BLEND_WEIGHTS)))
+            loss[: len(self.blend_loss)] = self.blend_loss
+            self.blend_loss = loss
         known, a = known_ratios(window, greedy, target_logprobs, draft_logprobs, self.gamma)
         rows = np.flatnonzero(known.any(axis=1))
         if len(rows) == 0:
@@ -94,10 +116,20 @@ class ExtrapolationCheck:
         conf = None if confidence is None else confidence[rows]
         rates, ident, se = model.rates(group[rows], conf)
         known, a, group = known[rows], a[rows], group[rows]
+        # the smooth model's rates, only on the rows with a known position in a silent cell
+        silent = np.flatnonzero((known & ~ident).any(axis=1)) if conf is not None else []
+        smooth = np.full(known.shape, np.nan)
+        if len(silent):
+            smooth[silent] = self.smooth.rates(group[silent], conf[silent])
         for g in np.unique(group).tolist():
             for i, cells in enumerate((ident, ~ident)):
                 sel = known & cells & (group == g)[:, None]
                 self.sums[g, i] += calibration_sums(rates[sel], a[sel], se[sel])
+            sel = known & ~ident & (group == g)[:, None] & ~np.isnan(smooth)
+            blend = BLEND_WEIGHTS[:, None] * (smooth[sel] - rates[sel]) + rates[sel]
+            self.blend_loss[g] += ((blend - a[sel]) ** 2).sum(axis=1)
+        if conf is not None:
+            self.smooth.update(group, known, a, conf)
 
     def calibration(self, g: int) -> dict:
         """The held-out check of group `g` on positions in identified cells
@@ -109,6 +141,35 @@ class ExtrapolationCheck:
         keys = ("held_out", "mean_predicted", "mean_observed", "ece")
         report["unidentified_cells"] = {k: other[k] for k in keys if k in other}
         return report
+
+    def blend_weight(self, groups: np.ndarray) -> np.ndarray:
+        """`[k]` the weight of the smooth model's rate in each group's unidentified cells:
+        the one whose blend missed the held-out known positions there least (0 for a group
+        with none checked, where the population model's fallback stands alone)."""
+        groups = np.asarray(groups, dtype=np.int64)
+        out = np.zeros(len(groups))
+        have = groups < len(self.blend_loss)
+        loss = self.blend_loss[groups[have]]
+        out[have] = np.where(loss.any(axis=1), BLEND_WEIGHTS[loss.argmin(axis=1)], 0.0)
+        return out
+
+    def rates(
+        self, model: HazardModel, groups: np.ndarray, confidence: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`([k, gamma] rates, identified)`: the population model's rate in identified
+        cells, elsewhere its fallback blended with the smooth model's: by `blend_weight`
+        where known positions support the smooth model (`ConfidenceRates.supported`),
+        half and half where they do not."""
+        rates, identified, _ = model.rates(groups, confidence)
+        if confidence is None:
+            return rates, identified
+        smooth = self.smooth.rates(groups, confidence)
+        # where no known position is near, the smooth model extrapolates too: neither rate
+        # is identified there, and the point takes the middle of the two
+        supported = self.smooth.supported(groups, confidence)
+        weight = np.where(supported, self.blend_weight(groups)[:, None], UNSUPPORTED_WEIGHT)
+        blended = np.where(np.isnan(smooth), rates, weight * (smooth - rates) + rates)
+        return np.where(identified, rates, blended), identified
 
     def margin(self, groups: np.ndarray) -> np.ndarray:
         """`[k]` the groups' held-out ECE over identified cells: the half-width of an
@@ -134,10 +195,11 @@ class CheckedExtrapolation:
     def __call__(
         self, groups: np.ndarray, start: np.ndarray, confidence: np.ndarray | None
     ) -> np.ndarray:
-        return self.model.expected_extra(groups, start, confidence)
+        rates, _ = self.check.rates(self.model, groups, confidence)
+        return position_terms(rates, start).sum(axis=1)
 
     def parts(
         self, groups: np.ndarray, start: np.ndarray, confidence: np.ndarray | None
     ) -> np.ndarray:
-        rates, identified, _ = self.model.rates(groups, confidence)
+        rates, identified = self.check.rates(self.model, groups, confidence)
         return extra_parts(rates, identified, self.check.margin(groups), start)

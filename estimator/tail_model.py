@@ -4,19 +4,9 @@ Why: in SGLang's block-accept JSONL a walk stops at the first position where the
 committed stream left the tail, so on hard traffic (windows near one draft, early
 divergence) most of every tail is never evaluated and the point estimate is mostly
 extrapolation. The file still says something about every unreached token: its draft
-log-probability `q_lp`, its offset, its block's window, and the acceptance ratios the
-walk did see earlier in the same block. Walked entries have a known outcome, the
-acceptance ratio a = min(1, p/q), so they are the training set.
-
-The model, per workload: a fractional logistic regression (the quasi-likelihood of a
-in [0, 1], fitted by Newton steps) of a on log q, (log q)^2, offset, the mean a of the
-block's earlier walked entries, and whether there were any. Each workload's
-coefficients are pulled towards the pooled fit of the whole file by a ridge penalty of
-`SHRINK` (standardised features), so a workload with few known positions borrows the
-pooled shape instead of fitting noise. The fit is checked on held-out known
-positions: blocks are split into `FOLDS` folds, each fold predicted by a model fitted
-on the others, and the held-out predictions compared with the observed ratios
-(`calibration`).
+log-probability `q_lp`, its offset, its block's window, and the acceptance ratios its
+request's walks saw. Walked entries have a known outcome, the acceptance ratio
+a = min(1, p/q), so they are the training set.
 
 Two kinds of position. A block's first tail position (offset w + 1) is always walked:
 the opening row commits its bonus token there. Every later one, a *continuation*
@@ -24,17 +14,40 @@ position, is walked only while the committed stream kept matching the tail, whic
 happens with the target's probability p of each earlier tail token: a few percent of
 blocks on most traffic. Every position a walk leaves unreached is a continuation
 position (the first one never is), so what the extrapolation rests on is the
-continuation positions alone. The block's window is no regressor: at first positions
-it is offset - 1, so beside offset and "whether there were earlier entries" it only
-adds a linear trend in depth (offset - window) that nothing but the few continuation
-positions identify, and which the model would extrapolate to depths never walked.
+continuation positions alone.
+
+The model, per workload: a fractional logistic regression (the quasi-likelihood of a
+in [0, 1], fitted by Newton steps) of a on log q, (log q)^2, whether the position is a
+first position, the offset *apart for first and continuation positions*, and the
+request's ease (the mean ratio at the first tail positions of the request's blocks).
+Each workload's coefficients are pulled towards the pooled fit of the whole file by a
+ridge penalty of `SHRINK` (standardised features), so a workload with few known
+positions borrows the pooled shape instead of fitting noise. The fit is checked on
+held-out known positions: blocks are split into `FOLDS` folds, each fold predicted by
+a model fitted on the others, and the held-out predictions compared with the observed
+ratios (`calibration`).
+
+Why the offset has two slopes: at first positions the offset is the window plus one,
+so a slope learnt there is a slope across blocks of different windows, and where
+windows are chosen on confidence, long windows belong to easy blocks: that slope is
+the scheduler's selection, not how acceptance moves along one block's tail. Shared with
+continuation positions it lent the ease of long-window blocks to the deep positions of
+short-window ones. Apart, the depth trend of a tail is learnt from continuation
+positions only (where the workload has few, pooled over the file's workloads: one
+drafter's quality decays with depth alike). Why the request's ease: a walk goes on past
+a position with the target's probability of its token, which is higher in requests the
+drafter serves well, so continuation positions over-represent easy requests; every
+block's first tail position is walked whatever happened after it, so the mean over a
+request's blocks measures its ease without that selection. The block's own earlier
+ratios are no regressor: they are the selection itself (a walk reached the position
+because the earlier tokens matched), and their effect learnt on walked positions did
+not hold for unreached ones (reached positions in the runtime's worlds showed a
+positive effect; unreached ones none).
 
 Assumption (what the estimate rests on): given those features, whether a position was
-reached (the committed stream kept matching the tail before it) says nothing more
-about its acceptance ratio. Entries are reached along matching runs, which favour
-contexts where the target agreed with the draft; the block's earlier ratios carry
-that agreement into the model, but a difficulty that neither they nor q_lp reveal
-still biases the deep positions the model extrapolates to.
+reached says nothing more about its acceptance ratio. A difficulty that varies inside a
+request, which neither q_lp nor the request's other blocks reveal, still biases the deep
+positions the model extrapolates to.
 
 A (workload, offset) cell with fewer than `MIN_KNOWN` known positions of the kind a
 prediction needs (continuation positions for unreached ones) identifies nothing: the
@@ -67,43 +80,56 @@ CALIBRATION_MIN_COUNT = 20
 #: The floor of log q in the features: a draft token is never quite impossible.
 LOG_Q_FLOOR = -30.0
 _NEWTON_STEPS = 50
-_FEATURES = 6
+_FEATURES = 7
 
 
-def features(log_q: np.ndarray, offset: np.ndarray, history: np.ndarray) -> np.ndarray:
-    """`[..., 6]` regressors: 1, log q, (log q)^2, offset, earlier mean a, none earlier.
+def features(
+    log_q: np.ndarray, offset: np.ndarray, first: np.ndarray, ease: np.ndarray
+) -> np.ndarray:
+    """`[..., 7]` regressors: 1, log q, (log q)^2, the offset at a first position (else
+    0), the offset at a continuation position (else 0), first or not, the request's ease.
 
-    `history` is the mean acceptance ratio of the block's walked entries before the
-    position, NaN where there is none.
+    `first` says the position has no earlier walked entry in its block; `ease` is the
+    request's mean ratio at its blocks' first tail positions (broadcast like `log_q`).
     """
     lq = np.clip(np.nan_to_num(log_q, nan=LOG_Q_FLOOR), LOG_Q_FLOOR, 0.0)
-    none = np.isnan(history)
+    first = np.broadcast_to(first, lq.shape)
+    off = np.broadcast_to(offset, lq.shape).astype(np.float64)
     cols = (
         np.ones_like(lq),
         lq,
         lq * lq,
-        np.broadcast_to(offset, lq.shape).astype(np.float64),
-        np.where(none, 0.0, history),
-        none.astype(np.float64),
+        np.where(first, off, 0.0),
+        np.where(first, 0.0, off),
+        first.astype(np.float64),
+        np.broadcast_to(ease, lq.shape).astype(np.float64),
     )
     return np.stack(cols, axis=-1)
 
 
-def _sigmoid(z: np.ndarray) -> np.ndarray:
+def sigmoid(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * z))
 
 
-def _fit(x: np.ndarray, a: np.ndarray, prior: np.ndarray, shrink: float) -> np.ndarray:
+def fit_coefficients(
+    x: np.ndarray,
+    a: np.ndarray,
+    prior: np.ndarray,
+    shrink: float,
+    weight: np.ndarray | None = None,
+) -> np.ndarray:
     """Coefficients minimising the fractional logistic loss + shrink/2 |beta - prior|^2.
 
-    `x` is standardised (its first column the intercept), so one penalty suits all.
+    `x` is standardised (its first column the intercept), so one penalty suits all;
+    `weight` counts each row that many times (rows that stand for a cell of positions).
     """
     beta = prior.copy()
     ridge = shrink * np.eye(x.shape[1])
+    w = np.ones(len(a)) if weight is None else weight
     for _ in range(_NEWTON_STEPS):
-        mu = _sigmoid(x @ beta)
-        grad = x.T @ (mu - a) + shrink * (beta - prior)
-        hess = (x * (mu * (1 - mu))[:, None]).T @ x + ridge
+        mu = sigmoid(x @ beta)
+        grad = x.T @ (w * (mu - a)) + shrink * (beta - prior)
+        hess = (x * (w * mu * (1 - mu))[:, None]).T @ x + ridge
         step = np.linalg.solve(hess, grad)
         beta -= step
         if np.abs(step).max() < 1e-8:
@@ -115,11 +141,11 @@ def _fit_groups(
     x: np.ndarray, a: np.ndarray, group: np.ndarray, groups: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """(pooled coefficients, `[groups, features]` per-group coefficients shrunk to them)."""
-    pooled = _fit(x, a, np.zeros(x.shape[1]), 1e-3)
+    pooled = fit_coefficients(x, a, np.zeros(x.shape[1]), 1e-3)
     per = np.tile(pooled, (groups, 1))
     for g in np.unique(group).tolist():
         sel = group == g
-        per[g] = _fit(x[sel], a[sel], pooled, SHRINK)
+        per[g] = fit_coefficients(x[sel], a[sel], pooled, SHRINK)
     return pooled, per
 
 
@@ -203,14 +229,14 @@ class TailModel:
         return self.known - self.continuation >= MIN_KNOWN
 
     def rates(self, x: np.ndarray, group: np.ndarray) -> np.ndarray:
-        """Predicted acceptance ratio for features `x` `[k, gamma, 6]` of blocks in `group`."""
+        """Predicted acceptance ratio for features `x` `[k, gamma, 7]` of blocks in `group`."""
         z = ((x - self.mean) / self.scale * self.coef[group][:, None, :]).sum(axis=-1)
-        return _sigmoid(z)
+        return sigmoid(z)
 
     def parts(
         self, x: np.ndarray, group: np.ndarray, start: np.ndarray, continuation: np.ndarray
     ) -> np.ndarray:
-        """`interval.extra_parts` of blocks with features `x` `[k, gamma, 6]` in `group`,
+        """`interval.extra_parts` of blocks with features `x` `[k, gamma, 7]` in `group`,
         from position `start` on (`continuation`: whether each position is a continuation
         position): identified cells within the group's margin, the others anywhere."""
         ident = np.where(continuation, self.identified[group], self.identified_first[group])
@@ -221,7 +247,7 @@ def fit_tail_model(
     x: np.ndarray, a: np.ndarray, group: np.ndarray, block: np.ndarray, offset: np.ndarray,
     continuation: np.ndarray, names: tuple[str, ...], gamma: int,
 ) -> TailModel:  # fmt: skip
-    """Fit on known positions: features `x` `[n, 6]`, ratios `a`, their group, block,
+    """Fit on known positions: features `x` `[n, 7]`, ratios `a`, their group, block,
     1-based offset and whether each is a continuation position; the held-out check
     splits by block so a block never checks itself."""
     n, groups = len(a), len(names)
@@ -248,7 +274,7 @@ def fit_tail_model(
             continue
         train = ~test
         per = _fit_groups(xs[train], a[train], group[train], groups)[1]
-        held[test] = _sigmoid((xs[test] * per[group[test]]).sum(axis=1))
+        held[test] = sigmoid((xs[test] * per[group[test]]).sum(axis=1))
     checked = ~np.isnan(held)
     calibration = [
         calibration_report(calibration_sums(held[checked & sel], a[checked & sel]))

@@ -13,6 +13,7 @@ import json
 import numpy as np
 import polars as pl
 import pytest
+from dspark_obs.estimator.confidence_rates import ConfidenceRates
 from dspark_obs.estimator.extrapolation_check import CheckedExtrapolation, ExtrapolationCheck
 from dspark_obs.estimator.interval import block_interval, extrapolated_parts, point_range
 from dspark_obs.estimator.online import CeilingEstimator
@@ -75,9 +76,10 @@ def test_the_point_range_brackets_the_point_and_the_report_averages_it(estimate)
         assert s["point_range"] == pytest.approx(want, rel=1e-12)
 
 
-def test_the_point_is_the_population_models(compact_run):
-    """The check and the range leave the point alone: replayed with the population model's
-    bare `expected_extra` as the extrapolation, the run's walks give the same points."""
+def test_the_point_is_the_population_models_where_there_is_no_smooth_rate(compact_run):
+    """Replayed with the population model's bare `expected_extra` as the extrapolation, the
+    run's walks give the same points as the checked extrapolation without a smooth rate:
+    the blend is the only thing the check changes about the point."""
     run = open_run(compact_run[0])
     gamma = int(run.manifest["gamma"])
     points = []
@@ -85,19 +87,73 @@ def test_the_point_is_the_population_models(compact_run):
         est = CeilingEstimator(gamma)
         if bare:
             est.extrapolation = est.population.expected_extra
+        else:
+            est.check.smooth.rates = lambda groups, conf: np.full(np.shape(conf), np.nan)
         for batch in run.batches():
             est.update(batch)
         est.close()
         points.append(est.take_rows())
     checked, bare = points
     assert checked.height == bare.height > 0
-    np.testing.assert_allclose(checked["point"], bare["point"], rtol=1e-12, atol=0)
+    np.testing.assert_allclose(checked["point"], bare["point"], rtol=1e-9, atol=1e-12)
     assert "unidentified" in checked.columns
     # a bare extrapolation was checked by nothing: all of it counts as unidentified
     np.testing.assert_allclose(
         bare["unidentified"], bare["point"] - bare["lo"], rtol=1e-9, atol=1e-12
     )
     assert (checked["unidentified"] <= bare["unidentified"] + 1e-12).all()
+
+
+def test_the_smooth_model_recovers_a_law_in_position_and_confidence():
+    """Known ratios that follow a logistic law in position and the confidence's logit, at
+    positions 0-3 only: the fit carries the law to positions 4-6, which it never saw."""
+    gamma, n = 7, 4000
+    rng = np.random.default_rng(3)
+    conf = rng.uniform(0.02, 0.98, (n, gamma))
+    logit = np.log(conf) - np.log1p(-conf)
+    a = 1 / (1 + np.exp(-(0.4 - 0.25 * np.arange(gamma) + 0.8 * logit)))
+    known = np.arange(gamma)[None, :] < 4
+    model = ConfidenceRates(gamma)
+    model.update(np.zeros(n, np.int64), np.broadcast_to(known, (n, gamma)), a, conf)
+    got = model.rates(np.zeros(n, np.int64), conf)
+    # each known position stands at its confidence bin's centre: a small smoothing error
+    assert np.abs(got - a).max() < 0.02
+    assert np.abs((got - a)[:, 4:]).mean() < 0.005
+    assert np.isnan(model.rates(np.zeros(1, np.int64), np.full((1, gamma), np.nan))).all()
+    assert model.fitted(np.array([0, 1])).tolist() == [True, False]
+
+
+def test_unidentified_cells_take_the_blend_the_held_out_positions_chose():
+    """A head whose confidence is twice the acceptance: the population model's fallback in
+    its unidentified cells says c, the known positions there say c / 2, which the smooth
+    model learns; held out, the blend with all weight on it missed least, so those cells
+    take it, while the identified cell keeps the population model's rate."""
+    gamma, n = 4, 400
+    model, check = _thin_model(gamma), ExtrapolationCheck(gamma)
+    rng = np.random.default_rng(5)
+    window, greedy = np.full(n, gamma), np.zeros(n, np.int8)
+    for _ in range(3):  # the first batch teaches the smooth model; later ones check it
+        conf = rng.uniform(0.05, 0.9, (n, gamma))
+        p, q = np.log(conf / 2), np.zeros((n, gamma))
+        check.observe(model, np.zeros(n, np.int64), window, greedy, conf, p, q)
+    assert check.blend_weight(np.array([0, 1])).tolist() == [1.0, 0.0]
+    conf = np.array([[0.95, 0.6, 0.3, 0.5]])
+    assert check.smooth.supported(np.zeros(1, np.int64), conf)[0, 1:].all()
+    rates, identified = check.rates(model, np.zeros(1, np.int64), conf)
+    assert identified[0].tolist() == [True, False, False, False]
+    assert rates[0, 0] == 1.0  # the population model's, from data
+    np.testing.assert_allclose(rates[0, 1:], conf[0, 1:] / 2, atol=0.02)
+    extra = CheckedExtrapolation(model, check)(np.zeros(1, np.int64), np.array([1]), conf)
+    r = rates[0]
+    assert extra[0] == pytest.approx(r[1] + r[1] * r[2] + r[1] * r[2] * r[3], rel=1e-12)
+    # a confidence no known position came near: the smooth model extrapolates as much as
+    # the fallback does, and the point takes the middle of the two
+    far = np.array([[0.95, 0.99, 0.99, 0.99]])
+    assert not check.smooth.supported(np.zeros(1, np.int64), far)[0, 1:].any()
+    fallback, _, _ = model.rates(np.zeros(1, np.int64), far)
+    smooth = check.smooth.rates(np.zeros(1, np.int64), far)
+    got, _ = check.rates(model, np.zeros(1, np.int64), far)
+    np.testing.assert_allclose(got[0, 1:], (fallback + smooth)[0, 1:] / 2, rtol=1e-12)
 
 
 def _thin_model(gamma: int) -> HazardModel:
@@ -155,5 +211,8 @@ def test_identified_cells_range_within_the_checked_margin():
     assert report["calibrated"] is False  # 0.1 > 0.02 + 3 se (no spread, se = 0)
     assert check.margin(np.array([0, 1])).tolist() == pytest.approx([0.1, 1.0])
     got = CheckedExtrapolation(model, check).parts(np.zeros(1), np.zeros(1, np.int64), conf[:1])
-    # position 0 identified (rate 1 +- 0.1), position 1 not (fallback 0.95, anywhere)
-    np.testing.assert_allclose(got[:, 0], [1 + 0.95, 0.9, 2.0, 0.95], rtol=1e-12)
+    # position 0 identified (rate 1 +- 0.1), position 1 not (anywhere): there the smooth
+    # model, fitted on position 0 alone (every ratio 0.9, one confidence: its intercept),
+    # has no known position near, so the rate is the middle of the fallback 0.95 and 0.9
+    # (up to the fit's faint ridge)
+    np.testing.assert_allclose(got[:, 0], [1 + 0.925, 0.9, 2.0, 0.925], rtol=1e-4)

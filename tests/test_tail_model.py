@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 import pytest
-from dspark_obs.estimator import interval
+from dspark_obs.estimator import block_accept_walk, interval
 from dspark_obs.estimator.block_accept_walk import (
     model_report,
     summarize_by_workload,
@@ -30,7 +30,8 @@ from .conftest import cli
 
 GAMMA = 7
 #: name -> (blocks, windows drawn from, logit a = c0 + c_lq log q + c_off offset, q range,
-#: share of blocks whose file ends mid-walk)
+#: share of blocks whose file ends mid-walk[, lift of the first tail position's logit per
+#: draft of window: where the scheduler cut long windows, the cut token is easier])
 SPEC = {
     "easy": (3000, [2, 3, 4, 5], (2.5, 1.0, -0.15), (0.3, 1.0), 0.1),
     "hard": (3000, [0, 1, 1, 2], (0.0, 1.5, -0.35), (0.05, 0.9), 0.1),
@@ -44,7 +45,7 @@ def _world(seed: int, spec: dict = SPEC) -> tuple[list[str], dict]:
     earlier walked entry of their block: continuation positions), all counted here."""
     rng = np.random.default_rng(seed)
     lines, truth = [], {}
-    for name, (n, windows, coef, q_range, open_share) in spec.items():
+    for name, (n, windows, coef, q_range, open_share, *lift) in spec.items():
         ceilings, walked_part = [], []
         known, continuation = np.zeros(GAMMA, dtype=np.int64), np.zeros(GAMMA, dtype=np.int64)
         for k in range(n):
@@ -52,7 +53,9 @@ def _world(seed: int, spec: dict = SPEC) -> tuple[list[str], dict]:
             m = GAMMA - w
             lq = np.log(rng.uniform(*q_range, m))
             offset = np.arange(w + 1, GAMMA + 1)
-            a = 1 / (1 + np.exp(-(coef[0] + coef[1] * lq + coef[2] * offset)))
+            logit = coef[0] + coef[1] * lq + coef[2] * offset
+            logit[0] += lift[0] * w if lift else 0.0
+            a = 1 / (1 + np.exp(-logit))
             p_lp = np.log(a) + lq
             ceilings.append(w + np.cumprod(a).sum())
             tail = list(range(10, 10 + m))
@@ -104,6 +107,45 @@ def test_point_recovers_each_workloads_law_where_the_pooled_rates_miss(world):
     assert old_err > 0.05 and old_err > 10 * new_err
     # the default of walk_blocks is the same model
     np.testing.assert_allclose(walk_blocks(log, GAMMA)["point"], blocks["point"])
+
+
+def test_the_tails_depth_trend_is_not_the_first_positions_trend_across_windows():
+    """First positions whose acceptance rises with the window (the scheduler cut long
+    windows at easier tokens) while every tail decays with depth: the first positions'
+    offset slope is the selection's, and lent to continuation positions it would lift
+    every deep position of a short window. The model keeps the two slopes apart."""
+    spec = {"cut": (6000, [0, 1, 2, 3, 4], (0.5, 1.0, -0.3), (0.2, 1.0), 0.0, 0.6)}
+    lines, truth = _world(7, spec)
+    log = read_block_accept_jsonl(lines)
+    model = tail_model(log, GAMMA)
+    first, cont = model.coef[0, 3], model.coef[0, 4]  # standardised offset slopes
+    assert first > 0 > cont
+    summary = summarize_by_workload(walk_blocks(log, GAMMA, model))
+    assert summary["cut"]["mean_point"] == pytest.approx(truth["cut"]["ceiling"], rel=0.005)
+
+
+def test_request_ease_is_the_mean_first_position_ratio_of_the_requests_blocks():
+    """Three blocks of one request and one of another, by hand: each block's ease is its
+    request's mean ratio at the first tail position (a continuation entry does not count;
+    a `pg` entry names its block's fct)."""
+    rows = [
+        {"rid": "r-1", "fct": 0, "w": 1, "q_lp": [math.log(0.5)] * 6,
+         "pg": [[0, 2, math.log(0.4), 10, 10], [0, 3, math.log(0.1), 11, 12]]},
+        {"rid": "r-1", "fct": 1, "w": 2, "q_lp": [math.log(0.8)] * 5,
+         "pg": [[1, 3, math.log(0.8), 10, 11]]},
+        {"rid": "r-1", "fct": 2, "w": 6, "q_lp": [0.0], "pg": [[2, 7, math.log(0.3), 10, 11]]},
+        {"rid": "s-1", "fct": 0, "w": 0, "q_lp": [0.0] * 7, "pg": [[0, 1, math.log(0.2), 10, 11]]},
+    ]  # fmt: skip
+    for r in rows:
+        n = GAMMA - r["w"]
+        r.update(cl=r["w"], ct=0, trimmed_tokens=list(range(10, 10 + n)))
+    log = read_block_accept_jsonl([json.dumps(r) for r in rows])
+    walk = block_accept_walk._walk(log, GAMMA)
+    ease = block_accept_walk._request_ease(log, walk)
+    # ratios at first positions: 0.4 / 0.5, 0.8 / 0.8, 0.3 / 1; the other request's 0.2
+    r_ease = (0.8 + 1.0 + 0.3) / 3
+    order = np.argsort(log.block_fct + 10 * (log.block_rid == "s-1"))
+    np.testing.assert_allclose(ease[order], [r_ease, r_ease, r_ease, 0.2], rtol=1e-12)
 
 
 def test_parts_sum_to_the_point_and_the_walked_part_is_the_walks_products(world):

@@ -1,0 +1,163 @@
+"""A smooth model of acceptance in position and confidence, for the cells the population
+model cannot estimate.
+
+Why: the population model (`population.HazardModel`) estimates a hazard per (group,
+position, confidence bin) cell from blocks at risk there; a cell with too few (deep
+positions, low-confidence bins: what no window reaches) takes `1 - mean calibrated
+confidence` instead, which holds only where the calibration does. Where the confidence
+does not track acceptance (a head that reads the draft's own probability) that fallback
+misses, in a direction nothing in the cell shows. Every verified draft of a sampled
+request has a known acceptance ratio a = min(1, p/q), at every position and confidence
+the windows reach, so a model smooth in position and confidence, fitted on them, says
+what those positions imply for the cells beyond them.
+
+The model, per group: a fractional logistic regression (`tail_model.fit_coefficients`)
+of a on the position, the confidence's logit, its square, and their product, fitted on
+every known position the group has had. The positions are kept as counts and sums of a
+per (position, `BINS` confidence bins) cell, each standing at its bin's centre, so a
+refit costs a few hundred rows whatever the run's length, and a group is refitted once
+its known positions grew by `REFIT_GROWTH` since its last fit (the fit moves slowly
+once it rests on many). Which of the two rates an unidentified cell takes is the data's
+choice (`extrapolation_check.ExtrapolationCheck.blend_weight`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .tail_model import fit_coefficients, sigmoid
+
+#: Equal-width confidence bins of the cells the known positions are summed in.
+BINS = 64
+#: Known positions within `SUPPORT_WIDTH` of a confidence, at its position, that make the
+#: smooth model's rate there an interpolation.
+SUPPORT = 30
+SUPPORT_WIDTH = 0.05
+#: Relative growth of a group's known positions that triggers a refit.
+REFIT_GROWTH = 0.1
+#: A confidence is kept inside (eps, 1 - eps) before its logit is taken.
+_EPS = 1e-4
+_FEATURES = 5
+
+
+def features(position: np.ndarray, confidence: np.ndarray) -> np.ndarray:
+    """`[..., 5]` regressors: 1, position, logit c, (logit c)^2, position * logit c."""
+    c = np.clip(confidence, _EPS, 1.0 - _EPS)
+    logit = np.log(c) - np.log1p(-c)
+    pos = np.broadcast_to(position, logit.shape).astype(np.float64)
+    return np.stack([np.ones_like(logit), pos, logit, logit * logit, pos * logit], axis=-1)
+
+
+class ConfidenceRates:
+    """Per group: known positions summed per (position, confidence bin) cell, and the
+    smooth model's coefficients."""
+
+    def __init__(self, gamma: int) -> None:
+        self.gamma = gamma
+        # [groups, 2, gamma, BINS]: positions, sum of a
+        self._sums = np.zeros((0, 2, gamma, BINS))
+        self._coef = np.zeros((0, _FEATURES))
+        self._mean = np.zeros((0, _FEATURES))
+        self._scale = np.ones((0, _FEATURES))
+        self._fitted_on = np.zeros(0)  # known positions at each group's last fit
+        self._cumulative_counts: np.ndarray | None = None
+
+    def _grow(self, n: int) -> None:
+        extra = n - len(self._sums)
+        if extra <= 0:
+            return
+
+        def grow(a: np.ndarray, fill: float = 0.0) -> np.ndarray:
+            return np.concatenate([a, np.full((extra, *a.shape[1:]), fill)])
+
+        self._sums, self._coef = grow(self._sums), grow(self._coef)
+        self._mean, self._scale = grow(self._mean), grow(self._scale, 1.0)
+        self._fitted_on = np.concatenate([self._fitted_on, np.zeros(extra)])
+
+    def fitted(self, groups: np.ndarray) -> np.ndarray:
+        """`[k]` whether each group has any known position to rest on."""
+        groups = np.asarray(groups, dtype=np.int64)
+        have = groups < len(self._sums)
+        out = np.zeros(len(groups), dtype=bool)
+        out[have] = self._sums[:, 0].any(axis=(1, 2))[groups[have]]
+        return out
+
+    def update(
+        self, group: np.ndarray, known: np.ndarray, a: np.ndarray, confidence: np.ndarray
+    ) -> None:
+        """Add the known positions (`known` `[n, gamma]`, their ratios `a` and confidences)
+        of rows in `group`, and refit the groups that grew enough (`REFIT_GROWTH`)."""
+        group = np.asarray(group, dtype=np.int64)
+        rows, cols = np.nonzero(known & ~np.isnan(confidence))
+        if len(rows) == 0:
+            return
+        self._grow(int(group.max()) + 1)
+        b = np.minimum((confidence[rows, cols] * BINS).astype(np.int64), BINS - 1)
+        cell = (group[rows] * self.gamma + cols) * BINS + b
+        size = len(self._sums) * self.gamma * BINS
+        for i, w in enumerate((None, a[rows, cols])):
+            self._sums[:, i] += np.bincount(cell, w, size).reshape(-1, self.gamma, BINS)
+        self._cumulative_counts = None
+        total = self._sums[:, 0].sum(axis=(1, 2))
+        for k in np.flatnonzero(total > (1.0 + REFIT_GROWTH) * self._fitted_on).tolist():
+            self._refit(k)
+            self._fitted_on[k] = total[k]
+
+    def _refit(self, k: int) -> None:
+        count, total = self._sums[k]
+        pos, b = np.nonzero(count)
+        n = count[pos, b]
+        x = features(pos, (b + 0.5) / BINS)
+        a = total[pos, b] / n
+        mean, scale = np.zeros(_FEATURES), np.ones(_FEATURES)
+        mean[1:] = np.average(x[:, 1:], axis=0, weights=n)
+        spread = np.sqrt(np.average((x[:, 1:] - mean[1:]) ** 2, axis=0, weights=n))
+        scale[1:] = np.where(spread > 0, spread, 1.0)
+        # the old coefficients are in the old standardisation: start from them in the new
+        old = self._coef[k] / self._scale[k]
+        old[0] -= (old[1:] * self._mean[k, 1:]).sum()
+        start = old * scale
+        start[0] += (old[1:] * mean[1:]).sum()
+        self._mean[k], self._scale[k] = mean, scale
+        self._coef[k] = fit_coefficients((x - mean) / scale, a, start, 1e-3, n)
+
+    def supported(self, groups: np.ndarray, confidence: np.ndarray) -> np.ndarray:
+        """`[k, gamma]` whether at least `SUPPORT` known positions of the group lie at the
+        same position within `SUPPORT_WIDTH` of the confidence: where the smooth model
+        interpolates rather than extrapolates."""
+        groups = np.asarray(groups, dtype=np.int64)
+        if len(groups):
+            self._grow(int(groups.max()) + 1)
+        count = self._cumulative()
+        c = np.nan_to_num(confidence, nan=-1.0)
+        lo = np.clip(((c - SUPPORT_WIDTH) * BINS).astype(np.int64), 0, BINS)
+        hi = np.clip(((c + SUPPORT_WIDTH) * BINS).astype(np.int64) + 1, 0, BINS)
+        pos = np.arange(self.gamma)[None, :]
+        g = groups[:, None]
+        return (count[g, pos, hi] - count[g, pos, lo] >= SUPPORT) & ~np.isnan(confidence)
+
+    def _cumulative(self) -> np.ndarray:
+        """`[groups, gamma, BINS + 1]` known positions in the bins below each bin edge (kept
+        until the next `update`)."""
+        if self._cumulative_counts is None or len(self._cumulative_counts) != len(self._sums):
+            count = np.cumsum(self._sums[:, 0], axis=2)
+            zero = np.zeros((*count.shape[:2], 1))
+            self._cumulative_counts = np.concatenate([zero, count], axis=2)
+        return self._cumulative_counts
+
+    def rates(self, groups: np.ndarray, confidence: np.ndarray) -> np.ndarray:
+        """`[k, gamma]` the predicted acceptance ratio at each block's positions (NaN where
+        its confidence is NaN or its group has no known position)."""
+        groups = np.asarray(groups, dtype=np.int64)
+        if len(groups):
+            self._grow(int(groups.max()) + 1)
+        # the standardised coefficients as raw ones, per group: the linear predictor is then
+        # a few [k, gamma] operations, no [k, gamma, features] temporaries
+        raw = self._coef / self._scale
+        raw[:, 0] -= (raw[:, 1:] * self._mean[:, 1:]).sum(axis=1)
+        b = raw[groups].T[:, :, None]  # [features, k, 1]
+        c = np.clip(confidence, _EPS, 1.0 - _EPS)
+        lc = np.log(c) - np.log1p(-c)
+        pos = np.arange(self.gamma)[None, :]
+        z = b[0] + b[1] * pos + lc * (b[2] + b[3] * lc + b[4] * pos)
+        return np.where(np.isnan(confidence) | ~self.fitted(groups)[:, None], np.nan, sigmoid(z))
