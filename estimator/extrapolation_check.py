@@ -121,13 +121,19 @@ class ExtrapolationCheck:
         smooth = np.full(known.shape, np.nan)
         if len(silent):
             smooth[silent] = self.smooth.rates(group[silent], conf[silent])
-        for g in np.unique(group).tolist():
-            for i, cells in enumerate((ident, ~ident)):
-                sel = known & cells & (group == g)[:, None]
-                self.sums[g, i] += calibration_sums(rates[sel], a[sel], se[sel])
-            sel = known & ~ident & (group == g)[:, None] & ~np.isnan(smooth)
-            blend = BLEND_WEIGHTS[:, None] * (smooth[sel] - rates[sel]) + rates[sel]
-            self.blend_loss[g] += ((blend - a[sel]) ** 2).sum(axis=1)
+        # every group's sums in one pass: key = group * 2 + (0 identified, 1 not)
+        r, c = np.nonzero(known)
+        groups = len(self.sums)
+        key = group[r] * 2 + ~ident[r, c]
+        sums = calibration_sums(rates[r, c], a[r, c], se[r, c], key, 2 * groups)
+        self.sums += sums.reshape(5, groups, 2, CALIBRATION_BINS).transpose(1, 2, 0, 3)
+        r, c = np.nonzero(known & ~ident & ~np.isnan(smooth))
+        if len(r):
+            w = len(BLEND_WEIGHTS)
+            blend = BLEND_WEIGHTS[:, None] * (smooth[r, c] - rates[r, c]) + rates[r, c]
+            key = group[r][None, :] * w + np.arange(w)[:, None]
+            loss = np.bincount(key.ravel(), ((blend - a[r, c]) ** 2).ravel(), groups * w)
+            self.blend_loss += loss.reshape(groups, w)
         if conf is not None:
             self.smooth.update(group, known, a, conf)
 

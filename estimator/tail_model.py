@@ -150,22 +150,31 @@ def _fit_groups(
 
 
 def calibration_sums(
-    predicted: np.ndarray, observed: np.ndarray, predicted_se: np.ndarray | None = None
+    predicted: np.ndarray,
+    observed: np.ndarray,
+    predicted_se: np.ndarray | None = None,
+    key: np.ndarray | None = None,
+    keys: int = 1,
 ) -> np.ndarray:
     """`[5, CALIBRATION_BINS]` per bin of the prediction: count, sum predicted, sum observed,
     sum observed squared, sum of the predictions' own standard errors (0 where not given);
-    sums of several sets of positions add up (`calibration_report`)."""
+    sums of several sets of positions add up (`calibration_report`). With `key` (values
+    below `keys`), each key's positions are summed apart in one pass: `[5, keys, BINS]`."""
     b = np.minimum((predicted * CALIBRATION_BINS).astype(np.int64), CALIBRATION_BINS - 1)
+    if key is not None:
+        b = b + np.asarray(key, dtype=np.int64) * CALIBRATION_BINS
+    size = keys * CALIBRATION_BINS
     se = np.zeros(len(b)) if predicted_se is None else predicted_se
-    return np.stack(
+    out = np.stack(
         [
-            np.bincount(b, minlength=CALIBRATION_BINS).astype(np.float64),
-            np.bincount(b, predicted, CALIBRATION_BINS),
-            np.bincount(b, observed, CALIBRATION_BINS),
-            np.bincount(b, observed * observed, CALIBRATION_BINS),
-            np.bincount(b, se, CALIBRATION_BINS),
+            np.bincount(b, minlength=size).astype(np.float64),
+            np.bincount(b, predicted, size),
+            np.bincount(b, observed, size),
+            np.bincount(b, observed * observed, size),
+            np.bincount(b, se, size),
         ]
     )
+    return out if key is None else out.reshape(5, keys, CALIBRATION_BINS)
 
 
 def calibration_report(sums: np.ndarray) -> dict:
