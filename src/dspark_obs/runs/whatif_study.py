@@ -1,0 +1,79 @@
+"""The what-if study: predictions from one compact run held to real runs of each policy.
+
+Per world and seed: a compact run with STS fitted on a warm-up (as `dspark-obs run`
+does) and a cap-accept shadow (whose ceilings the prediction ignores, so it rests on
+the ceiling estimator alone); `whatif` predicts the other policies from it; then each
+policy is run for real with the same seed, traffic and STS, and its own cells (the
+`own` policy of that run, which reproduces its measured figures) are the truth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+from ..analysis.whatif import whatif
+from ..runtime.config import STS_WARMUP_STEPS, RuntimeConfig
+from ..runtime.sts_warmup import resolve_sts
+from ..store import open_run
+from .reference import record_reference_run
+
+#: Policies the runtime can run for real, and the configuration change that runs each.
+RUNNABLE = {
+    "static": {"mode": "static"},
+    "sps:scale=0.5": {"budget_scale": 0.5},
+    "sps:scale=2": {"budget_scale": 2.0},
+    "sps:sts=none": {"sts_temperatures": None},
+}
+
+#: What each cell is compared on.
+COMPARED = ("tokens_per_s", "per_request_tokens_per_s", "mean_accepted", "step_ms")
+
+
+def _cells(report: dict) -> dict:
+    return {(c["policy"], c["level"], c["workload"]): c for c in report["cells"]}
+
+
+def whatif_study(
+    worlds: list[str],
+    seeds: list[int],
+    *,
+    policies: tuple[str, ...] = tuple(RUNNABLE),
+    concurrency: tuple[int, ...] = (1, 8, 32, 128),
+    steps: int = 200,
+) -> list[dict]:
+    """One record per (world, seed, policy, level, workload): predicted figures with their
+    intervals beside the real run's, and the `own` prediction of the compact run beside
+    its measured figures (`policy` `own`)."""
+    records = []
+    for world in worlds:
+        for seed in seeds:
+            base = RuntimeConfig(seed=seed, world=world, shadow="cap-accept",
+                                 concurrency=list(concurrency), steps_per_level=steps)  # fmt: skip
+            sts = resolve_sts("auto", base, STS_WARMUP_STEPS)
+            with tempfile.TemporaryDirectory() as tmp:
+                record_reference_run(base, Path(tmp) / "compact", sts)
+                compact = open_run(Path(tmp) / "compact")
+                predicted = _cells(whatif(compact, ["own", *policies], use_shadow=False))
+                truth = {"own": _cells(whatif(compact, ["own"]))}
+                for name in policies:
+                    change = dict(RUNNABLE[name])
+                    config = dataclasses.replace(base, shadow=None, **change)
+                    keep = sts if "sts_temperatures" not in change else None
+                    out = Path(tmp) / name.replace(":", "_").replace("=", "_")
+                    record_reference_run(config, out, keep)
+                    truth[name] = _cells(whatif(open_run(out), ["own"]))
+            for (policy, level, workload), p in predicted.items():
+                real = truth[policy].get(("own", level, workload))
+                if real is None:
+                    continue
+                rec = {"world": world, "seed": seed, "policy": policy, "level": level,
+                       "workload": workload}  # fmt: skip
+                for key in COMPARED:
+                    rec[f"{key}_predicted"] = p[key]
+                    rec[f"{key}_real"] = real[key]
+                for key in ("tokens_per_s", "per_request_tokens_per_s"):
+                    rec[f"{key}_lo"], rec[f"{key}_hi"] = p[f"{key}_lo"], p[f"{key}_hi"]
+                records.append(rec)
+    return records
