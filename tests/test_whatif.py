@@ -14,15 +14,15 @@ import numpy as np
 import polars as pl
 import pytest
 
-from dspark_obs.analysis.counterfactual_accept import accepted_under, exact_ceiling, tail_shapes
 from dspark_obs.analysis.load import load_curve
-from dspark_obs.analysis.policies import parse_policy, policy_windows
-from dspark_obs.analysis.trim_cost import trim_cost
-from dspark_obs.analysis.whatif import load_run_frame, whatif
 from dspark_obs.runs import record_reference_run
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.scheduler import schedule
 from dspark_obs.store import open_run
+from dspark_obs.whatif.counterfactual_accept import accepted_under, exact_ceiling, tail_shapes
+from dspark_obs.whatif.policies import parse_policy, policy_windows
+from dspark_obs.whatif.predict import load_run_frame, whatif
+from dspark_obs.whatif.trim_cost import trim_cost
 
 from .conftest import cli
 

@@ -145,17 +145,4 @@ def summarize_run_dir(run_dir: Path) -> dict:
             f"{run_dir} holds no request-steps (an ingested block-accept JSONL has only "
             f"ceilings); see `dspark-obs estimate {run_dir}`"
         )
-    summary = summarize(run)
-    summary["trim_cost"] = _trim_cost(run)
-    return summary
-
-
-def _trim_cost(run: Run) -> list[dict] | None:
-    """The cost-of-trimming headline, or None for a run it cannot be predicted for (one
-    without a cost table or step times to fit one)."""
-    from .trim_cost import trim_cost
-
-    try:
-        return trim_cost(run)
-    except ValueError:
-        return None
+    return summarize(run)

@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 from .. import strict_json
-from ..analysis.whatif import DEFAULT_POLICIES, whatif
 from ..store import open_run
 from ..strict_json import clean_json
+from ..whatif.predict import DEFAULT_POLICIES, whatif
 from .console import make_console
 from .whatif_views import render_whatif
 

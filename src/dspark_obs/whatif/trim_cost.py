@@ -18,7 +18,7 @@ from __future__ import annotations
 import polars as pl
 
 from ..store import Run
-from .whatif import whatif
+from .predict import whatif
 
 #: Keys of every `trim_cost` entry; documented in docs/whatif.md.
 TRIM_COST_KEYS = (
@@ -72,3 +72,12 @@ def trim_cost(run: Run, *, use_shadow: bool = True) -> list[dict]:
             continue
         out.append(_entry(o, s))
     return out
+
+
+def trim_cost_or_none(run: Run) -> list[dict] | None:
+    """`trim_cost`, or None for a run it cannot be predicted for (one without a cost table
+    or step times to fit one): `summary` still prints everything else."""
+    try:
+        return trim_cost(run)
+    except ValueError:
+        return None

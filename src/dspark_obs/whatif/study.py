@@ -15,11 +15,11 @@ import json
 import tempfile
 from pathlib import Path
 
-from ..analysis.whatif import whatif
+from ..runs import record_reference_run
 from ..runtime.config import STS_WARMUP_STEPS, RuntimeConfig
 from ..runtime.sts_warmup import resolve_sts
 from ..store import open_run
-from .reference import record_reference_run
+from .predict import whatif
 
 #: Policies the runtime can run for real, and the configuration change that runs each.
 RUNNABLE = {
@@ -101,7 +101,7 @@ def summarize_whatif_study(records: list[dict]) -> list[dict]:
 
 
 def main() -> None:
-    """`python -m dspark_obs.runs.whatif_study --worlds reference --seeds 10 [--steps N]`."""
+    """`python -m dspark_obs.whatif.study --worlds reference --seeds 10 [--steps N]`."""
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--worlds", nargs="+", default=["reference"])
     ap.add_argument("--seeds", type=int, default=10)

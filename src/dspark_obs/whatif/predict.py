@@ -31,15 +31,15 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from ..analysis.load import load_level
+from ..analysis.step_time import measured_step_ms
+from ..analysis.workload_codes import workload_code
 from ..estimator.evaluate import Z95, walked_blocks
 from ..runtime.cost_table import DEFAULT_CAPTURE_TIERS, AdditiveCostTable
 from ..store import Run
 from ..store.errors import READ_ERRORS, unreadable
 from .counterfactual_accept import AcceptInputs, accepted_under, exact_ceiling, tail_shapes
-from .load import load_level
 from .policies import Policy, parse_policy, policy_windows
-from .step_time import measured_step_ms
-from .workload_codes import workload_code
 
 #: Policies `whatif` predicts when none are named.
 DEFAULT_POLICIES = ("own", "static", "sps", "window=3", "sps:scale=0.5")
@@ -98,7 +98,7 @@ def _cost_table(run: Run) -> tuple[AdditiveCostTable, str]:
     recorded = run.manifest.get("cost_table")
     if isinstance(recorded, dict):
         return AdditiveCostTable(**recorded), "run.json"
-    from .cost_fit import CostFitError, fit_cost_table
+    from ..analysis.cost_fit import CostFitError, fit_cost_table
 
     try:
         return fit_cost_table(run).table, "fitted"
