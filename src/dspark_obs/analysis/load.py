@@ -39,6 +39,15 @@ def step_tokens(run: Run) -> pl.LazyFrame:
     )
 
 
+def load_level(steps: pl.LazyFrame) -> pl.Expr:
+    """The load level of a step: its batch size, or its power-of-two band when `steps`
+    has more than `MAX_EXACT_LEVELS` distinct batch sizes."""
+    levels = steps.select(pl.col("bs").n_unique()).collect().item()
+    if levels > MAX_EXACT_LEVELS:
+        return (2 ** pl.col("bs").cast(pl.Float64).log(2).floor()).cast(pl.Int64)
+    return pl.col("bs")
+
+
 def load_curve(run: Run) -> pl.DataFrame:
     """One row per load level: steps, batch size, budget per request, throughput, per-user speed.
 
@@ -46,11 +55,7 @@ def load_curve(run: Run) -> pl.DataFrame:
     has no step times.
     """
     steps = step_tokens(run).filter(pl.col("bs") > 0)
-    levels = steps.select(pl.col("bs").n_unique()).collect().item()
-    if levels > MAX_EXACT_LEVELS:
-        level = (2 ** pl.col("bs").cast(pl.Float64).log(2).floor()).cast(pl.Int64)
-    else:
-        level = pl.col("bs")
+    level = load_level(steps)
     timed = pl.col("seconds").is_not_null() & (pl.col("seconds") > 0)
     per_rank = (
         steps.with_columns(level.alias("level"))

@@ -31,6 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "compare_cmd",
         "A/B two run directories: deltas with bootstrap intervals and verdicts",
     ),
+    "whatif": (
+        "whatif_cmd",
+        "predict other verify policies on a run's traffic: tokens/s with intervals",
+    ),
     "sts": ("sts_cmd", "confidence calibration (STS) tools"),
     "cost": ("cost_cmd", "step-cost table tools"),
     "hash-password": (

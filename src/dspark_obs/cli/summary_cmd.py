@@ -6,11 +6,15 @@ import argparse
 from pathlib import Path
 
 from ..analysis.summary import summarize_run_dir
+from ..store import open_run
+from ..whatif.trim_cost import trim_cost_or_none
 from .views import print_summary
 
 
 def handle(args: argparse.Namespace) -> int:
-    print_summary(summarize_run_dir(args.run_dir), as_json=args.json)
+    summary = summarize_run_dir(args.run_dir)
+    summary["trim_cost"] = trim_cost_or_none(open_run(args.run_dir))
+    print_summary(summary, as_json=args.json)
     return 0
 
 

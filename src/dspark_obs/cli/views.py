@@ -81,6 +81,10 @@ def render_summary(summary: dict, console: Console) -> None:
         f"[dim]{note}; utilisation = accepted / ceiling over rows with a known "
         "ceiling; tokens/s is simulated when timing=simulated[/dim]"
     )
+    if summary.get("trim_cost"):
+        from .whatif_views import render_trim_cost
+
+        render_trim_cost(summary["trim_cost"], console)
 
 
 def print_summary(summary: dict, *, as_json: bool) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from ..telemetry.batch import MODES
 from .cost_table import DEFAULT_CAPTURE_TIERS, AdditiveCostTable, default_cost_table
 from .drafter import DrafterConfig
@@ -34,6 +36,8 @@ class RuntimeConfig:
     step_noise: float = 0.03
     cost_table: AdditiveCostTable = field(default_factory=default_cost_table)
     sts_temperatures: list[float] | None = None
+    #: the compact scheduler's budget times this (1: SGLang's rule; `whatif`'s ground truth)
+    budget_scale: float = 1.0
     capture_tiers: tuple[int, ...] = DEFAULT_CAPTURE_TIERS
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
     target: str = "synthetic"
@@ -96,6 +100,8 @@ class RuntimeConfig:
             raise ValueError("steps per level must be >= 1")
         if self.max_new_tokens < 1:
             raise ValueError("max new tokens must be >= 1")
+        if not (np.isfinite(self.budget_scale) and self.budget_scale >= 0):
+            raise ValueError("budget scale must be finite and >= 0")
         if self.step_noise < 0:
             raise ValueError("step noise must be >= 0")
         if self.sts_temperatures is not None and (

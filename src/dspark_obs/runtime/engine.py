@@ -495,7 +495,7 @@ class DSparkRuntime:
             windows = np.full(b, g, dtype=np.int64)
             budget = predicted = theta = None
         else:
-            plan = schedule(survival, c.cost_table, budget_survival)
+            plan = schedule(survival, c.cost_table, budget_survival, c.budget_scale)
             windows = plan.windows
             budget, predicted, theta = plan.budget, plan.predicted_seconds * 1e3, plan.objective
         chain = leading_run(acc)

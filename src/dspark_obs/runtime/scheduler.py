@@ -12,6 +12,9 @@ broken towards earlier positions keep that true).
 Under SGLang's confidence relay the budget K is planned on older survivals (the
 `budget_survival` of the same requests some steps before) while the K slots still go
 to the highest survivals of the current block, as SGLang's planner splits the two.
+
+The scaled budget (`budget_scale`) is not SGLang's: it exists so that another budget
+rule can be run for real against what `dspark-obs whatif` predicts for it.
 """
 
 from __future__ import annotations
@@ -32,9 +35,17 @@ class Schedule:
 
 
 def schedule(
-    survival: np.ndarray, table: AdditiveCostTable, budget_survival: np.ndarray | None = None
+    survival: np.ndarray,
+    table: AdditiveCostTable,
+    budget_survival: np.ndarray | None = None,
+    budget_scale: float = 1.0,
 ) -> Schedule:
-    """Windows from `survival`; the budget from `budget_survival` where given, else the same."""
+    """Windows from `survival`; the budget from `budget_survival` where given, else the same.
+
+    `budget_scale` multiplies the chosen budget (rounded, within 0..bs * gamma): a
+    scheduler that verifies more or fewer tokens than its objective asks for, so that
+    what-if predictions of such a budget rule can be held to a real run.
+    """
     bs, gamma = survival.shape
     if bs == 0:
         return Schedule(np.zeros(0, np.int64), 0, 0.0, 0.0)
@@ -47,5 +58,7 @@ def schedule(
     seconds = table.step_seconds(bs, ks)
     objective = (bs + gains) / seconds
     k = int(np.argmax(objective))
+    if budget_scale != 1.0:
+        k = min(int(np.rint(budget_scale * k)), len(flat))
     windows = np.bincount(order[:k] // gamma, minlength=bs).astype(np.int64)
     return Schedule(windows, k, float(seconds[k]), float(objective[k]))

@@ -1,0 +1,45 @@
+"""`dspark-obs whatif RUN_DIR`: what other verify policies would have given on a run's traffic."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .. import strict_json
+from ..store import open_run
+from ..strict_json import clean_json
+from ..whatif.predict import DEFAULT_POLICIES, whatif
+from .console import make_console
+from .whatif_views import render_whatif
+
+
+def handle(args: argparse.Namespace) -> int:
+    report = whatif(open_run(args.run_dir), args.policy, use_shadow=not args.no_shadow)
+    if args.json:
+        print(strict_json.dumps(clean_json(report), indent=2))
+    else:
+        render_whatif(report, make_console(), workloads=args.workloads)
+    return 0
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Predict, per load level and workload, what other verify policies would have given on "
+        "a recorded run's traffic: window, accepted drafts, step time, tokens/s with intervals."
+    )
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument(
+        "--policy",
+        action="append",
+        metavar="SPEC",
+        help="own, static, window=K, sps, sps:scale=F, sps:per-request=N, sps:table=FILE, "
+        f"sps:sts=none|FILE (repeatable; default: {' '.join(DEFAULT_POLICIES)})",
+    )
+    p.add_argument(
+        "--no-shadow",
+        action="store_true",
+        help="ignore a cap-accept shadow twin's ceilings: rest on the ceiling estimator alone",
+    )
+    p.add_argument("--workloads", action="store_true", help="a row per workload too")
+    p.add_argument("--json", action="store_true", help="one JSON object with a 'cells' list")
+    p.set_defaults(handler=handle)

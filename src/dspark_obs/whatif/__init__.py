@@ -1,0 +1,1 @@
+"""What another verify policy would have given on a recorded run's traffic (docs/whatif.md)."""

@@ -1,0 +1,111 @@
+"""What a request-step would have accepted under another window, from what the run knows.
+
+Acceptance is a chain over the block: the drafts accepted under window w' are
+`min(C, w')`, C the ceiling (what full verification accepts). Where C is known the
+answer is exact: the step was not trimmed (accepted < window, or window = gamma), the
+run observed it (static, cap-accept) or a cap-accept shadow twin reported it, or a
+greedy walk resolved it. Below the recorded window nothing is needed either: a trimmed
+step accepted its whole window, so `min(C, w') = w'` for every `w' <= w`.
+
+What remains is a trimmed step under a longer window. Its expectation is
+`w + sum_{m=w}^{w'-1} P(C > m)`: the ceiling estimator's walk gives the whole tail's
+expectation (`point - w`, exact where the walk saw the positions, the population model
+beyond), and the population model's per-cell rates (`HazardModel.rates`, the block's
+own confidence bins) give its shape over positions, which the walk does not keep. So
+the model's tail terms are scaled to the walk's point: a window of gamma reproduces
+the estimator's point exactly, a shorter one takes the model's share of it. The bounds
+are the walk's `lo` and `hi` cut at w' (`w` and `gamma` where no walk covered the step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..estimator.population import HazardModel
+
+
+@dataclass
+class AcceptInputs:
+    """Per request-step of a run, what the counterfactual reads (numpy, one row each)."""
+
+    gamma: int
+    window: np.ndarray  # drafts verified (the scheduled window)
+    accepted: np.ndarray  # correct_drafts
+    ceiling: np.ndarray  # float, NaN where unknown (observed or shadow)
+    group: np.ndarray  # workload code
+    confidence: np.ndarray | None  # [rows, gamma] calibrated, or None
+    walk_exact: np.ndarray  # bool: a greedy walk resolved the ceiling exactly
+    walk_lo: np.ndarray  # float, NaN where no walk covered the step
+    walk_point: np.ndarray
+    walk_hi: np.ndarray
+
+
+@dataclass
+class TailShapes:
+    """The unknown-ceiling rows and, for each, the model's tail terms P(C > m | C >= w)."""
+
+    rows: np.ndarray  # indices of the rows whose ceiling is unknown
+    terms: np.ndarray  # [len(rows), gamma]: 1 below w, the model's products from w on
+    scale: np.ndarray  # the walk's tail expectation over the model's (1 without a walk)
+    lo: np.ndarray
+    hi: np.ndarray
+
+
+def exact_ceiling(inp: AcceptInputs) -> np.ndarray:
+    """`[rows]` the ceiling where it is known exactly, NaN elsewhere."""
+    untrimmed = (inp.accepted < inp.window) | (inp.window >= inp.gamma)
+    c = np.where(np.isnan(inp.ceiling), np.nan, inp.ceiling)
+    c = np.where(untrimmed & np.isnan(c), inp.accepted, c)
+    return np.where(np.isnan(c) & inp.walk_exact, inp.walk_point, c)
+
+
+def tail_shapes(inp: AcceptInputs, exact: np.ndarray, groups: int) -> TailShapes:
+    """The population model fitted on every row of the run, evaluated on the unknown rows."""
+    rows = np.flatnonzero(np.isnan(exact))
+    g = inp.gamma
+    if len(rows) == 0:
+        empty = np.zeros(0)
+        return TailShapes(rows, np.zeros((0, g)), empty, empty, empty)
+    model = HazardModel(g, reservoir=1)
+    model.ensure_groups(groups)
+    model.update(inp.group, inp.window, inp.accepted, inp.confidence)
+    conf = None if inp.confidence is None else inp.confidence[rows]
+    rates = model.rates(inp.group[rows], conf)[0]
+    w = inp.window[rows]
+    after = np.arange(g)[None, :] >= w[:, None]
+    terms = np.where(after, rates, 1.0)
+    for j in range(1, g):  # gamma column multiplies: the running product from w on
+        terms[:, j] *= terms[:, j - 1]
+    model_tail = np.where(after, terms, 0.0).sum(axis=1)
+    point = inp.walk_point[rows]
+    walked = ~np.isnan(point)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(walked & (model_tail > 0), (point - w) / model_tail, 1.0)
+    lo = np.where(walked, inp.walk_lo[rows], w)
+    hi = np.where(walked, inp.walk_hi[rows], g)
+    return TailShapes(rows, terms, scale, lo, hi)
+
+
+def accepted_under(
+    inp: AcceptInputs, exact: np.ndarray, shapes: TailShapes, windows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(point, lo, hi)` accepted drafts per request-step under `windows`."""
+    point = np.minimum(exact, windows)
+    lo, hi = point.copy(), point.copy()
+    r = shapes.rows
+    if len(r) == 0:
+        return point, lo, hi
+    w, wn = inp.window[r], windows[r]
+    g = inp.gamma
+    pos = np.arange(g)[None, :]
+    inside = (pos >= w[:, None]) & (pos < wn[:, None])
+    extra = shapes.scale * np.where(inside, shapes.terms, 0.0).sum(axis=1)
+    longer = wn > w
+    p = np.where(longer, np.minimum(w + extra, wn), wn)
+    lo_r = np.where(longer, np.minimum(shapes.lo, wn), wn)
+    hi_r = np.where(longer, np.minimum(shapes.hi, wn), wn)
+    point[r] = np.clip(p, lo_r, hi_r)
+    lo[r], hi[r] = lo_r, hi_r
+    return point, lo, hi

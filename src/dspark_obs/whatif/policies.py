@@ -1,0 +1,180 @@
+"""Verify policies, applied to a recorded run's steps: the windows each would have chosen.
+
+A what-if prediction is only as good as its replay of the policy, so the SPS policies run
+the runtime's own rule (`runtime/scheduler.schedule`: the budget K maximising
+`(bs + sum of the K largest survivals) / T(bs, K)`, the K slots to the highest
+survivals, ties to earlier positions) on the survivals the run recorded. It is
+vectorised over every step of one batch size at once: one sort and one cumulative sum
+per `[steps, bs * gamma]` chunk, the same operations in the same order as the scheduler
+applies to one step, so the windows agree with the scheduler's bit for bit.
+
+Policy specs (`dspark-obs whatif --policy`):
+
+- `own`: the windows the run recorded (its own policy, whatever it was);
+- `static`: every draft verified (window gamma);
+- `window=K`: a fixed window of K drafts per request;
+- `sps`: the SPS scheduler with the run's cost table and STS, as SGLang plans;
+- `sps:scale=F`: its budget times F (rounded), split by survival as usual;
+- `sps:per-request=N`: a fixed budget of N extra tokens per request, split by survival;
+- `sps:table=FILE`: planned on another cost table (step costs stay the run's);
+- `sps:sts=none|FILE`: planned on the raw confidence, or another STS calibration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..calibration.sts import apply_sts, load_sts
+from ..runtime.cost_table import AdditiveCostTable, load_cost_table
+
+#: Entries of a `[steps, bs * gamma]` scheduling chunk (bounds its memory to ~100 MB).
+CHUNK_ENTRIES = 1 << 22
+
+SPS_OPTIONS = ("scale", "per-request", "table", "sts")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One verify policy; `spec` is how the user wrote it, and its label in every output."""
+
+    spec: str
+    kind: str  # own, static, window, sps
+    window: int | None = None
+    scale: float = 1.0
+    per_request: int | None = None
+    table: AdditiveCostTable | None = None
+    sts: list[float] | None = None  # None: the run's own confidence; [] none (all 1)
+
+    @property
+    def needs_survival(self) -> bool:
+        return self.kind == "sps"
+
+
+def parse_policy(spec: str) -> Policy:
+    """A `Policy` from its spec, or ValueError naming what is wrong."""
+    text = spec.strip()
+    if text in ("own", "static", "sps"):
+        return Policy(text, text)
+    if text.startswith("window="):
+        value = text.partition("=")[2]
+        if not value.isdigit():
+            raise ValueError(f"policy {spec!r}: window=K needs a whole number of drafts")
+        return Policy(text, "window", window=int(value))
+    if text.startswith("sps:"):
+        name, eq, value = text[4:].partition("=")
+        if name not in SPS_OPTIONS or not eq or not value:
+            raise ValueError(
+                f"policy {spec!r}: sps takes one of {', '.join(o + '=...' for o in SPS_OPTIONS)}"
+            )
+        if name == "scale":
+            try:
+                scale = float(value)
+            except ValueError:
+                scale = float("nan")
+            if not (np.isfinite(scale) and scale >= 0):
+                raise ValueError(f"policy {spec!r}: scale must be a number >= 0")
+            return Policy(text, "sps", scale=scale)
+        if name == "per-request":
+            if not value.isdigit():
+                raise ValueError(f"policy {spec!r}: per-request needs a whole number of tokens")
+            return Policy(text, "sps", per_request=int(value))
+        if name == "table":
+            return Policy(text, "sps", table=load_cost_table(Path(value)))
+        temps = [] if value == "none" else list(load_sts(Path(value)).temperatures)
+        return Policy(text, "sps", sts=temps)
+    raise ValueError(
+        f"unknown policy {spec!r}: give own, static, window=K, sps or sps:OPTION=VALUE"
+    )
+
+
+def policy_survival(policy: Policy, survival: np.ndarray, logits: np.ndarray | None) -> np.ndarray:
+    """The survivals the policy plans on: the recorded ones, or the raw logits re-calibrated."""
+    if policy.sts is None:
+        return survival
+    if logits is None or np.isnan(logits).all():
+        raise ValueError(f"policy {policy.spec}: the run recorded no confidence logits")
+    gamma = logits.shape[1]
+    temps = policy.sts or [1.0] * gamma
+    if len(temps) != gamma:
+        raise ValueError(f"policy {policy.spec}: STS has {len(temps)} temperatures, gamma {gamma}")
+    return apply_sts(logits, temps)[1]
+
+
+def sps_windows(
+    survival: np.ndarray,
+    step_start: np.ndarray,
+    step_bs: np.ndarray,
+    table: AdditiveCostTable,
+    *,
+    scale: float = 1.0,
+    per_request: int | None = None,
+) -> np.ndarray:
+    """`[rows]` windows of the SPS scheduler over every step (rows grouped by step).
+
+    `survival` is `[rows, gamma]` with each step's rows contiguous from `step_start`;
+    a step's budget is the argmax of the scheduler's objective (times `scale`), or
+    `per_request * bs` where given.
+    """
+    rows, gamma = survival.shape
+    windows = np.zeros(rows, np.int64)
+    for bs in np.unique(step_bs[step_bs > 0]).tolist():
+        starts = step_start[step_bs == bs]
+        width = bs * gamma
+        ks = np.arange(width + 1)
+        seconds = table.step_seconds(bs, ks)
+        position = np.tile(np.arange(gamma), bs)
+        chunk = max(1, CHUNK_ENTRIES // width)
+        for lo in range(0, len(starts), chunk):
+            idx = starts[lo : lo + chunk, None] + np.arange(bs)[None, :]
+            flat = survival[idx].reshape(len(idx), width)
+            order = np.lexsort((np.broadcast_to(position, flat.shape), -flat), axis=-1)
+            if per_request is not None:
+                k = np.full(len(idx), min(per_request * bs, width))
+            else:
+                ranked = np.take_along_axis(flat, order, axis=1)
+                gains = np.zeros((len(idx), width + 1))
+                np.cumsum(ranked, axis=1, out=gains[:, 1:])
+                k = np.argmax((bs + gains) / seconds, axis=1)
+                if scale != 1.0:
+                    k = np.minimum(np.rint(scale * k).astype(np.int64), width)
+            chosen = np.arange(width)[None, :] < k[:, None]
+            picked = np.zeros(flat.shape, bool)
+            np.put_along_axis(picked, order, chosen, axis=1)
+            windows[idx.ravel()] = picked.reshape(len(idx), bs, gamma).sum(axis=2).ravel()
+    return windows
+
+
+def policy_windows(
+    policy: Policy,
+    *,
+    window: np.ndarray,
+    gamma: int,
+    survival: np.ndarray | None,
+    logits: np.ndarray | None,
+    step_start: np.ndarray,
+    step_bs: np.ndarray,
+    table: AdditiveCostTable,
+) -> np.ndarray:
+    """`[rows]` drafts the policy verifies per request-step of the run."""
+    if policy.kind == "own":
+        return window
+    if policy.kind == "static":
+        return np.full(len(window), gamma, np.int64)
+    if policy.kind == "window":
+        return np.full(len(window), min(policy.window, gamma), np.int64)
+    if survival is None or np.isnan(survival).any():
+        raise ValueError(
+            f"policy {policy.spec}: the SPS scheduler needs every request-step's survival "
+            "(confidence), which this run does not record for all of them"
+        )
+    return sps_windows(
+        policy_survival(policy, survival, logits),
+        step_start,
+        step_bs,
+        policy.table or table,
+        scale=policy.scale,
+        per_request=policy.per_request,
+    )

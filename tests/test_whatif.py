@@ -1,0 +1,168 @@
+"""What-if predictions against independent computations and against real runs of each policy.
+
+One small compact run (with a cap-accept shadow) and the real runs of static and of a
+halved SPS budget with the same seed and traffic are recorded once per module in
+process; the CLI is driven as a subprocess on the session's compact run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+
+from dspark_obs.analysis.load import load_curve
+from dspark_obs.runs import record_reference_run
+from dspark_obs.runtime.config import RuntimeConfig
+from dspark_obs.runtime.scheduler import schedule
+from dspark_obs.store import open_run
+from dspark_obs.whatif.counterfactual_accept import accepted_under, exact_ceiling, tail_shapes
+from dspark_obs.whatif.policies import parse_policy, policy_windows
+from dspark_obs.whatif.predict import load_run_frame, whatif
+from dspark_obs.whatif.trim_cost import trim_cost
+
+from .conftest import cli
+
+STS = [1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """compact (+ shadow), static and sps:scale=0.5, one seed and one traffic."""
+    tmp = tmp_path_factory.mktemp("whatif")
+    base = RuntimeConfig(seed=5, shadow="cap-accept", concurrency=[4, 48], steps_per_level=80,
+                         max_new_tokens=300, sts_temperatures=STS)  # fmt: skip
+    out = {}
+    for name, change in (("compact", {}), ("static", {"mode": "static", "shadow": None}),
+                         ("half", {"budget_scale": 0.5, "shadow": None})):  # fmt: skip
+        record_reference_run(dataclasses.replace(base, **change), tmp / name, None)
+        out[name] = open_run(tmp / name)
+    return out
+
+
+def _cells(report: dict, policy: str) -> dict:
+    return {(c["level"], c["workload"]): c for c in report["cells"] if c["policy"] == policy}
+
+
+def test_sps_replay_is_the_runtime_scheduler(runs):
+    run = runs["compact"]
+    frame = load_run_frame(run)
+    kwargs = {
+        "window": frame.inputs.window,
+        "gamma": 7,
+        "survival": frame.survival,
+        "logits": None,
+        "step_start": frame.step_start,
+        "step_bs": frame.step_bs,
+        "table": frame.table,
+    }
+    sps = policy_windows(parse_policy("sps"), **kwargs)
+    assert (sps == frame.inputs.window).all()  # the run's own windows, every request-step
+    half = policy_windows(parse_policy("sps:scale=0.5"), **kwargs)
+    fixed = policy_windows(parse_policy("sps:per-request=2"), **kwargs)
+    for s in range(0, len(frame.step_start), 17):  # the scheduler itself, step by step
+        rows = slice(frame.step_start[s], frame.step_start[s] + frame.step_bs[s])
+        expect = schedule(frame.survival[rows], frame.table, budget_scale=0.5).windows
+        assert (half[rows] == expect).all()
+        assert fixed[rows].sum() == min(2 * frame.step_bs[s], 7 * frame.step_bs[s])
+    assert half.sum() < sps.sum()
+    assert (policy_windows(parse_policy("window=3"), **kwargs) == 3).all()
+
+
+def test_own_and_sps_reproduce_the_measured_run(runs):
+    run = runs["compact"]
+    report = whatif(run, ["own", "sps"], use_shadow=False)
+    measured = {r["bs"]: r for r in load_curve(run).iter_rows(named=True)}
+    req = run.requests().collect()
+    for policy in ("own", "sps"):
+        for (level, workload), c in _cells(report, policy).items():
+            rows = req.filter(pl.col("workload") == workload) if workload != "all" else req
+            steps = run.steps().filter(pl.col("bs") == level).collect()
+            rows = rows.join(steps.select("forward_ct"), on="forward_ct")
+            assert c["mean_accepted"] == pytest.approx(rows["correct_drafts"].mean(), rel=1e-12)
+            if workload == "all":
+                m = measured[level]
+                assert c["tokens_per_s"] == pytest.approx(m["throughput_tokens_per_s"], rel=5e-3)
+                assert c["step_ms"] == pytest.approx(m["mean_step_ms"], rel=5e-3)
+                assert c["tokens_per_s_lo"] < c["tokens_per_s"] < c["tokens_per_s_hi"]
+
+
+def test_static_with_shadow_ceilings_is_exact(runs):
+    run = runs["compact"]
+    static = _cells(whatif(run, ["static"]), "static")
+    req = run.requests().join(run.steps().select("forward_ct", "bs"), on="forward_ct").collect()
+    for level, part in req.group_by("bs"):
+        c = static[(level[0], "all")]
+        assert c["mean_accepted"] == pytest.approx(part["shadow_ceiling"].mean(), rel=1e-12)
+        assert c["mean_accepted_lo"] == c["mean_accepted_hi"] == c["mean_accepted"]
+        assert c["verify_tokens_per_step"] == 8 * level[0]
+
+
+def test_counterfactual_accepted_bounds_and_limits(runs):
+    frame = load_run_frame(runs["compact"], use_shadow=False)
+    inp = frame.inputs
+    exact = exact_ceiling(inp)
+    shapes = tail_shapes(inp, exact, int(inp.group.max()) + 1)
+    assert len(shapes.rows) > 50  # trimmed rows the estimator fills
+    shorter = np.maximum(inp.window - 1, 0)
+    point, lo, hi = accepted_under(inp, exact, shapes, shorter)
+    assert (point == np.minimum(inp.accepted, shorter)).all()  # below the window: what happened
+    full = np.full(len(inp.window), 7)
+    point, lo, hi = accepted_under(inp, exact, shapes, full)
+    r = shapes.rows
+    walked = ~np.isnan(inp.walk_point[r])
+    assert np.allclose(point[r][walked], inp.walk_point[r][walked])  # gamma: the walk's point
+    assert ((lo <= point) & (point <= hi) & (hi <= 7) & (lo >= inp.accepted)).all()
+    mid = np.minimum(inp.window + 2, 7)
+    p_mid = accepted_under(inp, exact, shapes, mid)[0]
+    assert ((p_mid >= inp.accepted) & (p_mid <= point + 1e-12)).all()
+
+
+def test_predictions_hold_against_real_runs(runs):
+    """Static and a halved budget predicted from the compact run (estimator only), held to
+    the real runs with the same seed: whole-batch tokens/s within 3 %, inside the interval."""
+    report = whatif(runs["compact"], ["static", "sps:scale=0.5"], use_shadow=False)
+    for policy, name in (("static", "static"), ("sps:scale=0.5", "half")):
+        real = _cells(whatif(runs[name], ["own"]), "own")
+        for key, c in _cells(report, policy).items():
+            if key[1] != "all":
+                continue
+            r = real[key]["tokens_per_s"]
+            assert c["tokens_per_s"] == pytest.approx(r, rel=0.03), (policy, key)
+            assert c["tokens_per_s_lo"] <= r <= c["tokens_per_s_hi"], (policy, key)
+
+
+def test_trim_cost_splits_the_net_exactly(runs):
+    entries = trim_cost(runs["compact"])
+    assert {e["level"] for e in entries} == {4, 48}
+    for e in entries:
+        assert e["net_tokens_per_s"] == pytest.approx(e["step_time_saved"] + e["accepted_lost"])
+        assert e["net_lo"] == pytest.approx(e["net_tokens_per_s"])  # shadow: exact ceilings
+        assert e["accepted_lost"] <= 1e-9 and e["trimmed_tokens_per_request_step"] >= 0
+    for e in trim_cost(runs["static"]):  # nothing trimmed: nothing gained, nothing lost
+        assert e["net_tokens_per_s"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_policy_specs_refused_with_reasons(tmp_path):
+    for spec, words in (("bogus", "unknown policy"), ("window=x", "whole number"),
+                        ("sps:scale=-1", ">= 0"), ("sps:speed=2", "sps takes one of"),
+                        ("sps:table=" + str(tmp_path / "none.json"), "cost table")):  # fmt: skip
+        with pytest.raises((ValueError, OSError), match=words):
+            parse_policy(spec)
+
+
+def test_whatif_cli(compact_run):
+    path, _ = compact_run
+    proc = cli("whatif", str(path), "--json", "--policy", "static", "--policy", "window=2")
+    report = json.loads(proc.stdout)
+    assert {c["policy"] for c in report["cells"]} == {"static", "window=2"}
+    assert all(c["mean_window"] == 2 for c in report["cells"] if c["policy"] == "window=2")
+    text = cli("whatif", str(path), "--workloads").stdout
+    assert "sps:scale=0.5" in text and "window=3" in text
+    bad = cli("whatif", str(path), "--policy", "static,sps", check=False)
+    assert bad.returncode == 2 and "unknown policy 'static,sps'" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    assert "cost of trimming against static" in cli("summary", str(path)).stdout
