@@ -265,8 +265,9 @@ class ConfidenceSeries:
         of = self.labels.model_of
         n = len(self.labels.model_keys)
         return {
-            k: np.stack([self.reliability_by_group[k][of == i].sum(axis=0) for i in range(n)])
-            .reshape(-1, ECE_BINS)
+            k: np.stack(
+                [self.reliability_by_group[k][of == i].sum(axis=0) for i in range(n)]
+            ).reshape(-1, ECE_BINS)
             for k in ("rows", "positives", "pred_sum", "positive_pred_sum")
         }
 
