@@ -50,7 +50,11 @@ def _promtool(*args: str | Path, cwd: Path = DEPLOY) -> subprocess.CompletedProc
 
 def test_files_present() -> None:
     assert [p.name for p in RULES] == ["alerts.yml", "fleet.yml", "recording.yml"]
-    assert {p.name for p in RULE_TESTS} >= {"alerts_test.yml", "fleet_test.yml", "recording_test.yml"}
+    assert {p.name for p in RULE_TESTS} >= {
+        "alerts_test.yml",
+        "fleet_test.yml",
+        "recording_test.yml",
+    }
     targets = json.loads((DEPLOY / "targets" / "dspark.json").read_text())
     assert targets and all(group["targets"] for group in targets)
 
