@@ -240,6 +240,7 @@ def _labelled(reqs: pl.DataFrame) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
     return out
 
 
+@np.errstate(invalid="ignore", divide="ignore")  # AUROC is NaN where one label is absent
 def _calibration(p: np.ndarray, y: np.ndarray) -> dict[str, float]:
     fine = (p * FINE).astype(np.int64)
     ece_bin, auroc_bin = fine // 68, fine // 34
