@@ -123,6 +123,29 @@ class EstimatorSeries:
             self._count(tot, "sampled_censored", "sampled"),
         )
 
+    def _sum(self, column: str) -> Samples:
+        return Samples(self.labels.request, self.snap.total[:, _COL[column]])
+
+    @property
+    def observed_blocks(self) -> Samples:
+        return self._count(self.snap.total, "observed_blocks")
+
+    @property
+    def observed_ceiling_tokens(self) -> Samples:
+        return self._sum("observed_sum")
+
+    @property
+    def walk_lower_tokens(self) -> Samples:
+        return self._sum("lo_sum")
+
+    @property
+    def walk_point_tokens(self) -> Samples:
+        return self._sum("point_sum")
+
+    @property
+    def walk_upper_tokens(self) -> Samples:
+        return self._sum("hi_sum")
+
     @property
     def pending_blocks(self) -> Samples:
         return Samples(self.labels.request, self.snap.pending.astype(np.int64))

@@ -16,6 +16,11 @@ POS = ("workload", "mode", "rank", "position")
 STEP = ("mode", "rank")
 REL = ("workload", "mode", "position")
 SRC = ("source",)
+POS_BIN = (*POS, "bin")
+NOT_AGGREGABLE = (
+    " A per-process convenience: not aggregable across series (a mean of ratios is not the "
+    "ratio of sums); fleet figures come from the counters (deploy/rules/fleet.yml)."
+)
 
 CALIBRATION_ROWS = (
     "Rows: request-steps whose prefix label is known at that position: all positions where the "
@@ -99,14 +104,15 @@ CATALOG: tuple[Metric, ...] = (
         "gauge",
         REQ,
         "Accepted / ceiling " + SLIDING + ", over request-steps whose ceiling is known; "
-        "1 means trimming lost nothing.",
+        "1 means trimming lost nothing." + NOT_AGGREGABLE,
         source=("tokens", "utilisation"),
     ),
     Metric(
         "dspark_utilisation_cumulative_ratio",
         "gauge",
         REQ,
-        "Accepted / ceiling since start, over request-steps whose ceiling is known.",
+        "Accepted / ceiling since start, over request-steps whose ceiling is known."
+        + NOT_AGGREGABLE,
         source=("tokens", "utilisation_cumulative"),
     ),
     Metric(
@@ -127,7 +133,7 @@ CATALOG: tuple[Metric, ...] = (
         "dspark_ceiling_mean_tokens",
         "gauge",
         REQ,
-        "Mean ceiling " + SLIDING + ", over request-steps whose ceiling is known.",
+        "Mean ceiling " + SLIDING + ", over request-steps whose ceiling is known." + NOT_AGGREGABLE,
         source=("tokens", "ceiling_mean"),
     ),
     # confidence calibration
@@ -144,21 +150,24 @@ CATALOG: tuple[Metric, ...] = (
         POS,
         "Expected calibration error of survival at this position " + SLIDING + ": 15 "
         "equal-width bins on [0, 1], |mean predicted - observed| weighted by rows. "
-        + CALIBRATION_ROWS,
+        + CALIBRATION_ROWS
+        + NOT_AGGREGABLE,
         source=("confidence", "ece"),
     ),
     Metric(
         "dspark_confidence_ece_cumulative",
         "gauge",
         POS,
-        "Expected calibration error since start (15 equal-width bins). " + CALIBRATION_ROWS,
+        "Expected calibration error since start (15 equal-width bins). "
+        + CALIBRATION_ROWS
+        + NOT_AGGREGABLE,
         source=("confidence", "ece_cumulative"),
     ),
     Metric(
         "dspark_confidence_brier",
         "gauge",
         POS,
-        "Brier score of survival " + SLIDING + ". " + CALIBRATION_ROWS,
+        "Brier score of survival " + SLIDING + ". " + CALIBRATION_ROWS + NOT_AGGREGABLE,
         source=("confidence", "brier"),
     ),
     Metric(
@@ -167,21 +176,23 @@ CATALOG: tuple[Metric, ...] = (
         POS,
         "AUROC of survival against the prefix label " + SLIDING + ", from a 1,020-bin "
         "histogram (68 bins to each of the 15 ECE bins; `dspark-obs calibration` uses 1,024 "
-        "bins, as SGLang, and both are within one bin of the exact value). " + CALIBRATION_ROWS,
+        "bins, as SGLang, and both are within one bin of the exact value). "
+        + CALIBRATION_ROWS
+        + NOT_AGGREGABLE,
         source=("confidence", "auroc"),
     ),
     Metric(
         "dspark_confidence_predicted_mean",
         "gauge",
         POS,
-        "Mean predicted survival " + SLIDING + ". " + CALIBRATION_ROWS,
+        "Mean predicted survival " + SLIDING + ". " + CALIBRATION_ROWS + NOT_AGGREGABLE,
         source=("confidence", "predicted_mean"),
     ),
     Metric(
         "dspark_confidence_observed_mean",
         "gauge",
         POS,
-        "Observed share of accepted prefixes " + SLIDING + ". " + CALIBRATION_ROWS,
+        "Observed share of accepted prefixes " + SLIDING + ". " + CALIBRATION_ROWS + NOT_AGGREGABLE,
         source=("confidence", "observed_mean"),
     ),
     Metric(
@@ -199,6 +210,65 @@ CATALOG: tuple[Metric, ...] = (
         "Predicted survival of rows whose prefix was accepted, same bins (reliability "
         "numerator: observed rate per bin = this bucket / dspark_confidence_survival bucket).",
         source=("confidence", "accepted_survival"),
+    ),
+    # calibration's sufficient statistics: counters summed over any series give that set's
+    # ECE, reliability, Brier and AUROC exactly (deploy/rules/fleet.yml)
+    Metric(
+        "dspark_confidence_bin_rows_total",
+        "counter",
+        POS_BIN,
+        "Labelled rows per ECE bin (bin=0..14, equal-width on [0, 1]) since start.",
+        source=("confidence", "bin_rows"),
+    ),
+    Metric(
+        "dspark_confidence_bin_positives_total",
+        "counter",
+        POS_BIN,
+        "Rows per ECE bin whose prefix was accepted.",
+        source=("confidence", "bin_positives"),
+    ),
+    Metric(
+        "dspark_confidence_bin_predicted_total",
+        "counter",
+        POS_BIN,
+        "Sum of the predicted survival of the rows per ECE bin.",
+        source=("confidence", "bin_predicted"),
+    ),
+    Metric(
+        "dspark_confidence_positive_predicted_total",
+        "counter",
+        POS,
+        "Sum of the predicted survival of rows whose prefix was accepted (Brier).",
+        source=("confidence", "positive_predicted"),
+    ),
+    Metric(
+        "dspark_confidence_predicted_squared_total",
+        "counter",
+        POS,
+        "Sum of the squared predicted survival of labelled rows (Brier).",
+        source=("confidence", "predicted_squared"),
+    ),
+    Metric(
+        "dspark_confidence_auroc_positives_total",
+        "counter",
+        POS_BIN,
+        "Rows whose prefix was accepted per AUROC bin (bin=0..29, equal-width on [0, 1]).",
+        source=("confidence", "auroc_positives"),
+    ),
+    Metric(
+        "dspark_confidence_auroc_negatives_total",
+        "counter",
+        POS_BIN,
+        "Rows whose prefix was rejected per AUROC bin.",
+        source=("confidence", "auroc_negatives"),
+    ),
+    Metric(
+        "dspark_confidence_auroc_negatives_below_total",
+        "counter",
+        POS_BIN,
+        "Rows whose prefix was rejected in lower AUROC bins than this one (AUROC = sum over "
+        "bins of positives x (negatives below + negatives / 2) / (positives x negatives)).",
+        source=("confidence", "auroc_negatives_below"),
     ),
     # load per step
     Metric("dspark_steps_total", "counter", STEP, "Verify steps seen.", source=("steps", "steps")),
@@ -352,6 +422,42 @@ CATALOG: tuple[Metric, ...] = (
         source=("estimator", "censored_blocks"),
     ),
     Metric(
+        "dspark_estimator_observed_blocks_total",
+        "counter",
+        REQ,
+        "Request-steps whose ceiling the estimator saw exactly (a rejection inside the "
+        "window, or no trimming).",
+        source=("estimator", "observed_blocks"),
+    ),
+    Metric(
+        "dspark_estimator_observed_ceiling_tokens_total",
+        "counter",
+        REQ,
+        "Sum of those request-steps' ceilings.",
+        source=("estimator", "observed_ceiling_tokens"),
+    ),
+    Metric(
+        "dspark_estimator_walk_lower_tokens_total",
+        "counter",
+        REQ,
+        "Sum of the lower bounds of ended walks' ceilings (resolved and censored).",
+        source=("estimator", "walk_lower_tokens"),
+    ),
+    Metric(
+        "dspark_estimator_walk_point_tokens_total",
+        "counter",
+        REQ,
+        "Sum of the point estimates of ended walks' ceilings.",
+        source=("estimator", "walk_point_tokens"),
+    ),
+    Metric(
+        "dspark_estimator_walk_upper_tokens_total",
+        "counter",
+        REQ,
+        "Sum of the upper bounds of ended walks' ceilings.",
+        source=("estimator", "walk_upper_tokens"),
+    ),
+    Metric(
         "dspark_estimator_pending_blocks",
         "gauge",
         REQ,
@@ -364,28 +470,28 @@ CATALOG: tuple[Metric, ...] = (
         (*REQ, "source"),
         "Estimated mean ceiling per request-step " + SLIDING + ": source=walk combines "
         "observed ceilings with the walks' point estimates; source=population is the "
-        "sum of the population survival curve.",
+        "sum of the population survival curve." + NOT_AGGREGABLE,
         source=("estimator", "ceiling_estimate"),
     ),
     Metric(
         "dspark_ceiling_estimate_lower_tokens",
         "gauge",
         REQ,
-        "Lower bound of the walk estimate of the mean ceiling " + SLIDING + ".",
+        "Lower bound of the walk estimate of the mean ceiling " + SLIDING + "." + NOT_AGGREGABLE,
         source=("estimator", "ceiling_estimate_lower"),
     ),
     Metric(
         "dspark_ceiling_estimate_upper_tokens",
         "gauge",
         REQ,
-        "Upper bound of the walk estimate of the mean ceiling " + SLIDING + ".",
+        "Upper bound of the walk estimate of the mean ceiling " + SLIDING + "." + NOT_AGGREGABLE,
         source=("estimator", "ceiling_estimate_upper"),
     ),
     Metric(
         "dspark_ceiling_estimate_cumulative_tokens",
         "gauge",
         REQ,
-        "Walk estimate of the mean ceiling since start.",
+        "Walk estimate of the mean ceiling since start." + NOT_AGGREGABLE,
         source=("estimator", "ceiling_estimate_cumulative"),
     ),
     Metric(

@@ -137,6 +137,8 @@ class PrometheusServer:
         workdir: str | os.PathLike[str] | None = None,
         ready_timeout: float = WAIT,
         extra_args: Sequence[str] = (),
+        external_labels: Mapping[str, str] | None = None,
+        rule_files: Sequence[str | os.PathLike[str]] = (),
     ) -> None:
         self.jobs = _normalise_jobs(jobs)
         if not self.jobs:
@@ -144,6 +146,8 @@ class PrometheusServer:
         self.scrape_interval = scrape_interval
         self.ready_timeout = ready_timeout
         self.extra_args = list(extra_args)
+        self.external_labels = dict(external_labels or {})
+        self.rule_files = [str(Path(f).resolve()) for f in rule_files]
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else None
         self.port: int | None = None
@@ -154,13 +158,18 @@ class PrometheusServer:
 
     @property
     def config(self) -> dict[str, Any]:
-        return {
+        config: dict[str, Any] = {
             "global": {
                 "scrape_interval": self.scrape_interval,
                 "evaluation_interval": self.scrape_interval,
+                # how this server labels what others federate from it
+                "external_labels": self.external_labels,
             },
             "scrape_configs": self.jobs,
         }
+        if self.rule_files:
+            config["rule_files"] = self.rule_files
+        return config
 
     @property
     def config_path(self) -> Path:

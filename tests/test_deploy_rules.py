@@ -49,8 +49,12 @@ def _promtool(*args: str | Path, cwd: Path = DEPLOY) -> subprocess.CompletedProc
 
 
 def test_files_present() -> None:
-    assert [p.name for p in RULES] == ["alerts.yml", "recording.yml"]
-    assert {p.name for p in RULE_TESTS} >= {"alerts_test.yml", "recording_test.yml"}
+    assert [p.name for p in RULES] == ["alerts.yml", "fleet.yml", "recording.yml"]
+    assert {p.name for p in RULE_TESTS} >= {
+        "alerts_test.yml",
+        "fleet_test.yml",
+        "recording_test.yml",
+    }
     targets = json.loads((DEPLOY / "targets" / "dspark.json").read_text())
     assert targets and all(group["targets"] for group in targets)
 
@@ -58,7 +62,7 @@ def test_files_present() -> None:
 def test_check_config() -> None:
     out = _promtool("check", "config", "prometheus.yml")
     # The config's rule_files resolve (relative to the config) and are checked along with it.
-    assert "2 rule files found" in out.stdout + out.stderr
+    assert "3 rule files found" in out.stdout + out.stderr
 
 
 def test_check_rules() -> None:

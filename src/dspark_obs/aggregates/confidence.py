@@ -26,6 +26,10 @@ from .window import WindowedSums
 ECE_BINS = 15
 FINE_PER_ECE_BIN = 68
 FINE_BINS = ECE_BINS * FINE_PER_ECE_BIN
+#: Bins of the AUROC counters the exporter publishes (two to each ECE bin, 34 fine bins
+#: each): a merged AUROC is exact for these bins, within half their tied pairs of the
+#: exact value, at a series count a fleet can keep (docs/metrics.md).
+AUROC_EXPORT_BINS = 2 * ECE_BINS
 
 
 class ConfidenceAggregate:
@@ -154,13 +158,23 @@ class ConfidenceAggregate:
         f = fine.reshape(fine.shape[0], self.gamma, 2, FINE_BINS)
         return auroc_from_hist(f[:, :, 1], f[:, :, 0])
 
-    def reliability(self, coarse: np.ndarray) -> dict[str, np.ndarray]:
-        """Per group, position and ECE bin (`[groups, gamma, 15]`): rows, positives and
-        prediction sums of all rows and of positive rows."""
-        counts, preds, _ = self._coarse(coarse)
+    def reliability(self, coarse: np.ndarray, fine: np.ndarray) -> dict[str, np.ndarray]:
+        """The sufficient statistics of every calibration figure, since start, per group
+        and position: per ECE bin (`[groups, gamma, 15]`) rows, positives and prediction
+        sums of all rows and of positive rows; the sum of squared predictions
+        (`[groups, gamma]`); per AUROC export bin (`[groups, gamma, 30]`) positives,
+        negatives and negatives in lower bins. Sums of these over any set of groups give
+        that set's ECE, Brier and AUROC exactly."""
+        counts, preds, pred_sq = self._coarse(coarse)
+        f = fine.reshape(fine.shape[0], self.gamma, 2, AUROC_EXPORT_BINS, -1).sum(axis=-1)
+        negatives = f[:, :, 0]
         return {
             "rows": counts.sum(axis=2).astype(np.int64),
             "positives": counts[:, :, 1].astype(np.int64),
             "pred_sum": preds.sum(axis=2),
             "positive_pred_sum": preds[:, :, 1],
+            "pred_squared_sum": pred_sq,
+            "auroc_positives": f[:, :, 1],
+            "auroc_negatives": negatives,
+            "auroc_negatives_below": np.cumsum(negatives, axis=-1) - negatives,
         }

@@ -226,7 +226,7 @@ class Aggregates:
                     # up to date as rows arrive rather than summed at every scrape
                     "window": conf.metrics(conf.fine.win, conf.coarse.window()),
                 },
-                reliability=conf.reliability(conf.coarse.total),
+                reliability=conf.reliability(conf.coarse.total, conf.fine.total),
                 cost={
                     "total": self.cost.error_metrics(self.cost.errors.total),
                     "window": self.cost.error_metrics(self.cost.errors.window()),

@@ -33,6 +33,7 @@ class RequestLabels:
         self.groups = groups
         self.gamma = gamma
         self._tagged: dict[str, Labels] = {}
+        self._binned: dict[int, Labels] = {}
 
     @cached_property
     def request(self) -> Labels:
@@ -50,6 +51,16 @@ class RequestLabels:
     @cached_property
     def position(self) -> Labels:
         return Labels(POSITION, [(*g, j) for g in self.groups for j in range(self.gamma)])
+
+    def binned(self, bins: int) -> Labels:
+        """The position labels with `bin=0..bins-1` last."""
+        labels = self._binned.get(bins)
+        if labels is None:
+            labels = self._binned[bins] = Labels(
+                (*POSITION, "bin"),
+                [(*g, j, b) for g in self.groups for j in range(self.gamma) for b in range(bins)],
+            )
+        return labels
 
     @cached_property
     def model_keys(self) -> list[tuple[str, str]]:
@@ -254,8 +265,10 @@ class ConfidenceSeries:
         of = self.labels.model_of
         n = len(self.labels.model_keys)
         return {
-            k: np.stack([v[of == i].sum(axis=0) for i in range(n)]).reshape(-1, ECE_BINS)
-            for k, v in self.reliability_by_group.items()
+            k: np.stack(
+                [self.reliability_by_group[k][of == i].sum(axis=0) for i in range(n)]
+            ).reshape(-1, ECE_BINS)
+            for k in ("rows", "positives", "pred_sum", "positive_pred_sum")
         }
 
     @cached_property
@@ -281,6 +294,64 @@ class ConfidenceSeries:
     @property
     def accepted_survival(self) -> Buckets:
         return self._bins("positives", "positive_pred_sum")
+
+    # The sufficient statistics per (workload, mode, rank, position), since start: counters
+    # whose sums over any set of series give that set's ECE, Brier and AUROC exactly
+    # (deploy/rules/fleet.yml). Positions without a labelled row publish nothing.
+
+    @cached_property
+    def _labelled_positions(self) -> np.ndarray:
+        return self.reliability_by_group["rows"].sum(axis=-1).ravel() > 0
+
+    def _per_position(self, key: str) -> Samples:
+        values = self.reliability_by_group[key].astype(np.float64).ravel()
+        return Samples(self.labels.position, np.where(self._labelled_positions, values, np.nan))
+
+    def _per_bin(self, key: str) -> Samples:
+        table = self.reliability_by_group[key]
+        bins = table.shape[-1]
+        keep = np.repeat(self._labelled_positions, bins)
+        values = np.where(keep, table.astype(np.float64).ravel(), np.nan)
+        return Samples(self.labels.binned(bins), values)
+
+    @property
+    def bin_rows(self) -> Samples:
+        return self._per_bin("rows")
+
+    @property
+    def bin_positives(self) -> Samples:
+        return self._per_bin("positives")
+
+    @property
+    def bin_predicted(self) -> Samples:
+        return self._per_bin("pred_sum")
+
+    @property
+    def positive_predicted(self) -> Samples:
+        return Samples(
+            self.labels.position,
+            np.where(
+                self._labelled_positions,
+                self.reliability_by_group["positive_pred_sum"].sum(axis=-1).ravel(),
+                np.nan,
+            ),
+        )
+
+    @property
+    def predicted_squared(self) -> Samples:
+        return self._per_position("pred_squared_sum")
+
+    @property
+    def auroc_positives(self) -> Samples:
+        return self._per_bin("auroc_positives")
+
+    @property
+    def auroc_negatives(self) -> Samples:
+        return self._per_bin("auroc_negatives")
+
+    @property
+    def auroc_negatives_below(self) -> Samples:
+        return self._per_bin("auroc_negatives_below")
 
 
 @dataclass(eq=False)
