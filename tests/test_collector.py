@@ -263,3 +263,13 @@ def test_label_strings_are_built_once_per_label_set(pipeline):
     assert collector.collect(*snapshots(pipeline)) == first
     assert collector._labels.keys() == cached.keys()
     assert all(collector._labels[k] is v for k, v in cached.items())
+
+
+def test_a_pipeline_that_has_seen_nothing_publishes_its_headers():
+    """Before the first step (a source still down), a scrape must answer, not fail: the
+    ingest families, and no sample of any per-workload series."""
+    empty = Pipeline(Aggregates(7), stats=IngestStats(), estimator=CeilingEstimator(7))
+    text = Collector().collect(*snapshots(empty)).decode()
+    assert "# TYPE dspark_ingest_records_total counter" in text
+    assert not series(text, "dspark_confidence_auroc_positives_total")
+    assert not series(text, "dspark_request_steps_total")

@@ -166,7 +166,8 @@ class ConfidenceAggregate:
         negatives and negatives in lower bins. Sums of these over any set of groups give
         that set's ECE, Brier and AUROC exactly."""
         counts, preds, pred_sq = self._coarse(coarse)
-        f = fine.reshape(fine.shape[0], self.gamma, 2, AUROC_EXPORT_BINS, -1).sum(axis=-1)
+        per = FINE_BINS // AUROC_EXPORT_BINS  # explicit: no group yet is an empty array
+        f = fine.reshape(fine.shape[0], self.gamma, 2, AUROC_EXPORT_BINS, per).sum(axis=-1)
         negatives = f[:, :, 0]
         return {
             "rows": counts.sum(axis=2).astype(np.int64),
