@@ -52,9 +52,6 @@ from .interval import acceptance_log_ratio, extra_parts, position_terms
 from .population import HazardModel
 from .tail_model import CALIBRATION_BINS, calibration_report, calibration_sums
 
-#: The blend weights of the smooth model's rate an unidentified cell may take (0: the
-#: population model's calibration fallback alone, 1: the smooth model alone).
-BLEND_WEIGHTS = np.linspace(0.0, 1.0, 11)
 #: The smooth model's weight where no known position supports it (an extrapolation as
 #: much as the fallback is: the point takes the middle of the two).
 UNSUPPORTED_WEIGHT = 0.5
@@ -86,9 +83,10 @@ class ExtrapolationCheck:
         self.gamma = gamma
         self.sums = np.zeros((0, 2, 5, CALIBRATION_BINS))
         self.smooth = ConfidenceRates(gamma)
-        #: per group and blend weight: the squared error of the blended rate over the known
-        #: positions in unidentified cells, held out
-        self.blend_loss = np.zeros((0, len(BLEND_WEIGHTS)))
+        #: per group, over the known positions in unidentified cells, held out: the sums
+        #: of d * e and d * d, d the smooth rate less the fallback, e the observed ratio
+        #: less the fallback; the blend weight that misses them least is their quotient
+        self.blend_moments = np.zeros((0, 2))
 
     def observe(
         self,
@@ -106,9 +104,9 @@ class ExtrapolationCheck:
             grown = np.zeros((int(group.max()) + 1, 2, 5, CALIBRATION_BINS))
             grown[: len(self.sums)] = self.sums
             self.sums = grown
-            loss = np.zeros((len(grown), len(BLEND_WEIGHTS)))
-            loss[: len(self.blend_loss)] = self.blend_loss
-            self.blend_loss = loss
+            moments = np.zeros((len(grown), 2))
+            moments[: len(self.blend_moments)] = self.blend_moments
+            self.blend_moments = moments
         known, a = known_ratios(window, greedy, target_logprobs, draft_logprobs, self.gamma)
         rows = np.flatnonzero(known.any(axis=1))
         if len(rows) == 0:
@@ -129,11 +127,9 @@ class ExtrapolationCheck:
         self.sums += sums.reshape(5, groups, 2, CALIBRATION_BINS).transpose(1, 2, 0, 3)
         r, c = np.nonzero(known & ~ident & ~np.isnan(smooth))
         if len(r):
-            w = len(BLEND_WEIGHTS)
-            blend = BLEND_WEIGHTS[:, None] * (smooth[r, c] - rates[r, c]) + rates[r, c]
-            key = group[r][None, :] * w + np.arange(w)[:, None]
-            loss = np.bincount(key.ravel(), ((blend - a[r, c]) ** 2).ravel(), groups * w)
-            self.blend_loss += loss.reshape(groups, w)
+            d, e = smooth[r, c] - rates[r, c], a[r, c] - rates[r, c]
+            self.blend_moments[:, 0] += np.bincount(group[r], d * e, groups)
+            self.blend_moments[:, 1] += np.bincount(group[r], d * d, groups)
         if conf is not None:
             self.smooth.update(group, known, a, conf)
 
@@ -150,13 +146,15 @@ class ExtrapolationCheck:
 
     def blend_weight(self, groups: np.ndarray) -> np.ndarray:
         """`[k]` the weight of the smooth model's rate in each group's unidentified cells:
-        the one whose blend missed the held-out known positions there least (0 for a group
-        with none checked, where the population model's fallback stands alone)."""
+        the one in [0, 1] whose blend missed the held-out known positions there least, in
+        squared error (0 for a group with none checked, where the population model's
+        fallback stands alone). In closed form, so it moves as little as its data do: a
+        weight picked from a grid would jump between neighbours on a near tie."""
         groups = np.asarray(groups, dtype=np.int64)
         out = np.zeros(len(groups))
-        have = groups < len(self.blend_loss)
-        loss = self.blend_loss[groups[have]]
-        out[have] = np.where(loss.any(axis=1), BLEND_WEIGHTS[loss.argmin(axis=1)], 0.0)
+        have = groups < len(self.blend_moments)
+        de, dd = self.blend_moments[groups[have]].T
+        out[have] = np.clip(np.divide(de, dd, out=np.zeros_like(de), where=dd > 0), 0.0, 1.0)
         return out
 
     def rates(

@@ -10,6 +10,7 @@ kernel is held to the same numbers on a GPU (tests/test_pack_triton_gpu.py).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 import urllib.request
@@ -72,6 +73,25 @@ def metrics(pipeline) -> str:
     )
 
 
+def rows_the_hook_reads(batch):
+    """The reference's batch without the log-probabilities the hook does not read: target
+    rows outside a sampled request's window, draft rows but a trimmed sampled request's tail
+    (docs/sglang.md), so that both pipelines learn from the same numbers. (The in-band
+    blend's smooth model learns from verified positions' draft log-probabilities, which the
+    hook leaves unread.)"""
+    j = np.arange(batch.gamma)
+    window = batch.verify_len - 1
+    sampled = (batch.greedy == 0)[:, None]
+    trimmed = ((batch.correct_drafts == window) & (window < batch.gamma))[:, None]
+    inside = sampled & (j < window[:, None])
+    tails = sampled & trimmed & (j >= window[:, None])
+    return dataclasses.replace(
+        batch,
+        target_logprobs=np.where(inside, batch.target_logprobs, np.nan),
+        draft_logprobs=np.where(tails, batch.draft_logprobs, np.nan),
+    )
+
+
 def run_both(stream: StepStream, steps: int, *, drain_every: int = 1, ring_slots: int = 64):
     """The same steps through the hook (inline consumer) and the synchronous reference."""
     worker = SimpleNamespace(_observers=Observers())
@@ -90,7 +110,7 @@ def run_both(stream: StepStream, steps: int, *, drain_every: int = 1, ring_slots
         worker._observers.observe_verify_step(**kw)
         batch, gather = reference_batch(kw, stream.g)
         want.append(batch)
-        reference.ingest(batch, SOURCE, gather)
+        reference.ingest(rows_the_hook_reads(batch), SOURCE, gather)
         if (i + 1) % drain_every == 0:
             hook.drain()
     hook.drain()
@@ -203,7 +223,7 @@ def test_a_request_retracted_and_readmitted_does_not_corrupt_a_walk():
     for kw in kws:
         worker._observers.observe_verify_step(**kw)
         batch, gather = reference_batch(kw, stream.g)
-        reference.ingest(batch, SOURCE, gather)
+        reference.ingest(rows_the_hook_reads(batch), SOURCE, gather)
         hook.drain()
     assert metrics(hook.pipeline) == metrics(reference)
     hook.close()
