@@ -75,8 +75,11 @@ class HostileServer:
                 with server.lock:
                     server.auth_seen.append(self.headers.get("Authorization"))
                     server.paths.append(self.path)
-                req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                if req.get("server_args", {}).get("dspark_clear_info_records"):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if server.mode == "redirect":
+                    self._send(b"", server.redirect_status, {"Location": server.redirect_to})
+                    return
+                if b"dspark_clear_info_records" in body:
                     with server.lock:
                         server.served += server._answered
                         server.records = server.records[server._answered :]

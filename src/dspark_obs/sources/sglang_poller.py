@@ -35,22 +35,21 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import numpy as np
 from msgspec import Raw
 
 from ..telemetry import StepBatch
-from ..telemetry.batch import MAX_FORWARD_CT, MAX_STEP_GAP, InvalidBatch
-from ..telemetry.server_info import (
-    SGLangFormatError,
-    check_rank_count,
-    decode_info_record,
-    decode_json,
-    decode_step_record,
-    info_record_to_batches,
-    record_to_batch,
+from ..telemetry.batch import MAX_STEP_GAP, InvalidBatch
+from ..telemetry.server_info import SGLangFormatError, check_rank_count
+from ..telemetry.server_info_raw import (
+    CHUNK_RECORDS,
+    convert_records,
+    rank_record,
+    split_ranks,
+    split_records,
+    step_numbers,
 )
 from .sglang_http import (
     DEFAULT_MAX_BYTES,
@@ -66,48 +65,9 @@ log = logging.getLogger(__name__)
 
 #: Ranks of the n-th polled server are offset by n * RANK_STRIDE so series stay apart.
 RANK_STRIDE = 1000
-#: Records converted at once: a poll's steps exist as StepBatches this many at a time, so
-#: memory follows the answer's size, not the number of steps in it.
-CHUNK_RECORDS = 2048
 #: Seconds a stopped poller goes on converting the answer it took (and cleared on the
 #: server); what is left then is counted as `dropped_at_stop`, never silently lost.
 DRAIN_SECONDS = 5.0
-_NULL = Raw(b"null")
-
-
-class _ServerInfo(msgspec.Struct):
-    """`GET /server_info`, each rank's state kept as its JSON text: only the record is read."""
-
-    internal_states: list[Raw]
-
-
-class _RankState(msgspec.Struct):
-    dspark_info_record: Raw = Raw(b"null")
-
-
-class _Envelope(msgspec.Struct):
-    """A `dspark_info_record` with each record kept as its JSON text, to be converted a
-    chunk at a time; the envelope's fields as sent, checked by `decode_info_record`."""
-
-    records: list[Raw]
-    mode: Any = None
-    gamma: Any = None
-    verify_num_draft_tokens: Any = None
-    components: Any = None
-    simulate_acc_len: Any = None
-
-
-_ENVELOPE_FIELDS = ("mode", "gamma", "verify_num_draft_tokens", "components", "simulate_acc_len")
-
-
-class _Key(msgspec.Struct, gc=False):
-    forward_ct: Any = None
-
-
-class _Keys(msgspec.Struct, gc=False):
-    """Only each record's `forward_ct`, to order a rank's records before converting any."""
-
-    records: list[_Key]
 
 
 def read_api_key(path: Path | None = None) -> str | None:
@@ -181,16 +141,14 @@ class SGLangPoller:
         return "poll_failed"
 
     def _decode(self, raw: bytes | bytearray) -> list[Raw]:
-        """Each rank's state as JSON text: the records of a rank are converted a chunk at a
-        time from their text (`_convert`), never as a Python object per number."""
+        """Each rank's state as JSON text: records are converted a chunk at a time from their
+        text (`server_info_raw`), never as a Python object per number."""
         try:
-            info = decode_json(raw, _ServerInfo)
-        except msgspec.ValidationError:
-            raise SGLangFormatError("server_info has no internal_states list", "bad_json") from None
+            states = split_ranks(raw)
         except msgspec.DecodeError as exc:
             raise ValueError(f"truncated or invalid JSON ({exc})") from None
-        check_rank_count(info.internal_states)
-        return info.internal_states
+        check_rank_count(states)
+        return states
 
     def _clear(self, stop: threading.Event) -> None:
         try:
@@ -253,13 +211,9 @@ class SGLangPoller:
     def _records(
         self, states: list[Raw], stop: threading.Event | None = None
     ) -> Iterator[StepBatch]:
-        for dp_rank, state_raw in enumerate(states):
-            rank = self.rank_offset + dp_rank
-            try:
-                record_raw = decode_json(state_raw, _RankState).dspark_info_record
-            except msgspec.ValidationError:  # a state that is not an object has no record
-                record_raw = _NULL
-            if record_raw == _NULL:
+        for dp_rank, state in enumerate(states):
+            record = rank_record(state)
+            if record is None:
                 self._report_once(
                     f"norecord{dp_rank}",
                     f"rank {dp_rank} has no dspark_info_record (DSpark off, or "
@@ -267,31 +221,25 @@ class SGLangPoller:
                 )
                 continue
             try:
-                envelope = decode_json(record_raw, _Envelope)
-                fields = {
-                    name: value
-                    for name in _ENVELOPE_FIELDS
-                    if (value := getattr(envelope, name)) is not None or name == "simulate_acc_len"
-                }
-                info = decode_info_record(msgspec.json.encode({**fields, "records": []}))
-            except (SGLangFormatError, msgspec.MsgspecError) as exc:
+                fields, records = split_records(record)
+            except SGLangFormatError as exc:
                 self.stats.error(self.name, "bad_envelope", f"rank {dp_rank}: {exc}")
                 continue
-            self._note_envelope(info.mode, info.components)
-            yield from self._rank_steps(rank, dp_rank, envelope.records, record_raw, fields, stop)
+            self._note_envelope(fields["mode"], fields["components"])
+            yield from self._rank_steps(dp_rank, record, records, fields, stop)
 
     def _rank_steps(
         self,
-        rank: int,
         dp_rank: int,
-        raws: list[Raw],
-        record_raw: Raw,
+        record: Raw,
+        records: list[Raw],
         fields: dict,
         stop: threading.Event | None,
     ) -> Iterator[StepBatch]:
         """A rank's new steps, oldest first, converted CHUNK_RECORDS records at a time so
         that a large answer never exists as steps all at once."""
-        fcts = self._step_numbers(record_raw, raws)
+        rank = self.rank_offset + dp_rank
+        fcts = step_numbers(record, records)
         valid = fcts[fcts >= 0]
         if len(valid) and rank in self.last_fct and valid.max() < self.last_fct[rank]:
             self._report_once(
@@ -303,8 +251,7 @@ class SGLangPoller:
         order = np.arange(len(fcts)) if in_order else np.argsort(fcts, kind="stable")
         for start in range(0, len(order), CHUNK_RECORDS):
             if self._stopping(stop):
-                rest = fcts[order[start:]]
-                lost = int((rest > self.last_fct.get(rank, -1)).sum())
+                lost = int((fcts[order[start:]] > self.last_fct.get(rank, -1)).sum())
                 self.dropped_at_stop += lost
                 self.stats.error(
                     self.name,
@@ -314,58 +261,12 @@ class SGLangPoller:
                     count=lost,
                 )
                 return
-            chunk = [raws[i] for i in order[start : start + CHUNK_RECORDS].tolist()]
-            yield from self._fresh(rank, dp_rank, self._convert(chunk, fields, rank))
+            chunk = [records[i] for i in order[start : start + CHUNK_RECORDS].tolist()]
+            steps = convert_records(chunk, fields, rank, self._refuse, **self._workload)
+            yield from self._fresh(rank, dp_rank, steps)
 
-    def _step_numbers(self, record_raw: Raw, raws: list[Raw]) -> np.ndarray:
-        """Each record's forward_ct, -1 where it is not a valid step counter (the record is
-        then refused by its conversion, with its reason)."""
-        try:
-            keys = decode_json(record_raw, _Keys).records
-        except msgspec.ValidationError:  # a record that is not an object: one at a time
-            keys = [self._key(raw) for raw in raws]
-        return np.fromiter(
-            (
-                k.forward_ct
-                if type(k.forward_ct) is int and 0 <= k.forward_ct <= MAX_FORWARD_CT
-                else -1
-                for k in keys
-            ),
-            dtype=np.int64,
-            count=len(keys),
-        )
-
-    @staticmethod
-    def _key(raw: Raw) -> _Key:
-        try:
-            return decode_json(raw, _Key)
-        except msgspec.MsgspecError:
-            return _Key()
-
-    def _convert(self, chunk: list[Raw], fields: dict, rank: int) -> list[StepBatch]:
-        """A chunk of a rank's records as steps: in one pass over their text where every
-        record is plainly valid, else record by record, each bad one counted by its reason."""
-        payload = msgspec.json.encode({**fields, "records": Raw(b"[" + b",".join(chunk) + b"]")})
-        try:
-            return info_record_to_batches(payload, rank=rank, **self._workload)
-        except (InvalidBatch, TypeError, ValueError, msgspec.MsgspecError):
-            pass
-        out = []
-        for raw in chunk:
-            try:
-                rec = decode_step_record(decode_json(raw))
-                out.append(
-                    record_to_batch(
-                        rec,
-                        gamma=fields["gamma"],
-                        mode=fields["mode"],
-                        rank=rank,
-                        **self._workload,
-                    )
-                )
-            except SGLangFormatError as exc:
-                self.stats.error(self.name, exc.reason, str(exc))
-        return out
+    def _refuse(self, exc: SGLangFormatError) -> None:
+        self.stats.error(self.name, exc.reason, str(exc))
 
     def _note_envelope(self, mode: str, components: list) -> None:
         self.mode = mode
