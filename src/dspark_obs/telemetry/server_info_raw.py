@@ -59,12 +59,14 @@ class _Envelope(msgspec.Struct):
     simulate_acc_len: Any = None
 
 
-class _Key(msgspec.Struct, gc=False):
+class Key(msgspec.Struct, gc=False):
+    """A record's `forward_ct` alone, whatever its type (`valid_step_number` judges it)."""
+
     forward_ct: Any = None
 
 
 class _Keys(msgspec.Struct, gc=False):
-    records: list[_Key]
+    records: list[Key]
 
 
 def split_ranks(payload: bytes | bytearray | str) -> list[Raw]:
@@ -124,46 +126,62 @@ def step_numbers(record: Raw | bytes, records: list[Raw]) -> np.ndarray:
         keys = decode_json(record, _Keys).records
     except msgspec.ValidationError:  # a record that is not an object: one at a time
         keys = [_key(raw) for raw in records]
-    return np.fromiter(
-        (
-            k.forward_ct
-            if type(k.forward_ct) is int and 0 <= k.forward_ct <= MAX_FORWARD_CT
-            else -1
-            for k in keys
-        ),
-        dtype=np.int64,
-        count=len(keys),
-    )
+    return np.fromiter(map(valid_step_number, keys), dtype=np.int64, count=len(keys))
 
 
-def _key(raw: Raw) -> _Key:
+def valid_step_number(key: Key) -> int:
+    """The record's forward_ct where it is a valid step counter (0..2**53), else -1."""
+    fct = key.forward_ct
+    return fct if type(fct) is int and 0 <= fct <= MAX_FORWARD_CT else -1
+
+
+def _key(raw: Raw) -> Key:
     try:
-        return decode_json(raw, _Key)
+        return decode_json(raw, Key)
     except msgspec.MsgspecError:
-        return _Key()
+        return Key()
+
+
+def _decode_record(raw: object) -> object:
+    """One record's JSON text decoded (a record given decoded passes through); its text is a
+    slice of a document already parsed, so what fails here is a string that is not UTF-8
+    (msgspec checks those only when decoding them)."""
+    if not isinstance(raw, (bytes, Raw)):
+        return raw
+    try:
+        return decode_json(raw)
+    except msgspec.DecodeError as exc:
+        try:
+            bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise SGLangFormatError("a string that is not valid UTF-8", "invalid_utf8") from None
+        raise SGLangFormatError(f"not a step record: {exc}") from None
 
 
 def convert_records(
-    records: list[Raw | bytes],
+    records: list,
     fields: dict,
     rank: int,
     refuse: Callable[[SGLangFormatError], object],
     workload_of: WorkloadOf = _no_workload,
 ) -> list[StepBatch]:
-    """Records of one rank (at most a chunk) as steps, in their order: in one pass over
-    their text where every one is plainly valid, else record by record, each bad one
-    handed to `refuse` with its reason and the rest kept."""
-    payload = msgspec.json.encode({**fields, "records": Raw(b"[" + b",".join(records) + b"]")})
-    try:
-        batches = _columnar_batches(payload, rank, workload_of)
-    except (InvalidBatch, TypeError, ValueError, msgspec.MsgspecError):
-        batches = None
-    if batches is not None:
-        return batches
+    """Records of one rank (at most a chunk; JSON text, or decoded) as steps, in their
+    order: in one pass over their text where every one is plainly valid, else record by
+    record, each bad one handed to `refuse` with its reason and the rest kept."""
+    if all(isinstance(r, (bytes, Raw)) for r in records):
+        text = Raw(b"[" + b",".join(records) + b"]")
+        try:
+            batches = _columnar_batches(
+                msgspec.json.encode({**fields, "records": text}), rank, workload_of
+            )
+        except (InvalidBatch, TypeError, ValueError, msgspec.MsgspecError):
+            batches = None
+        if batches is not None:
+            return batches
     out = []
     for raw in records:
         try:
-            rec = decode_step_record(decode_json(raw))
+            rec = decode_step_record(_decode_record(raw))
             out.append(
                 record_to_batch(
                     rec,

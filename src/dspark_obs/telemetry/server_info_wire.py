@@ -292,10 +292,10 @@ def check_rank_count(states: list) -> None:
         )
 
 
-def server_info_ranks(payload: bytes | str | dict) -> list[dict | None]:
+def server_info_ranks(payload: bytes | bytearray | str | dict) -> list[dict | None]:
     """Each DP rank's `dspark_info_record` in a `GET /server_info` answer (None if absent)."""
     try:
-        data = decode_json(payload) if isinstance(payload, (bytes, str)) else payload
+        data = decode_json(payload) if isinstance(payload, (bytes, bytearray, str)) else payload
     except msgspec.DecodeError as exc:
         raise SGLangFormatError(f"server_info is not JSON: {exc}", "bad_json") from exc
     states = data.get("internal_states") if isinstance(data, dict) else None
