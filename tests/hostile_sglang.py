@@ -3,7 +3,8 @@
 `mode` switches how `GET /server_info` is answered: `normal` (the records held, cleared
 by `POST /set_internal_state` as SGLang does), `redirect` (to `redirect_to`), `drip`
 (a declared body sent one byte every `drip_every` seconds), `silent` (the request read,
-nothing ever sent) or `payload` (the bytes in `payload`, whatever they are). Every
+nothing ever sent) or `payload` (the bytes in `payload`, whatever they are, replaced by
+`after_clear` once a clear arrives). Every
 `Authorization` header received is kept in `auth_seen`, so a test can see where a key
 went.
 """
@@ -25,6 +26,7 @@ class HostileServer:
         self.redirect_status = 302
         self.drip_every = 0.5
         self.payload = b""
+        self.after_clear: bytes | None = None  # what `payload` becomes once cleared
         self.auth_seen: list[str | None] = []
         self.paths: list[str] = []
         self.clears = 0
@@ -52,7 +54,7 @@ class HostileServer:
                     server.auth_seen.append(self.headers.get("Authorization"))
                     server.paths.append(self.path)
                 mode = server.mode
-                if mode == "redirect":
+                if mode == "redirect" and self.path == "/server_info":
                     self._send(b"", server.redirect_status, {"Location": server.redirect_to})
                 elif mode == "drip":
                     self.send_response(200)
@@ -81,6 +83,8 @@ class HostileServer:
                     return
                 if b"dspark_clear_info_records" in body:
                     with server.lock:
+                        if server.mode == "payload" and server.after_clear is not None:
+                            server.payload = server.after_clear
                         server.served += server._answered
                         server.records = server.records[server._answered :]
                         server._answered = 0

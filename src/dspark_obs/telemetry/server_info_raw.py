@@ -154,7 +154,10 @@ def _decode_record(raw: object) -> object:
         try:
             bytes(raw).decode("utf-8")
         except UnicodeDecodeError:
-            raise SGLangFormatError("a string that is not valid UTF-8", "invalid_utf8") from None
+            raise SGLangFormatError(
+                f"forward_ct {_key(raw).forward_ct}: a string that is not valid UTF-8",
+                "invalid_utf8",
+            ) from None
         raise SGLangFormatError(f"not a step record: {exc}") from None
 
 
