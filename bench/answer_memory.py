@@ -4,7 +4,7 @@ One answer of N step records (1M in the full profile, about 190 MB: records with
 `reqs`, the smallest SGLang writes, so the most steps per byte) is served once by a
 loopback stub and then cleared, as SGLang does. `serve --source sglang:` polls it into a
 run; `ingest` reads the same answer from a file into another. Each is a fresh process;
-its peak resident size (VmHWM, ru_maxrss) is compared with the same command's peak over a
+its peak resident size (VmHWM) is compared with the same command's peak over a
 tiny answer (the constant: interpreter, libraries, the pipeline), and the difference is
 given per MB of answer: the promise is at most 4 (docs/reliability.md).
 
@@ -15,7 +15,6 @@ otherwise), so the figure is never that of a command that skipped the work.
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -126,23 +125,32 @@ def _serve_peak(body: bytes, n: int, workdir: Path) -> float:
         stub.close()
 
 
+#: `ingest` in a process that prints its own peak resident size last: a child's ru_maxrss
+#: also counts what its parent held when it forked, VmHWM only its own.
+_INGEST = (
+    "import re, sys; from pathlib import Path; from dspark_obs.cli.main import main; "
+    "rc = main(['ingest', *sys.argv[1:]]); "
+    r"print(re.search(r'VmHWM:\s+(\d+)', Path('/proc/self/status').read_text()).group(1)); "
+    "sys.exit(rc)"
+)
+
+
 def _ingest_peak(body: bytes, n: int, workdir: Path) -> float:
     """Peak RSS (MB) of `ingest` of `body` as a file; its run must hold all `n` steps."""
     path = workdir / "answer.json"
     path.write_bytes(body)
     out = workdir / "ingested"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dspark_obs", "ingest", str(path), "--out", str(out)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+    proc = subprocess.run(
+        [sys.executable, "-c", _INGEST, str(path), "--out", str(out)],
+        capture_output=True,
+        text=True,
     )
-    _, status, usage = os.wait4(proc.pid, 0)
-    if status != 0:
-        raise RuntimeError(f"ingest failed: {proc.stderr.read().decode()[-2000:]}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"ingest failed: {proc.stderr[-2000:]}")
     steps = json.loads((out / "run.json").read_text())["steps"]
     if steps != n:
         raise RuntimeError(f"ingest stored {steps} of {n} steps")
-    return usage.ru_maxrss / 1024
+    return int(proc.stdout.split()[-1]) / 1024
 
 
 def run(quick: bool) -> list[dict]:
