@@ -13,18 +13,26 @@ overlap; with it, steps recorded in that window are lost, and show up as gaps
 once a later step of the rank arrives.
 
 A step counter that goes backwards means the server restarted: the rank starts
-over. Gaps are counted as dropped steps. A component the server does not dump
-(no `reqs`: no per-request metrics) is reported once, clearly. Every failure
+over. Gaps are counted as dropped steps; a jump wider than MAX_STEP_GAP is a
+counter that cannot be trusted, counted as such and followed, never as a gap. A
+component the server does not dump (no `reqs`: no per-request metrics) is
+reported once, clearly. Every failure
 (connection refused, timeout, HTTP error, truncated JSON, an answer over the
 byte limit, a record that breaks the schema) is counted by reason and logged
 once per reason; the poller backs off and keeps trying, and `dspark_source_up`
 says whether it is getting data.
 
-A rank's records are converted in one pass over their JSON text (the compiled
-parser where it is built): at B = 256 a record-by-record conversion costs
-milliseconds per step, more than a busy server's step rate allows. A rank whose
-records are not all plainly valid goes record by record instead, so that each
-bad record is counted by its reason and the rest are kept.
+A rank's records are converted a chunk at a time, each chunk in one pass over
+its JSON text (the compiled parser where it is built): at B = 256 a
+record-by-record conversion costs milliseconds per step, more than a busy
+server's step rate allows, and a whole large answer converted at once took
+twenty times its size in memory. A chunk whose records are not all plainly valid
+goes record by record instead, so that each bad record is counted by its reason
+and the rest are kept (`telemetry.server_info_raw`).
+
+A stop (SIGTERM) ends a poll under way at once (`sglang_http`); an answer already
+taken, and cleared on the server, is still converted for `drain_seconds`, and what
+is left then is counted as `dropped_at_stop`, so no step taken is lost silently.
 """
 
 from __future__ import annotations
