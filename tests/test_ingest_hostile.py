@@ -13,6 +13,7 @@ import functools
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from dspark_obs.ingest import IngestError, ingest_files
 from dspark_obs.ingest.server_info_reader import ServerInfoReader
 from dspark_obs.sources.workloads import workload_rule
+from dspark_obs.telemetry import server_info_raw
 
 from .conftest import cli
 
@@ -140,3 +142,19 @@ def test_step_counters_near_2_64_or_jumping_near_2_53_are_not_gaps(sample, tmp_p
     assert stats["missing_steps"] == 0 and stats["forward_ct_jumps"] == 1
     assert stats["bad_records"] == {"malformed": 1}
     assert stats["ingested_steps"] == len(records) - 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 300), max_size=40), st.integers(1, 6), st.integers(1, 400))
+def test_chunks_cover_every_record_once_within_their_limits(sizes, most, limit):
+    records = [b"x" * n for n in sizes]
+    order = np.arange(len(records))[::-1].copy()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(server_info_raw, "CHUNK_RECORDS", most)
+        mp.setattr(server_info_raw, "CHUNK_BYTES", limit)
+        cut = list(server_info_raw.chunks(records, order))
+    assert (np.concatenate(cut).tolist() if cut else []) == order.tolist()
+    for chunk in cut:
+        total = sum(sizes[i] for i in chunk)
+        assert 1 <= len(chunk) <= most
+        assert total <= limit or len(chunk) == 1

@@ -32,11 +32,11 @@ from ..telemetry.server_info import (
     decode_info_record,
 )
 from ..telemetry.server_info_raw import (
-    CHUNK_RECORDS,
     ENVELOPE_FIELDS,
     NULL,
     Key,
     check_gamma,
+    chunks,
     convert_records,
     rank_record,
     split_ranks,
@@ -221,8 +221,9 @@ class ServerInfoReader:
         are counted."""
         pending, self._pending = self._pending, []
         pending.sort(key=lambda p: (p[0], p[1]))
-        for start in range(0, len(pending), CHUNK_RECORDS):
-            chunk = pending[start : start + CHUNK_RECORDS]
+        texts = [p[3] for p in pending]
+        for indexes in chunks(texts, np.arange(len(pending))):
+            chunk = pending[indexes[0] : indexes[-1] + 1]
             converted: list[tuple[int, int, StepBatch]] = []
             key = lambda p: (p[1], p[2])  # noqa: E731 (rank, envelope)
             for (rank, envelope), group in groupby(sorted(chunk, key=key), key=key):

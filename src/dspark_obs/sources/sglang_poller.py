@@ -52,7 +52,7 @@ from ..telemetry import StepBatch
 from ..telemetry.batch import MAX_STEP_GAP, InvalidBatch
 from ..telemetry.server_info import SGLangFormatError, check_rank_count
 from ..telemetry.server_info_raw import (
-    CHUNK_RECORDS,
+    chunks,
     convert_records,
     rank_record,
     split_ranks,
@@ -244,8 +244,8 @@ class SGLangPoller:
         fields: dict,
         stop: threading.Event | None,
     ) -> Iterator[StepBatch]:
-        """A rank's new steps, oldest first, converted CHUNK_RECORDS records at a time so
-        that a large answer never exists as steps all at once."""
+        """A rank's new steps, oldest first, converted a chunk at a time so that a large
+        answer never exists as steps all at once."""
         rank = self.rank_offset + dp_rank
         fcts = step_numbers(record, records)
         valid = fcts[fcts >= 0]
@@ -257,9 +257,10 @@ class SGLangPoller:
             del self.last_fct[rank]
         in_order = len(fcts) < 2 or bool((fcts[1:] >= fcts[:-1]).all())
         order = np.arange(len(fcts)) if in_order else np.argsort(fcts, kind="stable")
-        for start in range(0, len(order), CHUNK_RECORDS):
+        done = 0
+        for chunk in chunks(records, order):
             if self._stopping(stop):
-                lost = int((fcts[order[start:]] > self.last_fct.get(rank, -1)).sum())
+                lost = int((fcts[order[done:]] > self.last_fct.get(rank, -1)).sum())
                 self.dropped_at_stop += lost
                 self.stats.error(
                     self.name,
@@ -269,8 +270,9 @@ class SGLangPoller:
                     count=lost,
                 )
                 return
-            chunk = [records[i] for i in order[start : start + CHUNK_RECORDS].tolist()]
-            steps = convert_records(chunk, fields, rank, self._refuse, **self._workload)
+            done += len(chunk)
+            texts = [records[i] for i in chunk.tolist()]
+            steps = convert_records(texts, fields, rank, self._refuse, **self._workload)
             yield from self._fresh(rank, dp_rank, steps)
 
     def _refuse(self, exc: SGLangFormatError) -> None:

@@ -12,7 +12,7 @@ poller and `ingest` both read answers through this module.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -31,9 +31,11 @@ from .server_info_wire import (
     record_to_batch,
 )
 
-#: Records converted at once: steps exist as StepBatches this many at a time, so memory
-#: follows the size of an answer, not the number of steps in it.
+#: Records converted at once, and their most text (one record may exceed it alone): steps
+#: exist as StepBatches a chunk at a time, so memory follows the size of an answer, not
+#: the number of steps in it, and a chunk's copy of its text stays small beside the answer.
 CHUNK_RECORDS = 2048
+CHUNK_BYTES = 8 << 20
 NULL = Raw(b"null")
 #: The envelope fields of a `dspark_info_record`, as `InfoRecord` declares them.
 ENVELOPE_FIELDS = ("mode", "gamma", "verify_num_draft_tokens", "components", "simulate_acc_len")
@@ -140,6 +142,24 @@ def _key(raw: Raw) -> Key:
         return decode_json(raw, Key)
     except msgspec.MsgspecError:
         return Key()
+
+
+def chunks(records: list, order: np.ndarray) -> Iterator[np.ndarray]:
+    """`order` (indexes into `records`) cut into consecutive chunks of at most
+    CHUNK_RECORDS records and CHUNK_BYTES of text, each at least one record."""
+    sizes = np.fromiter(
+        (len(records[i]) if isinstance(records[i], (bytes, Raw)) else 0 for i in order.tolist()),
+        dtype=np.int64,
+        count=len(order),
+    )
+    ends = np.cumsum(sizes)
+    start = 0
+    while start < len(order):
+        base = ends[start - 1] if start else 0
+        by_bytes = int(np.searchsorted(ends, base + CHUNK_BYTES, side="right"))
+        stop = min(start + CHUNK_RECORDS, max(by_bytes, start + 1))
+        yield order[start:stop]
+        start = stop
 
 
 def _decode_record(raw: object) -> object:
