@@ -18,6 +18,7 @@ from dspark_obs.allocator import keep_freed_memory
 
 from . import (
     aggregate_update,
+    answer_memory,
     cli_startup,
     estimator_update,
     gpu_gather,
@@ -43,6 +44,7 @@ BENCHMARKS = {
     "cli_startup": cli_startup,
     "torch_verify": torch_verify,
     "sglang_load": sglang_load,
+    "answer_memory": answer_memory,
 }
 
 

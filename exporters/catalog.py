@@ -524,8 +524,10 @@ CATALOG: tuple[Metric, ...] = (
         (*SRC, "reason"),
         "Ingest errors by reason; processing continues. Step records rejected (a broken "
         "telemetry invariant), failed polls (timeout, connect_failed, http_NNN, bad_json, "
-        "oversized, clear_failed), steps the server dropped before a poll read them "
-        "(dropped_steps, one per step) and server restarts (server_restart).",
+        "oversized, too_deep, redirect_refused, clear_failed), steps the server dropped "
+        "before a poll read them (dropped_steps, one per step), steps taken but not "
+        "converted before a stop's drain ran out (dropped_at_stop, one per step), server "
+        "restarts (server_restart) and step-counter jumps (forward_ct_jump).",
         source=("ingest", "errors"),
     ),
     Metric(

@@ -231,12 +231,12 @@ def test_a_valid_poll_is_converted_in_one_pass_as_record_by_record(sample_info, 
     """Each rank's records go through the one-pass conversion (never a Python object per
     number); the batches are what converting each record gives, and a poll with a bad
     record still goes record by record (see the test above)."""
-    from dspark_obs.sources import sglang_poller
+    from dspark_obs.telemetry import server_info_raw
 
     per_record_calls = []
-    real = sglang_poller.record_to_batch
+    real = server_info_raw.record_to_batch
     monkeypatch.setattr(
-        sglang_poller,
+        server_info_raw,
         "record_to_batch",
         lambda *a, **k: per_record_calls.append(1) or real(*a, **k),
     )

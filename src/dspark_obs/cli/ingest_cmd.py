@@ -24,7 +24,12 @@ def _print_server_info(out: Path, stats: dict) -> None:
     print(
         f"  duplicates skipped {stats['duplicates_skipped']:,}"
         f"  missing steps (gaps) {stats['missing_steps']:,}"
-        f"  bad records {sum(bad.values()):,}"
+        + (
+            f" (and {stats['forward_ct_jumps']:,} step-counter jumps, not counted as gaps)"
+            if stats.get("forward_ct_jumps")
+            else ""
+        )
+        + f"  bad records {sum(bad.values()):,}"
         + (f" ({', '.join(f'{k} {v}' for k, v in bad.items())})" if bad else "")
     )
     print(

@@ -6,10 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..service import PollOptions, ServeOptions, serve
+from ..service import PollOptions, ServeFailed, ServeOptions, serve
 from ..sources.sglang_http import DEFAULT_MAX_BYTES
 from ..sources.sglang_poller import read_api_key
 from ..sources.workloads import workload_rule
+from .main import one_line
 from .runtime_args import (
     add_runtime_arguments,
     add_store_arguments,
@@ -82,7 +83,12 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
 
 def handle(args: argparse.Namespace) -> int:
     stop = stop_on_signals()
-    result = serve(options_from_args(args), stop, say=lambda line: print(line, flush=True))
+    try:
+        result = serve(options_from_args(args), stop, say=lambda line: print(line, flush=True))
+    except ServeFailed as exc:
+        # not a usage error (2): the service ran and then could not go on
+        print(f"dspark-obs serve: error: {one_line(str(exc))}", file=sys.stderr)
+        return 1
     print(
         f"stopped: {ingest_outcome(result.steps_ingested, result.errors, result.dropped)}"
         + (f"; run stored in {result.out}" if result.out else ""),

@@ -242,14 +242,17 @@ def print_block_accept_estimates(report: dict) -> None:
 #: Ingest error reasons that are not a rejected step, and how a person says them.
 _NOT_REJECTIONS = {
     "dropped_steps": "dropped by the server before a poll read them (dropped_steps)",
+    "dropped_at_stop": "taken from the server but not converted before the stop's drain "
+    "ran out (dropped_at_stop)",
     "server_restart": "server restarts seen (server_restart)",
+    "forward_ct_jump": "step counter jumps followed, not counted as lost (forward_ct_jump)",
     "source_failed": "source failures (source_failed)",
     "hook_failed": "observer failures inside the hook (hook_failed)",
 }
 #: Reasons for a poll that failed as a whole (plus http_NNN): no step was seen, none rejected.
 _POLL_FAULTS = frozenset(
     ("timeout", "connect_failed", "bad_json", "oversized", "poll_failed", "clear_failed",
-     "bad_envelope")
+     "bad_envelope", "redirect_refused", "too_deep")
 )  # fmt: skip
 
 

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..http_origin import RedirectRefused, SameOriginRedirects
+
 # Grafana's built-in interval variables and the dashboard's query variables ("All" is `.*`).
 QUERY_VARIABLES = ("instance", "workload", "mode", "rank")
 DEFAULT_VARIABLES: dict[str, str] = {name: ".*" for name in QUERY_VARIABLES}
@@ -78,7 +80,8 @@ class Prometheus:
             raise RenderError(f"--prometheus must be an http(s) URL, got {url!r}")
         self.url = url.rstrip("/")
         self.timeout = timeout
-        handlers: list[urllib.request.BaseHandler] = []
+        # a redirect is followed within Prometheus' origin only (http_origin)
+        handlers: list[urllib.request.BaseHandler] = [SameOriginRedirects()]
         if parsed.hostname in ("localhost", "127.0.0.1", "::1"):
             handlers.append(urllib.request.ProxyHandler({}))  # never send loopback via a proxy
         self._opener = urllib.request.build_opener(*handlers)
@@ -100,6 +103,8 @@ class Prometheus:
                 raise RenderError(
                     f"Prometheus at {self.url} answered HTTP {exc.code} for {path}"
                 ) from None
+        except RedirectRefused as exc:
+            raise RenderError(f"Prometheus at {self.url}: {exc}") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", None) or exc
             raise RenderError(f"cannot reach Prometheus at {self.url}: {reason}") from None

@@ -11,11 +11,9 @@ import threading
 import time
 from pathlib import Path
 
-import msgspec
-
 from ..telemetry.server_info import SGLangFormatError, WorkloadOf
 from .block_accept import BlockAcceptIngest, str_workload_of
-from .kinds import BLOCK_ACCEPT, base_manifest, detect_kind, not_ours
+from .kinds import BLOCK_ACCEPT, IngestError, base_manifest, kind_of, not_ours
 from .lines import JsonlFollower
 from .server_info import ServerInfoIngest
 from .server_info_reader import ServerInfoReader
@@ -45,9 +43,9 @@ def follow_file(
             for line in lines:
                 if kind is None:
                     try:
-                        kind = detect_kind(msgspec.json.decode(line))
-                    except msgspec.DecodeError:
-                        kind = None
+                        kind = kind_of(line)
+                    except SGLangFormatError as exc:
+                        raise IngestError(f"{path}: {exc}") from None
                     if kind is None:
                         raise not_ours(path)
                     if kind == BLOCK_ACCEPT:
@@ -59,10 +57,7 @@ def follow_file(
                 if kind == BLOCK_ACCEPT:
                     ingest.lines.append(line)
                     continue
-                try:
-                    reader.add_snapshot(msgspec.json.decode(line))
-                except (msgspec.DecodeError, SGLangFormatError):
-                    reader.bad["bad_snapshot_line"] += 1
+                if not reader.add_document(line):
                     continue
                 if ingest is None and reader.gamma is not None:
                     ingest = ServerInfoIngest(

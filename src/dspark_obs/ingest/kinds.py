@@ -12,8 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from msgspec import Raw
 
 from ..store.provenance import versions
+from ..telemetry.server_info import SGLangFormatError, decode_json
+from .lenient import decode_lenient
 from .lines import iter_lines
 
 SOURCE = "ingest"
@@ -40,6 +43,28 @@ def detect_kind(obj: Any) -> str | None:
     return None
 
 
+def kind_of(text: bytes) -> str | None:
+    """The kind of one JSON document or line, from its top-level keys only: its values are
+    not decoded, so a 100 MB answer costs no Python object per number here.
+
+    A document strict JSON refuses (a NaN, invalid UTF-8) is read leniently, so that one
+    bad value does not hide what the file is; SGLangFormatError (`too_deep`) for nesting
+    beyond the decoders' limit.
+    """
+    try:
+        return detect_kind(decode_json(text, dict[str, Raw]))
+    except msgspec.ValidationError:  # JSON, but not an object
+        return None
+    except msgspec.DecodeError:
+        pass
+    try:
+        return detect_kind(decode_lenient(text))
+    except SGLangFormatError as exc:
+        if exc.reason == "too_deep":
+            raise
+        return None
+
+
 def sniff(path: Path, max_bytes: int) -> str | None:
     """The file's kind from its first line, or from the whole file if that is one document.
 
@@ -64,14 +89,13 @@ def sniff(path: Path, max_bytes: int) -> str | None:
             raise IngestError(f"{path}: every line is over --max-record-bytes ({max_bytes:,})")
         raise IngestError(f"{path}: empty file")
     try:
-        return detect_kind(msgspec.json.decode(first))
-    except msgspec.DecodeError:
-        pass
-    if size > max_bytes:
-        return None
-    try:
-        return detect_kind(msgspec.json.decode(path.read_bytes()))
-    except (msgspec.DecodeError, OSError):
+        kind = kind_of(first)
+        if kind is not None or size > max_bytes:
+            return kind
+        return kind_of(path.read_bytes())
+    except SGLangFormatError as exc:
+        raise IngestError(f"{path}: {exc}") from None
+    except OSError:
         return None
 
 

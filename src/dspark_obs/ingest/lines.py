@@ -8,10 +8,11 @@ lines only, holds at most one line's limit in memory whatever the file holds, an
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import msgspec
 
@@ -53,50 +54,56 @@ def iter_lines(fh: BinaryIO, max_bytes: int) -> Iterator[bytes | None]:
         yield bytes(pending)
 
 
-def read_json_objects(
+def read_json_documents(
     path: Path, max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
-) -> tuple[list[Any], int, int]:
-    """A file as a list of JSON values: one whole document, or one per line.
+) -> tuple[list[bytes], int]:
+    """A file's JSON documents as text: the whole file where it is one document, else one
+    per non-blank line. Returns (documents, lines over the limit).
 
-    A `curl` loop's output may be a single pretty-printed document or JSONL;
-    trying the whole file first handles both (when the file is within
-    `max_record_bytes`). Returns (values, undecodable lines, lines over the
-    limit); a line that does not decode (a poller killed mid-write) or is too
-    large is only counted, since the rest of the file is still good.
+    A `curl` loop's output may be a single pretty-printed document or JSONL. Nothing
+    is decoded here beyond telling the two apart, and a line over `max_record_bytes` is
+    only counted (the rest of the file is still good), never held.
     """
-    values: list[Any] = []
-    bad = oversized = 0
+    documents: list[bytes] = []
+    oversized = 0
     try:
         if path.stat().st_size <= max_record_bytes:
             data = path.read_bytes()
-            try:
-                return [msgspec.json.decode(data)], 0, 0
-            except msgspec.DecodeError:
-                pass
-            lines: Iterable[bytes | None] = data.splitlines()
-            for line in lines:
-                bad += _decode_into(values, line)
-            return values, bad, 0
+            if _one_document(data):
+                return [data], 0
+            return [line for line in data.splitlines() if line.strip()], 0
         with path.open("rb") as fh:
             for line in iter_lines(fh, max_record_bytes):
                 if line is None:
                     oversized += 1
-                else:
-                    bad += _decode_into(values, line)
+                elif line.strip():
+                    documents.append(line)
     except OSError as exc:
         raise OSError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return values, bad, oversized
+    return documents, oversized
 
 
-def _decode_into(values: list[Any], line: bytes) -> int:
-    """Append the line's JSON value; 1 if it does not decode, else 0 (blank lines: 0)."""
-    if not line.strip():
-        return 0
+def _one_document(data: bytes) -> bool:
+    """Whether a file is one JSON document rather than JSONL: valid JSON as a whole, one
+    line, or a first line that is no JSON value by itself (a pretty-printed `{`)."""
     try:
-        values.append(msgspec.json.decode(line))
-    except msgspec.DecodeError:
-        return 1
-    return 0
+        msgspec.json.decode(data, type=msgspec.Raw)
+        return True
+    except (msgspec.DecodeError, RecursionError):
+        pass
+    first, _, rest = data.strip().partition(b"\n")
+    if not rest.strip():
+        return True
+    try:
+        msgspec.json.decode(first, type=msgspec.Raw)
+        return False
+    except (msgspec.DecodeError, RecursionError):
+        pass
+    try:
+        json.loads(first.decode("utf-8", "surrogateescape"), parse_constant=str)
+        return False
+    except (ValueError, RecursionError):
+        return True
 
 
 class JsonlFollower:

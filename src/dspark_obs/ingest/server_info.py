@@ -12,9 +12,9 @@ from pathlib import Path
 
 from ..pipeline import build_pipeline
 from ..store import RunWriter
-from ..telemetry.server_info import SGLangFormatError, WorkloadOf
-from .kinds import SERVER_INFO, SOURCE, IngestError, base_manifest, detect_kind, not_ours
-from .lines import read_json_objects
+from ..telemetry.server_info import WorkloadOf
+from .kinds import SERVER_INFO, SOURCE, IngestError, base_manifest, not_ours
+from .lines import read_json_documents
 from .server_info_reader import ServerInfoReader, has_timing
 
 
@@ -72,6 +72,7 @@ class ServerInfoIngest:
             "missing_steps": sum(dropped.values()),
             "missing_steps_by_rank": {str(r): n for r, n in sorted(dropped.items())},
             "duplicates_skipped": self.reader.dedup.duplicates,
+            "forward_ct_jumps": self.reader.dedup.jumps(),
             "bad_records": self.bad_records(),
             "ingested_steps": self.steps,
             "ingested_request_steps": self.request_steps,
@@ -86,32 +87,35 @@ def ingest_server_info(
     """Every file read and checked first, then the run written; its summary statistics."""
     reader = ServerInfoReader(workload_of)
     for path in files:
-        values, bad_lines, oversized = read_json_objects(path, max_bytes)
-        reader.bad["bad_snapshot_line"] += bad_lines
+        documents, oversized = read_json_documents(path, max_bytes)
         reader.bad["oversized"] += oversized
-        good = 0
-        for value in values:
-            if detect_kind(value) != SERVER_INFO:
-                reader.bad["not_a_snapshot"] += 1
-                continue
-            try:
-                reader.add_snapshot(value)
-            except SGLangFormatError:
-                reader.bad["not_a_snapshot"] += 1
-                continue
-            good += 1
+        before = dict(reader.problems)
+        good = sum(reader.add_document(document) for document in documents)
+        del documents
         if not good:
-            if oversized and not values:
+            if oversized:
                 raise IngestError(
                     f"{path}: every record is over --max-record-bytes ({max_bytes:,})"
                 )
-            raise not_ours(path)
+            found = {r: m for r, m in reader.problems.items() if r not in before}
+            if set(found) <= _NOT_OURS:
+                raise not_ours(path)
+            raise IngestError(f"{path}: no usable /server_info snapshot: {_say(found)}")
     reader.bad = +reader.bad
     if reader.gamma is None:
+        found = {r: m for r, m in reader.problems.items() if r not in _NOT_OURS}
         raise IngestError(
-            "no rank in the given files holds a dspark_info_record "
-            "(is SGLANG_DSPARK_DEBUG_DUMP set on the server?)"
+            "no rank in the given files holds a usable dspark_info_record"
+            + (f": {_say(found)}" if found else " (is SGLANG_DSPARK_DEBUG_DUMP set on the server?)")
         )
     ingest = ServerInfoIngest(out, base_manifest(files, SERVER_INFO, assume), reader, assume)
     ingest.drain()
     return ingest.close()
+
+
+#: What a file that holds no `/server_info` snapshot at all is refused for (`not_ours`).
+_NOT_OURS = frozenset(("bad_snapshot_line", "not_a_snapshot"))
+
+
+def _say(problems: dict[str, str]) -> str:
+    return "; ".join(f"{message} ({reason})" for reason, message in problems.items())

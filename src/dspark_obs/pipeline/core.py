@@ -20,6 +20,14 @@ from ..telemetry import StepBatch
 from ..telemetry.batch import InvalidBatch
 
 
+class StoreFailed(RuntimeError):
+    """The run store could not take a step (a full disk, a vanished directory).
+
+    Not a bad step: every later one would fail alike, and a service that went on would
+    publish metrics its run no longer records. Whoever feeds the pipeline stops on it.
+    """
+
+
 class Pipeline:
     def __init__(
         self,
@@ -61,10 +69,13 @@ class Pipeline:
         if self.estimator is not None:
             self.estimator.update(batch, gather)
         if self.writer is not None:
-            self.writer.append(batch)
-            self._steps += 1
-            if self.estimator is not None and self._steps % 256 == 0:
-                self._store_ceilings()
+            try:
+                self.writer.append(batch)
+                self._steps += 1
+                if self.estimator is not None and self._steps % 256 == 0:
+                    self._store_ceilings()
+            except OSError as exc:
+                raise StoreFailed(f"the run store failed: {exc}") from exc
         self.stats.record(source)
         return True
 

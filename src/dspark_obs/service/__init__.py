@@ -2,10 +2,11 @@
 the demo's reference run served while it is recorded (`demo`)."""
 
 from .demo import check_can_listen, record_while_serving
-from .serving import PollOptions, ServeOptions, ServeResult, serve
+from .serving import PollOptions, ServeFailed, ServeOptions, ServeResult, serve
 
 __all__ = [
     "PollOptions",
+    "ServeFailed",
     "ServeOptions",
     "ServeResult",
     "check_can_listen",

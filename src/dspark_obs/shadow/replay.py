@@ -62,10 +62,10 @@ def load_requests(path: Path) -> list[dict]:
 
 
 class Server(SGLangClient):
-    def request(self, path: str, body: dict | None = None) -> bytes:
+    def request(self, path: str, body: dict | None = None, cancel=None) -> bytes | bytearray:
         """As SGLangClient's, with the URL in the error: two servers are in play."""
         try:
-            return super().request(path, body)
+            return super().request(path, body, cancel)
         except OSError as exc:
             reason = getattr(exc, "reason", None) or exc.strerror or exc
             raise OSError(f"cannot reach {self.url}{path}: {reason}") from None

@@ -11,6 +11,9 @@ from .pacing import Pacer
 
 
 class ReplaySource:
+    #: it ends by itself: a failure leaves what it fed served, as its end does (pipeline/feed)
+    finite = True
+
     def __init__(self, run_dir: str, speed: float = 1.0) -> None:
         self.run = open_run(run_dir)
         self.name = f"run:{run_dir}"

@@ -13,18 +13,26 @@ overlap; with it, steps recorded in that window are lost, and show up as gaps
 once a later step of the rank arrives.
 
 A step counter that goes backwards means the server restarted: the rank starts
-over. Gaps are counted as dropped steps. A component the server does not dump
-(no `reqs`: no per-request metrics) is reported once, clearly. Every failure
+over. Gaps are counted as dropped steps; a jump wider than MAX_STEP_GAP is a
+counter that cannot be trusted, counted as such and followed, never as a gap. A
+component the server does not dump (no `reqs`: no per-request metrics) is
+reported once, clearly. Every failure
 (connection refused, timeout, HTTP error, truncated JSON, an answer over the
 byte limit, a record that breaks the schema) is counted by reason and logged
 once per reason; the poller backs off and keeps trying, and `dspark_source_up`
 says whether it is getting data.
 
-A rank's records are converted in one pass over their JSON text (the compiled
-parser where it is built): at B = 256 a record-by-record conversion costs
-milliseconds per step, more than a busy server's step rate allows. A rank whose
-records are not all plainly valid goes record by record instead, so that each
-bad record is counted by its reason and the rest are kept.
+A rank's records are converted a chunk at a time, each chunk in one pass over
+its JSON text (the compiled parser where it is built): at B = 256 a
+record-by-record conversion costs milliseconds per step, more than a busy
+server's step rate allows, and a whole large answer converted at once took
+twenty times its size in memory. A chunk whose records are not all plainly valid
+goes record by record instead, so that each bad record is counted by its reason
+and the rest are kept (`telemetry.server_info_raw`).
+
+A stop (SIGTERM) ends a poll under way at once (`sglang_http`); an answer already
+taken, and cleared on the server, is still converted for `drain_seconds`, and what
+is left then is counted as `dropped_at_stop`, so no step taken is lost silently.
 """
 
 from __future__ import annotations
@@ -33,8 +41,6 @@ import logging
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -43,39 +49,33 @@ import numpy as np
 from msgspec import Raw
 
 from ..telemetry import StepBatch
-from ..telemetry.batch import InvalidBatch
-from ..telemetry.server_info import (
-    SGLangFormatError,
-    check_rank_count,
-    decode_info_record,
-    decode_step_record,
-    info_record_to_batches,
-    record_to_batch,
+from ..telemetry.batch import MAX_STEP_GAP, InvalidBatch
+from ..telemetry.server_info import SGLangFormatError, check_rank_count
+from ..telemetry.server_info_raw import (
+    chunks,
+    convert_records,
+    rank_record,
+    split_ranks,
+    split_records,
+    step_numbers,
 )
-from .sglang_http import DEFAULT_MAX_BYTES, ResponseTooLarge, SGLangClient
+from .sglang_http import (
+    DEFAULT_MAX_BYTES,
+    Cancelled,
+    HTTPStatusError,
+    RedirectRefused,
+    ResponseTooLarge,
+    SGLangClient,
+)
 from .stats import IngestStats
 
 log = logging.getLogger(__name__)
 
 #: Ranks of the n-th polled server are offset by n * RANK_STRIDE so series stay apart.
 RANK_STRIDE = 1000
-
-
-class _ServerInfo(msgspec.Struct):
-    """`GET /server_info`, each rank's state kept as its JSON text: only the record is read."""
-
-    internal_states: list[Raw]
-
-
-class _RankState(msgspec.Struct):
-    dspark_info_record: Raw = Raw(b"null")
-
-
-class _Envelope(msgspec.Struct):
-    """A `dspark_info_record` without its records, for a payload converted in one pass."""
-
-    mode: str
-    components: list[str]
+#: Seconds a stopped poller goes on converting the answer it took (and cleared on the
+#: server); what is left then is counted as `dropped_at_stop`, never silently lost.
+DRAIN_SECONDS = 5.0
 
 
 def read_api_key(path: Path | None = None) -> str | None:
@@ -110,6 +110,7 @@ class SGLangPoller:
         gamma: int = 7,
         workload_of: Callable[[np.ndarray], np.ndarray] | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
+        drain_seconds: float = DRAIN_SECONDS,
     ) -> None:
         self.url = url.rstrip("/")
         self.name = f"sglang:{self.url}"
@@ -125,6 +126,9 @@ class SGLangPoller:
         self.last_fct: dict[int, int] = {}
         self.dropped_steps = 0
         self.duplicates = 0
+        self.dropped_at_stop = 0
+        self.drain_seconds = drain_seconds
+        self._drain_until: float | None = None
         self.mode: str | None = None  # as the server reports it, once read
         self.timed = False  # whether its records carry step times
         self._reported: set[str] = set()
@@ -132,31 +136,35 @@ class SGLangPoller:
     # -- HTTP ----------------------------------------------------------------
 
     def _fault(self, exc: BaseException) -> str:
-        if isinstance(exc, ResponseTooLarge):
-            return ResponseTooLarge.reason
-        if isinstance(exc, InvalidBatch):
+        if isinstance(exc, (ResponseTooLarge, RedirectRefused, InvalidBatch)):
             return exc.reason
-        if isinstance(exc, urllib.error.HTTPError):
+        if isinstance(exc, HTTPStatusError):
             return f"http_{exc.code}"
-        if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
+        if isinstance(exc, TimeoutError):
             return "timeout"
-        if isinstance(exc, urllib.error.URLError):
-            return "connect_failed"
         if isinstance(exc, (msgspec.DecodeError, ValueError)):
             return "bad_json"
+        if isinstance(exc, OSError):
+            return "connect_failed"
         return "poll_failed"
 
-    def _decode(self, raw: bytes) -> list[Raw]:
-        """Each rank's state as JSON text: the records of a rank are converted in one pass
-        over their text (`_rank_batches`), never as a Python object per number."""
+    def _decode(self, raw: bytes | bytearray) -> list[Raw]:
+        """Each rank's state as JSON text: records are converted a chunk at a time from their
+        text (`server_info_raw`), never as a Python object per number."""
         try:
-            info = msgspec.json.decode(raw, type=_ServerInfo)
-        except msgspec.ValidationError:
-            raise SGLangFormatError("server_info has no internal_states list", "bad_json") from None
+            states = split_ranks(raw)
         except msgspec.DecodeError as exc:
             raise ValueError(f"truncated or invalid JSON ({exc})") from None
-        check_rank_count(info.internal_states)
-        return info.internal_states
+        check_rank_count(states)
+        return states
+
+    def _clear(self, stop: threading.Event) -> None:
+        try:
+            self.client.clear_records(stop)
+        except Cancelled:
+            pass  # stopping: the answer in hand is converted all the same
+        except Exception as exc:
+            self.stats.error(self.name, "clear_failed", repr(exc))
 
     def _report_once(self, key: str, message: str) -> None:
         if key not in self._reported:
@@ -170,16 +178,15 @@ class SGLangPoller:
         while not stop.is_set():
             start = time.monotonic()
             try:
-                raw = self.client.request("/server_info")
+                raw = self.client.request("/server_info", cancel=stop)
                 # Drain at once: what a rank records between the read and the clear is lost,
                 # so nothing (decoding a large answer, ingesting it) may sit in between.
                 # HTTP framing already guarantees the answer arrived whole.
                 if self.clear:
-                    try:
-                        self.client.clear_records()
-                    except Exception as exc:
-                        self.stats.error(self.name, "clear_failed", repr(exc))
+                    self._clear(stop)
                 states = self._decode(raw)
+            except Cancelled:
+                return  # stopped before an answer was taken: nothing to drain
             except Exception as exc:  # every failure is counted and retried, never raised
                 failures += 1
                 self.stats.set_up(self.name, False)
@@ -187,10 +194,7 @@ class SGLangPoller:
                 if isinstance(exc, ResponseTooLarge) and self.clear:
                     # A buffer too large to read stays too large unless drained: drop it so
                     # the next poll can succeed; the steps lost show up as dropped_steps.
-                    try:
-                        self.client.clear_records()
-                    except Exception as clear_exc:
-                        self.stats.error(self.name, "clear_failed", repr(clear_exc))
+                    self._clear(stop)
                 delay = (
                     self.interval
                     if failures <= self.retries
@@ -200,52 +204,79 @@ class SGLangPoller:
                 continue
             failures = 0
             self.stats.set_up(self.name, True)
-            yield from self._records(states)
+            yield from self._records(states, stop)
+            del raw, states  # not held through the wait
             stop.wait(max(0.0, self.interval - (time.monotonic() - start)))
 
-    def _records(self, states: list[Raw]) -> Iterator[StepBatch]:
-        for dp_rank, state_raw in enumerate(states):
-            rank = self.rank_offset + dp_rank
-            try:
-                record_raw = msgspec.json.decode(state_raw, type=_RankState).dspark_info_record
-            except msgspec.ValidationError:  # a state that is not an object has no record
-                record_raw = Raw(b"null")
-            if bytes(record_raw) != b"null":
-                batches = self._rank_batches(record_raw, rank)
-                if batches is not None:
-                    yield from self._fresh(rank, dp_rank, batches)
-                    continue
-            # anything the one-pass conversion does not take, record by record: one bad
-            # record must not cost the rest, and each is counted by its reason
-            info_raw = msgspec.json.decode(record_raw)
-            if info_raw is None:
+    def _stopping(self, stop: threading.Event | None) -> bool:
+        """Whether the drain after a stop has run out of time: the rest is counted, not read."""
+        if stop is None or not stop.is_set():
+            return False
+        if self._drain_until is None:
+            self._drain_until = time.monotonic() + self.drain_seconds
+        return time.monotonic() > self._drain_until
+
+    def _records(
+        self, states: list[Raw], stop: threading.Event | None = None
+    ) -> Iterator[StepBatch]:
+        for dp_rank, state in enumerate(states):
+            record = rank_record(state)
+            if record is None:
                 self._report_once(
                     f"norecord{dp_rank}",
-                    f"rank {dp_rank} has no "
-                    "dspark_info_record (DSpark off, or SGLANG_DSPARK_DEBUG_DUMP "
-                    "unset)",
+                    f"rank {dp_rank} has no dspark_info_record (DSpark off, or "
+                    "SGLANG_DSPARK_DEBUG_DUMP unset)",
                 )
                 continue
-            # the envelope first, then record by record: one bad record must not cost the rest
-            raw_records = info_raw.get("records") if isinstance(info_raw, dict) else None
             try:
-                info = decode_info_record({**info_raw, "records": []})
-            except (SGLangFormatError, TypeError) as exc:
-                self.stats.error(self.name, "bad_envelope", str(exc))
+                fields, records = split_records(record)
+            except SGLangFormatError as exc:
+                self.stats.error(self.name, "bad_envelope", f"rank {dp_rank}: {exc}")
                 continue
-            for raw in raw_records if isinstance(raw_records, list) else []:
-                try:
-                    info.records.append(decode_step_record(raw))
-                except SGLangFormatError as exc:
-                    self.stats.error(self.name, exc.reason, str(exc))
-            self._note_envelope(info.mode, info.components)
-            for rec in self._fresh(rank, dp_rank, info.records):
-                try:
-                    yield record_to_batch(
-                        rec, gamma=info.gamma, mode=info.mode, rank=rank, **self._workload
-                    )
-                except SGLangFormatError as exc:
-                    self.stats.error(self.name, exc.reason, str(exc))
+            self._note_envelope(fields["mode"], fields["components"])
+            yield from self._rank_steps(dp_rank, record, records, fields, stop)
+
+    def _rank_steps(
+        self,
+        dp_rank: int,
+        record: Raw,
+        records: list[Raw],
+        fields: dict,
+        stop: threading.Event | None,
+    ) -> Iterator[StepBatch]:
+        """A rank's new steps, oldest first, converted a chunk at a time so that a large
+        answer never exists as steps all at once."""
+        rank = self.rank_offset + dp_rank
+        fcts = step_numbers(record, records)
+        valid = fcts[fcts >= 0]
+        if len(valid) and rank in self.last_fct and valid.max() < self.last_fct[rank]:
+            self._report_once(
+                f"restart{rank}", f"rank {dp_rank}: step counter went back; server restarted"
+            )
+            self.stats.error(self.name, "server_restart", "step counter went backwards")
+            del self.last_fct[rank]
+        in_order = len(fcts) < 2 or bool((fcts[1:] >= fcts[:-1]).all())
+        order = np.arange(len(fcts)) if in_order else np.argsort(fcts, kind="stable")
+        done = 0
+        for chunk in chunks(records, order):
+            if self._stopping(stop):
+                lost = int((fcts[order[done:]] > self.last_fct.get(rank, -1)).sum())
+                self.dropped_at_stop += lost
+                self.stats.error(
+                    self.name,
+                    "dropped_at_stop",
+                    f"{lost:,} steps taken from the server but not converted within "
+                    f"{self.drain_seconds:g} s of the stop",
+                    count=lost,
+                )
+                return
+            done += len(chunk)
+            texts = [records[i] for i in chunk.tolist()]
+            steps = convert_records(texts, fields, rank, self._refuse, **self._workload)
+            yield from self._fresh(rank, dp_rank, steps)
+
+    def _refuse(self, exc: SGLangFormatError) -> None:
+        self.stats.error(self.name, exc.reason, str(exc))
 
     def _note_envelope(self, mode: str, components: list) -> None:
         self.mode = mode
@@ -257,26 +288,9 @@ class SGLangPoller:
                 "metrics (windows, ceilings, calibration) are unavailable",
             )
 
-    def _rank_batches(self, record_raw: Raw, rank: int) -> list[StepBatch] | None:
-        """A rank's steps converted in one pass, or None where a record needs a closer look."""
-        try:
-            batches = info_record_to_batches(bytes(record_raw), rank=rank, **self._workload)
-            envelope = msgspec.json.decode(record_raw, type=_Envelope)
-        except (InvalidBatch, TypeError, ValueError, msgspec.MsgspecError):
-            return None
-        self._note_envelope(envelope.mode, envelope.components)
-        return batches
-
-    def _fresh(self, rank: int, dp_rank: int, steps: list) -> Iterator:
-        """The steps (records or batches) this rank has not delivered yet, oldest first;
-        a restart, duplicates and gaps are counted."""
-        steps = sorted(steps, key=lambda r: r.forward_ct)
-        if steps and rank in self.last_fct and steps[-1].forward_ct < self.last_fct[rank]:
-            self._report_once(
-                f"restart{rank}", f"rank {dp_rank}: step counter went back; server restarted"
-            )
-            self.stats.error(self.name, "server_restart", "step counter went backwards")
-            del self.last_fct[rank]
+    def _fresh(self, rank: int, dp_rank: int, steps: list[StepBatch]) -> Iterator[StepBatch]:
+        """The steps this rank has not delivered yet (given oldest first); duplicates and
+        gaps are counted, and a jump no rank makes is counted as such, never as a gap."""
         for step in steps:
             last = self.last_fct.get(rank)
             if last is not None and step.forward_ct <= last:
@@ -284,7 +298,15 @@ class SGLangPoller:
                 continue
             if last is not None and step.forward_ct > last + 1:
                 gap = step.forward_ct - last - 1
-                self.dropped_steps += gap
-                self.stats.error(self.name, "dropped_steps", f"{gap} steps missing", count=gap)
+                if gap > MAX_STEP_GAP:
+                    self.stats.error(
+                        self.name,
+                        "forward_ct_jump",
+                        f"rank {dp_rank}: step counter jumped from {last} to "
+                        f"{step.forward_ct}; followed from there, not counted as lost steps",
+                    )
+                else:
+                    self.dropped_steps += gap
+                    self.stats.error(self.name, "dropped_steps", f"{gap} steps missing", count=gap)
             self.last_fct[rank] = step.forward_ct
             yield step

@@ -43,6 +43,11 @@ MAX_REQ_POOL_INDEX = (1 << 20) - 1
 #: A step counter counts up from 0; the estimator keeps step numbers in float64 matrices,
 #: exact up to 2**53 (about 285 years at a million steps per second).
 MAX_FORWARD_CT = 2**53
+#: Largest jump of a rank's step counter counted as steps lost (about a year of a rank at
+#: 100 steps per second): a larger one is a counter that cannot be trusted (a corrupt
+#: record, a server whose counter was reset to something else), counted as such and
+#: followed from its new value, never added to a count of missing steps.
+MAX_STEP_GAP = 2**32
 
 #: Our vocabulary over SGLang's per-request fields, derived here and nowhere else.
 #:

@@ -166,7 +166,7 @@ def _msgspec_columns(payload: bytes | str) -> _Columns | None:
     """The columns from one msgspec decode, the per-position lists parsed by numpy."""
     try:
         info = msgspec.json.decode(payload, type=_ColumnarInfo)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         return None
     gamma = info.gamma
     if not 1 <= gamma <= MAX_GAMMA:

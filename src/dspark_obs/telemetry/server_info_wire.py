@@ -10,6 +10,7 @@ The per-record conversion is the reference every faster path must agree with
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import msgspec
@@ -143,6 +144,22 @@ def _categories(workload: np.ndarray) -> dict[str, object]:
     return {"workload_codes": codes, "workload_names": tuple(names)}
 
 
+def decode_json(payload: bytes | bytearray | str, type_: object = object) -> object:
+    """msgspec's JSON decode, with nesting too deep for it refused by name.
+
+    msgspec follows nesting by recursion and gives up at the interpreter's recursion
+    limit (about a thousand levels, far beyond anything SGLang writes) with a
+    RecursionError; that becomes a `too_deep` format error, so no caller shows a
+    traceback for it. Decode and validation errors pass through as msgspec's.
+    """
+    try:
+        return msgspec.json.decode(payload, type=type_)
+    except RecursionError:
+        raise SGLangFormatError(
+            f"JSON nested deeper than {sys.getrecursionlimit():,} levels", "too_deep"
+        ) from None
+
+
 def decode_info_record(payload: bytes | str | dict) -> InfoRecord:
     """Parse one rank's `dspark_info_record` (JSON text or an already-decoded dict)."""
     if not isinstance(payload, (bytes, str, dict)):
@@ -151,7 +168,7 @@ def decode_info_record(payload: bytes | str | dict) -> InfoRecord:
     try:
         if isinstance(payload, dict):
             return msgspec.convert(payload, InfoRecord)
-        return msgspec.json.decode(payload, type=InfoRecord)
+        return decode_json(payload, InfoRecord)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise SGLangFormatError(f"not a dspark_info_record: {exc}") from exc
 
@@ -275,10 +292,10 @@ def check_rank_count(states: list) -> None:
         )
 
 
-def server_info_ranks(payload: bytes | str | dict) -> list[dict | None]:
+def server_info_ranks(payload: bytes | bytearray | str | dict) -> list[dict | None]:
     """Each DP rank's `dspark_info_record` in a `GET /server_info` answer (None if absent)."""
     try:
-        data = msgspec.json.decode(payload) if isinstance(payload, (bytes, str)) else payload
+        data = decode_json(payload) if isinstance(payload, (bytes, bytearray, str)) else payload
     except msgspec.DecodeError as exc:
         raise SGLangFormatError(f"server_info is not JSON: {exc}", "bad_json") from exc
     states = data.get("internal_states") if isinstance(data, dict) else None
