@@ -19,6 +19,7 @@ from .runtime_args import (
     store_options,
 )
 from .signals import stop_on_signals
+from .summary_cmd import with_trim_cost
 from .views import print_summary
 
 
@@ -50,7 +51,7 @@ def handle(args: argparse.Namespace) -> int:
         steps = run.manifest.get("steps", 0)
         print(f"interrupted: {steps:,} steps stored in {out}", file=sys.stderr)
     if run.manifest.get("steps"):
-        print_summary(summarize(run), as_json=args.json)
+        print_summary(with_trim_cost(summarize(run), run), as_json=args.json)
     return 0
 
 

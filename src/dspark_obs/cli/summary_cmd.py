@@ -6,15 +6,20 @@ import argparse
 from pathlib import Path
 
 from ..analysis.summary import summarize_run_dir
-from ..store import open_run
+from ..store import Run, open_run
 from ..whatif.trim_cost import trim_cost_or_none
 from .views import print_summary
 
 
+def with_trim_cost(summary: dict, run: Run) -> dict:
+    """The summary `summary` and `run` print alike: the table and the cost of trimming."""
+    summary["trim_cost"] = trim_cost_or_none(run)
+    return summary
+
+
 def handle(args: argparse.Namespace) -> int:
-    summary = summarize_run_dir(args.run_dir)
-    summary["trim_cost"] = trim_cost_or_none(open_run(args.run_dir))
-    print_summary(summary, as_json=args.json)
+    summary = summarize_run_dir(args.run_dir)  # refuses a run with no request-steps
+    print_summary(with_trim_cost(summary, open_run(args.run_dir)), as_json=args.json)
     return 0
 
 
