@@ -300,7 +300,7 @@ def test_nesting_limit_and_long_strings():
 # -- values: step times and strict JSON --------------------------------------------------
 
 
-@pytest.mark.parametrize("value", [-1e308, -1.0, -1e-9, math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("value", [-1e308, -2.0, -1e-9, math.nan, math.inf, -math.inf])
 @pytest.mark.parametrize("field", ["step_gpu_ms", "step_cpu_ms", "predicted_step_ms"])
 def test_step_times_that_are_no_times_are_rejected(field, value):
     batch = make_batches(32, steps=1)[0]
@@ -310,6 +310,17 @@ def test_step_times_that_are_no_times_are_rejected(field, value):
     assert err.value.reason == "time_out_of_range" and field in str(err.value)
     setattr(batch, field, 0.0)
     batch.validate()
+
+
+@pytest.mark.parametrize("value", [-1, -1.0])
+@pytest.mark.parametrize("field", ["step_gpu_ms", "draft_gpu_ms", "predicted_step_ms"])
+def test_sglangs_minus_one_is_no_value_not_a_bad_time(field, value):
+    """SGLang writes -1 in a field its components do not cover (SGLANG_DSPARK.md): the
+    step is kept, the field absent."""
+    batch = make_batches(32, steps=1)[0]
+    setattr(batch, field, value)
+    batch.validate()
+    assert getattr(batch, field) is None
 
 
 def _strict_loads(text: str):

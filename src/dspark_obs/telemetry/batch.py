@@ -274,9 +274,20 @@ class StepBatch:
                 raise InvalidBatch("malformed", f"{name}={value!r} is not a 64-bit integer")
         if not 0 <= self.forward_ct <= MAX_FORWARD_CT:
             raise InvalidBatch("malformed", f"forward_ct {self.forward_ct} outside 0..2**53")
+        self.validate_times()
+
+    def validate_times(self) -> None:
+        """The optional times and predictions of `validate_step`: finite and not negative,
+        SGLang's -1 (a field its components do not cover) taken as no value. Apart for a
+        decoder whose parser has checked every other step scalar already."""
         for name in STEP_OPTIONAL_FLOAT_FIELDS:
             value = getattr(self, name)
             if value is None:
+                continue
+            if value == -1 and not isinstance(value, bool):
+                # SGLang writes -1 where a component does not cover a field: no value,
+                # not a negative time
+                setattr(self, name, None)
                 continue
             if isinstance(value, bool) or not isinstance(
                 value, (float, int, np.floating, np.integer)

@@ -98,8 +98,8 @@ class _Columns(msgspec.Struct, gc=False):
     rid_index: tuple[np.ndarray, np.ndarray] | None
     draft: np.ndarray
     probs: dict
-    #: every step passes `StepBatch.validate_step` as parsed (the compiled parser's types
-    #: and forward_ct range), so `_assemble` need not check them again
+    #: every step's integers pass `StepBatch.validate_step` as parsed (the compiled
+    #: parser's types and forward_ct range), so `_assemble` checks only its times
     steps_checked: bool = False
 
 
@@ -281,11 +281,10 @@ def _assemble(columns: _Columns, rank: int, workload_of: WorkloadOf) -> list[Ste
             else:
                 fields.update(_categories(fields["workload"]))
         batch = StepBatch(**fields) if k is None else StepBatch.from_columns(fields)
-        if not columns.steps_checked:
-            try:
-                batch.validate_step()
-            except InvalidBatch:
-                return None
+        try:
+            batch.validate_times() if columns.steps_checked else batch.validate_step()
+        except InvalidBatch:
+            return None
         out.append(batch)
     return out
 
