@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 __all__ = [
     "PrometheusError",
     "PrometheusServer",
@@ -53,6 +55,18 @@ class PrometheusError(RuntimeError):
 def prometheus_available() -> bool:
     """Both binaries are needed: the server for scraping, promtool for the exposition lint."""
     return shutil.which(PROMETHEUS) is not None and shutil.which(PROMTOOL) is not None
+
+
+def require_prometheus(*, promtool_only: bool = False) -> None:
+    """Called at a test module's top: skip the module without Debian's `prometheus` (or
+    only `promtool`), but fail where CI is set, since tools/test.sh installs it there."""
+    if (promtool_only and shutil.which(PROMTOOL) is not None) or prometheus_available():
+        return
+    what = "`promtool`" if promtool_only else "`prometheus`/`promtool`"
+    msg = f"{what} not on PATH: install Debian's `prometheus` package (tools/test.sh does this)"
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set but {msg}", pytrace=False)
+    pytest.skip(msg, allow_module_level=True)
 
 
 def free_port() -> int:

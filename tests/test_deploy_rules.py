@@ -10,26 +10,16 @@ tools/test.sh installs it.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
+from .prometheus_harness import require_prometheus
+
+require_prometheus(promtool_only=True)
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 RULES = sorted((DEPLOY / "rules").glob("*.yml"))
 RULE_TESTS = sorted((DEPLOY / "rules" / "tests").glob("*.yml"))
-
-
-@pytest.fixture(autouse=True)
-def _require_promtool() -> None:
-    if shutil.which("promtool") is not None:
-        return
-    msg = "`promtool` not on PATH: install Debian's `prometheus` package (tools/test.sh does this)"
-    if os.environ.get("CI"):
-        pytest.fail(f"CI is set but {msg}", pytrace=False)
-    pytest.skip(msg)
 
 
 def _promtool(*args: str | Path, cwd: Path = DEPLOY) -> subprocess.CompletedProcess:

@@ -12,7 +12,6 @@ and the binned AUROC within its bins' tied pairs of the exact AUROC.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import urllib.request
@@ -26,24 +25,16 @@ from bench.sglang_load import polling_args
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime_server import RuntimeFrontend
 
-from .prometheus_harness import WAIT, PrometheusServer, prometheus_available, scrape_job
+from .prometheus_harness import WAIT, PrometheusServer, require_prometheus, scrape_job
 from .test_serve_cli import Child
+
+require_prometheus()
 
 FLEET_RULES = Path(__file__).resolve().parent.parent / "deploy" / "rules" / "fleet.yml"
 EPS = 1e-8  # SGLang's clamp of predictions
 FINE = 1020  # the live fine bins; 68 to an ECE bin, 34 to an exported AUROC bin
 NODES = (("east", 11, 18), ("west", 23, 10))  # cluster, seed, requests per front
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _require_prometheus() -> None:
-    if prometheus_available():
-        return
-    msg = "`prometheus`/`promtool` not on PATH: tools/test.sh installs Debian's `prometheus`"
-    if os.environ.get("CI"):
-        pytest.fail(f"CI is set but {msg}", pytrace=False)
-    pytest.skip(msg)
 
 
 def _generate(url: str, rids: list[str], max_new_tokens: int) -> None:

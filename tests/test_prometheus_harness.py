@@ -9,7 +9,6 @@ lost its install step and a green run would be hollow.
 from __future__ import annotations
 
 import base64
-import os
 import shutil
 import subprocess
 import threading
@@ -31,30 +30,15 @@ from .prometheus_harness import (
     PrometheusError,
     PrometheusServer,
     free_port,
-    prometheus_available,
     promtool_check_metrics,
+    require_prometheus,
     scrape_job,
 )
 
+require_prometheus()
+
 BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 OBSERVATIONS = (0.05, 0.2, 0.3, 0.7, 3.0)
-
-
-def _require_prometheus_binaries() -> None:
-    if prometheus_available():
-        return
-    msg = (
-        "`prometheus`/`promtool` not on PATH: install Debian's `prometheus` package "
-        "(tools/test.sh does this)"
-    )
-    if os.environ.get("CI"):
-        pytest.fail(f"CI is set but {msg}", pytrace=False)
-    pytest.skip(msg)
-
-
-@pytest.fixture(autouse=True)
-def _require_prometheus() -> None:
-    _require_prometheus_binaries()
 
 
 def _registry() -> CollectorRegistry:
@@ -142,8 +126,6 @@ def scraped(
     Jobs: `exporter` (plain prometheus_client), `auth_ok`/`auth_bad` (basic auth, right and
     wrong password) and, where openssl exists to mint a certificate, `tls` (https + ca_file).
     """
-    # Module-scoped fixtures run before the function-scoped autouse check, so check here too.
-    _require_prometheus_binaries()
     tmp = tmp_path_factory.mktemp("prom")
     stops = []
     try:

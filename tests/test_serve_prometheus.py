@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import os
 import ssl
 import time
 import urllib.error
@@ -41,11 +40,13 @@ from .pki import PKI, make_pki
 from .prometheus_harness import (
     WAIT,
     PrometheusServer,
-    prometheus_available,
     promtool_check_metrics,
+    require_prometheus,
     scrape_job,
 )
 from .test_serve_cli import OPENER, Child
+
+require_prometheus()
 
 JOB = "dspark"
 MTLS_JOB = "dspark_mtls"
@@ -55,16 +56,6 @@ PASSWORD = "scrape me, not my secrets"
 # SGLang's calibration table: clamp, 15 equal-width bins on [0, 1].
 EPS = 1e-8
 ECE_BINS = 15
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _require_prometheus() -> None:
-    if prometheus_available():
-        return
-    msg = "`prometheus`/`promtool` not on PATH: tools/test.sh installs Debian's `prometheus`"
-    if os.environ.get("CI"):
-        pytest.fail(f"CI is set but {msg}", pytrace=False)
-    pytest.skip(msg)
 
 
 # --- expectations, from Parquet alone -------------------------------------------------------
