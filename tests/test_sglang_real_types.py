@@ -26,7 +26,7 @@ from dspark_obs.pipeline import build_pipeline
 from tests.hook_reference import StepStream, reference_batch
 from tests.sglang_real import DraftBlockResult, DsparkStepObservers, as_sglang
 from tests.sglang_real import observers as sglang_observers
-from tests.test_sglang_hook import assert_same_batch, metrics
+from tests.test_sglang_hook import assert_same_batch, metrics, rows_the_hook_reads
 
 
 def observers(gamma: int, tmp_path, monkeypatch) -> DsparkStepObservers:
@@ -74,7 +74,7 @@ def test_every_step_on_sglangs_own_observers(options, tmp_path, monkeypatch):
         obs.observe_verify_step(**kw)
         batch, gather = reference_batch(kw, stream.g)
         want.append(batch)
-        reference.ingest(batch, SOURCE, gather)
+        reference.ingest(rows_the_hook_reads(batch), SOURCE, gather)
         hook.drain()
     assert len(got) == steps and hook.failures == 0
     for new, ref in zip(got, want, strict=True):
