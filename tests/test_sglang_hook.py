@@ -73,18 +73,22 @@ def metrics(pipeline) -> str:
     )
 
 
-def rows_the_hook_reads(batch):
-    """The reference's batch without the log-probabilities the hook does not read: target
-    rows outside a sampled request's window, draft rows but a trimmed sampled request's tail
-    (docs/sglang.md), so that both pipelines learn from the same numbers. (The in-band
-    blend's smooth model learns from verified positions' draft log-probabilities, which the
-    hook leaves unread.)"""
+def read_rows(batch) -> tuple[np.ndarray, np.ndarray]:
+    """`[n, gamma]` masks of the log-probabilities the hook reads (docs/sglang.md): target
+    rows inside a sampled request's window, draft rows of a trimmed sampled request's
+    tail."""
     j = np.arange(batch.gamma)
     window = batch.verify_len - 1
     sampled = (batch.greedy == 0)[:, None]
     trimmed = ((batch.correct_drafts == window) & (window < batch.gamma))[:, None]
-    inside = sampled & (j < window[:, None])
-    tails = sampled & trimmed & (j >= window[:, None])
+    return sampled & (j < window[:, None]), sampled & trimmed & (j >= window[:, None])
+
+
+def rows_the_hook_reads(batch):
+    """The reference's batch without the log-probabilities the hook does not read, so that
+    both pipelines learn from the same numbers. (The in-band blend's smooth model learns
+    from verified positions' draft log-probabilities, which the hook leaves unread.)"""
+    inside, tails = read_rows(batch)
     return dataclasses.replace(
         batch,
         target_logprobs=np.where(inside, batch.target_logprobs, np.nan),
@@ -131,18 +135,13 @@ def assert_same_batch(new, ref):
         if a is not None:
             np.testing.assert_allclose(a, b, rtol=1e-6, err_msg=name)
     sampled = ref.greedy == 0
-    g = ref.gamma
-    window = ref.verify_len - 1
-    j = np.arange(g)
+    inside, tails = read_rows(ref)
     # target log-probabilities: sampled requests inside their windows, else not read
-    inside = sampled[:, None] & (j < window[:, None])
     np.testing.assert_allclose(new.target_logprobs[inside], ref.target_logprobs[inside], atol=1e-5)
     assert np.isnan(new.target_logprobs[~inside]).all()
     np.testing.assert_allclose(new.bonus_logprob[sampled], ref.bonus_logprob[sampled], atol=1e-5)
     assert np.isnan(new.bonus_logprob[~sampled]).all()
     # draft log-probabilities: the tails of trimmed sampled requests only
-    trimmed = (ref.correct_drafts == window) & (window < g)
-    tails = sampled[:, None] & trimmed[:, None] & (j >= window[:, None])
     np.testing.assert_allclose(new.draft_logprobs[tails], ref.draft_logprobs[tails], atol=1e-5)
     assert np.isnan(new.draft_logprobs[~tails]).all()
 
