@@ -1,6 +1,7 @@
 """`dspark-obs dashboards`: export the Grafana dashboard for provisioning, or push it over HTTP.
 
-`export DIR` writes DIR/dspark.json and DIR/provisioning/{dashboards,datasources}.yml.
+`export DIR` writes DIR/dspark.json, DIR/dspark-fleet.json and
+DIR/provisioning/{dashboards,datasources}.yml.
 `push` uploads the dashboard through Grafana's dashboard API (`dashboards.push`); the token
 comes from --token-file or $GRAFANA_TOKEN, never from the command line.
 `render` draws every panel from a Prometheus' data with matplotlib: DIR/NN-<slug>.png per
@@ -50,7 +51,11 @@ def _push(args: argparse.Namespace) -> int:
 
     print(
         push_dashboard(
-            args.grafana_url, lambda: _token(args), folder=args.folder, timeout=args.timeout
+            args.grafana_url,
+            lambda: _token(args),
+            folder=args.folder,
+            timeout=args.timeout,
+            dashboard=args.dashboard,
         )
     )
     return 0
@@ -58,6 +63,7 @@ def _push(args: argparse.Namespace) -> int:
 
 def _render(args: argparse.Namespace) -> int:
     from ..dashboards.drawing import QUERY_VARIABLES, RenderError, parse_duration, render
+    from ..dashboards.provisioning import shipped_dashboard
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -84,6 +90,7 @@ def _render(args: argparse.Namespace) -> int:
             step=args.step,
             variables=variables,
             timeout=args.timeout,
+            dashboard=shipped_dashboard(args.dashboard),
         )
     except RenderError as exc:
         raise CliError(str(exc)) from None
@@ -97,14 +104,24 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dashboard_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dashboard",
+        choices=("main", "fleet"),
+        default="main",
+        help="main: one exporter's view (dspark.json); fleet: fleet, per-node and per-rank "
+        "views from summed counters (dspark-fleet.json) (default main)",
+    )
+
+
 def configure(p: argparse.ArgumentParser) -> None:
-    p.description = "The Grafana dashboard for the exporter's metrics (docs/dashboards.md)."
+    p.description = "The Grafana dashboards for the exporter's metrics (docs/dashboards.md)."
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     e = actions.add_parser(
         "export",
-        help="write dspark.json and provisioning YAML into DIR",
-        description="Write DIR/dspark.json and DIR/provisioning/{dashboards,datasources}.yml "
-        "for Grafana file provisioning.",
+        help="write dspark.json, dspark-fleet.json and provisioning YAML into DIR",
+        description="Write DIR/dspark.json, DIR/dspark-fleet.json and "
+        "DIR/provisioning/{dashboards,datasources}.yml for Grafana file provisioning.",
     )
     e.add_argument("dir", metavar="DIR")
     e.set_defaults(handler=_export)
@@ -118,6 +135,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     u.add_argument("--token-file", metavar="F", help=f"file holding the token (else ${TOKEN_ENV})")
     u.add_argument("--folder", metavar="NAME", help="folder title; created when missing")
     u.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds")
+    _dashboard_argument(u)
     u.set_defaults(handler=_push)
     r = actions.add_parser(
         "render",
@@ -135,7 +153,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=REGEX",
-        help="template variable (workload, rank, mode, instance; default .*); repeatable",
+        help="template variable (workload, rank, mode, instance, cluster; default .*); repeatable",
     )
     r.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout in seconds")
+    _dashboard_argument(r)
     r.set_defaults(handler=_render)

@@ -1,5 +1,5 @@
-"""`python -m dspark_obs.dashboards [--write DIR]`: print the generated dashboard JSON, or
-write the tree from it and refresh the copy shipped in the package."""
+"""`python -m dspark_obs.dashboards [--fleet] [--write DIR]`: print a generated dashboard's
+JSON, or write the tree from both and refresh the copies shipped in the package."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .definition import render_json
-from .provisioning import write_tree
+from . import definition, fleet_definition
+from .provisioning import DASHBOARDS, write_tree
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,18 +16,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--write",
         metavar="DIR",
-        help="write DIR/dspark.json and DIR/provisioning/*.yml, and the package's dspark.json "
-        "(the copy `dspark-obs dashboards export` writes), instead of printing the JSON",
+        help="write DIR/dspark.json, DIR/dspark-fleet.json and DIR/provisioning/*.yml, and the "
+        "package's copies (what `dspark-obs dashboards export` writes), instead of printing",
+    )
+    parser.add_argument(
+        "--fleet", action="store_true", help="print the fleet dashboard rather than the main one"
     )
     args = parser.parse_args(argv)
-    text = render_json()
+    texts = {"main": definition.render_json(), "fleet": fleet_definition.render_json()}
     if args.write:
-        shipped = Path(__file__).with_name("dspark.json")
-        shipped.write_text(text, encoding="utf-8")
-        for path in [*write_tree(args.write, text), shipped]:
+        shipped = []
+        for name, text in texts.items():
+            path = Path(__file__).with_name(DASHBOARDS[name])
+            path.write_text(text, encoding="utf-8")
+            shipped.append(path)
+        for path in [*write_tree(args.write, texts), *shipped]:
             print(path)
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(texts["fleet" if args.fleet else "main"])
     return 0
 
 

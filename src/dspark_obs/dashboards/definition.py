@@ -26,13 +26,35 @@ DASHBOARD_UID = "dspark-acceptance"
 TITLE = "DSpark — acceptance and ceiling"
 
 
-def _variables() -> list:
-    out: list = [
+def datasource_variable(description: str):
+    return (
         dashboard.DatasourceVariable("datasource")
         .label("Data source")
         .type("prometheus")
-        .description("Prometheus that scrapes the dspark-obs exporters.")
-    ]
+        .description(description)
+    )
+
+
+def query_variable(name: str, label: str, series: str):
+    """A multi-value variable of one label's values on `series`, "All" matching `.*`."""
+    metric = series.split("{")[0]
+    return (
+        dashboard.QueryVariable(name)
+        .label(label)
+        .description(f"`{name}` label of {metric}.")
+        .datasource(DS)
+        .query(f"label_values({series}, {name})")
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(dm.VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .current(dm.VariableOption(selected=True, text="All", value="$__all"))
+    )
+
+
+def _variables() -> list:
+    out: list = [datasource_variable("Prometheus that scrapes the dspark-obs exporters.")]
     for name, label, parent in (
         ("instance", "Instance", None),
         ("workload", "Workload", 'instance=~"$instance"'),
@@ -40,20 +62,20 @@ def _variables() -> list:
         ("rank", "Rank", 'instance=~"$instance"'),
     ):
         series = "dspark_request_steps_total" + (f"{{{parent}}}" if parent else "")
-        out.append(
-            dashboard.QueryVariable(name)
-            .label(label)
-            .description(f"`{name}` label of dspark_request_steps_total.")
-            .datasource(DS)
-            .query(f"label_values({series}, {name})")
-            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
-            .sort(dm.VariableSort.ALPHABETICAL_ASC)
-            .multi(True)
-            .include_all(True)
-            .all_value(".*")
-            .current(dm.VariableOption(selected=True, text="All", value="$__all"))
-        )
+        out.append(query_variable(name, label, series))
     return out
+
+
+def assemble(d: dashboard.Dashboard, rows) -> dm.Dashboard:
+    """Each row of `rows` ((title, panels function) pairs) in order, panel ids from 1."""
+    for title, panels in rows:
+        d = d.with_row(dashboard.Row(title))
+        for panel in panels():
+            d = d.with_panel(panel)
+    built = d.build()
+    for i, panel in enumerate(built.panels or [], start=1):
+        panel.id_val = i
+    return built
 
 
 def build() -> dm.Dashboard:
@@ -71,20 +93,22 @@ def build() -> dm.Dashboard:
         .tooltip(dm.DashboardCursorSync.CROSSHAIR)
         .variables(_variables())
     )
-    for title, panels in ROWS:
-        d = d.with_row(dashboard.Row(title))
-        for panel in panels():
-            d = d.with_panel(panel)
-    built = d.build()
-    for i, panel in enumerate(built.panels or [], start=1):
-        panel.id_val = i
-    return built
+    return assemble(d, ROWS)
+
+
+def to_dict(built: dm.Dashboard) -> dict[str, Any]:
+    """A built dashboard as Grafana's JSON model (a plain dict, stable from run to run)."""
+    return json.loads(json.dumps(built, cls=JSONEncoder))
+
+
+def to_json(d: dict[str, Any]) -> str:
+    return json.dumps(d, indent=2, ensure_ascii=False) + "\n"
 
 
 def generate() -> dict[str, Any]:
     """The dashboard as Grafana's JSON model (a plain dict, stable from run to run)."""
-    return json.loads(json.dumps(build(), cls=JSONEncoder))
+    return to_dict(build())
 
 
 def render_json() -> str:
-    return json.dumps(generate(), indent=2, ensure_ascii=False) + "\n"
+    return to_json(generate())

@@ -22,7 +22,12 @@ def _folder_uid(api, name: str) -> str:
 
 
 def push_dashboard(
-    url: str, token: Callable[[], str], *, folder: str | None, timeout: float
+    url: str,
+    token: Callable[[], str],
+    *,
+    folder: str | None,
+    timeout: float,
+    dashboard: str = "main",
 ) -> str:
     """Upload (overwriting) the dashboard; the line to print: what went where.
 
@@ -39,7 +44,7 @@ def push_dashboard(
     api = GrafanaApi.from_url(url, credential=token(), timeout=timeout)
     try:
         payload: dict = {
-            "dashboard": {**shipped_dashboard(), "id": None},
+            "dashboard": {**shipped_dashboard(dashboard), "id": None},
             "overwrite": True,
             "message": "dspark-obs dashboards push",
         }

@@ -1,0 +1,73 @@
+"""The fleet dashboard, "DSpark — fleet": fleet, per-node and per-rank views of every figure.
+
+Beside the main dashboard (one exporter's view, `definition`), for a Prometheus where many
+exporters' series meet: a global server federating fleet.yml's `instance:` sums with their
+`cluster` label, or the one server of a small fleet with fleet.yml loaded. Its variables
+follow `cluster`, `instance` (the node's exporter), `workload` and `mode`, read from the node
+sums; `rank` from the exporters' own counters, which only the per-rank row reads. "All" is
+`.*`, which also matches a series without the label (a `cluster` set only on federation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grafana_foundation_sdk.builders import dashboard
+from grafana_foundation_sdk.models import dashboard as dm
+
+from .definition import assemble, datasource_variable, query_variable, to_dict, to_json
+from .fleet_rows import ROWS
+
+FLEET_UID = "dspark-fleet"
+TITLE = "DSpark — fleet"
+NODE_SERIES = "instance:dspark_request_steps:sum"
+
+
+def _variables() -> list:
+    out: list = [
+        datasource_variable(
+            "Prometheus where the nodes' fleet sums meet (deploy/rules/fleet.yml): the global "
+            "server, or a node's own for its per-rank row."
+        )
+    ]
+    for name, label, series in (
+        ("cluster", "Cluster", NODE_SERIES),
+        ("instance", "Node", f'{NODE_SERIES}{{cluster=~"$cluster"}}'),
+        ("workload", "Workload", f'{NODE_SERIES}{{cluster=~"$cluster", instance=~"$instance"}}'),
+        ("mode", "Mode", f'{NODE_SERIES}{{cluster=~"$cluster", instance=~"$instance"}}'),
+        (
+            "rank",
+            "Rank",
+            'dspark_request_steps_total{cluster=~"$cluster", instance=~"$instance"}',
+        ),
+    ):
+        out.append(query_variable(name, label, series))
+    return out
+
+
+def build() -> dm.Dashboard:
+    d = (
+        dashboard.Dashboard(TITLE)
+        .uid(FLEET_UID)
+        .description(
+            "DSpark across clusters, nodes and ranks: throughput, acceptance, utilisation, "
+            "ceilings and calibration, each computed from summed counters (never an average "
+            "of per-process ratios)."
+        )
+        .tags(["dspark", "sglang", "speculative-decoding", "fleet"])
+        .refresh("30s")
+        .time("now-1h", "now")
+        .timezone("browser")
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .variables(_variables())
+    )
+    return assemble(d, ROWS)
+
+
+def generate() -> dict[str, Any]:
+    """The fleet dashboard as Grafana's JSON model (a plain dict, stable from run to run)."""
+    return to_dict(build())
+
+
+def render_json() -> str:
+    return to_json(generate())

@@ -1,0 +1,188 @@
+"""The fleet dashboard's figures as PromQL over counters only, for any grouping and window.
+
+A ratio gauge of one process (ECE, utilisation, ...) cannot be averaged across ranks or
+nodes; its sufficient statistics can be summed over any set of series, and the ratio taken
+after the sum is that set's figure. Each function here writes one figure that way, the same
+expressions as deploy/rules/fleet.yml, with the grouping (`by`) and the window chosen by the
+panel: `window=None` sums the counters as they stand (the figure since each exporter
+started, what the `:ratio` rules record), a window such as `$__rate_interval` sums their
+rates (the `:ratio_rate5m` rules' form).
+
+Two levels of series: `NODE` reads the `instance:<name>:sum` series fleet.yml's node group
+records per exporter (what a global Prometheus federates; `rank` is summed away), `RANK` the
+exporter's own counters (on the node's Prometheus, or wherever they are shipped whole).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+#: counter key: (its node-level `instance:` series, the exporter's own counter)
+COUNTERS = {
+    "rows": ("instance:dspark_confidence_bin_rows:sum", "dspark_confidence_bin_rows_total"),
+    "positives": (
+        "instance:dspark_confidence_bin_positives:sum",
+        "dspark_confidence_bin_positives_total",
+    ),
+    "predicted": (
+        "instance:dspark_confidence_bin_predicted:sum",
+        "dspark_confidence_bin_predicted_total",
+    ),
+    "positive_predicted": (
+        "instance:dspark_confidence_positive_predicted:sum",
+        "dspark_confidence_positive_predicted_total",
+    ),
+    "predicted_squared": (
+        "instance:dspark_confidence_predicted_squared:sum",
+        "dspark_confidence_predicted_squared_total",
+    ),
+    "auroc_positives": (
+        "instance:dspark_confidence_auroc_positives:sum",
+        "dspark_confidence_auroc_positives_total",
+    ),
+    "auroc_negatives": (
+        "instance:dspark_confidence_auroc_negatives:sum",
+        "dspark_confidence_auroc_negatives_total",
+    ),
+    "auroc_negatives_below": (
+        "instance:dspark_confidence_auroc_negatives_below:sum",
+        "dspark_confidence_auroc_negatives_below_total",
+    ),
+    "ceiling_sum": ("instance:dspark_ceiling_tokens_sum:sum", "dspark_ceiling_tokens_sum"),
+    "ceiling_count": ("instance:dspark_ceiling_tokens_count:sum", "dspark_ceiling_tokens_count"),
+    "trim_loss": ("instance:dspark_trim_loss_tokens:sum", "dspark_trim_loss_tokens_total"),
+    "observed_blocks": (
+        "instance:dspark_estimator_observed_blocks:sum",
+        "dspark_estimator_observed_blocks_total",
+    ),
+    "observed_ceiling": (
+        "instance:dspark_estimator_observed_ceiling_tokens:sum",
+        "dspark_estimator_observed_ceiling_tokens_total",
+    ),
+    # ended walks, resolved and censored: the walks' denominator
+    "walked": (
+        "instance:dspark_estimator_walked_blocks:sum",
+        "dspark_estimator_(resolved|censored)_blocks_total",
+    ),
+    "walk_lower": (
+        "instance:dspark_estimator_walk_lower_tokens:sum",
+        "dspark_estimator_walk_lower_tokens_total",
+    ),
+    "walk_point": (
+        "instance:dspark_estimator_walk_point_tokens:sum",
+        "dspark_estimator_walk_point_tokens_total",
+    ),
+    "walk_upper": (
+        "instance:dspark_estimator_walk_upper_tokens:sum",
+        "dspark_estimator_walk_upper_tokens_total",
+    ),
+    "request_steps": ("instance:dspark_request_steps:sum", "dspark_request_steps_total"),
+    "committed": ("instance:dspark_committed_tokens_sum:sum", "dspark_committed_tokens_sum"),
+    "accepted": ("instance:dspark_accepted_tokens_sum:sum", "dspark_accepted_tokens_sum"),
+    "window": ("instance:dspark_window_tokens_sum:sum", "dspark_window_tokens_sum"),
+}
+
+_NODE_SEL = 'cluster=~"$cluster", instance=~"$instance", workload=~"$workload", mode=~"$mode"'
+
+
+@dataclass(frozen=True)
+class Level:
+    """Which series a query reads and how they are filtered by the template variables."""
+
+    rank: bool  # the exporter's own counters (per rank) rather than fleet.yml's node sums
+    selector: str
+
+    def series(self, key: str) -> str:
+        name = COUNTERS[key][1 if self.rank else 0]
+        if "(" in name:  # a family of counters, by a regex on the name
+            return f'{{__name__=~"{name}", {self.selector}}}'
+        return f"{name}{{{self.selector}}}"
+
+
+NODE = Level(rank=False, selector=_NODE_SEL)
+RANK = Level(rank=True, selector=f'{_NODE_SEL}, rank=~"$rank"')
+
+
+def _by(labels: tuple[str, ...]) -> str:
+    return f"sum by ({', '.join(labels)})" if labels else "sum"
+
+
+def total(level: Level, key: str, by: tuple[str, ...], window: str | None) -> str:
+    """One counter summed over `by`: as it stands, or its per-second rate over `window`."""
+    s = level.series(key)
+    return f"{_by(by)} ({s if window is None else f'rate({s}[{window}])'})"
+
+
+def _ratio(num: str, den: str) -> str:
+    """`num / den` where den > 0: an idle group records nothing rather than NaN."""
+    return f"({num}) / ({den} > 0)"
+
+
+def per_request_step(level: Level, key: str, by: tuple[str, ...], window: str | None = None) -> str:
+    """Mean tokens per request-step (accepted, window, committed) as sum / request-steps."""
+    t = partial(total, level, by=by, window=window)
+    return _ratio(t(key), t("request_steps"))
+
+
+def ece(level: Level, by: tuple[str, ...], window: str | None = None) -> str:
+    """Sum over bins of |predicted - positives|, over rows; bins pooled over what `by` drops."""
+    t = partial(total, level, by=(*by, "bin"), window=window)
+    return _ratio(
+        f"{_by(by)} (abs({t('predicted')} - {t('positives')}))",
+        total(level, "rows", by, window),
+    )
+
+
+def brier(level: Level, by: tuple[str, ...], window: str | None = None) -> str:
+    """(sum p^2 - 2 sum of positives' p + positives) / rows."""
+    t = partial(total, level, by=by, window=window)
+    return _ratio(
+        f"{t('predicted_squared')} - 2 * {t('positive_predicted')} + {t('positives')}",
+        t("rows"),
+    )
+
+
+def auroc(level: Level, by: tuple[str, ...], window: str | None = None) -> str:
+    """Positives x (negatives below + half the tied negatives), over positives x negatives."""
+    t = partial(total, level, by=(*by, "bin"), window=window)
+    on, on_bin = ", ".join(by), ", ".join((*by, "bin"))
+    pairs = (
+        f"{_by(by)} ({t('auroc_positives')} * on ({on_bin}) "
+        f"({t('auroc_negatives_below')} + 0.5 * {t('auroc_negatives')}))"
+    )
+    g = partial(total, level, by=by, window=window)
+    return _ratio(pairs, f"{g('auroc_positives')} * on ({on}) {g('auroc_negatives')}")
+
+
+def reliability(level: Level, by: tuple[str, ...], window: str | None = None) -> str:
+    """Observed share of accepted prefixes per ECE bin: positives / rows (by adds `bin`)."""
+    t = partial(total, level, by=(*by, "bin"), window=window)
+    return _ratio(t("positives"), t("rows"))
+
+
+def utilisation(level: Level, by: tuple[str, ...], window: str | None = None) -> str:
+    """Accepted / ceiling where the ceiling is known: (ceiling - trim loss) / ceiling."""
+    t = partial(total, level, by=by, window=window)
+    return _ratio(f"{t('ceiling_sum')} - {t('trim_loss')}", t("ceiling_sum"))
+
+
+def ceiling_mean(level: Level, by: tuple[str, ...], window: str | None = None) -> str:
+    """Mean ceiling over request-steps whose ceiling is known (observed or shadow)."""
+    t = partial(total, level, by=by, window=window)
+    return _ratio(t("ceiling_sum"), t("ceiling_count"))
+
+
+#: the walk sum behind each bound of the ceiling estimate
+BOUNDS = {"lower": "walk_lower", "point": "walk_point", "upper": "walk_upper"}
+
+
+def ceiling_estimate(
+    level: Level, bound: str, by: tuple[str, ...], window: str | None = None
+) -> str:
+    """(observed ceilings + the ended walks' bound) / (observed blocks + ended walks)."""
+    t = partial(total, level, by=by, window=window)
+    return _ratio(
+        f"{t('observed_ceiling')} + {t(BOUNDS[bound])}",
+        f"{t('observed_blocks')} + {t('walked')}",
+    )

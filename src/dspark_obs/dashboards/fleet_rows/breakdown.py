@@ -1,0 +1,115 @@
+"""The per-node and per-rank rows: every figure broken down by exporter, or by its ranks.
+
+Per node reads fleet.yml's `instance:` sums (what a global Prometheus federates); per rank
+reads the exporters' own counters, which only the node's Prometheus holds unless they are
+federated or remote-written whole (docs/dashboards.md). Both rows are the same panels with
+another grouping; a rank's legend names its exporter, since two nodes both have a rank 0.
+"""
+
+from __future__ import annotations
+
+from ..fleet_promql import (
+    NODE,
+    RANK,
+    Level,
+    auroc,
+    brier,
+    ceiling_estimate,
+    ceiling_mean,
+    ece,
+    per_request_step,
+    total,
+    utilisation,
+)
+from ..panels import AUROC, BRIER, ECE, UTILISATION, timeseries
+from ..promql import RI
+
+
+def _panels(level: Level, by: tuple[str, ...], legend: str, noun: str) -> list:
+    w = RI.strip("[]")
+    return [
+        timeseries(
+            f"Committed tokens/s by {noun}",
+            f"Tokens committed per second per {noun}, over the selected workloads and modes.",
+            "suffix: tok/s",
+            [(total(level, "committed", by, w), legend)],
+            w=8,
+            min_val=0,
+        ),
+        timeseries(
+            f"Accepted and window by {noun}",
+            f"Drafts accepted and drafts verified per request-step, per {noun}, over the rate "
+            "interval.",
+            "suffix: tok",
+            [
+                (per_request_step(level, "accepted", by, w), f"accepted {legend}"),
+                (per_request_step(level, "window", by, w), f"window {legend}"),
+            ],
+            w=8,
+            min_val=0,
+        ),
+        timeseries(
+            f"Utilisation by {noun}",
+            f"(ceiling - trim loss) / ceiling per {noun} over the rate interval, on "
+            "request-steps whose ceiling is known.",
+            "percentunit",
+            [(utilisation(level, by, w), legend)],
+            thresholds=UTILISATION,
+            w=8,
+            max_val=1,
+        ),
+        timeseries(
+            f"Ceiling by {noun}: known mean and estimate with bounds",
+            f"Per {noun} over the rate interval: the mean ceiling where known (observed or "
+            "shadow) and the estimated mean ceiling with its lower and upper bounds.",
+            "suffix: tok",
+            [
+                (ceiling_mean(level, by, w), f"known {legend}"),
+                *(
+                    (ceiling_estimate(level, bound, by, w), f"{bound} {legend}")
+                    for bound in ("lower", "point", "upper")
+                ),
+            ],
+            w=12,
+            min_val=0,
+        ),
+        timeseries(
+            f"ECE by {noun}",
+            f"Expected calibration error per {noun}, every position together, from its "
+            "summed bins over the rate interval.",
+            "percentunit",
+            [(ece(level, by, w), legend)],
+            thresholds=ECE,
+            w=4,
+            min_val=0,
+        ),
+        timeseries(
+            f"Brier by {noun}",
+            f"Brier score per {noun} over the rate interval, every position together.",
+            "none",
+            [(brier(level, by, w), legend)],
+            thresholds=BRIER,
+            w=4,
+            min_val=0,
+        ),
+        timeseries(
+            f"AUROC by {noun}",
+            f"AUROC per {noun} from its summed AUROC bins over the rate interval.",
+            "none",
+            [(auroc(level, by, w), legend)],
+            thresholds=AUROC,
+            w=4,
+            min_val=0,
+            max_val=1,
+        ),
+    ]
+
+
+def per_node() -> list:
+    return _panels(NODE, ("cluster", "instance"), "{{instance}} {{cluster}}", "node")
+
+
+def per_rank() -> list:
+    return _panels(
+        RANK, ("cluster", "instance", "rank"), "r{{rank}} @{{instance}} {{cluster}}", "rank"
+    )

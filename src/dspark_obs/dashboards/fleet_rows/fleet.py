@@ -1,0 +1,110 @@
+"""The fleet row: each figure as one big number over every selected cluster, node and rank.
+
+The figures are since each exporter started (the counters as they stand, what fleet.yml's
+`:ratio` rules record), so they equal the same figures computed from the union of the nodes'
+run directories; only the two throughput stats are rates.
+"""
+
+from __future__ import annotations
+
+from ..fleet_promql import NODE, ceiling_estimate, ceiling_mean, per_request_step, total
+from ..fleet_promql import auroc as auroc_q
+from ..fleet_promql import brier as brier_q
+from ..fleet_promql import ece as ece_q
+from ..fleet_promql import utilisation as utilisation_q
+from ..panels import AUROC, BRIER, ECE, UTILISATION, stat_panel
+from ..promql import RI
+
+SINCE = " Since each exporter started, over the selected clusters, nodes, workloads and modes."
+
+
+def panels() -> list:
+    rate = RI.strip("[]")
+    return [
+        stat_panel(
+            "Committed tokens/s",
+            "Tokens committed per second (accepted drafts plus the bonus token), summed over "
+            "the selected clusters, nodes, workloads and modes.",
+            "suffix: tok/s",
+            [(total(NODE, "committed", (), rate), "committed")],
+            w=3,
+            decimals=0,
+        ),
+        stat_panel(
+            "Request-steps/s",
+            "Requests verified per second (one request in one verify step), fleet-wide.",
+            "ops",
+            [(total(NODE, "request_steps", (), rate), "request-steps")],
+            w=3,
+            decimals=0,
+        ),
+        stat_panel(
+            "Mean accepted",
+            "Drafts the target accepted per request-step: accepted tokens / request-steps." + SINCE,
+            "suffix: tok",
+            [(per_request_step(NODE, "accepted", ()), "accepted")],
+            w=3,
+        ),
+        stat_panel(
+            "Mean window",
+            "Drafts verified per request-step: window tokens / request-steps." + SINCE,
+            "suffix: tok",
+            [(per_request_step(NODE, "window", ()), "window")],
+            w=3,
+        ),
+        stat_panel(
+            "Utilisation",
+            "Accepted / ceiling over request-steps whose ceiling is known: (ceiling - trim "
+            "loss) / ceiling, from the summed counters." + SINCE,
+            "percentunit",
+            [(utilisation_q(NODE, ()), "utilisation")],
+            thresholds=UTILISATION,
+            w=3,
+        ),
+        stat_panel(
+            "Mean ceiling",
+            "Drafts full-block verification accepts per request-step, where known (observed "
+            "or shadow): ceiling sum / count." + SINCE,
+            "suffix: tok",
+            [(ceiling_mean(NODE, ()), "ceiling")],
+            w=3,
+        ),
+        stat_panel(
+            "Ceiling estimate",
+            "The estimated mean ceiling and its bounds: (observed ceilings + the ended walks' "
+            "lower / point / upper sums) / (observed blocks + ended walks)." + SINCE,
+            "suffix: tok",
+            [(ceiling_estimate(NODE, bound, ()), bound) for bound in ("lower", "point", "upper")],
+            w=6,
+        ),
+        stat_panel(
+            "ECE",
+            "Expected calibration error of predicted survival, every draft position's "
+            "predictions together: sum over the 15 bins of |predicted - accepted| / rows, "
+            "bins summed before the difference (ECE cannot be averaged)." + SINCE,
+            "percentunit",
+            [(ece_q(NODE, ()), "ECE")],
+            thresholds=ECE,
+            w=8,
+        ),
+        stat_panel(
+            "Brier",
+            "Brier score of predicted survival against the prefix label, every position "
+            "together: (sum p² - 2 sum of accepted p + accepted) / rows." + SINCE,
+            "none",
+            [(brier_q(NODE, ()), "Brier")],
+            thresholds=BRIER,
+            w=8,
+            decimals=3,
+        ),
+        stat_panel(
+            "AUROC",
+            "How well predicted survival ranks accepted above rejected prefixes, from the 30 "
+            "summed AUROC bins (exact for those bins); 0.5 is chance." + SINCE,
+            "none",
+            [(auroc_q(NODE, ()), "AUROC")],
+            thresholds=AUROC,
+            w=8,
+            decimals=3,
+        ),
+    ]
