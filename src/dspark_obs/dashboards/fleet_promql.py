@@ -63,7 +63,7 @@ COUNTERS = {
     # ended walks, resolved and censored: the walks' denominator
     "walked": (
         "instance:dspark_estimator_walked_blocks:sum",
-        "dspark_estimator_(resolved|censored)_blocks_total",
+        ("dspark_estimator_resolved_blocks_total", "dspark_estimator_censored_blocks_total"),
     ),
     "walk_lower": (
         "instance:dspark_estimator_walk_lower_tokens:sum",
@@ -93,11 +93,17 @@ class Level:
     rank: bool  # the exporter's own counters (per rank) rather than fleet.yml's node sums
     selector: str
 
-    def series(self, key: str) -> str:
-        name = COUNTERS[key][1 if self.rank else 0]
-        if "(" in name:  # a family of counters, by a regex on the name
-            return f'{{__name__=~"{name}", {self.selector}}}'
-        return f"{name}{{{self.selector}}}"
+    def series(self, key: str, window: str | None = None) -> str:
+        """The counter's series, or their rates over `window`. Two counters of one family
+        (resolved and censored walks) are kept apart by a label of their own, since their rates
+        share every label once rate() drops the name."""
+        names = COUNTERS[key][1 if self.rank else 0]
+        parts = []
+        for i, name in enumerate((names,) if isinstance(names, str) else names):
+            s = f"{name}{{{self.selector}}}"
+            s = s if window is None else f"rate({s}[{window}])"
+            parts.append(s if i == 0 else f'label_replace({s}, "family", "{i}", "", "")')
+        return " or ".join(parts)
 
 
 NODE = Level(rank=False, selector=_NODE_SEL)
@@ -110,8 +116,7 @@ def _by(labels: tuple[str, ...]) -> str:
 
 def total(level: Level, key: str, by: tuple[str, ...], window: str | None) -> str:
     """One counter summed over `by`: as it stands, or its per-second rate over `window`."""
-    s = level.series(key)
-    return f"{_by(by)} ({s if window is None else f'rate({s}[{window}])'})"
+    return f"{_by(by)} ({level.series(key, window)})"
 
 
 def _ratio(num: str, den: str) -> str:
