@@ -7,8 +7,7 @@ from pathlib import Path
 
 from ..analysis.summary import summarize_fleet, summarize_run_dir
 from ..store import Run, open_run
-from ..store.fleet import expand_run_dirs, open_fleet, parse_group_keys
-from ..store.inventory import MANIFEST
+from ..store.fleet import expand_run_dirs, open_fleet, parse_group_keys, single_run
 from ..store.sql_script import duckdb_summary_script
 from ..whatif.trim_cost import trim_cost_or_none
 from .views import print_summary
@@ -20,17 +19,12 @@ def with_trim_cost(summary: dict, run: Run) -> dict:
     return summary
 
 
-def is_one_run(paths: list[Path], by: tuple[str, ...]) -> bool:
-    """One run directory and no grouping: the single-run form, as before fleets."""
-    return len(paths) == 1 and not by and (paths[0] / MANIFEST).exists()
-
-
 def handle(args: argparse.Namespace) -> int:
     by = parse_group_keys(args.by)
     if args.sql:
         print(duckdb_summary_script(expand_run_dirs(args.run_dirs)), end="")
         return 0
-    if is_one_run(args.run_dirs, by):
+    if single_run(args.run_dirs, by):
         run_dir = args.run_dirs[0]
         summary = summarize_run_dir(run_dir)  # refuses a run with no request-steps
         print_summary(with_trim_cost(summary, open_run(run_dir)), as_json=args.json)

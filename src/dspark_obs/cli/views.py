@@ -126,8 +126,10 @@ def _f(x, digits: int = 3) -> str:
 def print_estimates(report: dict) -> None:
     """The estimators against the truth, per workload and method (`evaluate`'s report)."""
     console = make_console()
+    runs = report.get("runs") or []
+    source = report["run"] or f"{len(runs)} runs ({', '.join(r['node'] for r in runs)})"
     table = Table(
-        title=f"{report['run']}: ceiling estimates vs truth (accepted drafts per request-step)",
+        title=f"{source}: ceiling estimates vs truth (accepted drafts per request-step)",
         title_justify="left",
     )
     for col in (
@@ -194,6 +196,8 @@ def print_estimates(report: dict) -> None:
             end_section=True,
         )
     console.print(table)
+    if "by" in report:
+        console.print(_fleet_estimates(report))
     console.print(
         "[dim]walk rows: trimmed blocks only (truth = shadow ceiling of the same blocks); "
         "population: all request-steps; covered: the truth mean lies in the aggregate "
@@ -202,6 +206,32 @@ def print_estimates(report: dict) -> None:
         "the share it filled in from cells no data identifies; calibrated: the "
         "population model's held-out check on known positions (--json for its bins)[/dim]"
     )
+
+
+def _fleet_estimates(report: dict) -> Table:
+    """A fleet's blended estimate (observed blocks and walks, as the live gauges) per
+    workload, and per group of its `--by` keys."""
+    by = report["by"]
+    table = Table(title="blended estimate: observed and walked blocks", title_justify="left")
+    for col in (*by, "workload", "observed", "walked", "lo", "point", "hi", "truth"):
+        table.add_column(col, justify="left" if col in (*by, "workload") else "right")
+    rows = [({k: "all" for k in by}, name, e) for name, e in report["workloads"].items()]
+    rows += [(g, g["workload"], g) for g in report["groups"]]
+    for group, name, e in rows:
+        est = e.get("estimate")
+        if est is None:
+            continue
+        table.add_row(
+            *(str(group[k]) for k in by),
+            str(name),
+            f"{est['observed_blocks']:,}",
+            f"{est['walked_blocks']:,}",
+            _f(est["lo"]),
+            _f(est["point"]),
+            _f(est["hi"]),
+            _f(e["truth"]),
+        )
+    return table
 
 
 def _calibrated(entry: dict, method: str) -> str:

@@ -96,6 +96,11 @@ def _node(run: Run, label: str) -> str:
     return label
 
 
+def single_run(paths: list[Path], by: tuple[str, ...]) -> bool:
+    """One run directory and no grouping: the commands' single-run form, as before fleets."""
+    return len(paths) == 1 and not by and (paths[0] / MANIFEST).exists()
+
+
 def parse_group_keys(text: str | None) -> tuple[str, ...]:
     """`--by node,rank` as a tuple, refusing a key no fleet figure is grouped by."""
     if not text:
