@@ -168,8 +168,8 @@ def test_runs_that_cannot_be_merged_are_refused(fleet, tmp_path) -> None:
         proc = cli(command, str(root), str(tmp_path / "g5"), check=False)
         assert proc.returncode == 2, proc.stderr
         assert "different gamma" in proc.stderr and "g5 gamma 5" in proc.stderr
-        proc = cli(command, str(runs[0]), str(tmp_path / "static"), check=False)
-        assert proc.returncode == 2 and "--by mode" in proc.stderr, proc.stderr
+    proc = cli("calibration", str(runs[0]), str(tmp_path / "static"), check=False)
+    assert proc.returncode == 2 and "--by mode" in proc.stderr, proc.stderr
     by_mode = _json("summary", str(runs[0]), str(tmp_path / "static"), "--by", "mode")
     assert {g["mode"] for g in by_mode["groups"]} == {"compact", "static"}
     for bad in (["--by", "host"], [str(tmp_path)], [str(runs[0]), str(root)]):
