@@ -35,7 +35,8 @@ QUICK_REQUEST_STEPS = 200_000
 
 #: DuckDB in a child, the script on a file: what `dspark-obs summary --sql | duckdb` does.
 _DUCKDB = (
-    "import duckdb, json, sys; r = duckdb.connect().execute(open(sys.argv[1]).read()); "
+    'import duckdb, json, sys; con = duckdb.connect(config={"enable_progress_bar": False}); '
+    "r = con.execute(open(sys.argv[1]).read()); "
     "names = [d[0] for d in r.description]; "
     "print(json.dumps([dict(zip(names, row)) for row in r.fetchall()]))"
 )
