@@ -35,7 +35,7 @@ QUICK_REQUEST_STEPS = 200_000
 
 #: DuckDB in a child, the script on a file: what `dspark-obs summary --sql | duckdb` does.
 _DUCKDB = (
-    'import duckdb, json, sys; con = duckdb.connect(config={"enable_progress_bar": False}); '
+    "import duckdb, json, sys; con = duckdb.connect(); con.execute('PRAGMA disable_progress_bar'); "
     "r = con.execute(open(sys.argv[1]).read()); "
     "names = [d[0] for d in r.description]; "
     "print(json.dumps([dict(zip(names, row)) for row in r.fetchall()]))"

@@ -96,9 +96,14 @@ def _node(run: Run, label: str) -> str:
     return label
 
 
+def _holds_runs(path: Path) -> bool:
+    return path.is_dir() and any((p / MANIFEST).exists() for p in path.iterdir() if p.is_dir())
+
+
 def single_run(paths: list[Path], by: tuple[str, ...]) -> bool:
-    """One run directory and no grouping: the commands' single-run form, as before fleets."""
-    return len(paths) == 1 and not by and (paths[0] / MANIFEST).exists()
+    """One path that is not a directory of runs, and no grouping: the commands' single-run
+    form, as before fleets (and its messages for a path that is no run)."""
+    return len(paths) == 1 and not by and not _holds_runs(paths[0])
 
 
 def parse_group_keys(text: str | None) -> tuple[str, ...]:
