@@ -17,6 +17,8 @@ import polars as pl
 import pytest
 
 from dspark_obs.analysis.summary import ENTRY_KEYS
+from dspark_obs.store import RunStoreError
+from dspark_obs.store.fleet import expand_run_dirs, run_labels
 
 from .conftest import cli
 from .fleet_reference import blended_estimate, labelled, posthoc_calibration, summary_entry, union
@@ -175,3 +177,15 @@ def test_runs_that_cannot_be_merged_are_refused(fleet, tmp_path) -> None:
     for bad in (["--by", "host"], [str(tmp_path)], [str(runs[0]), str(root)]):
         proc = cli("summary", *([str(runs[0])] if bad[0] == "--by" else []), *bad, check=False)
         assert proc.returncode == 2 and "error:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_directory_of_runs_is_each_of_its_runs(fleet, tmp_path) -> None:
+    """The one expansion every command (and `report`, whose arms it gives) goes through."""
+    root, runs = fleet
+    assert expand_run_dirs([root]) == runs
+    assert run_labels(runs) == ["node-a", "other"]
+    with pytest.raises(RunStoreError, match="given twice"):
+        expand_run_dirs([root, runs[1]])
+    (tmp_path / "empty").mkdir()
+    proc = cli("report", str(tmp_path / "empty"), "--out", str(tmp_path / "o"), check=False)
+    assert proc.returncode == 2 and "nor a directory of runs" in proc.stderr, proc.stderr
