@@ -11,7 +11,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -119,6 +121,38 @@ def with_baseline(
     rec.update(extra)
     rec["machine"] = rec.pop("machine")  # keep the machine last
     return rec
+
+
+def _maxrss_mb(ru_maxrss: int) -> float:
+    """`ru_maxrss` in MiB (Linux reports KiB, macOS bytes)."""
+    return ru_maxrss / (1024.0 * 1024.0) if sys.platform == "darwin" else ru_maxrss / 1024.0
+
+
+def time_child(cmd: list[str]) -> tuple[float, float, bytes]:
+    """Wall seconds, peak RSS (MiB) and stdout of one child process, as a user runs it.
+
+    The peak is the `ru_maxrss` that `os.wait4` returns for that one child, so no other
+    process (an earlier repeat, a generator) leaks into it. A failed child is a crash.
+    """
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        seconds = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(
+                f"{' '.join(cmd[:4])} failed ({proc.returncode}):\n"
+                + err.read().decode(errors="replace")
+            )
+        out.seek(0)
+        return seconds, _maxrss_mb(usage.ru_maxrss), out.read()
 
 
 def run_alone(run: Callable[[bool], list[dict]]) -> None:

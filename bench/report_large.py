@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import statistics
 import subprocess
@@ -52,7 +51,7 @@ from dspark_obs.store.reader import MANIFEST, list_parts, part_name
 from dspark_obs.store.writer import publish_part
 
 from .baselines import per_row_workload_summary, polars_workload_summary
-from .common import record, repeat_pair, with_baseline
+from .common import record, repeat_pair, time_child, with_baseline
 
 TARGET_S = 15.0
 TARGET_RSS_MB = 3 * 1024.0  # MiB
@@ -86,7 +85,7 @@ COUNTS = (
 )
 
 
-def _dspark(*args: str | Path) -> None:
+def run_dspark(*args: str | Path) -> None:
     """Run `python -m dspark_obs ARGS` quietly; its output only shows when it fails."""
     proc = subprocess.run(
         [sys.executable, "-m", "dspark_obs", *map(str, args)],
@@ -154,32 +153,11 @@ def tile_run(base: Path, out: Path, copies: int) -> dict:
     return manifest
 
 
-def _maxrss_mb(ru_maxrss: int) -> float:
-    """`ru_maxrss` in MiB (Linux reports KiB, macOS bytes)."""
-    return ru_maxrss / (1024.0 * 1024.0) if sys.platform == "darwin" else ru_maxrss / 1024.0
-
-
 def time_report(run_dir: Path, out: Path) -> tuple[float, float]:
     """Wall seconds and peak RSS (MiB) of one `report` child process."""
     cmd = [sys.executable, "-m", "dspark_obs", "report", str(run_dir), "--out", str(out), "--quiet"]
-    with tempfile.TemporaryFile() as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
-        # Reap exactly this child with wait4, which returns its own resource usage.
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        seconds = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode != 0:
-            err.seek(0)
-            raise RuntimeError(
-                f"report failed ({proc.returncode}):\n" + err.read().decode(errors="replace")
-            )
-    return seconds, _maxrss_mb(usage.ru_maxrss)
+    seconds, rss, _ = time_child(cmd)
+    return seconds, rss
 
 
 def baseline_slice(run_dir: Path, rows: int) -> pl.DataFrame:
@@ -210,7 +188,7 @@ def run(quick: bool) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="bench-report-") as tmp:
         root = Path(tmp)
         base = root / "base"
-        _dspark("run", *BASE_ARGS, "--out", base)
+        run_dspark("run", *BASE_ARGS, "--out", base)
         base_rs = int(json.loads((base / MANIFEST).read_text(encoding="utf-8"))["request_steps"])
         copies = math.ceil(wanted / base_rs)
         start = time.perf_counter()

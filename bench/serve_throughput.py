@@ -43,7 +43,7 @@ from dspark_obs.store.reader import MANIFEST
 
 from .baselines import SGLangStyleAggregates
 from .common import record, with_baseline
-from .report_large import _dspark, tile_run
+from .report_large import run_dspark, tile_run
 from .serve_child import SERVING, serve_args
 
 QUICK_REQUEST_STEPS = 100_000
@@ -211,7 +211,7 @@ def run(quick: bool) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         root = Path(tmp)
         base = root / "base"
-        _dspark("run", *BASE_ARGS, "--steps-per-level", "100", "--out", base)
+        run_dspark("run", *BASE_ARGS, "--steps-per-level", "100", "--out", base)
         base_rs = int(json.loads((base / MANIFEST).read_text(encoding="utf-8"))["request_steps"])
         copies = math.ceil(wanted / base_rs)
         manifest = tile_run(base, root / "large", copies)

@@ -50,76 +50,105 @@ def walked_blocks(run: Run) -> pl.LazyFrame:
     return pl.concat(frames).lazy()
 
 
-def _method_entry(df: pl.DataFrame, method: str) -> dict:
-    part = df.filter(pl.col("method") == method)
-    n = part.height
-    if n == 0:
+def method_aggs(columns: list[str]) -> list[pl.Expr]:
+    """Sums over walked blocks (with a `truth` column, null where unknown) that every
+    figure of a method's entry is a ratio of: mergeable across runs."""
+    truth, lo, hi = pl.col("truth"), pl.col("lo"), pl.col("hi")
+    exact, censored = pl.col("status") == "exact", pl.col("status") == "censored"
+    var_hi = "var_hi" if "var_hi" in columns else "var"  # runs recorded before it: var
+    ranged = [c for c in ("unidentified", "point_lo", "point_hi") if c in columns]
+    return [
+        pl.len().alias("blocks"),
+        *(pl.col(c).sum().alias(c) for c in ("lo", "point", "hi", "var", "window", *ranged)),
+        pl.col(var_hi).sum().alias("var_hi"),
+        censored.sum().alias("censored"),
+        exact.sum().alias("exact"),
+        truth.sum().alias("truth_sum"),
+        truth.count().alias("truth_n"),
+        ((lo <= truth) & (truth <= hi)).sum().alias("covering"),
+        (exact & truth.is_not_null()).sum().alias("exact_known"),
+        (exact & (pl.col("point") == truth)).sum().alias("exact_agree"),
+        (censored & (lo > truth)).sum().alias("censored_above"),
+    ]
+
+
+def method_entry_from_sums(s: dict, method: str) -> dict:
+    """A method's entry (`estimate --json`'s `greedy` or `sampled`) from `method_aggs`' sums."""
+    n = s["blocks"]
+    if not n:
         return {"blocks": 0}
-    truth = part["truth"]
-    has_truth = truth.null_count() == 0
     entry = {
         "blocks": n,
-        "lo": part["lo"].mean(),
-        "point": part["point"].mean(),
-        "hi": part["hi"].mean(),
-        "censored_rate": (part["status"] == "censored").mean(),
+        "lo": s["lo"] / n,
+        "point": s["point"] / n,
+        "hi": s["hi"] / n,
+        "censored_rate": s["censored"] / n,
     }
     parts = {
-        "observed": part["window"].mean(),
-        "walked": (part["lo"] - part["window"]).mean(),
-        "extrapolated": (part["point"] - part["lo"]).mean(),
+        "observed": s["window"] / n,
+        "walked": (s["lo"] - s["window"]) / n,
+        "extrapolated": (s["point"] - s["lo"]) / n,
     }
     entry["parts"] = parts
     entry["shares"] = {k: v / entry["point"] if entry["point"] else None for k, v in parts.items()}
-    if "unidentified" in part.columns:  # runs recorded before the point range have none
-        entry["unidentified"] = part["unidentified"].mean()
-        entry["point_range"] = [part["point_lo"].mean(), part["point_hi"].mean()]
-    se = float(np.sqrt(part["var"].sum())) / n
-    # the upper end's spread: every unreached draft accepted (runs recorded before it: var)
-    var_hi = part["var_hi"] if "var_hi" in part.columns else part["var"]
-    se_hi = float(np.sqrt(var_hi.sum())) / n
+    if "unidentified" in s:  # runs recorded before the point range have none
+        entry["unidentified"] = s["unidentified"] / n
+        entry["point_range"] = [s["point_lo"] / n, s["point_hi"] / n]
+    se = float(np.sqrt(s["var"])) / n
+    se_hi = float(np.sqrt(s["var_hi"])) / n  # the upper end's spread: every unreached accepted
     entry["interval"] = [entry["lo"] - Z95 * se, entry["hi"] + Z95 * se_hi]
     if method == "greedy":
         entry["mean"] = entry["point"]
-        entry["exact_rate"] = (part["status"] == "exact").mean()
-    if has_truth:
-        t = float(truth.mean())
+        entry["exact_rate"] = s["exact"] / n
+    if s["truth_n"] == n:
+        t = s["truth_sum"] / n
         entry["truth"] = t
         entry["error"] = entry["point"] / t - 1.0 if t else None
         entry["covered"] = bool(entry["interval"][0] <= t <= entry["interval"][1])
-        entry["block_coverage"] = ((part["lo"] <= truth) & (truth <= part["hi"])).mean()
+        entry["block_coverage"] = s["covering"] / n
         if method == "greedy":
-            exact = part.filter(pl.col("status") == "exact")
-            entry["exact_agreement"] = (
-                (exact["point"] == exact["truth"]).mean() if exact.height else None
-            )
-            cens = part.filter(pl.col("status") == "censored")
-            entry["censored_never_above_truth"] = bool((cens["lo"] <= cens["truth"]).all())
+            known = s["exact_known"]
+            entry["exact_agreement"] = s["exact_agree"] / known if known else None
+            entry["censored_never_above_truth"] = s["censored_above"] == 0
     return entry
+
+
+def _method_entry(df: pl.DataFrame, method: str) -> dict:
+    part = df.filter(pl.col("method") == method)
+    sums = part.select(method_aggs(part.columns)).row(0, named=True)
+    return method_entry_from_sums(sums, method)
 
 
 def _trimmed(gamma: int) -> pl.Expr:
     return (pl.col("correct_drafts") == pl.col("window")) & (pl.col("window") < gamma)
 
 
-def _all_steps(stats: dict, walked: pl.DataFrame, gamma: int) -> dict:
+def all_steps(stats: dict, walked: dict, gamma: int) -> dict:
     """Mean ceiling over every request-step: exact where observed, walked or bracketed elsewhere.
 
     A request-step that was not trimmed has ceiling = accepted; a walked block
     contributes its lo/point/hi; a trimmed block no walk covered is only known
     to lie in [window, gamma], so it widens the bracket and leaves no point.
+    `walked` holds the walked blocks' count (`blocks`) and their lo, point, hi and
+    window sums; `stats` the request-steps' sums of `evaluate`.
     """
     n = stats["n"]
     exact = stats["untrimmed_accepted"]
-    skipped = stats["trimmed"] - walked.height
-    walk = {
-        k: float(walked[k].sum()) if walked.height else 0.0 for k in ("lo", "point", "hi", "window")
-    }
-    skipped_window = stats["trimmed_window"] - walk["window"]
+    skipped = stats["trimmed"] - walked["blocks"]
+    skipped_window = stats["trimmed_window"] - walked["window"]
     return {
-        "lo": (exact + walk["lo"] + skipped_window) / n,
-        "point": (exact + walk["point"]) / n if skipped == 0 else None,
-        "hi": (exact + walk["hi"] + skipped * gamma) / n,
+        "lo": (exact + walked["lo"] + skipped_window) / n,
+        "point": (exact + walked["point"]) / n if skipped == 0 else None,
+        "hi": (exact + walked["hi"] + skipped * gamma) / n,
+    }
+
+
+def _walk_sums(walked: pl.DataFrame) -> dict:
+    sums = {k: float(walked[k].sum()) if walked.height else 0.0 for k in ("lo", "point", "hi")}
+    return {
+        **sums,
+        "window": float(walked["window"].sum()) if walked.height else 0.0,
+        "blocks": walked.height,
     }
 
 
@@ -264,7 +293,7 @@ def evaluate(run: Run) -> dict:
             "greedy": _method_entry(walked, "greedy") if walked.height else {"blocks": 0},
             "sampled": _method_entry(walked, "sampled") if walked.height else {"blocks": 0},
             "population": {k: pop[k] for k in ("mean", "survival", "identifiable", "naive_km")},
-            "all_steps": _all_steps(st, walked, gamma),
+            "all_steps": all_steps(st, _walk_sums(walked), gamma),
             "extrapolation_check": check,
             "counts": {
                 "blocks": st["n"],

@@ -6,7 +6,8 @@ Prometheus with the fleet rules and its own `cluster` external label; a global P
 federates the nodes' `instance:...:sum` series and evaluates the fleet rules. Every fleet
 figure it records per (workload, mode) must equal the same figure computed here, by a second
 implementation reading only the two nodes' run directories: counts exactly, ratios to 1e-9,
-and the binned AUROC within its bins' tied pairs of the exact AUROC.
+and the binned AUROC within its bins' tied pairs of the exact AUROC. The post-hoc commands
+over both run directories together, and the shipped SQL, must give the same figures.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import polars as pl
 import pytest
@@ -25,6 +27,8 @@ from bench.sglang_load import polling_args
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime_server import RuntimeFrontend
 
+from .conftest import cli
+from .fleet_reference import posthoc_calibration
 from .prometheus_harness import WAIT, PrometheusServer, require_prometheus, scrape_job
 from .test_serve_cli import Child
 
@@ -332,3 +336,85 @@ def test_fleet_figures_equal_the_union_of_the_nodes_runs(federation) -> None:
             got = figures[f"dspark_ceiling_estimate{name}_tokens"][key]
             assert got == pytest.approx((r["tokens"] + r[col]) / blocks, abs=1e-9)
     assert compared >= len(est) // 2, (compared, len(est))
+
+
+# --- the same figures post hoc: the commands over both nodes' run directories, and the SQL ----
+
+
+def _cli_json(*args: str) -> dict:
+    return json.loads(cli(*args, "--json").stdout)
+
+
+def test_posthoc_fleet_figures_equal_the_federations(federation) -> None:
+    """`summary`, `calibration` and `estimate` over both run directories (`--by mode`, as the
+    fleet rules keep modes apart), and the shipped SQL in DuckDB, give the global server's
+    figures."""
+    figures, counts, _, runs = federation
+    dirs = [str(r) for r in runs]
+    reqs = _union(runs, "requests")
+
+    calibration = _cli_json("calibration", *dirs, "--by", "mode")
+    rows: dict[tuple, int] = {}
+    labelled = _labelled(reqs)
+    for group in calibration["groups"]:
+        for p in group["positions"]:
+            key = (group["workload"], group["mode"], p["position"])
+            rows[key[:2]] = rows.get(key[:2], 0) + p["count"]
+            if not p["count"]:
+                continue
+            assert p["ece"] == pytest.approx(figures["dspark_confidence_ece"][key], abs=1e-9)
+            assert p["brier"] == pytest.approx(figures["dspark_confidence_brier"][key], abs=1e-9)
+            live, posthoc = _calibration(*labelled[key]), posthoc_calibration(*labelled[key])
+            if live["auroc_bound"] == live["auroc_bound"]:  # both labels present
+                bound = live["auroc_bound"] + posthoc["auroc_bound"] + 1e-12
+                assert abs(p["auroc"] - figures["dspark_confidence_auroc"][key]) <= bound
+    assert {k: float(v) for k, v in rows.items() if v} == counts["dspark_confidence_bin_rows"]
+
+    summary = _cli_json("summary", *dirs, "--by", "mode")
+    known = {}
+    for group in summary["groups"]:
+        for name, entry in group["workloads"].items():
+            key = (name, group["mode"])
+            if not entry["ceiling_rows"]:
+                continue
+            known[key] = entry["ceiling_rows"]
+            util, mean = entry["utilisation"], entry["mean_ceiling"]
+            assert util == pytest.approx(figures["dspark_utilisation"][key], abs=1e-9)
+            assert mean == pytest.approx(figures["dspark_ceiling_mean_tokens"][key], abs=1e-9)
+    assert {k: float(v) for k, v in known.items()} == counts["dspark_ceiling_tokens_count"]
+
+    estimate = _cli_json("estimate", *dirs, "--by", "mode")
+    compared = 0
+    for group in estimate["groups"]:
+        key, est = (group["workload"], group["mode"]), group["estimate"]
+        assert est["observed_blocks"] == counts["dspark_estimator_observed_blocks"][key]
+        if est["walked_blocks"] != counts["dspark_estimator_walked_blocks"][key]:
+            continue  # walks ended when serving stopped, after the last scrape
+        compared += 1
+        for name, col in (("", "point"), ("_lower", "lo"), ("_upper", "hi")):
+            got = figures[f"dspark_ceiling_estimate{name}_tokens"][key]
+            assert est[col] == pytest.approx(got, abs=1e-9)
+    assert compared >= len(estimate["groups"]) // 2
+
+    # the SQL pools modes per workload: the federation's per-mode figures, pooled by their counts
+    result = duckdb.connect().execute(cli("summary", "--sql", *dirs).stdout)
+    names = [d[0] for d in result.description]
+    sql = {r[0]: dict(zip(names, r, strict=True)) for r in result.fetchall()}
+    for name, entry in sql.items():
+        modes = [k for k in counts["dspark_ceiling_tokens_count"] if k[0] == name]
+        n = sum(counts["dspark_ceiling_tokens_count"][k] for k in modes)
+        ceiling = sum(
+            figures["dspark_ceiling_mean_tokens"][k] * counts["dspark_ceiling_tokens_count"][k]
+            for k in modes
+        )
+        accepted = sum(
+            figures["dspark_utilisation"][k]
+            * figures["dspark_ceiling_mean_tokens"][k]
+            * counts["dspark_ceiling_tokens_count"][k]
+            for k in modes
+        )
+        assert entry["ceiling_rows"] == n
+        assert entry["mean_ceiling"] == pytest.approx(ceiling / n, abs=1e-9)
+        assert entry["utilisation"] == pytest.approx(accepted / ceiling, abs=1e-9)
+        del entry["workload"]
+        assert entry == pytest.approx(summary["workloads"][name], abs=1e-9)

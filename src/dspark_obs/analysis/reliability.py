@@ -15,6 +15,7 @@ logits at temperature 1, which is what STS starts from.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ import polars as pl
 from ..calibration import CalibrationAccumulator
 from ..calibration.metrics import EPS_PROB
 from ..store import Run, open_run
+from ..store.fleet import Fleet
 from .workload_codes import workload_code
 
 RECORDED = "survival"
@@ -49,19 +51,57 @@ def _source(stage: str) -> str:
     return RECORDED if stage == RECORDED else "confidence_logits"
 
 
+def _sorted_unique(req: pl.LazyFrame, column: str) -> list:
+    values = req.select(pl.col(column).unique()).collect()[column].to_list()
+    return sorted(values, key=lambda v: (v is None, v if v is not None else ""))
+
+
+def _group_code(req: pl.LazyFrame, by: tuple[str, ...]) -> tuple[pl.Expr, Callable]:
+    """One integer per (workload, *by) present, and the function back to its key.
+
+    Without `by` the key is the workload name (what the report and `calibration`
+    have always used); with it, a tuple (workload, value of each `by` column).
+    """
+    names = _sorted_unique(req, "workload")
+    known_names = [n for n in names if n is not None]
+    code = workload_code(known_names)
+    levels = [(c, _sorted_unique(req, c)) for c in by]
+    stride = len(known_names) + 1
+    for column, values in levels:
+        index = pl.col(column).replace_strict(
+            values, list(range(len(values))), return_dtype=pl.Int64
+        )
+        code = code + index * stride
+        stride *= len(values)
+
+    def key(g: int):
+        workload_index, rest = g % (len(known_names) + 1), g // (len(known_names) + 1)
+        name = known_names[workload_index] if workload_index < len(known_names) else None
+        if not by:
+            return name
+        out = [name]
+        for _, values in levels:
+            rest, i = divmod(rest, len(values))
+            out.append(values[i])
+        return tuple(out)
+
+    return code.alias("group"), key
+
+
 def calibration_histograms(
-    run: Run, stages: tuple[str, ...] = (RECORDED, RAW), bins: int = 15, auroc_bins: int = 1024
-) -> dict[str, dict[str | None, CalibrationAccumulator]]:
-    """Per stage, one accumulator per workload; a stage no row records is left out."""
+    run: Run,
+    stages: tuple[str, ...] = (RECORDED, RAW),
+    bins: int = 15,
+    auroc_bins: int = 1024,
+    by: tuple[str, ...] = (),
+) -> dict[str, dict]:
+    """Per stage, one accumulator per workload (per (workload, *by) key when `by` names
+    request columns, e.g. `rank`, `mode`); a stage no row records is left out."""
     gamma = run.gamma
     req = run.requests()
-    names = sorted(
-        req.select(pl.col("workload").unique()).collect()["workload"].to_list(),
-        key=lambda w: (w is None, w or ""),
-    )
-    known_names = [n for n in names if n is not None]
+    group, key_of = _group_code(req, by)
     base = req.select(
-        workload_code(known_names),
+        group,
         pl.col("correct_drafts").cast(pl.Int16),  # counts are at most gamma
         pl.col("window").cast(pl.Int16),
         pl.coalesce("ceiling", "shadow_ceiling").cast(pl.Int16).alias("known"),
@@ -126,9 +166,15 @@ def calibration_histograms(
                 fine_neg=np.bincount(fidx, weights=n[m] - positives[m], minlength=nf),
                 sq_err_sum=np.bincount(pos[m], weights=sq_err[m], minlength=gamma),
             )
-            per_workload[names[g] if g < len(known_names) else None] = acc
-        out[stage] = dict(sorted(per_workload.items(), key=lambda kv: (kv[0] is None, kv[0] or "")))
+            per_workload[key_of(g)] = acc
+        out[stage] = dict(sorted(per_workload.items(), key=lambda kv: _order(kv[0])))
     return out
+
+
+def _order(key) -> tuple:
+    """Workloads by name, the unnamed one last; tuples element by element alike."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return tuple((v is None, v if v is not None else "") for v in parts)
 
 
 def pooled(accumulators: dict[str | None, CalibrationAccumulator]) -> CalibrationAccumulator:
@@ -153,4 +199,52 @@ def calibration_report(run_dir: Path, bins: int = 15) -> dict:
         "bins": bins,
         "workloads": {name: {"positions": acc.compute()} for name, acc in per_workload.items()},
         "overall": {"positions": pooled(per_workload).compute()},
+    }
+
+
+def fleet_calibration_report(fleet: Fleet, bins: int = 15, by: tuple[str, ...] = ()) -> dict:
+    """`calibration_report` of many runs taken together, one run's histograms at a time.
+
+    Histograms add, so each run is binned on its own and added into the fleet's
+    accumulators (per workload, and per (workload, *by) group: `node` is the run's, `rank`
+    and `mode` the rows'); ECE, Brier and AUROC are then computed once from the sums.
+    """
+    if bins < 1:
+        raise ValueError("--bins must be >= 1")
+    row_keys = tuple(k for k in by if k != "node")
+    groups: dict[tuple, CalibrationAccumulator] = {}
+    for run, node in zip(fleet.runs, fleet.nodes, strict=True):
+        hist = calibration_histograms(run, (RECORDED,), bins=bins, by=row_keys).get(RECORDED, {})
+        for key, acc in hist.items():
+            values = dict(zip(row_keys, key[1:], strict=True)) if row_keys else {}
+            values["node"] = node
+            full = (key[0] if row_keys else key, *(values[k] for k in by))
+            if full in groups:
+                groups[full].merge(acc)
+            else:
+                groups[full] = acc
+    if not groups:
+        raise ValueError("no run of the fleet recorded confidence (SGLang dumps need a head)")
+    per_workload: dict[str | None, CalibrationAccumulator] = {}
+    for key, acc in groups.items():
+        per_workload.setdefault(key[0], CalibrationAccumulator(acc.gamma, bins, acc.auroc_bins))
+        per_workload[key[0]].merge(acc)
+    per_workload = dict(sorted(per_workload.items(), key=lambda kv: _order(kv[0])))
+    return {
+        "run": str(fleet.runs[0].path) if len(fleet.runs) == 1 else None,
+        "runs": fleet.describe(),
+        "bins": bins,
+        "by": list(by),
+        "workloads": {name: {"positions": acc.compute()} for name, acc in per_workload.items()},
+        "overall": {"positions": pooled(per_workload).compute()},
+        "groups": [
+            {
+                **dict(zip(by, key[1:], strict=True)),
+                "workload": key[0],
+                "positions": acc.compute(),
+            }
+            for key, acc in sorted(groups.items(), key=lambda kv: _order(kv[0][1:] + kv[0][:1]))
+        ]
+        if by
+        else [],
     }

@@ -14,7 +14,8 @@ from pathlib import Path
 import polars as pl
 
 from ..store import Run, open_run
-from ..store.errors import READ_ERRORS, unreadable
+from ..store.errors import reading
+from ..store.fleet import Fleet
 
 #: Keys of every entry in `workloads` and of `overall`; documented in docs/cli.md.
 ENTRY_KEYS = (
@@ -38,40 +39,212 @@ def _known_ceiling() -> pl.Expr:
     return pl.coalesce(pl.col("ceiling"), pl.col("shadow_ceiling")).alias("known_ceiling")
 
 
-def _entry_aggs() -> list[pl.Expr]:
+#: Sums per group of request-steps; every entry key is a ratio of two of them (or one).
+_REQUEST_SUMS = (
+    "steps",
+    "request_steps",
+    "_window",
+    "_accepted",
+    "committed_tokens",
+    "ceiling_rows",
+    "_acc_known",
+    "_ceiling_sum",
+    "_trimmed",
+    "_verify",
+)
+_FLAGS = ("_observed", "_shadow")
+#: Sums per group of steps: the overall entry's step figures and the step time.
+_STEP_SUMS = (
+    "steps",
+    "_gpu_ms",
+    "_timed",
+    "_nvt",
+    "_nvt_n",
+    "_budget",
+    "_budget_n",
+    "_bs",
+    "_bs_n",
+)
+_LOAD_SUMS = ("steps", "_bpr", "_bpr_n", "_nvt", "_nvt_n", "_gpu_ms", "_timed")
+
+
+def _request_aggs() -> list[pl.Expr]:
     known = pl.col("known_ceiling").is_not_null()
     return [
-        # one integer per (rank, forward_ct): counting distinct ints beats distinct structs
+        # one integer per (rank, forward_ct): counting distinct ints beats distinct structs.
+        # A step lies in one run (and one part), so the counts of several runs add up.
         ((pl.col("rank") * (1 << 40)) + pl.col("forward_ct")).n_unique().alias("steps"),
         pl.len().alias("request_steps"),
-        pl.col("window").mean().alias("mean_window"),
-        pl.col("correct_drafts").mean().alias("mean_accepted"),
-        pl.col("acc_len").mean().alias("mean_committed"),
-        pl.col("known_ceiling").mean().alias("mean_ceiling"),
+        pl.col("window").sum().alias("_window"),
+        pl.col("correct_drafts").sum().alias("_accepted"),
+        pl.col("acc_len").sum().alias("committed_tokens"),
         known.sum().alias("ceiling_rows"),
         pl.col("correct_drafts").filter(known).sum().alias("_acc_known"),
         pl.col("known_ceiling").sum().alias("_ceiling_sum"),
         (pl.col("known_ceiling") - pl.col("correct_drafts"))
         .clip(lower_bound=0)
         .sum()
-        .alias("trimmed_tokens"),
-        pl.col("verify_len").mean().alias("mean_verify_tokens"),
-        pl.col("acc_len").sum().alias("committed_tokens"),
+        .alias("_trimmed"),
+        pl.col("verify_len").sum().alias("_verify"),
         pl.col("ceiling").is_not_null().any().alias("_observed"),
         pl.col("shadow_ceiling").is_not_null().any().alias("_shadow"),
     ]
 
 
+def _sum_and_count(expr: pl.Expr, name: str) -> list[pl.Expr]:
+    """A nullable column's sum and non-null count: its mean, mergeable."""
+    return [expr.sum().alias(name), expr.count().alias(f"{name}_n")]
+
+
+def _step_aggs() -> list[pl.Expr]:
+    return [
+        pl.len().alias("steps"),
+        pl.col("step_gpu_ms").sum().alias("_gpu_ms"),
+        pl.col("step_gpu_ms").count().alias("_timed"),
+        *_sum_and_count(pl.col("num_verify_tokens"), "_nvt"),
+        *_sum_and_count(pl.col("budget"), "_budget"),
+        *_sum_and_count(pl.col("bs"), "_bs"),
+    ]
+
+
+def _load_aggs() -> list[pl.Expr]:
+    return [
+        pl.len().alias("steps"),
+        *_sum_and_count(pl.col("budget") / pl.col("bs"), "_bpr"),
+        *_sum_and_count(pl.col("num_verify_tokens"), "_nvt"),
+        pl.col("step_gpu_ms").sum().alias("_gpu_ms"),
+        pl.col("step_gpu_ms").count().alias("_timed"),
+    ]
+
+
+def _grouped(frame: pl.LazyFrame, keys: list[str], aggs: list[pl.Expr]) -> pl.LazyFrame:
+    return frame.group_by(keys).agg(aggs) if keys else frame.select(aggs)
+
+
+def _merge(frames: list[pl.DataFrame], keys: list[str], sums: tuple[str, ...]) -> pl.DataFrame:
+    """The runs' sums added per group: the fleet's sums."""
+    aggs = [pl.col(c).sum() for c in sums] + [
+        pl.col(c).any() for c in _FLAGS if c in frames[0].columns
+    ]
+    both = pl.concat(frames, how="vertical_relaxed")
+    return _grouped(both.lazy(), keys, aggs).collect()
+
+
+def _ratio(num, den) -> float | None:
+    return num / den if den else None
+
+
 def _finish(row: dict, seconds: float | None) -> dict:
-    ceiling_sum = row.pop("_ceiling_sum")
-    acc_known = row.pop("_acc_known")
-    observed, shadow = row.pop("_observed"), row.pop("_shadow")
-    row["utilisation"] = acc_known / ceiling_sum if row["ceiling_rows"] and ceiling_sum else None
-    row["ceiling_source"] = "observed" if observed else ("shadow" if shadow else None)
-    if not row["ceiling_rows"]:
-        row["trimmed_tokens"] = None
-    row["throughput_tokens_per_s"] = row["committed_tokens"] / seconds if seconds else None
-    return {k: row[k] for k in ENTRY_KEYS}
+    n = row["request_steps"]
+    known = row["ceiling_rows"]
+    entry = {
+        "steps": row["steps"],
+        "request_steps": n,
+        "mean_window": _ratio(row["_window"], n),
+        "mean_accepted": _ratio(row["_accepted"], n),
+        "mean_committed": _ratio(row["committed_tokens"], n),
+        "mean_ceiling": _ratio(row["_ceiling_sum"], known),
+        "ceiling_source": "observed"
+        if row["_observed"]
+        else ("shadow" if row["_shadow"] else None),
+        "ceiling_rows": known,
+        "utilisation": _ratio(row["_acc_known"], row["_ceiling_sum"]) if known else None,
+        "trimmed_tokens": row["_trimmed"] if known else None,
+        "mean_verify_tokens": _ratio(row["_verify"], n),
+        "committed_tokens": row["committed_tokens"],
+        "throughput_tokens_per_s": _ratio(row["committed_tokens"], seconds),
+    }
+    return {k: entry[k] for k in ENTRY_KEYS}
+
+
+def _step_figures(entry: dict, steps: dict) -> dict:
+    entry["steps"] = steps["steps"]
+    entry["verify_tokens_per_step"] = _ratio(steps["_nvt"], steps["_nvt_n"])
+    entry["mean_batch_size"] = _ratio(steps["_bs"], steps["_bs_n"])
+    entry["mean_budget"] = _ratio(steps["_budget"], steps["_budget_n"])
+    return entry
+
+
+def _seconds(steps: dict) -> float | None:
+    return steps["_gpu_ms"] / 1e3 if steps["_timed"] else None
+
+
+def _fold(runs: list[Run], nodes: list[str], by: tuple[str, ...]) -> tuple:
+    """Per run one streaming pass per table into sums per group, then the sums added.
+
+    Only the sums of one run are in memory at a time besides the fleet's (a few rows a
+    group), so a fleet of any size is read in the memory of its largest run's query.
+    """
+    keys = list(by)
+    parts: list[list[pl.DataFrame]] = [[], [], [], []]
+    for run, node in zip(runs, nodes, strict=True):
+        node_col = pl.lit(node).alias("node")
+        req = run.requests().with_columns(_known_ceiling(), node_col)
+        steps = run.steps().with_columns(node_col)
+        queries = [
+            _grouped(req, ["workload", *keys], _request_aggs()),
+            _grouped(req, keys, _request_aggs()),
+            _grouped(steps, keys, _step_aggs()),
+            steps.filter(pl.col("bs") > 0).group_by("bs").agg(_load_aggs()),
+        ]
+        for into, frame in zip(parts, pl.collect_all(queries, engine="streaming"), strict=True):
+            into.append(frame)
+    return (
+        _merge(parts[0], ["workload", *keys], _REQUEST_SUMS),
+        _merge(parts[1], keys, _REQUEST_SUMS),
+        _merge(parts[2], keys, _STEP_SUMS),
+        _merge(parts[3], ["bs"], _LOAD_SUMS),
+    )
+
+
+def _load_rows(load: pl.DataFrame) -> list[dict]:
+    return [
+        {
+            "bs": r["bs"],
+            "steps": r["steps"],
+            "budget_per_request": _ratio(r["_bpr"], r["_bpr_n"]),
+            "verify_tokens_per_step": _ratio(r["_nvt"], r["_nvt_n"]),
+            "mean_step_ms": _ratio(r["_gpu_ms"], r["_timed"]),
+        }
+        for r in load.sort("bs").iter_rows(named=True)
+    ]
+
+
+def _entries(
+    runs: list[Run], nodes: list[str], by: tuple[str, ...]
+) -> tuple[dict, dict, list[dict], list[dict]]:
+    """(overall, workloads, load, groups) of the runs taken together."""
+    per_workload, overall, steps, load = _fold(runs, nodes, by)
+    step_rows = {tuple(r[k] for k in by): r for r in steps.iter_rows(named=True)}
+    overall_rows = {tuple(r[k] for k in by): r for r in overall.iter_rows(named=True)}
+    groups: dict[tuple, dict] = {}
+    for key, row in sorted(overall_rows.items(), key=lambda kv: _sort_key(kv[0])):
+        group_steps = step_rows[key]
+        groups[key] = {
+            **dict(zip(by, key, strict=True)),
+            "overall": _step_figures(_finish(row, _seconds(group_steps)), group_steps),
+            "workloads": {},
+        }
+    for row in per_workload.sort("workload").iter_rows(named=True):
+        key = tuple(row[k] for k in by)
+        name = row["workload"]
+        groups[key]["workloads"][name] = _finish(row, _seconds(step_rows[key]))
+    if by:
+        fleet_steps = _merge([steps], [], _STEP_SUMS).row(0, named=True)
+        fleet_overall = _merge([overall], [], _REQUEST_SUMS).row(0, named=True)
+        fleet_workloads = _merge([per_workload], ["workload"], _REQUEST_SUMS).sort("workload")
+        seconds = _seconds(fleet_steps)
+        top = _step_figures(_finish(fleet_overall, seconds), fleet_steps)
+        workloads = {
+            r["workload"]: _finish(r, seconds) for r in fleet_workloads.iter_rows(named=True)
+        }
+        return top, workloads, _load_rows(load), list(groups.values())
+    (only,) = groups.values()
+    return only["overall"], only["workloads"], _load_rows(load), []
+
+
+def _sort_key(key: tuple) -> tuple:
+    return tuple((v is None, v if v is not None else 0) for v in key)
 
 
 def summarize(run: Run) -> dict:
@@ -80,50 +253,8 @@ def summarize(run: Run) -> dict:
     A part damaged inside its data pages passes `Run.scan`'s footer check and
     only fails when read: that surfaces as the store's RunStoreError too.
     """
-    try:
-        return _summarize(run)
-    except READ_ERRORS as exc:
-        raise unreadable(run.path, exc) from exc
-
-
-def _summarize(run: Run) -> dict:
-    req = run.requests().with_columns(_known_ceiling())
-    steps = run.steps()
-    step_stats = (
-        steps.select(
-            pl.len().alias("steps"),
-            pl.col("step_gpu_ms").sum().alias("gpu_ms"),
-            pl.col("step_gpu_ms").is_not_null().sum().alias("timed"),
-            pl.col("num_verify_tokens").mean().alias("verify_tokens_per_step"),
-            pl.col("budget").mean().alias("mean_budget"),
-            pl.col("bs").mean().alias("mean_bs"),
-        )
-        .collect()
-        .row(0, named=True)
-    )
-    seconds = step_stats["gpu_ms"] / 1e3 if step_stats["timed"] else None
-
-    per_workload = req.group_by("workload").agg(_entry_aggs()).sort("workload").collect().to_dicts()
-    overall = req.select(_entry_aggs()).collect().row(0, named=True)
-    overall_entry = _finish(overall, seconds)
-    overall_entry["steps"] = step_stats["steps"]
-    overall_entry["verify_tokens_per_step"] = step_stats["verify_tokens_per_step"]
-    overall_entry["mean_batch_size"] = step_stats["mean_bs"]
-    overall_entry["mean_budget"] = step_stats["mean_budget"]
-
-    load = (
-        steps.filter(pl.col("bs") > 0)
-        .group_by("bs")
-        .agg(
-            pl.len().alias("steps"),
-            (pl.col("budget") / pl.col("bs")).mean().alias("budget_per_request"),
-            pl.col("num_verify_tokens").mean().alias("verify_tokens_per_step"),
-            pl.col("step_gpu_ms").mean().alias("mean_step_ms"),
-        )
-        .sort("bs")
-        .collect()
-        .to_dicts()
-    )
+    with reading(run):
+        overall, workloads, load, _ = _entries([run], [str(run.path)], ())
     m = run.manifest
     return {
         "run": str(run.path),
@@ -131,18 +262,48 @@ def _summarize(run: Run) -> dict:
         "shadow": m.get("shadow"),
         "gamma": m.get("gamma"),
         "timing": m.get("timing"),
-        "overall": overall_entry,
-        "workloads": {row.pop("workload"): _finish(row, seconds) for row in per_workload},
+        "overall": overall,
+        "workloads": workloads,
         "load": load,
     }
+
+
+def summarize_fleet(fleet: Fleet, by: tuple[str, ...] = ()) -> dict:
+    """`summarize` of many runs taken together, with the figures per group of `by` keys.
+
+    Every figure is a ratio of sums, so the fleet's is the one the union of the runs'
+    rows would give; `groups` holds one entry per combination of the `by` keys present
+    (`node`, `rank`, `mode`), each an `overall` and a `workloads` map as the fleet's.
+    """
+    for run in fleet.runs:
+        _require_requests(run)
+    with reading(*fleet.runs):
+        overall, workloads, load, groups = _entries(fleet.runs, fleet.nodes, by)
+    return {
+        "run": str(fleet.runs[0].path) if len(fleet.runs) == 1 else None,
+        "runs": fleet.describe(),
+        "mode": fleet.common("mode"),
+        "shadow": fleet.common("shadow"),
+        "gamma": fleet.gamma,
+        "timing": fleet.common("timing"),
+        "overall": overall,
+        "workloads": workloads,
+        "load": load,
+        "by": list(by),
+        "groups": groups,
+    }
+
+
+def _require_requests(run: Run) -> None:
+    if "requests" not in run.tables():
+        raise ValueError(
+            f"{run.path} holds no request-steps (an ingested block-accept JSONL has only "
+            f"ceilings); see `dspark-obs estimate {run.path}`"
+        )
 
 
 def summarize_run_dir(run_dir: Path) -> dict:
     """`summarize` of the run in `run_dir`, which must hold request-steps."""
     run = open_run(run_dir)
-    if "requests" not in run.tables():
-        raise ValueError(
-            f"{run_dir} holds no request-steps (an ingested block-accept JSONL has only "
-            f"ceilings); see `dspark-obs estimate {run_dir}`"
-        )
+    _require_requests(run)
     return summarize(run)

@@ -1,4 +1,4 @@
-"""`dspark-obs calibration RUN_DIR`: per-position confidence calibration of a stored run."""
+"""`dspark-obs calibration RUN_DIR...`: per-position confidence calibration of runs."""
 
 from __future__ import annotations
 
@@ -9,17 +9,25 @@ import numpy as np
 from rich.table import Table
 
 from .. import strict_json
-from ..analysis.reliability import calibration_report
+from ..analysis.reliability import calibration_report, fleet_calibration_report
+from ..store.fleet import open_fleet, parse_group_keys, single_run
 from .console import make_console
 
 
 def handle(args: argparse.Namespace) -> int:
-    report = calibration_report(args.run_dir, args.bins)
+    by = parse_group_keys(args.by)
+    if single_run(args.run_dirs, by):
+        report = calibration_report(args.run_dirs[0], args.bins)
+    else:
+        report = fleet_calibration_report(open_fleet(args.run_dirs, by), args.bins, by)
     if args.json:
         print(strict_json.dumps(report, indent=2))
         return 0
     console = make_console()
     sections = [*report["workloads"].items(), ("overall", report["overall"])]
+    for group in report.get("groups", []):
+        where = " ".join(f"{k}={group[k]}" for k in report["by"])
+        sections.append((f"{where} {group['workload']}", group))
     for name, entry in sections:
         table = Table(
             title=f"{name}: calibration of survival ({report['bins']}-bin ECE)",
@@ -48,9 +56,16 @@ def handle(args: argparse.Namespace) -> int:
 def configure(p: argparse.ArgumentParser) -> None:
     p.description = (
         "ECE, Brier, AUROC, mean predicted and observed survival per block position, per "
-        "workload and overall, from a run directory."
+        "workload and overall, from a run directory; several RUN_DIRs (or a directory of run "
+        "directories) as one fleet."
     )
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
+    p.add_argument(
+        "--by",
+        default=None,
+        metavar="KEYS",
+        help="also per group of node, rank and/or mode, comma-separated (e.g. node,rank)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object (workloads, overall)")
     p.add_argument("--bins", type=int, default=15, help="equal-width ECE bins (default 15)")
     p.set_defaults(handler=handle)

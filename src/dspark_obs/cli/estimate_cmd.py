@@ -8,7 +8,9 @@ from pathlib import Path
 from .. import strict_json
 from ..estimator.evaluate import evaluate
 from ..estimator.file_estimates import block_accept_estimates
+from ..estimator.fleet import fleet_evaluate
 from ..store import open_run
+from ..store.fleet import open_fleet, parse_group_keys, single_run
 from ..strict_json import clean_json
 from .errors import CliError
 from .views import print_block_accept_estimates, print_estimates
@@ -22,9 +24,13 @@ def handle(args: argparse.Namespace) -> int:
         else:
             print_block_accept_estimates(report)
         return 0
-    if args.run_dir is None:
+    if not args.run_dirs:
         raise CliError("give a RUN_DIR or --sglang-jsonl FILE")
-    report = clean_json(evaluate(open_run(args.run_dir)))
+    by = parse_group_keys(args.by)
+    if single_run(args.run_dirs, by):
+        report = clean_json(evaluate(open_run(args.run_dirs[0])))
+    else:
+        report = clean_json(fleet_evaluate(open_fleet(args.run_dirs, by), by))
     if args.json:
         print(strict_json.dumps(report, indent=2))
     else:
@@ -35,9 +41,16 @@ def handle(args: argparse.Namespace) -> int:
 def configure(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Per workload: the true mean ceiling where a cap-accept shadow exists, each "
-        "estimator's mean with its interval, error, interval coverage and block counts."
+        "estimator's mean with its interval, error, interval coverage and block counts. "
+        "Several RUN_DIRs (or a directory of run directories) are read as one fleet."
     )
-    p.add_argument("run_dir", type=Path, nargs="?", metavar="RUN_DIR")
+    p.add_argument("run_dirs", type=Path, nargs="*", metavar="RUN_DIR")
+    p.add_argument(
+        "--by",
+        default=None,
+        metavar="KEYS",
+        help="also per group of node, rank and/or mode, comma-separated (e.g. node,rank)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON object with a 'workloads' map")
     p.add_argument(
         "--sglang-jsonl",

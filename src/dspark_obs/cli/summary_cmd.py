@@ -1,12 +1,14 @@
-"""`dspark-obs summary RUN_DIR`: the per-workload table of a stored run."""
+"""`dspark-obs summary RUN_DIR...`: the per-workload table of a stored run, or of a fleet."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from ..analysis.summary import summarize_run_dir
+from ..analysis.summary import summarize_fleet, summarize_run_dir
 from ..store import Run, open_run
+from ..store.fleet import expand_run_dirs, open_fleet, parse_group_keys, single_run
+from ..store.sql_script import duckdb_summary_script
 from ..whatif.trim_cost import trim_cost_or_none
 from .views import print_summary
 
@@ -18,16 +20,37 @@ def with_trim_cost(summary: dict, run: Run) -> dict:
 
 
 def handle(args: argparse.Namespace) -> int:
-    summary = summarize_run_dir(args.run_dir)  # refuses a run with no request-steps
-    print_summary(with_trim_cost(summary, open_run(args.run_dir)), as_json=args.json)
+    by = parse_group_keys(args.by)
+    if args.sql:
+        print(duckdb_summary_script(expand_run_dirs(args.run_dirs)), end="")
+        return 0
+    if single_run(args.run_dirs, by):
+        run_dir = args.run_dirs[0]
+        summary = summarize_run_dir(run_dir)  # refuses a run with no request-steps
+        print_summary(with_trim_cost(summary, open_run(run_dir)), as_json=args.json)
+        return 0
+    print_summary(summarize_fleet(open_fleet(args.run_dirs, by), by), as_json=args.json)
     return 0
 
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Per workload and overall: steps, request-steps, mean window, accepted, committed and "
-        "ceiling, utilisation, verify tokens, throughput."
+        "ceiling, utilisation, verify tokens, throughput. Several RUN_DIRs (or a directory "
+        "of run directories) are summarised as one fleet."
     )
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
     p.add_argument("--json", action="store_true", help="one JSON object with a 'workloads' map")
+    p.add_argument(
+        "--by",
+        default=None,
+        metavar="KEYS",
+        help="also per group of node, rank and/or mode, comma-separated (e.g. node,rank)",
+    )
+    p.add_argument(
+        "--sql",
+        action="store_true",
+        help="print the per-workload summary as a DuckDB script over the runs' Parquet "
+        "parts instead of computing it",
+    )
     p.set_defaults(handler=handle)

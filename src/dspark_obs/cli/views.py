@@ -23,40 +23,63 @@ def _fmt(value, digits: int = 2) -> str:
     return f"{value:,}"
 
 
+_ENTRY_COLUMNS = (
+    "steps",
+    "req-steps",
+    "window",
+    "accepted",
+    "committed",
+    "ceiling",
+    "util",
+    "verify tok",
+    "tokens/s",
+)
+
+
+def _entry_cells(e: dict) -> list[str]:
+    return [
+        _fmt(e["steps"]),
+        _fmt(e["request_steps"]),
+        _fmt(e["mean_window"]),
+        _fmt(e["mean_accepted"]),
+        _fmt(e["mean_committed"]),
+        _fmt(e["mean_ceiling"]),
+        _fmt(e["utilisation"], 3),
+        _fmt(e["mean_verify_tokens"]),
+        _fmt(e["throughput_tokens_per_s"], 0),
+    ]
+
+
+def _groups_table(summary: dict) -> Table:
+    """A fleet's figures per group of its `--by` keys, each group's workloads then its total."""
+    by = summary["by"]
+    table = Table(title=f"by {', '.join(by)}", title_justify="left")
+    for col in (*by, "workload", *_ENTRY_COLUMNS):
+        table.add_column(col, justify="left" if col in (*by, "workload") else "right")
+    for group in summary["groups"]:
+        keys = [str(group[k]) for k in by]
+        rows = [*group["workloads"].items(), ("overall", group["overall"])]
+        for name, e in rows:
+            table.add_row(*keys, str(name), *_entry_cells(e), end_section=name == "overall")
+    return table
+
+
 def render_summary(summary: dict, console: Console) -> None:
-    title = f"{summary['run']}  mode={summary['mode']}"
+    runs = summary.get("runs")
+    if runs and len(runs) > 1:
+        nodes = ", ".join(r["node"] for r in runs)
+        title = f"{len(runs)} runs ({nodes})  mode={summary['mode'] or 'mixed'}"
+    else:
+        title = f"{summary['run']}  mode={summary['mode']}"
     if summary["shadow"]:
         title += f" (+{summary['shadow']} shadow)"
     title += f"  gamma={summary['gamma']}  timing={timing_text(summary['timing'])}"
     table = Table(title=title, title_justify="left")
-    for col in (
-        "workload",
-        "steps",
-        "req-steps",
-        "window",
-        "accepted",
-        "committed",
-        "ceiling",
-        "util",
-        "verify tok",
-        "tokens/s",
-    ):
+    for col in ("workload", *_ENTRY_COLUMNS):
         table.add_column(col, justify="left" if col == "workload" else "right")
     rows = [*summary["workloads"].items(), ("overall", summary["overall"])]
     for name, e in rows:
-        table.add_row(
-            name,
-            _fmt(e["steps"]),
-            _fmt(e["request_steps"]),
-            _fmt(e["mean_window"]),
-            _fmt(e["mean_accepted"]),
-            _fmt(e["mean_committed"]),
-            _fmt(e["mean_ceiling"]),
-            _fmt(e["utilisation"], 3),
-            _fmt(e["mean_verify_tokens"]),
-            _fmt(e["throughput_tokens_per_s"], 0),
-            end_section=name == rows[-2][0],
-        )
+        table.add_row(name, *_entry_cells(e), end_section=name == rows[-2][0])
     console.print(table)
     if summary["load"] and any(r["budget_per_request"] is not None for r in summary["load"]):
         load = Table(title="load: budget per request by batch size", title_justify="left")
@@ -71,6 +94,8 @@ def render_summary(summary: dict, console: Console) -> None:
                 _fmt(r["mean_step_ms"]),
             )
         console.print(load)
+    if summary.get("groups"):
+        console.print(_groups_table(summary))
     ceiling = summary["overall"]["ceiling_source"]
     note = {
         "observed": "ceiling observed (full-block verification)",
@@ -101,8 +126,10 @@ def _f(x, digits: int = 3) -> str:
 def print_estimates(report: dict) -> None:
     """The estimators against the truth, per workload and method (`evaluate`'s report)."""
     console = make_console()
+    runs = report.get("runs") or []
+    source = report["run"] or f"{len(runs)} runs ({', '.join(r['node'] for r in runs)})"
     table = Table(
-        title=f"{report['run']}: ceiling estimates vs truth (accepted drafts per request-step)",
+        title=f"{source}: ceiling estimates vs truth (accepted drafts per request-step)",
         title_justify="left",
     )
     for col in (
@@ -169,6 +196,8 @@ def print_estimates(report: dict) -> None:
             end_section=True,
         )
     console.print(table)
+    if "by" in report:
+        console.print(_fleet_estimates(report))
     console.print(
         "[dim]walk rows: trimmed blocks only (truth = shadow ceiling of the same blocks); "
         "population: all request-steps; covered: the truth mean lies in the aggregate "
@@ -177,6 +206,32 @@ def print_estimates(report: dict) -> None:
         "the share it filled in from cells no data identifies; calibrated: the "
         "population model's held-out check on known positions (--json for its bins)[/dim]"
     )
+
+
+def _fleet_estimates(report: dict) -> Table:
+    """A fleet's blended estimate (observed blocks and walks, as the live gauges) per
+    workload, and per group of its `--by` keys."""
+    by = report["by"]
+    table = Table(title="blended estimate: observed and walked blocks", title_justify="left")
+    for col in (*by, "workload", "observed", "walked", "lo", "point", "hi", "truth"):
+        table.add_column(col, justify="left" if col in (*by, "workload") else "right")
+    rows = [({k: "all" for k in by}, name, e) for name, e in report["workloads"].items()]
+    rows += [(g, g["workload"], g) for g in report["groups"]]
+    for group, name, e in rows:
+        est = e.get("estimate")
+        if est is None:
+            continue
+        table.add_row(
+            *(str(group[k]) for k in by),
+            str(name),
+            f"{est['observed_blocks']:,}",
+            f"{est['walked_blocks']:,}",
+            _f(est["lo"]),
+            _f(est["point"]),
+            _f(est["hi"]),
+            _f(e["truth"]),
+        )
+    return table
 
 
 def _calibrated(entry: dict, method: str) -> str:

@@ -8,7 +8,6 @@ turn them into `missing` lines.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import polars as pl
 
@@ -57,18 +56,6 @@ def arms_palette(arms: list[Arm]) -> dict[str | None, str]:
 
 def has_requests(run: Run) -> bool:
     return "requests" in run.tables()
-
-
-def arm_labels(paths: list[Path]) -> list[str]:
-    """Short, unique labels: the directory name, with its parent where names collide."""
-    names = [p.resolve().name for p in paths]
-    labels = []
-    for p, name in zip(paths, names, strict=True):
-        label = name if names.count(name) == 1 else f"{p.resolve().parent.name}/{name}"
-        while label in labels:
-            label += "'"
-        labels.append(label)
-    return labels
 
 
 def analyse(label: str, run: Run, top: int) -> Arm:

@@ -30,8 +30,9 @@ from ..analysis.verify_lengths import window_shares
 from ..estimator.evaluate import evaluate
 from ..palette import workload_palette
 from ..store import open_run
+from ..store.fleet import expand_run_dirs, run_labels
 from ..strict_json import clean_json
-from .arms import Arm, analyse, arm_labels, has_requests
+from .arms import Arm, analyse, has_requests
 from .document import Figure, Section, html_page, markdown
 from .figure_queue import BACKGROUND_FIGURES_ROWS, FigureQueue
 from .figures import load as load_fig
@@ -98,7 +99,7 @@ def overlay_figures(run_dirs: list[Path], out: Path) -> list[Figure]:
     """
     out.mkdir(parents=True, exist_ok=True)
     arms = []
-    for label, path in zip(arm_labels(list(run_dirs)), run_dirs, strict=True):
+    for label, path in zip(run_labels(list(run_dirs)), run_dirs, strict=True):
         run = open_run(path)
         gamma = run.gamma
         arms.append((label, summarize(run), window_shares(run.requests(), gamma), load_curve(run)))
@@ -140,8 +141,12 @@ def build_report(
     top: int = 10,
     progress: Callable[[str], None] | None = None,
 ) -> Report:
-    """Analyse every run and write report.html, summary.md, report.json and the PNGs to `out`."""
+    """Analyse every run and write report.html, summary.md, report.json and the PNGs to `out`.
+
+    Each run is an arm; a directory that holds run directories gives one arm per run.
+    """
     step = progress or (lambda _msg: None)
+    run_dirs = expand_run_dirs(run_dirs)  # a directory of runs is each of its runs
     runs = [open_run(p) for p in run_dirs]
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.png"):
@@ -151,7 +156,7 @@ def build_report(
     w = FigureQueue(out, background=rows >= BACKGROUND_FIGURES_ROWS)
     try:
         arms = []
-        for label, run in zip(arm_labels(list(run_dirs)), runs, strict=True):
+        for label, run in zip(run_labels(list(run_dirs)), runs, strict=True):
             step(f"{label}: summary, load, cost model, trim loss")
             arms.append(analyse(label, run, top))
         load = load_section(arms, w)

@@ -21,7 +21,7 @@ from .files import read_regular
 MAX_MANIFEST_BYTES = 16 << 20
 _COUNTS = ("steps", "request_steps", "parts", "dropped_steps", "store_version")
 _FLAGS = ("complete", "interrupted")
-_TEXTS = ("mode", "source", "timing", "shadow", "created", "world", "target")
+_TEXTS = ("mode", "source", "timing", "shadow", "created", "world", "target", "instance", "host")
 
 
 def _problem(manifest: dict[str, Any]) -> str | None:

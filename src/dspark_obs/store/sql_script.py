@@ -1,0 +1,43 @@
+"""The run store as SQL: the per-workload summary query, and DuckDB's views to run it.
+
+The query (`sql/summary.sql`) is standard SQL over two relations, `requests` and `steps`;
+only how those are defined over the Parquet parts depends on the engine, so that part is
+generated here for DuckDB and documented for Spark and Trino (docs/store.md).
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
+
+from .tables import REQUESTS, STEPS
+
+
+def summary_sql() -> str:
+    """The shipped query, as the package holds it."""
+    return files("dspark_obs.store").joinpath("sql", "summary.sql").read_text(encoding="utf-8")
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def duckdb_views(run_dirs: list[Path]) -> str:
+    """`requests` and `steps` as DuckDB views over the runs' published parts.
+
+    `filename = true` adds the part each row came from, which the query needs to tell
+    the steps of different runs apart (every run numbers its steps from its own ranks).
+    """
+    out = []
+    for table in (REQUESTS, STEPS):
+        globs = ", ".join(_literal(str(Path(d) / table / "part-*.parquet")) for d in run_dirs)
+        out.append(
+            f"CREATE OR REPLACE VIEW {table} AS "
+            f"SELECT * FROM read_parquet([{globs}], filename = true);"
+        )
+    return "\n".join(out)
+
+
+def duckdb_summary_script(run_dirs: list[Path]) -> str:
+    """A whole DuckDB script: the views, then the query (`duckdb < script` runs it)."""
+    return f"{duckdb_views(run_dirs)}\n{summary_sql().rstrip()};\n"
