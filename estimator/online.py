@@ -81,9 +81,7 @@ class EstimatorSnapshot:
         labels = request_labels(tuple(self.groups), self.gamma)
         return {
             "estimator": EstimatorSeries(labels, self),
-            "trim_cost": TrimCostSeries(
-                labels, self.total, self.window, _COL, self.window_steps
-            ),
+            "trim_cost": TrimCostSeries(labels, self.total, self.window, _COL, self.window_steps),
         }
 
 

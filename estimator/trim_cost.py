@@ -78,7 +78,10 @@ class TrimCostFold:
         if grow > 0:
             self._priced_from = np.append(self._priced_from, np.full(grow, np.inf))
             self._censors = np.array(
-                [MODE_CODE.get(mode, 1) not in (MODE_STATIC, MODE_CAP_ACCEPT) for _, mode, _ in groups]
+                [
+                    MODE_CODE.get(mode, 1) not in (MODE_STATIC, MODE_CAP_ACCEPT)
+                    for _, mode, _ in groups
+                ]
             )
 
     def fold(
@@ -93,9 +96,7 @@ class TrimCostFold:
             keep = self._censors[g] & (outcomes["open_fct"] >= self._priced_from[g])
             n = delta.shape[1]
             for bound in ("lo", "point", "hi"):
-                delta[col[f"trim_static_{bound}"]] += np.bincount(
-                    g[keep], outcomes[bound][keep], n
-                )
+                delta[col[f"trim_static_{bound}"]] += np.bincount(g[keep], outcomes[bound][keep], n)
 
     def _step_seconds(self, steps, nreq: np.ndarray, wsum: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per step: own and static seconds (NaN where no table prices the step)."""
@@ -172,7 +173,10 @@ class TrimCostFold:
         if all(m is None for m in mats):
             return None
         full = np.concatenate(
-            [m if m is not None else np.full((k, self.gamma), np.nan) for m, k in zip(mats, nreq)]
+            [
+                m if m is not None else np.full((k, self.gamma), np.nan)
+                for m, k in zip(mats, nreq, strict=True)
+            ]
         )
         return full[rows]
 
