@@ -17,9 +17,10 @@ its measured time scaled by the cost table between its recorded tier and the tie
 given (the server's) or else the aggregates' online refit of its (mode, rank); steps
 before a first refit count in none of the sums. Static's accepted drafts are the
 ceiling: exact where the step was not trimmed or the mode reveals it (static,
-cap-accept); the walk's lo / point / hi for a walked tail, added when the walk ends
-(so over a short window the static side lags its steps by a walk's length; since
-start, after the walks close, it is exact); for a trimmed tail no walk can follow,
+cap-accept); the walk's lo / point / hi for a walked tail, which counts as (window,
+window, gamma) from its step until its walk ends (an open walk keeps the bracket true
+and the point low by its tail; since start, once the walks close, the sums are
+exact); for a trimmed tail no walk can follow,
 the window, the population model's expectation and gamma. A cap-accept shadow twin's
 ceilings are not read live (its post-hoc equal is `trim_cost(run, use_shadow=False)`).
 """
@@ -94,9 +95,12 @@ class TrimCostFold:
         if outcomes:
             g = outcomes["group"]
             keep = self._censors[g] & (outcomes["open_fct"] >= self._priced_from[g])
-            n = delta.shape[1]
-            for bound in ("lo", "point", "hi"):
-                delta[col[f"trim_static_{bound}"]] += np.bincount(g[keep], outcomes[bound][keep], n)
+            n, g, w = delta.shape[1], g[keep], outcomes["window"][keep]
+            # the row counted [w, w, gamma] when it opened: the walk replaces that
+            for bound, opened_as in (("lo", w), ("point", w), ("hi", self.gamma)):
+                delta[col[f"trim_static_{bound}"]] += np.bincount(
+                    g, outcomes[bound][keep] - opened_as, n
+                )
 
     def _step_seconds(self, steps, nreq: np.ndarray, wsum: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per step: own and static seconds (NaN where no table prices the step)."""
@@ -145,9 +149,11 @@ class TrimCostFold:
         exact = np.where(known >= 0, known, np.where(untrimmed, a, -1)).astype(np.float64)
         lo, point, hi = exact.copy(), exact.copy(), exact.copy()
         opened = np.concatenate([o for _, _, o in steps])
-        # the walks' rows count when their walk ends; a trimmed tail no walk follows takes the
-        # window, the population model's expectation and gamma
-        walked = (exact < 0) & opened
+        # a walked tail counts as [window, window, gamma] until its walk ends; one no walk
+        # follows takes the window, the population model's expectation and gamma
+        walked = np.flatnonzero((exact < 0) & opened)
+        lo[walked] = point[walked] = w[walked]
+        hi[walked] = self.gamma
         modelled = np.flatnonzero((exact < 0) & ~opened & priced)
         if len(modelled):
             conf = self._confidence(steps, nreq, modelled)
@@ -155,9 +161,8 @@ class TrimCostFold:
             wm = w[modelled]
             lo[modelled], hi[modelled] = wm, self.gamma
             point[modelled] = wm + tail_terms(rates, wm)[1]
-        counted = priced & ~walked
         n = delta.shape[1]
-        g, gc = group[priced], group[counted]
+        g = group[priced]
         delta[col["trim_committed"]] += np.bincount(g, a[priced] + 1, n)
         delta[col["trim_seconds"]] += np.bincount(g, np.repeat(own / nreq, nreq)[priced], n)
         delta[col["trim_static_seconds"]] += np.bincount(
@@ -165,7 +170,7 @@ class TrimCostFold:
         )
         bonus = np.bincount(g, minlength=n)  # static commits a bonus token on every row too
         for name, values in (("lo", lo), ("point", point), ("hi", hi)):
-            delta[col[f"trim_static_{name}"]] += bonus + np.bincount(gc, values[counted], n)
+            delta[col[f"trim_static_{name}"]] += bonus + np.bincount(g, values[priced], n)
 
     def _confidence(self, steps, nreq: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
         """`[len(rows), gamma]` confidences of `rows` (NaN where a step has none)."""
