@@ -21,6 +21,7 @@ from dspark_obs.exporters.collector import Collector
 from dspark_obs.pipeline import build_pipeline
 from dspark_obs.runs import record_reference_run
 from dspark_obs.runtime.config import RuntimeConfig
+from dspark_obs.runtime.cost_table import AdditiveCostTable
 from dspark_obs.sources.replay import ReplaySource
 from dspark_obs.store import open_run
 from dspark_obs.whatif.counterfactual_accept import exact_ceiling, tail_shapes
@@ -173,3 +174,29 @@ def test_without_a_table_the_online_refit_prices_static(compact) -> None:
         ):
             assert metrics[(name, r["workload"])] == pytest.approx(r[key], rel=1e-9), name
     assert post.height == 3
+
+
+def test_tails_no_walk_can_follow_take_the_window_the_model_and_gamma(compact) -> None:
+    """Without draft tokens no tail is walked: static's bounds are then the window and gamma
+    on every trimmed request-step, its point the population model's in between."""
+    _, run = compact
+    p = build_pipeline(run.gamma, cost_table=AdditiveCostTable(**run.manifest["cost_table"]))
+    steps = list(ReplaySource(str(run.path), speed=0).batches(threading.Event()))
+    for batch in steps:
+        batch.draft_tokens = None
+        p.ingest(batch, "replay")
+    p.close()
+    sec = p.estimator.snapshot().sections()["trim_cost"]
+    g = run.gamma
+    want = {}
+    for b in steps:
+        trimmed = (b.accepted == b.window) & (b.window < g)
+        for wl, w, a, t in zip(b.workload, b.window, b.accepted, trimmed, strict=True):
+            lo, hi = want.get(wl, (0, 0))
+            want[wl] = (lo + 1 + (w if t else a), hi + 1 + (g if t else a))
+    for i, (wl, _, _) in enumerate(sec.labels.request.rows):
+        lo = sec.static_committed_lower_tokens.values[i]
+        point = sec.static_committed_tokens.values[i]
+        hi = sec.static_committed_upper_tokens.values[i]
+        assert (lo, hi) == want[wl]
+        assert lo < point < hi
