@@ -63,7 +63,12 @@ def run(quick: bool) -> list[dict]:
         verified.append(runtime._verified.copy())  # the runtime reuses its table each step
 
     def feed() -> CeilingEstimator:
-        est = CeilingEstimator(7)
+        # as a pipeline builds it: the run's cost table prices the cost of trimming
+        est = CeilingEstimator(
+            7,
+            step_cost=lambda mode, rank: config.cost_table,
+            capture_tiers=tuple(config.capture_tiers),
+        )
         for batch, p in zip(data, verified, strict=True):
             est.update(batch, lambda r, j, t, p=p: np.log(p[r, j, t]))
         return est

@@ -24,12 +24,14 @@ import polars as pl
 from dspark_obs.aggregates.groups import GroupIndex
 from dspark_obs.aggregates.published import RequestLabels, request_labels
 from dspark_obs.aggregates.window import WindowedSums
+from dspark_obs.runtime.cost_table import DEFAULT_CAPTURE_TIERS
 from dspark_obs.series import Samples, ratio
 from dspark_obs.telemetry import StepBatch
 
 from .extrapolation_check import CheckedExtrapolation, ExtrapolationCheck
 from .population import HazardModel
 from .tails import GROUP, Gather, TailWalker
+from .trim_cost import TRIM_COLUMNS, StepCost, TrimCostFold, TrimCostSeries
 
 #: Per-group columns of the windowed sums.
 COLUMNS = (
@@ -45,6 +47,7 @@ COLUMNS = (
     "point_sum",
     "hi_sum",
     "var_sum",  # sampled blocks: variance of the realised ceiling around the point
+    *TRIM_COLUMNS,  # the cost of trimming against static (trim_cost.py)
 )
 _COL = {name: i for i, name in enumerate(COLUMNS)}
 #: The count column of a walked block, by 2 * greedy + censored.
@@ -71,12 +74,15 @@ class EstimatorSnapshot:
     identifiable: np.ndarray  # [groups, gamma]
     window_steps: int  # of the window sums
 
-    def sections(self) -> dict[str, EstimatorSeries | None]:
+    def sections(self) -> dict[str, EstimatorSeries | TrimCostSeries | None]:
         """What this snapshot publishes: nothing until a request group exists."""
         if not self.groups:
-            return {"estimator": None}
+            return {"estimator": None, "trim_cost": None}
         labels = request_labels(tuple(self.groups), self.gamma)
-        return {"estimator": EstimatorSeries(labels, self)}
+        return {
+            "estimator": EstimatorSeries(labels, self),
+            "trim_cost": TrimCostSeries(labels, self.total, self.window, _COL, self.window_steps),
+        }
 
 
 #: Count columns of walked blocks, the denominators of the mean ceiling with observed_blocks.
@@ -194,7 +200,12 @@ class CeilingEstimator:
         window_steps: int = 1024,
         blocks: int = 8,
         assume_greedy: bool | None = None,
+        step_cost: StepCost | None = None,
+        capture_tiers: tuple[int, ...] | None = None,
     ) -> None:
+        """`step_cost` gives a step's cost table by (mode, rank) for the cost of trimming
+        (`trim_cost.py`; None: no table, those sums stay 0); `capture_tiers` the captured
+        verify tiers its steps round up to (None: the defaults)."""
         self.gamma = gamma
         self.index = GroupIndex(workload_cap)
         self.walker = TailWalker(gamma, assume_greedy=assume_greedy)
@@ -203,6 +214,9 @@ class CeilingEstimator:
         self.check = ExtrapolationCheck(gamma)
         self.extrapolation = CheckedExtrapolation(self.population, self.check)
         self.sums = WindowedSums(len(COLUMNS), window_steps, blocks)
+        self.trim = TrimCostFold(
+            gamma, step_cost or (lambda mode, rank: None), capture_tiers or DEFAULT_CAPTURE_TIERS
+        )
         self._rows: list[dict[str, np.ndarray]] = []
         self._population_rows: list[tuple] = []
         self._counts: list[tuple] = []  # per-step row classes not yet folded into the sums
@@ -217,6 +231,7 @@ class CeilingEstimator:
             n_groups = len(self.index.groups)
             self.sums.ensure_groups(n_groups)
             self.population.ensure_groups(n_groups)
+            self.trim.ensure_groups(self.index.groups)
             w, a = batch.window, batch.accepted
             # the population model learns in batches (its hazards move slowly; the walks'
             # extrapolation reads them between batches)
@@ -233,6 +248,7 @@ class CeilingEstimator:
             self._counts.append(
                 (group, observed, a, self.walker.opened_rows, self.walker.skipped_rows)
             )
+            self.trim.queue(batch, group, self.walker.opened_rows)
             # counts fold in with the walk's outcomes, never across a window block's end
             if outcomes or len(self._counts) >= self.sums.room:
                 self._fold(outcomes)
@@ -256,6 +272,7 @@ class CeilingEstimator:
             delta[_COL["skipped_blocks"]] = np.bincount(group, skipped, n)
         if outcomes:
             self._fold_outcomes(outcomes, delta)
+        self.trim.fold(delta, _COL, outcomes, self.population)
         self.sums.add(delta.T)
         self.sums.advance(len(counts))
 

@@ -72,6 +72,19 @@ IDENTIFIABLE_SHARE = 0.95
 UPDATE_CHUNK = 1 << 16
 
 
+def tail_terms(rates: np.ndarray, window: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`([k, gamma], [k])`: per block trimmed at `window`, P(C > m | C >= window) at each m
+    (1 below the window, the running product of `rates` from it on) and their sum, the
+    expected accepted drafts past the window. Both the live cost of trimming and the
+    what-if predictions read an unwalked tail this way."""
+    g = rates.shape[1]
+    after = np.arange(g)[None, :] >= window[:, None]
+    terms = np.where(after, rates, 1.0)
+    for j in range(1, g):  # gamma column multiplies: the running product from the window on
+        terms[:, j] *= terms[:, j - 1]
+    return terms, np.where(after, terms, 0.0).sum(axis=1)
+
+
 class HazardModel:
     """Online stratified conditional-hazard model of the ceiling, per group.
 

@@ -510,6 +510,91 @@ CATALOG: tuple[Metric, ...] = (
         "where it is extrapolated from calibrated confidence.",
         source=("estimator", "population_identifiable"),
     ),
+    # the cost of trimming against static (estimator/trim_cost.py; docs/whatif.md, "Live")
+    Metric(
+        "dspark_trim_committed_tokens_total",
+        "counter",
+        REQ,
+        "Tokens committed (accepted drafts + the bonus) by the request-steps of priced steps: "
+        "C_o of the cost of trimming.",
+        source=("trim_cost", "committed_tokens"),
+    ),
+    Metric(
+        "dspark_trim_step_seconds_total",
+        "counter",
+        REQ,
+        "Request-steps' shares of their step's time (step time / batch size), measured (the "
+        "cost table's where untimed): T_o.",
+        source=("trim_cost", "seconds"),
+    ),
+    Metric(
+        "dspark_trim_static_step_seconds_total",
+        "counter",
+        REQ,
+        "The same shares of the step's time at static's verify tier (batch size x (gamma + "
+        "1) tokens), repriced by the cost table: T_s.",
+        source=("trim_cost", "static_seconds"),
+    ),
+    Metric(
+        "dspark_trim_static_committed_tokens_total",
+        "counter",
+        REQ,
+        "Tokens static would have committed on the same request-steps (the ceiling + the "
+        "bonus; walked tails' point estimates, added when the walk ends): C_s.",
+        source=("trim_cost", "static_committed_tokens"),
+    ),
+    Metric(
+        "dspark_trim_static_committed_lower_tokens_total",
+        "counter",
+        REQ,
+        "Lower bound of C_s (walks' lower bounds; the window where no walk followed).",
+        source=("trim_cost", "static_committed_lower_tokens"),
+    ),
+    Metric(
+        "dspark_trim_static_committed_upper_tokens_total",
+        "counter",
+        REQ,
+        "Upper bound of C_s (walks' upper bounds; gamma where no walk followed).",
+        source=("trim_cost", "static_committed_upper_tokens"),
+    ),
+    Metric(
+        "dspark_trim_net_tokens_per_second",
+        "gauge",
+        REQ,
+        "Net tokens/s of the run's verify policy against static, C_o/T_o - C_s/T_s, "
+        + SLIDING
+        + "; positive: trimming paid."
+        + NOT_AGGREGABLE,
+        source=("trim_cost", "net"),
+    ),
+    Metric(
+        "dspark_trim_net_lower_tokens_per_second",
+        "gauge",
+        REQ,
+        "Lower bound of the net (static's upper bound), " + SLIDING + "." + NOT_AGGREGABLE,
+        source=("trim_cost", "net_lower"),
+    ),
+    Metric(
+        "dspark_trim_net_upper_tokens_per_second",
+        "gauge",
+        REQ,
+        "Upper bound of the net (static's lower bound), " + SLIDING + "." + NOT_AGGREGABLE,
+        source=("trim_cost", "net_upper"),
+    ),
+    Metric(
+        "dspark_trim_step_time_saved_tokens_per_second",
+        "gauge",
+        REQ,
+        "The net's step-time part, C_o/T_o - C_o/T_s, " + SLIDING + "." + NOT_AGGREGABLE,
+        source=("trim_cost", "step_time_saved"),
+    ),
+    Metric(
+        "dspark_trim_accepted_lost_tokens_per_second",
+        "gauge",
+        REQ,
+        "The net's accepted-token part, (C_o - C_s)/T_s (<= 0), " + SLIDING + "." + NOT_AGGREGABLE,
+        source=("trim_cost", "accepted_lost"),
+    ),
     # ingest
     Metric(
         "dspark_ingest_records_total",

@@ -91,6 +91,7 @@ def test_layout_ids_units_descriptions() -> None:
     assert rows == [
         "Overview",
         "Per workload",
+        "Cost of trimming",
         "Load",
         "Calibration",
         "Cost model",

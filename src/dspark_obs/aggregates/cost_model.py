@@ -52,6 +52,24 @@ class Refit:
     coef: np.ndarray  # [bias, alpha at bs probes..., theta at M probes...] (min-norm split)
 
 
+@dataclass(frozen=True)
+class RefitTable:
+    """A refit read as a step-cost table (`step_seconds(bs, extra_tokens)`), so that what
+    prices steps with a configured table prices them with the online refit alike. Its
+    least-squares predictions are floored at `MIN_STEP_S`: a ratio of two of them must
+    stay a ratio of step times."""
+
+    refit: Refit
+    bs_probes: np.ndarray
+    m_probes: np.ndarray
+
+    def step_seconds(self, bs, extra_tokens) -> np.ndarray:
+        bs = np.atleast_1d(np.asarray(bs, dtype=np.float64))
+        m = bs + np.asarray(extra_tokens, dtype=np.float64)
+        design = cost_design(bs, m, self.bs_probes, self.m_probes)
+        return np.maximum(design @ self.refit.coef, MIN_STEP_S)
+
+
 def cell_m(m_bin: np.ndarray) -> np.ndarray:
     """The M a cell stands for in the design: the middle of its 64-token bin, as SGLang."""
     return (np.asarray(m_bin, dtype=np.float64) + 0.5) * M_BIN
@@ -202,6 +220,11 @@ class CostModelAggregate:
 
     def refit(self, gi: int) -> Refit | None:
         return fit_cell_map(self.cells[gi], self.bs_probes, self.m_probes)
+
+    def table(self, gi: int) -> RefitTable | None:
+        """Group `gi`'s latest refit as a cost table; None before its first."""
+        refit = self.refits[gi] if gi < len(self.refits) else None
+        return None if refit is None else RefitTable(refit, self.bs_probes, self.m_probes)
 
     def error_metrics(self, table: np.ndarray) -> dict[str, np.ndarray]:
         """Mean predicted and measured, MAE, bias, mean and median relative error per group."""

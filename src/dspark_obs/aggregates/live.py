@@ -131,6 +131,12 @@ class Aggregates:
         with self._lock:
             self._fold()
 
+    def cost_table(self, mode: str, rank: int):
+        """The online refit of the (mode, rank) step group as a cost table, None before its
+        first (the live cost of trimming prices static's steps with it)."""
+        gid = self.step_groups.get((mode, int(rank)))
+        return None if gid is None else self.cost.table(gid)
+
     def _step_group(self, mode: str, rank: int) -> int:
         key = (mode, int(rank))
         gid = self.step_groups.get(key)

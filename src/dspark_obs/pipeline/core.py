@@ -14,6 +14,7 @@ import threading
 from ..aggregates import Aggregates
 from ..estimator.online import CeilingEstimator
 from ..estimator.tails import Gather
+from ..runtime.cost_table import AdditiveCostTable
 from ..sources.stats import IngestStats
 from ..store import RunWriter
 from ..telemetry import StepBatch
@@ -105,15 +106,25 @@ def build_pipeline(
     workload_cap: int = 16,
     window_steps: int = 1024,
     assume_greedy: bool | None = None,
+    cost_table: AdditiveCostTable | None = None,
+    capture_tiers: tuple[int, ...] | None = None,
 ) -> Pipeline:
     """The one way a pipeline is put together: live aggregates and the ceiling estimator over
     the same label groups and window, and the run store when one is open.
 
     `assume_greedy` says how requests sample where the source does not (SGLang's dumps):
-    None leaves their trimmed tails to the population model alone.
+    None leaves their trimmed tails to the population model alone. `cost_table` and
+    `capture_tiers` are the server's, where known (the reference runtime's): the cost of
+    trimming prices static's steps with them, and otherwise with the aggregates' online
+    refit of each (mode, rank).
     """
+    aggregates = Aggregates(gamma, workload_cap=workload_cap, window_steps=window_steps)
+
+    def step_cost(mode: str, rank: int):
+        return cost_table if cost_table is not None else aggregates.cost_table(mode, rank)
+
     return Pipeline(
-        Aggregates(gamma, workload_cap=workload_cap, window_steps=window_steps),
+        aggregates,
         writer,
         stats,
         CeilingEstimator(
@@ -121,5 +132,7 @@ def build_pipeline(
             workload_cap=workload_cap,
             window_steps=window_steps,
             assume_greedy=assume_greedy,
+            step_cost=step_cost,
+            capture_tiers=capture_tiers,
         ),
     )

@@ -86,7 +86,12 @@ def record_reference_run(
     writer = RunWriter(out, runtime_manifest(config, sts), **(store or {}))
     if sts is not None:
         save_sts(sts, out / "sts.json")
-    pipeline = build_pipeline(config.gamma, writer=writer)
+    pipeline = build_pipeline(
+        config.gamma,
+        writer=writer,
+        cost_table=config.cost_table,
+        capture_tiers=tuple(config.capture_tiers),
+    )
     if on_pipeline is not None:
         on_pipeline(pipeline)
     interrupted = False

@@ -122,3 +122,35 @@ def round_to_tier(tokens: int, tiers: tuple[int, ...] = DEFAULT_CAPTURE_TIERS) -
     """Smallest captured tier holding `tokens` (the count itself past the largest tier)."""
     i = int(np.searchsorted(tiers, tokens))
     return tiers[i] if i < len(tiers) else int(tokens)
+
+
+def round_to_tiers(tokens: np.ndarray, tiers: tuple[int, ...]) -> np.ndarray:
+    """`round_to_tier` over an array: the smallest tier holding each."""
+    t = np.asarray(tiers)
+    i = np.searchsorted(t, tokens)
+    return np.where(i < len(t), t[np.minimum(i, len(t) - 1)], tokens)
+
+
+def repriced_seconds(
+    table,
+    bs: np.ndarray,
+    tokens: np.ndarray,
+    recorded_tier: np.ndarray,
+    measured_s: np.ndarray,
+    tiers: tuple[int, ...],
+) -> np.ndarray:
+    """`[steps]` each step's time had it packed `tokens` verify tokens instead of what it did.
+
+    The tokens round up to the captured tier; a measured time is scaled by the table's
+    ratio between that tier and the recorded one (NaN: the same tier), so a step's own
+    tokens give back its measured time and its noise stays in every other price; an
+    untimed step (NaN) takes the table's time. `table` is anything with
+    `step_seconds(bs, extra_tokens)`. The what-if predictions and the live cost of
+    trimming both price steps here.
+    """
+    bs = np.asarray(bs, dtype=np.float64)
+    tier = round_to_tiers(tokens, tiers).astype(np.float64)
+    new = table.step_seconds(bs, tier - bs)
+    recorded = np.where(np.isnan(recorded_tier), tier, recorded_tier)
+    old = table.step_seconds(bs, recorded - bs)
+    return np.where(np.isnan(measured_s), new, measured_s * new / old)

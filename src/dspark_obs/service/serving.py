@@ -143,6 +143,14 @@ def _closing_manifest(sources: list) -> dict | None:
     return None
 
 
+def _server_cost(sources: list) -> dict:
+    """`build_pipeline`'s cost table and tiers where the one source knows them."""
+    if len(sources) == 1 and isinstance(sources[0], RuntimeSource):
+        config = sources[0].config
+        return {"cost_table": config.cost_table, "capture_tiers": tuple(config.capture_tiers)}
+    return {}
+
+
 def serve(
     options: ServeOptions, stop: threading.Event, say: Callable[[str], object] = print
 ) -> ServeResult:
@@ -163,6 +171,9 @@ def serve(
         workload_cap=options.workload_cap,
         window_steps=options.window_steps,
         assume_greedy={"greedy": True, "sampled": False, None: None}[options.assume],
+        # the reference runtime's own cost table prices static's steps; other sources' the
+        # online refit
+        **_server_cost(sources),
     )
     exporter = Exporter(pipeline, host, port, options.web_config)
     try:

@@ -16,6 +16,7 @@ class RuntimeSource:
 
     def __init__(self, config: RuntimeConfig, speed: float = 1.0) -> None:
         self.runtime = DSparkRuntime(config)
+        self.config = config
         self.gamma = config.gamma
         self.speed = speed
         # in band: the estimator reads the verify distributions of the step just yielded

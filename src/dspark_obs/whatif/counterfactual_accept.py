@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..estimator.population import HazardModel
+from ..estimator.population import HazardModel, tail_terms
 
 
 @dataclass
@@ -74,11 +74,7 @@ def tail_shapes(inp: AcceptInputs, exact: np.ndarray, groups: int) -> TailShapes
     conf = None if inp.confidence is None else inp.confidence[rows]
     rates = model.rates(inp.group[rows], conf)[0]
     w = inp.window[rows]
-    after = np.arange(g)[None, :] >= w[:, None]
-    terms = np.where(after, rates, 1.0)
-    for j in range(1, g):  # gamma column multiplies: the running product from w on
-        terms[:, j] *= terms[:, j - 1]
-    model_tail = np.where(after, terms, 0.0).sum(axis=1)
+    terms, model_tail = tail_terms(rates, w)
     point = inp.walk_point[rows]
     walked = ~np.isnan(point)
     with np.errstate(divide="ignore", invalid="ignore"):

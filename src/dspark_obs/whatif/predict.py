@@ -35,7 +35,7 @@ from ..analysis.load import load_level
 from ..analysis.step_time import measured_step_ms
 from ..analysis.workload_codes import workload_code
 from ..estimator.evaluate import Z95, walked_blocks
-from ..runtime.cost_table import DEFAULT_CAPTURE_TIERS, AdditiveCostTable
+from ..runtime.cost_table import DEFAULT_CAPTURE_TIERS, AdditiveCostTable, repriced_seconds
 from ..store import Run
 from ..store.errors import READ_ERRORS, unreadable
 from .counterfactual_accept import AcceptInputs, accepted_under, exact_ceiling, tail_shapes
@@ -221,24 +221,13 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
     )
 
 
-def round_to_tiers(tokens: np.ndarray, tiers: tuple[int, ...]) -> np.ndarray:
-    """`runtime.cost_table.round_to_tier` over an array: the smallest tier holding each."""
-    t = np.asarray(tiers)
-    i = np.searchsorted(t, tokens)
-    return np.where(i < len(t), t[np.minimum(i, len(t) - 1)], tokens)
-
-
 def step_seconds(frame: RunFrame, windows: np.ndarray) -> np.ndarray:
     """`[steps]` predicted step time under `windows`: measured times scaled by the table."""
     bs = frame.step_bs.astype(np.float64)
     tokens = bs + np.add.reduceat(windows, frame.step_start)
-    tier = round_to_tiers(tokens, frame.tiers).astype(np.float64)
-    table = frame.table
-    new = table.step_seconds(bs, tier - bs)
-    recorded = np.where(np.isnan(frame.step_tier), tier, frame.step_tier)
-    old = table.step_seconds(bs, recorded - bs)
-    measured = frame.step_ms / 1e3
-    return np.where(np.isnan(measured), new, measured * new / old)
+    return repriced_seconds(
+        frame.table, bs, tokens, frame.step_tier, frame.step_ms / 1e3, frame.tiers
+    )
 
 
 def _cell_frame(frame: RunFrame, windows, accepted, seconds) -> pl.DataFrame:

@@ -4,11 +4,21 @@ Each module's `panels()` builds its row's panels; a row is found by its name her
 adding one is a module and a line in `ROWS`.
 """
 
-from . import calibration, cost_model, estimator, load, overview, per_workload, sources
+from . import (
+    calibration,
+    cost_model,
+    estimator,
+    load,
+    overview,
+    per_workload,
+    sources,
+    trim_cost,
+)
 
 ROWS = (
     ("Overview", overview.panels),
     ("Per workload", per_workload.panels),
+    ("Cost of trimming", trim_cost.panels),
     ("Load", load.panels),
     ("Calibration", calibration.panels),
     ("Cost model", cost_model.panels),
