@@ -5,11 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from ..whatif.headline import signed
 from .views import _fmt
-
-
-def _signed(x: float | None, digits: int = 0) -> str:
-    return "—" if x is None else f"{x:+,.{digits}f}"
 
 
 def render_whatif(report: dict, console: Console, *, workloads: bool) -> None:
@@ -62,11 +59,11 @@ def render_trim_cost(entries: list[dict], console: Console) -> None:
             _fmt(e["level"]),
             _fmt(e["tokens_per_s"], 0),
             _fmt(e["static_tokens_per_s"], 0),
-            _signed(e["net_tokens_per_s"]),
-            f"{_signed(e['net_lo'])} – {_signed(e['net_hi'])}",
-            _signed(None if e["net_share"] is None else 100 * e["net_share"], 1),
-            _signed(e["step_time_saved"]),
-            _signed(e["accepted_lost"]),
+            signed(e["net_tokens_per_s"]),
+            f"{signed(e['net_lo'])} – {signed(e['net_hi'])}",
+            signed(None if e["net_share"] is None else 100 * e["net_share"], 1),
+            signed(e["step_time_saved"]),
+            signed(e["accepted_lost"]),
             _fmt(e["trimmed_tokens_per_request_step"], 3),
         )
     console.print(table)

@@ -26,6 +26,8 @@ from ..calibration import CalibrationAccumulator
 from ..estimator.evaluate import walked_blocks
 from ..palette import workload_palette
 from ..store import Run
+from ..whatif.predict import whatif
+from ..whatif.trim_cost import trim_cost_from_cells
 
 #: Requests whose step-by-step windows are drawn in the drill-down.
 TRACED_REQUESTS = 4
@@ -48,6 +50,8 @@ class Arm:
     top: pl.DataFrame | None
     traces: pl.DataFrame | None
     notes: list[str] = field(default_factory=list)
+    whatif: dict | None = None  # `whatif` of `report_policies`, with its `trim_cost`
+    whatif_missing: str | None = None
 
 
 def arms_palette(arms: list[Arm]) -> dict[str | None, str]:
@@ -108,3 +112,24 @@ def analyse(label: str, run: Run, top: int) -> Arm:
         top=best,
         traces=traces,
     )
+
+
+def report_policies(arm: Arm) -> list[str]:
+    """What the report predicts: the run's own policy, static, the SPS scheduler as run,
+    with half its budget and without STS, and a fixed window of the run's mean size (the
+    same verify tokens, not chosen per request)."""
+    mean = arm.summary["overall"]["mean_window"] or 1
+    k = min(max(1, round(mean)), arm.gamma - 1)
+    return ["own", "static", "sps", "sps:scale=0.5", "sps:sts=none", f"window={k}"]
+
+
+def predict_policies(arm: Arm) -> None:
+    """Fill `arm.whatif` (the policies the run supports, the others under `unavailable`),
+    or `arm.whatif_missing` with why nothing could be predicted."""
+    try:
+        report = whatif(arm.run, report_policies(arm), skip_unavailable=True)
+    except ValueError as exc:
+        arm.whatif_missing = str(exc)
+        return
+    report["trim_cost"] = trim_cost_from_cells(report["cells"])
+    arm.whatif = report
