@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import strict_json
+from ..whatif.headline import trimmed_by_workload
 from .console import make_console
 
 
@@ -29,6 +30,8 @@ def render_summary(summary: dict, console: Console) -> None:
         title += f" (+{summary['shadow']} shadow)"
     title += f"  gamma={summary['gamma']}  timing={timing_text(summary['timing'])}"
     table = Table(title=title, title_justify="left")
+    # static's accepted drafts minus the run's, per request-step (the cost of trimming's)
+    trimmed = trimmed_by_workload(summary["trim_cost"]) if summary.get("trim_cost") else None
     for col in (
         "workload",
         "steps",
@@ -38,12 +41,15 @@ def render_summary(summary: dict, console: Console) -> None:
         "committed",
         "ceiling",
         "util",
+        *(("trimmed",) if trimmed is not None else ()),
         "verify tok",
         "tokens/s",
     ):
         table.add_column(col, justify="left" if col == "workload" else "right")
     rows = [*summary["workloads"].items(), ("overall", summary["overall"])]
     for name, e in rows:
+        key = "all" if name == "overall" else name
+        extra = () if trimmed is None else (_fmt(trimmed.get(key), 3),)
         table.add_row(
             name,
             _fmt(e["steps"]),
@@ -53,6 +59,7 @@ def render_summary(summary: dict, console: Console) -> None:
             _fmt(e["mean_committed"]),
             _fmt(e["mean_ceiling"]),
             _fmt(e["utilisation"], 3),
+            *extra,
             _fmt(e["mean_verify_tokens"]),
             _fmt(e["throughput_tokens_per_s"], 0),
             end_section=name == rows[-2][0],
@@ -79,7 +86,8 @@ def render_summary(summary: dict, console: Console) -> None:
     }[ceiling]
     console.print(
         f"[dim]{note}; utilisation = accepted / ceiling over rows with a known "
-        "ceiling; tokens/s is simulated when timing=simulated[/dim]"
+        "ceiling; trimmed = static's predicted accepted drafts minus the run's, per "
+        "request-step; tokens/s is simulated when timing=simulated[/dim]"
     )
     if summary.get("trim_cost"):
         from .whatif_views import render_trim_cost
