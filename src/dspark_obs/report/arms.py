@@ -115,12 +115,14 @@ def analyse(label: str, run: Run, top: int) -> Arm:
 
 
 def report_policies(arm: Arm) -> list[str]:
-    """What the report predicts: the run's own policy, static, the SPS scheduler as run,
-    with half its budget and without STS, and a fixed window of the run's mean size (the
-    same verify tokens, not chosen per request)."""
+    """What the report predicts: the run's own policy, static, the SPS scheduler (left out
+    of a compact run, whose own windows are the scheduler's), with half its budget and
+    without STS, and a fixed window of the run's mean size (as many verify tokens, not
+    chosen per request). Each policy costs a pass over the run, so none is repeated."""
     mean = arm.summary["overall"]["mean_window"] or 1
     k = min(max(1, round(mean)), arm.gamma - 1)
-    return ["own", "static", "sps", "sps:scale=0.5", "sps:sts=none", f"window={k}"]
+    sps = [] if arm.run.manifest.get("mode") == "compact" else ["sps"]
+    return ["own", "static", *sps, "sps:scale=0.5", "sps:sts=none", f"window={k}"]
 
 
 def predict_policies(arm: Arm) -> None:

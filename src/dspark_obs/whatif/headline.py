@@ -18,7 +18,7 @@ def level_headline(e: dict) -> str:
     share = "" if e["net_share"] is None else f" ({signed(100 * e['net_share'], 1)} %)"
     return (
         f"bs {e['level']:,}: {signed(e['net_tokens_per_s'], 1)} tokens/s{share} "
-        f"[{signed(e['net_lo'], 1)}, {signed(e['net_hi'], 1)}]"
+        f"(interval {signed(e['net_lo'], 1)} – {signed(e['net_hi'], 1)})"
     )
 
 

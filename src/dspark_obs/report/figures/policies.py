@@ -62,7 +62,8 @@ def policies_figure(curves: list[dict], own: dict, marks: list[dict]):
         "Predicted throughput of each verify policy on this run's traffic (95 % intervals)"
     )
     rel.set_xscale("log", base=2)
-    rel.set_xlabel("batch size (requests per step)")
+    for ax in (top, rel):
+        ax.set_xlabel("batch size (requests per step)")
     rel.set_ylabel("vs static (%)")
     rel.set_title("Relative to static on the same request-steps (points)")
     for ax in (top, rel):

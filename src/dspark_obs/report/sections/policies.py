@@ -31,7 +31,7 @@ _TRIM_COLUMNS: dict[str, Cell] = {
     "tokens/s": num_cell("tokens_per_s", 0),
     "static tokens/s": num_cell("static_tokens_per_s", 0),
     "net tokens/s": _signed_cell("net_tokens_per_s"),
-    "interval": lambda r: f"[{signed(r['net_lo'], 1)}, {signed(r['net_hi'], 1)}]",
+    "interval": lambda r: f"{signed(r['net_lo'], 1)} – {signed(r['net_hi'], 1)}",
     "net %": _signed_cell("net_share", 2, 100.0),
     "step time saved": _signed_cell("step_time_saved"),
     "accepted lost": _signed_cell("accepted_lost"),
@@ -46,7 +46,7 @@ _POLICY_COLUMNS: dict[str, Cell] = {
     "accepted": num_cell("mean_accepted"),
     "step ms": num_cell("step_ms", 3),
     "tokens/s": num_cell("tokens_per_s", 0),
-    "interval": lambda r: f"[{fmt(r['tokens_per_s_lo'], 0)}, {fmt(r['tokens_per_s_hi'], 0)}]",
+    "interval": lambda r: f"{fmt(r['tokens_per_s_lo'], 0)} – {fmt(r['tokens_per_s_hi'], 0)}",
     "vs static %": _signed_cell("vs_static", 2, 100.0),
 }
 
@@ -67,31 +67,32 @@ def _timed_whole(cells: list[dict], policy: str) -> list[dict]:
     ]
 
 
+def _curve(cells: list[dict], name: str, static: dict) -> dict:
+    rows = [c for c in _timed_whole(cells, name) if c["level"] in static]
+    return {
+        "policy": name,
+        "levels": [c["level"] for c in rows],
+        "tokens_per_s": [c["tokens_per_s"] for c in rows],
+        "lo": [c["tokens_per_s_lo"] for c in rows],
+        "hi": [c["tokens_per_s_hi"] for c in rows],
+    }
+
+
 def policy_curves(report: dict) -> tuple[list[dict], dict, list[dict]]:
     """The figure's curves (static first, then every other predicted policy but `own`), the
-    run's own points, and each policy's crossings with static."""
+    run's own points, and the crossings with static of each curve and of the run (`own`,
+    named `this run`)."""
     cells = report["cells"]
     names = list(dict.fromkeys(c["policy"] for c in cells if c["policy"] != "own"))
     names.sort(key=lambda p: p != "static")
     static = {c["level"]: c["tokens_per_s"] for c in _timed_whole(cells, "static")}
-    curves, marks = [], []
-    for name in names:
-        rows = [c for c in _timed_whole(cells, name) if c["level"] in static]
-        levels = [c["level"] for c in rows]
-        curve = {
-            "policy": name,
-            "levels": levels,
-            "tokens_per_s": [c["tokens_per_s"] for c in rows],
-            "lo": [c["tokens_per_s_lo"] for c in rows],
-            "hi": [c["tokens_per_s_hi"] for c in rows],
-        }
-        curves.append(curve)
-        if name != "static":
-            diff = [y / static[lv] - 1 for lv, y in zip(levels, curve["tokens_per_s"], strict=True)]
-            marks += [{"policy": name, **m} for m in crossings(levels, diff)]
-    own = [c for c in _timed_whole(cells, "own") if c["level"] in static]
-    points = {"levels": [c["level"] for c in own], "tokens_per_s": [c["tokens_per_s"] for c in own]}
-    return curves, points, marks
+    curves = [_curve(cells, name, static) for name in names]
+    own = _curve(cells, "own", static)
+    marks = []
+    for name, c in [("this run", own), *((c["policy"], c) for c in curves[1:])]:
+        rel = [y / static[lv] - 1 for lv, y in zip(c["levels"], c["tokens_per_s"], strict=True)]
+        marks += [{"policy": name, **m} for m in crossings(c["levels"], rel)]
+    return curves, own, marks
 
 
 def _crossing_text(marks: list[dict]) -> str:
