@@ -358,3 +358,17 @@ def test_policy_table_and_crossings_equal_whatif(report):
             assert all(f"{p} at about bs " in md_note for p in crossing), md_note
         else:
             assert "No policy's curve crosses static's" in md_note
+
+
+def test_a_run_above_the_whatif_limit_is_left_to_whatif(compact_run, monkeypatch):
+    from dspark_obs.report import arms
+
+    run = open_run(compact_run[0])
+    n = run.requests().select(pl.len()).collect().item()
+    assert arms.too_large_for_whatif(run) is None
+    monkeypatch.setattr(arms, "WHATIF_MAX_REQUEST_STEPS", n - 1)
+    arm = arms.analyse("compact", run, 3)
+    arms.predict_policies(arm)
+    assert arm.whatif is None
+    assert arm.whatif_missing.startswith(f"{n:,} request-steps, more than the {n - 1:,}")
+    assert f"dspark-obs whatif {run.path}" in arm.whatif_missing

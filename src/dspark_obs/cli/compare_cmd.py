@@ -19,6 +19,7 @@ from .. import strict_json
 from ..analysis.compare import compare_runs
 from ..analysis.verdict import ci_text, num
 from ..report import overlay_figures
+from ..report.arms import too_large_for_whatif
 from ..store import open_run
 from ..whatif.trim_cost import trim_cost_or_why
 from .console import make_console
@@ -122,7 +123,11 @@ def render(result: dict, console: Console) -> None:
 def trim_costs(paths: dict[str, Path]) -> dict:
     """Each run's cost of trimming (its policy against static on its own traffic: a
     prediction per run, not a bootstrap of the difference), or why it has none."""
-    pairs = {name: trim_cost_or_why(open_run(path)) for name, path in paths.items()}
+    pairs = {}
+    for name, path in paths.items():
+        run = open_run(path)
+        why = too_large_for_whatif(run)
+        pairs[name] = (None, why) if why else trim_cost_or_why(run)
     return {
         "trim_cost": {name: entries for name, (entries, _) in pairs.items()},
         "trim_cost_missing": {name: why for name, (_, why) in pairs.items()},

@@ -32,6 +32,11 @@ from ..whatif.trim_cost import trim_cost_from_cells
 #: Requests whose step-by-step windows are drawn in the drill-down.
 TRACED_REQUESTS = 4
 
+#: Request-steps above which `report` and `compare` leave the what-if predictions to
+#: `dspark-obs whatif`: they cost about 10 s of CPU and 0.8 GB a million request-steps
+#: (docs/whatif.md), which would take a 10M-step report far past its budget.
+WHATIF_MAX_REQUEST_STEPS = 1_000_000
+
 
 @dataclass
 class Arm:
@@ -125,9 +130,24 @@ def report_policies(arm: Arm) -> list[str]:
     return ["own", "static", *sps, "sps:scale=0.5", "sps:sts=none", f"window={k}"]
 
 
+def too_large_for_whatif(run: Run) -> str | None:
+    """Why the run is left to `dspark-obs whatif`, or None where the report predicts it."""
+    n = run.requests().select(pl.len()).collect().item() if has_requests(run) else 0
+    if n <= WHATIF_MAX_REQUEST_STEPS:
+        return None
+    return (
+        f"{n:,} request-steps, more than the {WHATIF_MAX_REQUEST_STEPS:,} the report and "
+        f"compare predict other policies for (see docs/whatif.md); "
+        f"`dspark-obs whatif {run.path}` predicts them on its own"
+    )
+
+
 def predict_policies(arm: Arm) -> None:
     """Fill `arm.whatif` (the policies the run supports, the others under `unavailable`),
     or `arm.whatif_missing` with why nothing could be predicted."""
+    arm.whatif_missing = too_large_for_whatif(arm.run)
+    if arm.whatif_missing:
+        return
     try:
         report = whatif(arm.run, report_policies(arm), skip_unavailable=True)
     except ValueError as exc:
