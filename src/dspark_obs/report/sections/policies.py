@@ -57,7 +57,7 @@ def headline(arm: Arm) -> str:
         return f"{arm.label}: cost of trimming not predicted: {arm.whatif_missing}"
     return (
         f"{arm.label}: cost of trimming, net tokens/s of the run's policy against static "
-        f"(whole batches, 95 % interval): {trim_headline(arm.whatif['trim_cost'])}"
+        f"(whole batches; interval: the ceiling bracket): {trim_headline(arm.whatif['trim_cost'])}"
     )
 
 
