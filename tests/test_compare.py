@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -20,8 +21,11 @@ from dspark_obs.analysis.bootstrap import (
 )
 from dspark_obs.analysis.compare import ROW_KEYS
 from dspark_obs.analysis.verdict import verdict
+from dspark_obs.store import open_run
+from dspark_obs.whatif.trim_cost import TRIM_COST_KEYS, trim_cost
 
 from .conftest import cli
+from .test_report import SGLANG_DUMP
 
 RUN_ARGS = ["--steps-per-level", "40", "--sts", "none", "--max-new-tokens", "200", "--quiet"]
 
@@ -297,3 +301,41 @@ def test_holm_intervals_exclude_zero_exactly_for_the_rows_holm_rejects():
                            if not significant[k]), m)  # fmt: skip
         for i, k in enumerate(np.argsort(p, kind="stable")):
             assert levels[k] == pytest.approx(0.05 / (m - min(i, first_kept)))
+
+
+def test_cost_of_trimming_per_run_side_by_side(runs):
+    """Each run's cost of trimming is `whatif.trim_cost` of that run, in --json and in the
+    table (A beside B at every level either run has)."""
+    a, b = runs["static"], runs["same1"]
+    result = _compare(a, b, "--reps", "50")
+    assert result["trim_cost_missing"] == {"a": None, "b": None}
+    for name, path in (("a", a), ("b", b)):
+        got, expected = result["trim_cost"][name], trim_cost(open_run(path))
+        assert [tuple(e) for e in got] == [TRIM_COST_KEYS] * len(expected)
+        for g, e in zip(got, expected, strict=True):
+            assert (g["level"], g["workload"]) == (e["level"], e["workload"])
+            for key in TRIM_COST_KEYS[2:]:
+                assert g[key] == pytest.approx(e[key], rel=1e-9), key
+            assert g["net_tokens_per_s"] == pytest.approx(g["step_time_saved"] + g["accepted_lost"])
+    for e in result["trim_cost"]["a"]:  # static trims nothing
+        assert e["net_tokens_per_s"] == pytest.approx(0, abs=1e-9)
+    text = cli("compare", str(a), str(b), "--reps", "50").stdout
+    title = "cost of trimming against static, A and B"
+    after = text[text.index(title) :].splitlines()[1:]
+    table = list(itertools.takewhile(lambda line: line[:1] in "┏┃┡│├└", after))
+    cells = [[c.strip() for c in line.split("│")[1:3]] for line in table if line[:1] == "│"]
+    assert cells == [["8", "B"], ["32", "B"], ["256", "A"]]
+    for entry in result["trim_cost"]["b"]:
+        if entry["workload"] == "all":
+            assert f"bs {entry['level']}: {entry['net_tokens_per_s']:+,.1f} tokens/s" in text
+
+
+def test_a_run_with_nothing_to_predict_says_why(tmp_path):
+    run = tmp_path / "ingested"
+    cli("ingest", str(SGLANG_DUMP), "--out", str(run))
+    proc = cli("compare", str(run), str(run), "--reps", "20")
+    assert "A: no cost of trimming: " in proc.stdout and "no cost table" in proc.stdout
+    assert "Traceback" not in proc.stderr
+    result = _compare(run, run, "--reps", "20")
+    assert result["trim_cost"] == {"a": None, "b": None}
+    assert "no measured step times" in result["trim_cost_missing"]["b"]

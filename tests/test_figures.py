@@ -18,7 +18,7 @@ from matplotlib.colors import to_hex
 from dspark_obs.analysis.reliability import calibration_histograms
 from dspark_obs.analysis.summary import summarize
 from dspark_obs.palette import WORKLOAD_COLOURS, workload_palette
-from dspark_obs.report.arms import analyse, arms_palette
+from dspark_obs.report.arms import analyse, arms_palette, predict_policies
 from dspark_obs.report.document import Figure
 from dspark_obs.report.figure_queue import FigureQueue
 from dspark_obs.report.figures import workloads as workloads_fig
@@ -27,6 +27,7 @@ from dspark_obs.report.sections import (
     cost_section,
     estimator_section,
     load_section,
+    policies_section,
     requests_section,
     workloads_section,
 )
@@ -53,6 +54,8 @@ def built(compact_run):
     load_section(arms, w)
     cost_section(arms, w)
     requests_section(arms, w, 5)
+    predict_policies(arm)
+    policies_section(arms, w)
     arm.estimate = evaluate(run)
     workloads_section(arms, w)
     estimator_section(arms, w)
@@ -120,7 +123,7 @@ def workload_colours(fig) -> dict[str, set[str]]:
 
 def test_every_figure_has_title_labels_and_an_honest_legend_outside(built):
     _, figures = built
-    assert len(figures) == 14, sorted(figures)
+    assert len(figures) == 15, sorted(figures)
     for stem, fig in figures.items():
         assert_readable(stem, fig)
 
@@ -164,3 +167,29 @@ def test_compare_bars_name_only_the_ceilings_drawn(compact_run):
     no_ceiling = [{**r, "mean_ceiling": None} for r in rows]
     fig = workloads_fig.workload_figure([("a", no_ceiling)], 7, palette)
     assert {t.get_text() for t in fig.legends[0].get_texts()} == {"window", "accepted"}
+
+
+def test_policy_figure_draws_each_predicted_policy_and_the_run(built):
+    """One line per policy the report predicted (not `own`: the run is its measured points),
+    at the whatif cells' tokens/s, and the run's points at its own."""
+    arms, figures = built
+    fig = figures["policies-compact"]
+    top, rel = fig.axes
+    cells = [c for c in arms[0].whatif["cells"] if c["workload"] == "all"]
+    policies = list(dict.fromkeys(c["policy"] for c in cells))
+    assert policies[:2] == ["own", "static"] and "sps:sts=none" in policies
+    lines = {line.get_label(): line for line in top.lines if not line.get_label().startswith("_")}
+    legend = {t.get_text() for t in fig.legends[0].get_texts()}
+    assert legend - {"crossing with static"} == {*policies[1:], "this run (measured)"}
+    assert {c.get_label() for c in top.containers} == set(policies[1:])
+    for policy in [*policies[1:], "own"]:
+        own = policy == "own"
+        ys = [c["tokens_per_s"] for c in cells if c["policy"] == policy]
+        line = (
+            lines["this run (measured)"] if own else top.containers[policies.index(policy) - 1][0]
+        )
+        assert list(line.get_ydata()) == pytest.approx(ys, rel=1e-12), policy
+    static = [c["tokens_per_s"] for c in cells if c["policy"] == "static"]
+    for line in rel.lines:
+        if line.get_label() == "static":
+            assert list(line.get_ydata()) == pytest.approx([0.0] * len(static), abs=1e-9)

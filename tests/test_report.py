@@ -11,6 +11,8 @@ step times): the report must still be written, and say what is missing.
 
 from __future__ import annotations
 
+import itertools
+import json
 import re
 from pathlib import Path
 
@@ -21,6 +23,9 @@ import polars as pl
 import pytest
 
 from dspark_obs.calibration import CalibrationAccumulator, prefix_labels
+from dspark_obs.store import open_run
+from dspark_obs.whatif.predict import whatif
+from dspark_obs.whatif.trim_cost import TRIM_COST_KEYS, trim_cost
 
 from .conftest import SMALL_RUN, cli
 
@@ -53,6 +58,12 @@ def num(text: str) -> float | None:
 
 def bracket(text: str) -> tuple[float, float]:
     lo, hi = re.search(r"\[([^,]+), ([^\]]+)\]", text).groups()
+    return float(lo.replace(",", "")), float(hi.replace(",", ""))
+
+
+def span(text: str) -> tuple[float, float]:
+    """`lo – hi` (numbers with thousands separators) as two floats."""
+    lo, hi = text.split(" – ")
     return float(lo.replace(",", "")), float(hi.replace(",", ""))
 
 
@@ -90,9 +101,10 @@ def report(compact_run, static_run, tmp_path_factory):
 def test_outputs_exist_and_every_figure_is_drawn(report):
     _, _, out, proc, _ = report
     pngs = sorted(out.glob("*.png"))
-    # 2 workload + 3 load, then per run 2 calibration, 3 cost, 2 estimator and 2
-    # drill-down figures, except that static never trims, so it has no drill-down
-    assert len(pngs) == 5 + 9 + 7, [p.name for p in pngs]
+    # 2 workload + 3 load, then per run 1 policies, 2 calibration, 3 cost, 2 estimator and
+    # 2 drill-down figures, except that static never trims, so it has no drill-down
+    assert len(pngs) == 5 + 10 + 8, [p.name for p in pngs]
+    assert pngs[0].name == f"0.01-policies-{report[0].name}.png"  # the first section's
     for png in pngs:
         assert_png_ok(png)
     page = (out / "report.html").read_text()
@@ -202,8 +214,6 @@ def test_drill_down_equals_sql(report):
 
 def test_estimator_table_matches_estimate_command(report):
     run, _, _, _, tables = report
-    import json
-
     est = json.loads(cli("estimate", str(run), "--json").stdout)
     rows = tables[f"{run.name}: estimated vs true ceiling"]
     for r in rows:
@@ -234,7 +244,13 @@ def test_sglang_ingested_run_reports_what_is_missing(tmp_path):
     out = tmp_path / "report"
     proc = cli("report", str(run), "--out", str(out), "--quiet")
     summary = (out / "summary.md").read_text()
-    for needle in ("no step times", "no raw confidence logits", "no shadow truth"):
+    for needle in (
+        "no step times",
+        "no raw confidence logits",
+        "no shadow truth",
+        "ingested: nothing predicted: ",  # no cost table, no step times to fit one
+        "ingested: cost of trimming not predicted",
+    ):
         assert needle in summary, needle
     assert "missing" in proc.stdout
     for png in out.glob("*.png"):
@@ -250,3 +266,109 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "does not exist" in proc.stderr
+
+
+def test_cost_of_trimming_equals_whatif_trim_cost(report):
+    """The headline, report.json and the table carry `whatif.trim_cost` of the run, computed
+    here in process; its trimmed drafts are the shadow's ceiling minus accepted (SQL)."""
+    run, _, out, _, tables = report
+    entries = trim_cost(open_run(run))
+    assert {e["level"] for e in entries} == {4, 32}
+    js = json.loads((out / "report.json").read_text())[run.name]
+    assert js["whatif_missing"] is None
+    got = js["whatif"]["trim_cost"]
+    assert len(got) == len(entries)
+    for g, e in zip(got, entries, strict=True):
+        assert tuple(g) == TRIM_COST_KEYS
+        for key in TRIM_COST_KEYS:
+            assert g[key] == (pytest.approx(e[key], rel=1e-9) if key not in ("level", "workload")
+                              else e[key]), key  # fmt: skip
+        assert g["net_tokens_per_s"] == pytest.approx(g["step_time_saved"] + g["accepted_lost"])
+        assert g["net_lo"] <= g["net_tokens_per_s"] <= g["net_hi"]
+    trimmed = {
+        (bs, w): gap
+        for bs, w, gap in sql(
+            run,
+            """SELECT s.bs, r.workload, avg(r.shadow_ceiling - r.correct_drafts)
+               FROM requests r JOIN steps s USING (rank, forward_ct) WHERE s.bs > 0
+               GROUP BY ALL""",
+        )
+    }
+    rows = tables[f"{run.name}: cost of trimming against static"]
+    assert len(rows) == len(entries)
+    for r, e in zip(rows, entries, strict=True):
+        assert (num(r["bs"]), r["workload"]) == (e["level"], e["workload"])
+        net, saved, lost = (num(r[k]) for k in ("net tokens/s", "step time saved", "accepted lost"))
+        assert net == pytest.approx(e["net_tokens_per_s"], abs=0.051)
+        assert net == pytest.approx(saved + lost, abs=0.11)  # each shown to 0.1
+        assert span(r["interval"]) == pytest.approx((e["net_lo"], e["net_hi"]), abs=0.051)
+        if e["workload"] != "all":
+            expect = trimmed[(e["level"], e["workload"])]
+            assert num(r["trimmed/req-step"]) == pytest.approx(expect, abs=5e-4)
+    assert any(e["net_tokens_per_s"] > 0 for e in entries)  # trimming paid at bs 32
+    md = (out / "summary.md").read_text()
+    page = (out / "report.html").read_text()
+    top = md[: md.index("\n## ")]  # the header, above every section
+    for e in entries:
+        if e["workload"] == "all":
+            shown = f"bs {e['level']}: {e['net_tokens_per_s']:+,.1f} tokens/s"
+            assert shown in top and shown in page, shown
+    assert f"{run.name}: cost of trimming, net tokens/s" in top
+
+
+def _crossed(ys, base) -> bool:
+    d = [y / b - 1 for y, b in zip(ys, base, strict=True)]
+    return any(a * b < 0 for a, b in itertools.pairwise(d))
+
+
+def _note_after(markdown: str, title: str) -> str:
+    """The note under the table `### title`: the first text line after its rows."""
+    lines = markdown[markdown.index(f"### {title}\n") :].splitlines()[1:]
+    return next(line for line in lines if line and not line.startswith("|"))
+
+
+def test_policy_table_and_crossings_equal_whatif(report):
+    run, static_run, out, _, tables = report
+    md = (out / "summary.md").read_text()
+    for path, sps in ((run, []), (static_run, ["sps"])):  # a compact run's own is its sps
+        (mean,) = sql(path, 'SELECT avg("window") FROM requests')[0]
+        fixed = f"window={min(max(1, round(mean)), 6)}"  # the run's mean window, below gamma
+        policies = ["own", "static", *sps, "sps:scale=0.5", "sps:sts=none", fixed]
+        cells = [c for c in whatif(open_run(path), policies)["cells"] if c["workload"] == "all"]
+        rows = tables[f"{path.name}: predicted throughput by policy"]
+        assert [(r["policy"], num(r["bs"])) for r in rows] == [
+            (c["policy"], c["level"]) for c in cells
+        ]
+        static = {c["level"]: c["tokens_per_s"] for c in cells if c["policy"] == "static"}
+        for r, c in zip(rows, cells, strict=True):
+            assert num(r["tokens/s"]) == pytest.approx(c["tokens_per_s"], abs=0.51)
+            assert span(r["interval"]) == pytest.approx(
+                (c["tokens_per_s_lo"], c["tokens_per_s_hi"]), abs=0.51
+            )
+            rel = 100 * (c["tokens_per_s"] / static[c["level"]] - 1)
+            assert num(r["vs static %"]) == pytest.approx(rel, abs=0.0051)
+        md_note = _note_after(md, f"{path.name}: cost of trimming against static")
+        crossing = []
+        for p in ["own", *policies[2:]]:
+            ys = [c["tokens_per_s"] for c in cells if c["policy"] == p]
+            levels = [c["level"] for c in cells if c["policy"] == p]
+            if _crossed(ys, [static[lv] for lv in levels]):
+                crossing.append("this run" if p == "own" else p)
+        if crossing:
+            assert all(f"{p} at about bs " in md_note for p in crossing), md_note
+        else:
+            assert "No policy's curve crosses static's" in md_note
+
+
+def test_a_run_above_the_whatif_limit_is_left_to_whatif(compact_run, monkeypatch):
+    from dspark_obs.report import arms
+
+    run = open_run(compact_run[0])
+    n = run.requests().select(pl.len()).collect().item()
+    assert arms.too_large_for_whatif(run) is None
+    monkeypatch.setattr(arms, "WHATIF_MAX_REQUEST_STEPS", n - 1)
+    arm = arms.analyse("compact", run, 3)
+    arms.predict_policies(arm)
+    assert arm.whatif is None
+    assert arm.whatif_missing.startswith(f"{n:,} request-steps, more than the {n - 1:,}")
+    assert f"dspark-obs whatif {run.path}" in arm.whatif_missing

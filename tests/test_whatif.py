@@ -166,3 +166,52 @@ def test_whatif_cli(compact_run):
     assert bad.returncode == 2 and "unknown policy 'static,sps'" in bad.stderr
     assert "Traceback" not in bad.stderr
     assert "cost of trimming against static" in cli("summary", str(path)).stdout
+
+
+def test_crossings_interpolate_in_log_batch_size():
+    from dspark_obs.whatif.crossing import crossings
+
+    # -1 at bs 1, +1 at bs 4: halfway in log2 is bs 2; +2 at 16 is no second crossing
+    assert crossings([1, 4, 16], [-1.0, 1.0, 2.0]) == [{"lo": 1, "hi": 4, "bs": 2.0}]
+    # 0.3 to -0.1 is zero three quarters of the way from 8 (log2 3) to 32 (log2 5)
+    (c,) = crossings([8, 32], [0.3, -0.1])
+    assert c["bs"] == pytest.approx(2**4.5)
+    assert crossings([1, 4, 16], [0.0, 1.0, 2.0]) == []  # a tie is not a crossing
+    assert crossings([4], [1.0]) == []
+
+
+def test_a_policy_the_run_cannot_support_is_left_out_with_its_reason(runs, tmp_path):
+    sts = tmp_path / "sts3.json"
+    sts.write_text(json.dumps({"temperatures": [1.0, 1.5, 2.0]}))
+    policies = ["static", f"sps:sts={sts}"]
+    with pytest.raises(ValueError, match="STS has 3 temperatures, gamma 7"):
+        whatif(runs["compact"], policies)
+    report = whatif(runs["compact"], policies, skip_unavailable=True)
+    assert {c["policy"] for c in report["cells"]} == {"static"}
+    assert "STS has 3 temperatures" in report["unavailable"][f"sps:sts={sts}"]
+    assert "unavailable" not in whatif(runs["compact"], ["static"])
+
+
+def test_summary_shows_trimmed_drafts_per_workload(compact_run):
+    """The workload table's `trimmed` column: static's accepted drafts (with a shadow, its
+    ceiling exactly) minus the run's, per request-step of a step with requests."""
+    path, _ = compact_run
+    req = pl.read_parquet(path / "requests" / "*.parquet")
+    steps = pl.read_parquet(path / "steps" / "*.parquet").filter(pl.col("bs") > 0)
+    req = req.join(steps.select("rank", "forward_ct"), on=["rank", "forward_ct"])
+    gap = (pl.col("shadow_ceiling") - pl.col("correct_drafts")).mean()
+    expected = dict(req.group_by("workload").agg(gap).iter_rows())
+    expected["overall"] = req.select(gap).item()
+    text = cli("summary", str(path)).stdout
+    lines = text.splitlines()
+    header = next(line for line in lines if "workload" in line and "trimmed" in line)
+    names = [c.strip() for c in header.strip("┃").split("┃")]
+    seen = {}
+    for line in lines:
+        cells = [c.strip() for c in line.strip("│").split("│")]
+        if len(cells) == len(names) and cells[0] in expected:
+            seen[cells[0]] = float(cells[names.index("trimmed")])
+    assert seen.keys() == expected.keys()
+    for name, value in seen.items():
+        assert value == pytest.approx(expected[name], abs=5e-4), name
+    assert any(v > 0.01 for v in seen.values())  # the run did trim

@@ -9,7 +9,8 @@ Everything that is not a workload draws in neutral tones, told apart by style:
 - quantities of one workload (window, accepted, ceiling, estimates) are the
   workload's hue at different fills and hatches (`BAR_STYLES`);
 - runs (arms of a report or compare) are black and greys with their own line
-  style and marker (`run_style`);
+  style and marker (`run_style`); verify policies predicted on one run likewise
+  (`policy_style`), the run itself a black star;
 - stages and fit lines (calibration before/after STS, fitted vs run's table)
   are `INK` and `MUTED`; batch-size levels of the cost figures a sequential map.
 """
@@ -87,6 +88,25 @@ def run_style(i: int) -> dict:
     """`Axes.plot` keyword arguments of the i-th run (arm) of a report or compare."""
     colour, ls, marker = _RUN_STYLES[i % len(_RUN_STYLES)]
     return {"color": colour, "ls": ls, "marker": marker}
+
+
+_POLICY_STYLES = (
+    (INK, "-", "o"),
+    (MUTED, "--", "s"),
+    (INK, ":", "^"),
+    (MUTED, "-.", "D"),
+    (INK, "--", "v"),
+    (MUTED, ":", "P"),
+)
+
+#: `Axes.plot` keyword arguments of a run's own measured points among predicted policies.
+OWN_POINT = {"color": INK, "ls": "none", "marker": "*", "markersize": 11, "zorder": 5}
+
+
+def policy_style(i: int) -> dict:
+    """`Axes.plot` keyword arguments of the i-th verify policy of a what-if figure."""
+    colour, ls, marker = _POLICY_STYLES[i % len(_POLICY_STYLES)]
+    return {"color": colour, "ls": ls, "marker": marker, "markersize": 4}
 
 
 def levels(n: int) -> list[str]:

@@ -19,9 +19,13 @@ from .. import strict_json
 from ..analysis.compare import compare_runs
 from ..analysis.verdict import ci_text, num
 from ..report import overlay_figures
+from ..report.arms import too_large_for_whatif
+from ..store import open_run
+from ..whatif.trim_cost import trim_cost_or_why
 from .console import make_console
 from .errors import CliError
 from .views import timing_text
+from .whatif_views import render_trim_cost_pair
 
 
 def _value(text: Any, limit: int = 48) -> str:
@@ -94,6 +98,8 @@ def render(result: dict, console: Console) -> None:
     ]
     console.print(_table("steps by batch size (clusters: steps)", "bs", steps))
 
+    render_trim_cost_pair(result["trim_cost"], result["trim_cost_missing"], console)
+
     tested = result["tested"]
     if result["findings"]:
         console.print(
@@ -114,6 +120,20 @@ def render(result: dict, console: Console) -> None:
     )
 
 
+def trim_costs(paths: dict[str, Path]) -> dict:
+    """Each run's cost of trimming (its policy against static on its own traffic: a
+    prediction per run, not a bootstrap of the difference), or why it has none."""
+    pairs = {}
+    for name, path in paths.items():
+        run = open_run(path)
+        why = too_large_for_whatif(run)
+        pairs[name] = (None, why) if why else trim_cost_or_why(run)
+    return {
+        "trim_cost": {name: entries for name, (entries, _) in pairs.items()},
+        "trim_cost_missing": {name: why for name, (_, why) in pairs.items()},
+    }
+
+
 def handle(args: argparse.Namespace) -> int:
     result = compare_runs(
         args.run_a,
@@ -123,6 +143,7 @@ def handle(args: argparse.Namespace) -> int:
         seed=args.seed,
         batch_sizes=args.bs,
     )
+    result.update(trim_costs({"a": args.run_a, "b": args.run_b}))
     if args.json:
         print(strict_json.dumps(result, indent=2))
     else:

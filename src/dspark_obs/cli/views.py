@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import strict_json
+from ..whatif.headline import trimmed_by_workload
 from .console import make_console
 
 
@@ -75,11 +76,20 @@ def render_summary(summary: dict, console: Console) -> None:
         title += f" (+{summary['shadow']} shadow)"
     title += f"  gamma={summary['gamma']}  timing={timing_text(summary['timing'])}"
     table = Table(title=title, title_justify="left")
-    for col in ("workload", *_ENTRY_COLUMNS):
+    # static's accepted drafts minus the run's, per request-step (the cost of trimming's)
+    trimmed = trimmed_by_workload(summary["trim_cost"]) if summary.get("trim_cost") else None
+    columns = list(_ENTRY_COLUMNS)
+    if trimmed is not None:
+        columns.insert(columns.index("util") + 1, "trimmed")
+    for col in ("workload", *columns):
         table.add_column(col, justify="left" if col == "workload" else "right")
     rows = [*summary["workloads"].items(), ("overall", summary["overall"])]
     for name, e in rows:
-        table.add_row(name, *_entry_cells(e), end_section=name == rows[-2][0])
+        cells = _entry_cells(e)
+        if trimmed is not None:
+            key = "all" if name == "overall" else name
+            cells.insert(columns.index("trimmed"), _fmt(trimmed.get(key), 3))
+        table.add_row(name, *cells, end_section=name == rows[-2][0])
     console.print(table)
     if summary["load"] and any(r["budget_per_request"] is not None for r in summary["load"]):
         load = Table(title="load: budget per request by batch size", title_justify="left")
@@ -104,7 +114,8 @@ def render_summary(summary: dict, console: Console) -> None:
     }[ceiling]
     console.print(
         f"[dim]{note}; utilisation = accepted / ceiling over rows with a known "
-        "ceiling; tokens/s is simulated when timing=simulated[/dim]"
+        "ceiling; trimmed = static's predicted accepted drafts minus the run's, per "
+        "request-step; tokens/s is simulated when timing=simulated[/dim]"
     )
     if summary.get("trim_cost"):
         from .whatif_views import render_trim_cost

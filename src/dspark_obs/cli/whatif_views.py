@@ -5,11 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from ..whatif.headline import signed, trim_headline
 from .views import _fmt
-
-
-def _signed(x: float | None, digits: int = 0) -> str:
-    return "—" if x is None else f"{x:+,.{digits}f}"
 
 
 def render_whatif(report: dict, console: Console, *, workloads: bool) -> None:
@@ -62,11 +59,59 @@ def render_trim_cost(entries: list[dict], console: Console) -> None:
             _fmt(e["level"]),
             _fmt(e["tokens_per_s"], 0),
             _fmt(e["static_tokens_per_s"], 0),
-            _signed(e["net_tokens_per_s"]),
-            f"{_signed(e['net_lo'])} – {_signed(e['net_hi'])}",
-            _signed(None if e["net_share"] is None else 100 * e["net_share"], 1),
-            _signed(e["step_time_saved"]),
-            _signed(e["accepted_lost"]),
+            signed(e["net_tokens_per_s"]),
+            f"{signed(e['net_lo'])} – {signed(e['net_hi'])}",
+            signed(None if e["net_share"] is None else 100 * e["net_share"], 1),
+            signed(e["step_time_saved"]),
+            signed(e["accepted_lost"]),
             _fmt(e["trimmed_tokens_per_request_step"], 3),
         )
     console.print(table)
+
+
+def render_trim_cost_pair(trim: dict, missing: dict, console: Console) -> None:
+    """`compare`'s cost of trimming: each run's policy against its own static, A beside B
+    at every load level (whole batches), and each run's headline; a run that could not be
+    predicted says why."""
+    whole = {
+        name: {e["level"]: e for e in entries if e["workload"] == "all"}
+        for name, entries in trim.items()
+        if entries
+    }
+    for name in ("a", "b"):
+        if trim[name] is None:
+            console.print(f"[yellow]{name.upper()}: no cost of trimming:[/] {missing[name]}")
+        else:
+            console.print(f"{name.upper()}: cost of trimming: {trim_headline(trim[name])}")
+    if not whole:
+        return
+    table = Table(
+        title="cost of trimming against static, A and B (whole batch, tokens/s)",
+        title_justify="left",
+    )
+    for col in ("bs", "run", "tokens/s", "static", "net (%)", "interval", "saved", "lost",
+                "trimmed/req-step"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
+    levels = sorted({level for rows in whole.values() for level in rows})
+    for level in levels:
+        present = [(name, rows[level]) for name, rows in whole.items() if level in rows]
+        for i, (name, e) in enumerate(present):
+            share = None if e["net_share"] is None else 100 * e["net_share"]
+            table.add_row(
+                _fmt(level),
+                name.upper(),
+                _fmt(e["tokens_per_s"], 0),
+                _fmt(e["static_tokens_per_s"], 0),
+                f"{signed(e['net_tokens_per_s'], 1)} ({signed(share, 2)} %)",
+                f"{signed(e['net_lo'], 1)} – {signed(e['net_hi'], 1)}",
+                signed(e["step_time_saved"], 1),
+                signed(e["accepted_lost"], 1),
+                _fmt(e["trimmed_tokens_per_request_step"], 3),
+                end_section=i + 1 == len(present),
+            )
+    console.print(table)
+    console.print(
+        "[dim]each run against static predicted on its own traffic: net = saved + lost "
+        "(tokens/s); interval: the bracket on what static would have accepted where the run "
+        "trimmed; trimmed: static's mean accepted drafts minus the run's, per request-step[/dim]"
+    )

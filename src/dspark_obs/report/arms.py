@@ -25,9 +25,16 @@ from ..calibration import CalibrationAccumulator
 from ..estimator.evaluate import walked_blocks
 from ..palette import workload_palette
 from ..store import Run
+from ..whatif.predict import whatif
+from ..whatif.trim_cost import trim_cost_from_cells
 
 #: Requests whose step-by-step windows are drawn in the drill-down.
 TRACED_REQUESTS = 4
+
+#: Request-steps above which `report` and `compare` leave the what-if predictions to
+#: `dspark-obs whatif`: they cost about 10 s of CPU and 0.8 GB a million request-steps
+#: (docs/whatif.md), which would take a 10M-step report far past its budget.
+WHATIF_MAX_REQUEST_STEPS = 1_000_000
 
 
 @dataclass
@@ -47,6 +54,8 @@ class Arm:
     top: pl.DataFrame | None
     traces: pl.DataFrame | None
     notes: list[str] = field(default_factory=list)
+    whatif: dict | None = None  # `whatif` of `report_policies`, with its `trim_cost`
+    whatif_missing: str | None = None
 
 
 def arms_palette(arms: list[Arm]) -> dict[str | None, str]:
@@ -95,3 +104,41 @@ def analyse(label: str, run: Run, top: int) -> Arm:
         top=best,
         traces=traces,
     )
+
+
+def report_policies(arm: Arm) -> list[str]:
+    """What the report predicts: the run's own policy, static, the SPS scheduler (left out
+    of a compact run, whose own windows are the scheduler's), with half its budget and
+    without STS, and a fixed window of the run's mean size (as many verify tokens, not
+    chosen per request). Each policy costs a pass over the run, so none is repeated."""
+    mean = arm.summary["overall"]["mean_window"] or 1
+    k = min(max(1, round(mean)), arm.gamma - 1)
+    sps = [] if arm.run.manifest.get("mode") == "compact" else ["sps"]
+    return ["own", "static", *sps, "sps:scale=0.5", "sps:sts=none", f"window={k}"]
+
+
+def too_large_for_whatif(run: Run) -> str | None:
+    """Why the run is left to `dspark-obs whatif`, or None where the report predicts it."""
+    n = run.requests().select(pl.len()).collect().item() if has_requests(run) else 0
+    if n <= WHATIF_MAX_REQUEST_STEPS:
+        return None
+    return (
+        f"{n:,} request-steps, more than the {WHATIF_MAX_REQUEST_STEPS:,} the report and "
+        f"compare predict other policies for (see docs/whatif.md); "
+        f"`dspark-obs whatif {run.path}` predicts them on its own"
+    )
+
+
+def predict_policies(arm: Arm) -> None:
+    """Fill `arm.whatif` (the policies the run supports, the others under `unavailable`),
+    or `arm.whatif_missing` with why nothing could be predicted."""
+    arm.whatif_missing = too_large_for_whatif(arm.run)
+    if arm.whatif_missing:
+        return
+    try:
+        report = whatif(arm.run, report_policies(arm), skip_unavailable=True)
+    except ValueError as exc:
+        arm.whatif_missing = str(exc)
+        return
+    report["trim_cost"] = trim_cost_from_cells(report["cells"])
+    arm.whatif = report

@@ -32,7 +32,7 @@ from ..palette import workload_palette
 from ..store import open_run
 from ..store.fleet import expand_run_dirs, run_labels
 from ..strict_json import clean_json
-from .arms import Arm, analyse, has_requests
+from .arms import Arm, analyse, has_requests, predict_policies
 from .document import Figure, Section, html_page, markdown
 from .figure_queue import BACKGROUND_FIGURES_ROWS, FigureQueue
 from .figures import load as load_fig
@@ -42,14 +42,16 @@ from .sections import (
     cost_section,
     estimator_section,
     load_section,
+    policies_section,
     requests_section,
     workloads_section,
 )
+from .sections.policies import headline as policy_headline
 
 __all__ = ["TERMINAL_SECTIONS", "Report", "build_report", "overlay_figures"]
 
 #: Sections whose tables `report` also prints in the terminal.
-TERMINAL_SECTIONS = ("workloads", "load", "estimator", "cost", "requests")
+TERMINAL_SECTIONS = ("policies", "workloads", "load", "estimator", "cost", "requests")
 
 
 @dataclass
@@ -87,6 +89,8 @@ def _json(arms: list[Arm]) -> dict:
             },
             "estimate": arm.estimate,
             "top_requests": None if arm.top is None else arm.top.to_dicts(),
+            "whatif": arm.whatif,
+            "whatif_missing": arm.whatif_missing,
         }
     return clean_json(out)
 
@@ -163,6 +167,10 @@ def build_report(
         cost = cost_section(arms, w)
         requests = requests_section(arms, w, top)
         for arm in arms:
+            step(f"{arm.label}: what-if policies, cost of trimming")
+            predict_policies(arm)
+        policies = policies_section(arms, w)
+        for arm in arms:
             step(f"{arm.label}: ceiling estimator")
             arm.estimate = evaluate(arm.run)
         workloads = workloads_section(arms, w)
@@ -174,7 +182,7 @@ def build_report(
         step("drawing figures")
     finally:
         w.close()
-    sections = [workloads, load, calibration, cost, estimator, requests]
+    sections = [policies, workloads, load, calibration, cost, estimator, requests]
     title = "DSpark run report: " + ", ".join(a.label for a in arms)
     meta = [
         f"{a.label}: {a.run.path} — mode {a.run.manifest.get('mode')}"
@@ -185,6 +193,7 @@ def build_report(
         f"{a.summary['overall']['request_steps']:,} request-steps"
         for a in arms
     ]
+    meta += [policy_headline(a) for a in arms]
     md = out / "summary.md"
     md.write_text(markdown(title, meta, sections), encoding="utf-8")
     page = out / "report.html"

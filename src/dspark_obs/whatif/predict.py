@@ -368,14 +368,33 @@ def predict_policy(frame: RunFrame, policy: Policy, shapes, exact) -> list[dict]
     return out
 
 
-def whatif(run: Run, policies: list[str] | None = None, *, use_shadow: bool = True) -> dict:
-    """The `dspark-obs whatif --json` object: every policy's cells on the run's traffic."""
+def whatif(
+    run: Run,
+    policies: list[str] | None = None,
+    *,
+    use_shadow: bool = True,
+    skip_unavailable: bool = False,
+) -> dict:
+    """The `dspark-obs whatif --json` object: every policy's cells on the run's traffic.
+
+    `skip_unavailable` leaves out a policy the run cannot support (an SPS policy without
+    survivals or logits) and names it with the reason under `unavailable`, so that the
+    report draws what it can; without it such a policy is refused.
+    """
     parsed = [parse_policy(p) for p in (policies or DEFAULT_POLICIES)]
     frame = load_run_frame(run, use_shadow=use_shadow)
     inp = frame.inputs
     exact = exact_ceiling(inp)
     shapes = tail_shapes(inp, exact, int(inp.group.max()) + 1)
-    return {
+    cells, unavailable = [], {}
+    for policy in parsed:
+        try:
+            cells += predict_policy(frame, policy, shapes, exact)
+        except ValueError as exc:
+            if not skip_unavailable:
+                raise
+            unavailable[policy.spec] = str(exc)
+    out = {
         "run": str(run.path),
         "mode": run.manifest.get("mode"),
         "gamma": frame.gamma,
@@ -383,5 +402,8 @@ def whatif(run: Run, policies: list[str] | None = None, *, use_shadow: bool = Tr
         "request_steps": len(inp.window),
         "unknown_ceilings": len(shapes.rows),
         "ceiling_sources": frame.ceiling_sources,
-        "cells": [c for p in parsed for c in predict_policy(frame, p, shapes, exact)],
+        "cells": cells,
     }
+    if skip_unavailable:
+        out["unavailable"] = unavailable
+    return out

@@ -33,6 +33,7 @@ TRIM_COST_KEYS = (
     "step_time_saved",
     "accepted_lost",
     "trimmed_tokens_per_request_step",
+    "request_steps",
 )
 
 
@@ -58,14 +59,16 @@ def _entry(own: dict, static: dict) -> dict:
         "step_time_saved": saved,
         "accepted_lost": lost,
         "trimmed_tokens_per_request_step": static["mean_accepted"] - own["mean_accepted"],
+        "request_steps": own["request_steps"],
     }
 
 
-def trim_cost(run: Run, *, use_shadow: bool = True) -> list[dict]:
-    """Per (level, workload), `all` first in each level: the run's policy against static."""
-    cells = pl.DataFrame(whatif(run, ["own", "static"], use_shadow=use_shadow)["cells"])
-    own = cells.filter(pl.col("policy") == "own").drop("policy")
-    static = cells.filter(pl.col("policy") == "static").drop("policy")
+def trim_cost_from_cells(cells: list[dict]) -> list[dict]:
+    """`trim_cost` from `whatif` cells that hold the `own` and `static` policies, so that a
+    caller predicting other policies too (the report) loads the run once."""
+    frame = pl.DataFrame(cells).filter(pl.col("policy").is_in(["own", "static"]))
+    own = frame.filter(pl.col("policy") == "own").drop("policy")
+    static = frame.filter(pl.col("policy") == "static").drop("policy")
     out = []
     for o, s in zip(own.iter_rows(named=True), static.iter_rows(named=True), strict=True):
         if not (o["tokens_per_s"] and s["tokens_per_s"]):
@@ -74,10 +77,21 @@ def trim_cost(run: Run, *, use_shadow: bool = True) -> list[dict]:
     return out
 
 
-def trim_cost_or_none(run: Run) -> list[dict] | None:
-    """`trim_cost`, or None for a run it cannot be predicted for (one without a cost table
-    or step times to fit one): `summary` still prints everything else."""
+def trim_cost(run: Run, *, use_shadow: bool = True) -> list[dict]:
+    """Per (level, workload), `all` first in each level: the run's policy against static."""
+    return trim_cost_from_cells(whatif(run, ["own", "static"], use_shadow=use_shadow)["cells"])
+
+
+def trim_cost_or_why(run: Run) -> tuple[list[dict] | None, str | None]:
+    """`trim_cost`, or None and the reason for a run it cannot be predicted for (no
+    request-steps, or no cost table and no step times to fit one)."""
     try:
-        return trim_cost(run)
-    except ValueError:
-        return None
+        return trim_cost(run), None
+    except ValueError as exc:
+        return None, str(exc)
+
+
+def trim_cost_or_none(run: Run) -> list[dict] | None:
+    """`trim_cost`, or None for a run it cannot be predicted for: `summary` still prints
+    everything else."""
+    return trim_cost_or_why(run)[0]

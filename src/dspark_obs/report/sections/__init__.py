@@ -5,6 +5,7 @@ from .calibration import calibration_section
 from .cost import cost_quality_table, cost_section
 from .estimator import estimator_section
 from .load import load_section
+from .policies import policies_section
 from .requests import requests_section
 from .workloads import workloads_section
 
@@ -14,6 +15,7 @@ __all__ = [
     "cost_section",
     "estimator_section",
     "load_section",
+    "policies_section",
     "requests_section",
     "workloads_section",
 ]
