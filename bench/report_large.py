@@ -161,7 +161,13 @@ def _maxrss_mb(ru_maxrss: int) -> float:
 
 def time_report(run_dir: Path, out: Path) -> tuple[float, float]:
     """Wall seconds and peak RSS (MiB) of one `report` child process."""
-    cmd = [sys.executable, "-m", "dspark_obs", "report", str(run_dir), "--out", str(out), "--quiet"]
+    return time_dspark("report", run_dir, "--out", out, "--quiet")
+
+
+def time_dspark(*args: str | Path) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one `python -m dspark_obs ARGS` child process
+    (its standard output discarded)."""
+    cmd = [sys.executable, "-m", "dspark_obs", *map(str, args)]
     with tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
@@ -177,7 +183,7 @@ def time_report(run_dir: Path, out: Path) -> tuple[float, float]:
         if proc.returncode != 0:
             err.seek(0)
             raise RuntimeError(
-                f"report failed ({proc.returncode}):\n" + err.read().decode(errors="replace")
+                f"{args[0]} failed ({proc.returncode}):\n" + err.read().decode(errors="replace")
             )
     return seconds, _maxrss_mb(usage.ru_maxrss)
 

@@ -51,12 +51,13 @@ def measured_cells(run) -> dict:
     (`T / bs` each; for `all` the level's throughput), per-request tokens/s committed
     tokens over the step time its requests sat through: the definitions `whatif` predicts.
     """
-    from ..analysis.load import step_tokens
+    from ..analysis.load import load_level, step_tokens
 
-    steps = step_tokens(run).filter(pl.col("bs") > 0).select("rank", "forward_ct", "bs", "seconds")
+    steps = step_tokens(run).filter(pl.col("bs") > 0)
+    steps = steps.select("rank", "forward_ct", "bs", "seconds", load_level(steps).alias("level"))
     rows = run.requests().join(steps, on=["rank", "forward_ct"]).collect()
     rows = rows.select(
-        pl.col("bs").alias("level"),
+        "level",
         "workload",
         pl.col("acc_len").cast(pl.Float64),
         pl.col("correct_drafts").cast(pl.Float64),
@@ -73,9 +74,10 @@ def measured_cells(run) -> dict:
         rows.group_by("level")
         .agg(*figures[:3])
         .join(
-            steps.group_by("bs").agg((pl.col("seconds").mean() * 1e3).alias("step_ms")).collect(),
-            left_on="level",
-            right_on="bs",
+            steps.group_by("level")
+            .agg((pl.col("seconds").mean() * 1e3).alias("step_ms"))
+            .collect(),
+            on="level",
         )
     )
     out = {(r["level"], "all"): r for r in whole.iter_rows(named=True)}
@@ -206,7 +208,7 @@ def summarize_whatif_study(records: list[dict]) -> list[dict]:
     per_scope = cells.group_by(*keys, "scope").agg(
         pl.col("seeds").max(),
         pl.col("seed_max").max(),
-        pl.col("mean").abs().max().alias("mean"),
+        pl.col("mean").sort_by(pl.col("mean").abs()).last(),
         pl.col("sd").max(),
         (pl.col("within").sum() / pl.col("n").sum()).alias("within"),
         (pl.col("covered").sum() / pl.col("n").sum()).alias("coverage"),
@@ -248,7 +250,7 @@ def format_summary(rows: list[dict]) -> str:
             f"| {r['world']} | {r['policy']} | {r['level']} | "
             f"{pct(r['all_seed_max'])} / {100 * r['all_mean']:+.2f} / {pct(r['all_sd'])} | "
             f"{pct(r['all_within'])} / {pct(r['all_coverage'])} | "
-            f"{pct(r['wl_seed_max'])} / {100 * (r['wl_mean'] or 0):.2f} ({r['wl_worst']}) / "
+            f"{pct(r['wl_seed_max'])} / {100 * (r['wl_mean'] or 0):+.2f} ({r['wl_worst']}) / "
             f"{pct(r['wl_sd'])} | {pct(r['wl_within'])} / {pct(r['wl_coverage'])} |"
         )
     return "\n".join(lines)
