@@ -68,11 +68,32 @@ CELL_KEYS = (
 
 
 @dataclass
+class CellCodes:
+    """Each request-step's cell as integers, so that a policy's cells are `np.bincount`s.
+
+    `cell` is `level_code * len(workloads) + group`; `pair` a dense code of (level,
+    request), the clusters of the interval's cluster-robust part.
+    """
+
+    levels: np.ndarray  # the level of each level code
+    workloads: list  # the name of each workload code (None: rows without one)
+    level: np.ndarray  # [rows] level code
+    cell: np.ndarray  # [rows] (level, workload) code
+    pair: np.ndarray  # [rows] (level, request) code
+    pair_cell: np.ndarray  # [pairs] the pair's (level, workload) code
+    pair_level: np.ndarray  # [pairs] the pair's level code
+    step_level: np.ndarray  # [steps] level code
+    cell_steps: np.ndarray  # [cells] distinct steps holding the cell's rows
+    level_steps: np.ndarray  # [levels] steps
+
+
+@dataclass
 class RunFrame:
     """A run's request-steps, grouped by step, as the predictions read them."""
 
     gamma: int
-    rows: pl.DataFrame  # rank, forward_ct, rid, workload, level, step
+    step: np.ndarray  # [rows] the row's step (index into the step arrays)
+    cells: CellCodes
     inputs: AcceptInputs
     survival: np.ndarray | None
     logits: np.ndarray | None
@@ -183,7 +204,7 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
     step_key = (df["rank"].to_numpy() << 40) + df["forward_ct"].to_numpy()
     start = np.flatnonzero(np.concatenate(([True], step_key[1:] != step_key[:-1])))
     bs = np.diff(np.append(start, df.height))
-    df = df.with_columns(pl.Series("step", np.repeat(np.arange(len(start)), bs)))
+    step = np.repeat(np.arange(len(start)), bs)
     walk_point = df["walk_point"].to_numpy().astype(np.float64)
     inputs = AcceptInputs(
         gamma=gamma,
@@ -206,7 +227,8 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
     }
     return RunFrame(
         gamma=gamma,
-        rows=df.select("rank", "forward_ct", "rid", "workload", "level", "step"),
+        step=step,
+        cells=_cell_codes(df, step, start, [*known, None]),
         inputs=inputs,
         survival=_matrix(df, "survival", gamma),
         logits=_matrix(df, "confidence_logits", gamma),
@@ -218,6 +240,37 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
         table_source=source,
         tiers=_tiers(run),
         ceiling_sources=sources,
+    )
+
+
+def _cell_codes(df: pl.DataFrame, step: np.ndarray, start: np.ndarray, names: list) -> CellCodes:
+    levels, level = np.unique(df["level"].to_numpy(), return_inverse=True)
+    n_wl, n_cells = len(names), len(levels) * len(names)
+    codes = pl.DataFrame({"level": level, "group": df["group"], "step": step}).with_columns(
+        rid=df["rid"].cast(pl.Categorical).to_physical()
+    )
+    pair = codes.select(
+        (pl.col("level").cast(pl.Int64) * (1 << 32) + pl.col("rid").cast(pl.Int64)).rank("dense")
+        - 1
+    ).to_series()
+    cell = level * n_wl + codes["group"].to_numpy()
+    pair_np = pair.to_numpy().astype(np.int64)
+    pair_cell = np.zeros(int(pair_np.max()) + 1, np.int64)
+    pair_cell[pair_np] = cell
+    # a cell's steps: the distinct (step, workload) pairs of its rows
+    seen = codes.select("step", "group", "level").unique()
+    seen_cell = seen["level"].to_numpy() * n_wl + seen["group"].to_numpy()
+    return CellCodes(
+        levels=levels,
+        workloads=names,
+        level=level,
+        cell=cell,
+        pair=pair_np,
+        pair_cell=pair_cell,
+        pair_level=pair_cell // n_wl,
+        step_level=level[start],
+        cell_steps=np.bincount(seen_cell, minlength=n_cells),
+        level_steps=np.bincount(level[start], minlength=len(levels)),
     )
 
 
@@ -241,90 +294,67 @@ def step_seconds(frame: RunFrame, windows: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(measured), new, measured * new / old)
 
 
-def _cell_frame(frame: RunFrame, windows, accepted, seconds) -> pl.DataFrame:
-    point, lo, hi = accepted
-    step = frame.rows["step"].to_numpy()
-    bs = frame.step_bs[step]
-    t = seconds[step]
-    return frame.rows.select("rid", "workload", "level", "step").with_columns(
-        pl.Series("window", windows),
-        pl.Series("acc", point),
-        pl.Series("acc_lo", lo),
-        pl.Series("acc_hi", hi),
-        pl.Series("t_share", t / bs),
-        pl.Series("t", t),
-        pl.Series("tokens", (windows + 1).astype(np.float64)),
-    )
+class _Sums:
+    """Per-cell sums of a policy's request-steps: one `np.bincount` each."""
+
+    def __init__(self, index: np.ndarray, size: int) -> None:
+        self.index, self.size = index, size
+
+    def __call__(self, values: np.ndarray | None = None) -> np.ndarray:
+        return np.bincount(self.index, values, minlength=self.size).astype(np.float64)
 
 
-def _ratio_interval(num: str, den: str, lo: str, hi: str) -> list[pl.Expr]:
-    """`num/den` per cell with its interval: the bracket of the unknown ceilings, widened by
+def _rate_interval(
+    sums: _Sums,
+    pair_sums: _Sums,
+    pair_cell: np.ndarray,
+    com: np.ndarray,
+    den: np.ndarray,
+    bracket: tuple[np.ndarray, np.ndarray],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`com/den` per cell with its interval: the bracket of the unknown ceilings, widened by
     the spread between two runs of one policy on the same traffic (the prediction's and a
     real run's sampling errors: `sqrt(2)` standard errors of the ratio, each the larger of
     the cluster-robust one by request and the one treating request-steps as independent,
     so that a cell of one request still has a spread)."""
-    total = pl.col(den).sum()
-    rate = pl.col(num).sum() / total
-    rows = ((pl.col(num) - rate * pl.col(den)) ** 2).sum()
-    se = pl.max_horizontal(pl.col(f"_e2_{den}").first(), rows).sqrt() / total
-    half = Z95 * np.sqrt(2.0) * se
-    return [
-        rate.alias(f"_{den}_rate"),
-        (pl.col(lo).sum() / total - half).alias(f"_{den}_lo"),
-        (pl.col(hi).sum() / total + half).alias(f"_{den}_hi"),
-    ]
+    total = sums(den)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = sums(com) / total
+        rows = sums((com - rate[sums.index] * den) ** 2)
+        pc, pd = pair_sums(com), pair_sums(den)
+        clusters = np.bincount(pair_cell, (pc - rate[pair_cell] * pd) ** 2, minlength=len(total))
+        half = Z95 * np.sqrt(2.0) * np.sqrt(np.maximum(clusters, rows)) / total
+        lo, hi = (sums(b) / total for b in bracket)
+    return rate, lo - half, hi + half
 
 
-def _aggregate(cells: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    c = cells.with_columns(
-        (pl.col("acc") + 1).alias("com"),
-        (pl.col("acc_lo") + 1).alias("com_lo"),
-        (pl.col("acc_hi") + 1).alias("com_hi"),
-    )
-    # per request within the cell: residuals of the committed tokens around each ratio
-    per_rid = c.group_by(*by, "rid").agg(
-        pl.col("com").sum(), pl.col("t_share").sum(), pl.col("t").sum()
-    )
-    ratios = c.group_by(by).agg(
-        (pl.col("com").sum() / pl.col("t_share").sum()).alias("_rs"),
-        (pl.col("com").sum() / pl.col("t").sum()).alias("_rt"),
-    )
-    resid = (
-        per_rid.join(ratios, on=by)
-        .group_by(by)
-        .agg(
-            ((pl.col("com") - pl.col("_rs") * pl.col("t_share")) ** 2).sum().alias("_e2_t_share"),
-            ((pl.col("com") - pl.col("_rt") * pl.col("t")) ** 2).sum().alias("_e2_t"),
-        )
-    )
-    return (
-        c.join(resid, on=by)
-        .group_by(by)
-        .agg(
-            pl.col("step").n_unique().alias("steps"),
-            pl.len().alias("request_steps"),
-            pl.col("window").mean().alias("mean_window"),
-            pl.col("acc").mean().alias("mean_accepted"),
-            pl.col("acc_lo").mean().alias("mean_accepted_lo"),
-            pl.col("acc_hi").mean().alias("mean_accepted_hi"),
-            pl.col("com").mean().alias("mean_committed"),
-            (pl.col("tokens").sum() / pl.col("step").n_unique()).alias("_tokens_per_step"),
-            (pl.col("t").mean() * 1e3).alias("_step_ms"),
-            *_ratio_interval("com", "t_share", "com_lo", "com_hi"),
-            *_ratio_interval("com", "t", "com_lo", "com_hi"),
-        )
-    )
-
-
-def _step_level(frame: RunFrame, seconds: np.ndarray, windows: np.ndarray) -> pl.DataFrame:
-    """Per level: mean step time and packed verify tokens per step (whole batches)."""
-    level = frame.rows["level"].to_numpy()[frame.step_start]
-    tokens = frame.step_bs + np.add.reduceat(windows, frame.step_start)
-    return (
-        pl.DataFrame({"level": level, "t": seconds, "m": tokens})
-        .group_by("level")
-        .agg((pl.col("t").mean() * 1e3).alias("step_ms"), pl.col("m").mean().alias("verify"))
-    )
+def _cell_figures(frame: RunFrame, cells: np.ndarray, pairs: np.ndarray, n: int, windows,
+                  accepted, seconds) -> dict:  # fmt: skip
+    """Every cell's figures over the rows coded `cells` (`n` codes), clustered by `pairs`."""
+    point, lo, hi = accepted
+    c = frame.cells
+    t = seconds[frame.step]
+    share = t / frame.step_bs[frame.step]
+    sums, pair_sums = _Sums(cells, n), _Sums(c.pair, len(c.pair_cell))
+    pair_cell = c.pair_cell if n == len(c.cell_steps) else c.pair_level
+    bracket = (lo + 1, hi + 1)
+    count = sums()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = {
+            "request_steps": count,
+            "mean_window": sums(windows) / count,
+            "mean_accepted": sums(point) / count,
+            "mean_accepted_lo": sums(lo) / count,
+            "mean_accepted_hi": sums(hi) / count,
+            "mean_committed": sums(point + 1) / count,
+            "tokens": sums(windows + 1.0),
+            "step_ms": sums(t) / count * 1e3,
+        }
+    com = point + 1.0
+    for key, den in (("tokens_per_s", share), ("per_request_tokens_per_s", t)):
+        rate, r_lo, r_hi = _rate_interval(sums, pair_sums, pair_cell, com, den, bracket)
+        out[key], out[f"{key}_lo"], out[f"{key}_hi"] = rate, r_lo, r_hi
+    return out
 
 
 def predict_policy(frame: RunFrame, policy: Policy, shapes, exact) -> list[dict]:
@@ -342,40 +372,32 @@ def predict_policy(frame: RunFrame, policy: Policy, shapes, exact) -> list[dict]
     )
     accepted = accepted_under(inp, exact, shapes, windows)
     seconds = step_seconds(frame, windows)
-    cells = _cell_frame(frame, windows, accepted, seconds)
-    per_level = _step_level(frame, seconds, windows)
-    parts = [
-        _aggregate(cells.with_columns(pl.lit("all").alias("workload")), ["level", "workload"]),
-        _aggregate(cells, ["level", "workload"]),
-    ]
+    c = frame.cells
+    n_levels, n_wl = len(c.levels), len(c.workloads)
+    per_wl = _cell_figures(frame, c.cell, c.pair, n_levels * n_wl, windows, accepted, seconds)
+    whole = _cell_figures(frame, c.level, c.pair, n_levels, windows, accepted, seconds)
+    # whole batches: per level, the mean step time and packed verify tokens per step
+    level_steps = _Sums(c.step_level, n_levels)
+    step_tokens = frame.step_bs + np.add.reduceat(windows, frame.step_start)
+    whole["step_ms"] = level_steps(seconds) / c.level_steps * 1e3
+    whole["verify_tokens_per_step"] = level_steps(step_tokens) / c.level_steps
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_wl["verify_tokens_per_step"] = per_wl["tokens"] / c.cell_steps
     out = []
-    for part in parts:
-        part = part.join(per_level, on="level").sort("level", "workload")
-        for r in part.iter_rows(named=True):
-            whole = r["workload"] == "all"
-            out.append(
-                {
-                    "policy": policy.spec,
-                    "level": r["level"],
-                    "workload": r["workload"],
-                    "steps": r["steps"],
-                    "request_steps": r["request_steps"],
-                    "mean_window": r["mean_window"],
-                    "verify_tokens_per_step": r["verify"] if whole else r["_tokens_per_step"],
-                    "mean_accepted": r["mean_accepted"],
-                    "mean_accepted_lo": r["mean_accepted_lo"],
-                    "mean_accepted_hi": r["mean_accepted_hi"],
-                    "mean_committed": r["mean_committed"],
-                    "step_ms": r["step_ms"] if whole else r["_step_ms"],
-                    "tokens_per_s": r["_t_share_rate"],
-                    "tokens_per_s_lo": r["_t_share_lo"],
-                    "tokens_per_s_hi": r["_t_share_hi"],
-                    "per_request_tokens_per_s": r["_t_rate"],
-                    "per_request_tokens_per_s_lo": r["_t_lo"],
-                    "per_request_tokens_per_s_hi": r["_t_hi"],
-                }
-            )
-    out.sort(key=lambda c: (c["level"], c["workload"] != "all", c["workload"]))
+    for i, level in enumerate(c.levels.tolist()):
+        ids = [(whole, i, "all", c.level_steps[i])]
+        named = sorted((w, k) for k, w in enumerate(c.workloads) if w is not None)
+        unnamed = [(None, k) for k, w in enumerate(c.workloads) if w is None]
+        for w, k in named + unnamed:
+            ids.append((per_wl, i * n_wl + k, w, c.cell_steps[i * n_wl + k]))
+        for fig, j, workload, steps in ids:
+            if fig["request_steps"][j] == 0:
+                continue
+            cell = {"policy": policy.spec, "level": level, "workload": workload,
+                    "steps": int(steps), "request_steps": int(fig["request_steps"][j])}  # fmt: skip
+            for key in CELL_KEYS[5:]:
+                cell[key] = float(fig[key][j])
+            out.append(cell)
     return out
 
 
