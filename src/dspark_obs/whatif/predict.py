@@ -107,10 +107,14 @@ class RunFrame:
     ceiling_sources: dict
 
 
-def _matrix(df: pl.DataFrame, name: str, gamma: int) -> np.ndarray | None:
+def _matrix(df: pl.DataFrame, name: str, gamma: int, order: np.ndarray | None):
+    """Column `name` as `[rows, gamma]` float64 in the prediction's row order (`order`: the
+    requests table's row of each; None where it is the table's own), None if all NaN."""
     if name not in df.columns:
         return None
-    m = df[name].to_numpy().reshape(-1, gamma).astype(np.float64)
+    m = np.asarray(df[name].to_numpy().reshape(-1, gamma), dtype=np.float64)
+    if order is not None:
+        m = m[order]
     return None if np.isnan(m).all() else m
 
 
@@ -168,7 +172,6 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
         "window",
         "correct_drafts",
         pl.coalesce(pl.col("ceiling"), shadow).cast(pl.Float64).alias("known_ceiling"),
-        *matrices,
     ).with_row_index("row")
     blocks = walked_blocks(run)
     if blocks.collect_schema().names():
@@ -205,6 +208,11 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
     start = np.flatnonzero(np.concatenate(([True], step_key[1:] != step_key[:-1])))
     bs = np.diff(np.append(start, df.height))
     step = np.repeat(np.arange(len(start)), bs)
+    # the [rows, gamma] columns are read apart and put in order by row: joining and sorting
+    # them with the rest cost several times their reading
+    order = df["row"].to_numpy()
+    order = None if len(order) == _rows(req) and (np.diff(order) == 1).all() else order
+    mats = req.select(matrices).collect() if matrices else pl.DataFrame()
     walk_point = df["walk_point"].to_numpy().astype(np.float64)
     inputs = AcceptInputs(
         gamma=gamma,
@@ -212,7 +220,7 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
         accepted=df["correct_drafts"].to_numpy(),
         ceiling=df["known_ceiling"].to_numpy().astype(np.float64),
         group=df["group"].to_numpy(),
-        confidence=_matrix(df, "confidence", gamma),
+        confidence=_matrix(mats, "confidence", gamma, order),
         walk_exact=df["walk_exact"].fill_null(False).to_numpy(),
         walk_lo=df["walk_lo"].to_numpy().astype(np.float64),
         walk_point=walk_point,
@@ -230,8 +238,8 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
         step=step,
         cells=_cell_codes(df, step, start, [*known, None]),
         inputs=inputs,
-        survival=_matrix(df, "survival", gamma),
-        logits=_matrix(df, "confidence_logits", gamma),
+        survival=_matrix(mats, "survival", gamma, order),
+        logits=_matrix(mats, "confidence_logits", gamma, order),
         step_start=start,
         step_bs=bs,
         step_ms=step_ms,
@@ -241,6 +249,10 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
         tiers=_tiers(run),
         ceiling_sources=sources,
     )
+
+
+def _rows(frame: pl.LazyFrame) -> int:
+    return frame.select(pl.len()).collect().item()
 
 
 def _cell_codes(df: pl.DataFrame, step: np.ndarray, start: np.ndarray, names: list) -> CellCodes:
