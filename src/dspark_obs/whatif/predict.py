@@ -306,67 +306,69 @@ def step_seconds(frame: RunFrame, windows: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(measured), new, measured * new / old)
 
 
-class _Sums:
-    """Per-cell sums of a policy's request-steps: one `np.bincount` each."""
-
-    def __init__(self, index: np.ndarray, size: int) -> None:
-        self.index, self.size = index, size
-
-    def __call__(self, values: np.ndarray | None = None) -> np.ndarray:
-        return np.bincount(self.index, values, minlength=self.size).astype(np.float64)
-
-
 def _rate_interval(
-    sums: _Sums,
-    pair_sums: _Sums,
-    pair_cell: np.ndarray,
-    com: np.ndarray,
-    den: np.ndarray,
-    bracket: tuple[np.ndarray, np.ndarray],
+    sums: dict, index: np.ndarray, pair_scope: np.ndarray, pair_sums: dict, rows: dict, den: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`com/den` per cell with its interval: the bracket of the unknown ceilings, widened by
     the spread between two runs of one policy on the same traffic (the prediction's and a
     real run's sampling errors: `sqrt(2)` standard errors of the ratio, each the larger of
     the cluster-robust one by request and the one treating request-steps as independent,
     so that a cell of one request still has a spread)."""
-    total = sums(den)
+    n = len(sums["count"])
+    total = sums[den]
     with np.errstate(divide="ignore", invalid="ignore"):
-        rate = sums(com) / total
-        rows = sums((com - rate[sums.index] * den) ** 2)
-        pc, pd = pair_sums(com), pair_sums(den)
-        clusters = np.bincount(pair_cell, (pc - rate[pair_cell] * pd) ** 2, minlength=len(total))
-        half = Z95 * np.sqrt(2.0) * np.sqrt(np.maximum(clusters, rows)) / total
-        lo, hi = (sums(b) / total for b in bracket)
-    return rate, lo - half, hi + half
+        rate = (sums["acc"] + sums["count"]) / total
+        resid = pair_sums["com"] - rate[pair_scope] * pair_sums[den]
+        clusters = np.bincount(pair_scope, resid**2, minlength=n)
+        spread = np.bincount(index, (rows["com"] - rate[index] * rows[den]) ** 2, minlength=n)
+        half = Z95 * np.sqrt(2.0) * np.sqrt(np.maximum(clusters, spread)) / total
+        lo = (sums["lo"] + sums["count"]) / total - half
+        hi = (sums["hi"] + sums["count"]) / total + half
+    return rate, lo, hi
 
 
-def _cell_figures(frame: RunFrame, cells: np.ndarray, pairs: np.ndarray, n: int, windows,
-                  accepted, seconds) -> dict:  # fmt: skip
-    """Every cell's figures over the rows coded `cells` (`n` codes), clustered by `pairs`."""
+def _figures(sums: dict, index, pair_scope, pair_sums: dict, rows: dict) -> dict:
+    """A scope's cell figures from its sums (`index`, `pair_scope`: the rows' and the
+    (level, request) pairs' cells; `rows`: the row values the row-level spread reads)."""
+    count = sums["count"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = {
+            "request_steps": count,
+            "mean_window": sums["window"] / count,
+            "mean_accepted": sums["acc"] / count,
+            "mean_accepted_lo": sums["lo"] / count,
+            "mean_accepted_hi": sums["hi"] / count,
+            "mean_committed": (sums["acc"] + count) / count,
+            "tokens": sums["window"] + count,
+            "step_ms": sums["t"] / count * 1e3,
+        }
+    for key, den in (("tokens_per_s", "share"), ("per_request_tokens_per_s", "t")):
+        rate, lo, hi = _rate_interval(sums, index, pair_scope, pair_sums, rows, den)
+        out[key], out[f"{key}_lo"], out[f"{key}_hi"] = rate, lo, hi
+    return out
+
+
+def _cell_figures(frame: RunFrame, windows, accepted, seconds) -> tuple[dict, dict]:
+    """Every (level, workload) cell's figures and every level's (`all`): one `np.bincount`
+    per sum over the rows, the levels' sums those of their workloads."""
     point, lo, hi = accepted
     c = frame.cells
     t = seconds[frame.step]
     share = t / frame.step_bs[frame.step]
-    sums, pair_sums = _Sums(cells, n), _Sums(c.pair, len(c.pair_cell))
-    pair_cell = c.pair_cell if n == len(c.cell_steps) else c.pair_level
-    bracket = (lo + 1, hi + 1)
-    count = sums()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = {
-            "request_steps": count,
-            "mean_window": sums(windows) / count,
-            "mean_accepted": sums(point) / count,
-            "mean_accepted_lo": sums(lo) / count,
-            "mean_accepted_hi": sums(hi) / count,
-            "mean_committed": sums(point + 1) / count,
-            "tokens": sums(windows + 1.0),
-            "step_ms": sums(t) / count * 1e3,
-        }
     com = point + 1.0
-    for key, den in (("tokens_per_s", share), ("per_request_tokens_per_s", t)):
-        rate, r_lo, r_hi = _rate_interval(sums, pair_sums, pair_cell, com, den, bracket)
-        out[key], out[f"{key}_lo"], out[f"{key}_hi"] = rate, r_lo, r_hi
-    return out
+    n_levels, n_wl = len(c.levels), len(c.workloads)
+    values = {"window": windows, "acc": point, "lo": lo, "hi": hi, "t": t, "share": share}
+    per_wl = {k: np.bincount(c.cell, v, minlength=n_levels * n_wl) for k, v in values.items()}
+    per_wl["count"] = np.bincount(c.cell, minlength=n_levels * n_wl).astype(np.float64)
+    whole = {k: v.reshape(n_levels, n_wl).sum(axis=1) for k, v in per_wl.items()}
+    n_pairs = len(c.pair_cell)
+    pair_sums = {k: np.bincount(c.pair, v, minlength=n_pairs) for k, v in
+                 (("com", com), ("share", share), ("t", t))}  # fmt: skip
+    rows = {"com": com, "share": share, "t": t}
+    return (
+        _figures(per_wl, c.cell, c.pair_cell, pair_sums, rows),
+        _figures(whole, c.level, c.pair_level, pair_sums, rows),
+    )
 
 
 def predict_policy(frame: RunFrame, policy: Policy, shapes, exact) -> list[dict]:
@@ -386,13 +388,12 @@ def predict_policy(frame: RunFrame, policy: Policy, shapes, exact) -> list[dict]
     seconds = step_seconds(frame, windows)
     c = frame.cells
     n_levels, n_wl = len(c.levels), len(c.workloads)
-    per_wl = _cell_figures(frame, c.cell, c.pair, n_levels * n_wl, windows, accepted, seconds)
-    whole = _cell_figures(frame, c.level, c.pair, n_levels, windows, accepted, seconds)
+    per_wl, whole = _cell_figures(frame, windows, accepted, seconds)
     # whole batches: per level, the mean step time and packed verify tokens per step
-    level_steps = _Sums(c.step_level, n_levels)
     step_tokens = frame.step_bs + np.add.reduceat(windows, frame.step_start)
-    whole["step_ms"] = level_steps(seconds) / c.level_steps * 1e3
-    whole["verify_tokens_per_step"] = level_steps(step_tokens) / c.level_steps
+    level_sum = lambda v: np.bincount(c.step_level, v, minlength=n_levels)  # noqa: E731
+    whole["step_ms"] = level_sum(seconds) / c.level_steps * 1e3
+    whole["verify_tokens_per_step"] = level_sum(step_tokens) / c.level_steps
     with np.errstate(divide="ignore", invalid="ignore"):
         per_wl["verify_tokens_per_step"] = per_wl["tokens"] / c.cell_steps
     out = []
