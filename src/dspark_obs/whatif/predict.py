@@ -107,12 +107,15 @@ class RunFrame:
     ceiling_sources: dict
 
 
-def _matrix(df: pl.DataFrame, name: str, gamma: int, order: np.ndarray | None):
+def _matrix(req: pl.LazyFrame, name: str, gamma: int, order: np.ndarray | None, wanted: bool):
     """Column `name` as `[rows, gamma]` float64 in the prediction's row order (`order`: the
-    requests table's row of each; None where it is the table's own), None if all NaN."""
-    if name not in df.columns:
+    requests table's row of each; None where it is the table's own), None if all NaN or
+    not `wanted` (on 10M request-steps each is 560 MB: read only those a prediction uses)."""
+    if not wanted or name not in req.collect_schema().names():
         return None
-    m = np.asarray(df[name].to_numpy().reshape(-1, gamma), dtype=np.float64)
+    column = req.select(name).collect().to_series()
+    m = np.asarray(column.to_numpy().reshape(-1, gamma), dtype=np.float64)
+    del column
     if order is not None:
         m = m[order]
     return None if np.isnan(m).all() else m
@@ -139,19 +142,24 @@ def _tiers(run: Run) -> tuple[int, ...]:
     return tuple(int(t) for t in recorded) if recorded else DEFAULT_CAPTURE_TIERS
 
 
-def load_run_frame(run: Run, *, use_shadow: bool = True) -> RunFrame:
+def load_run_frame(
+    run: Run, *, use_shadow: bool = True, policies: list[Policy] | None = None
+) -> RunFrame:
     """The run's request-steps and steps as arrays; its walks joined where it has them.
 
     `use_shadow=False` ignores a cap-accept shadow twin's ceilings, so the prediction
-    rests on the ceiling estimator alone (how it is held to a real run).
+    rests on the ceiling estimator alone (how it is held to a real run). `policies`
+    (default: any) decides which `[rows, gamma]` columns are read: the survivals for an
+    SPS policy, the logits for one with another STS, the confidence only where some
+    ceiling is unknown (the population model reads it).
     """
     try:
-        return _load(run, use_shadow)
+        return _load(run, use_shadow, policies)
     except READ_ERRORS as exc:
         raise unreadable(run.path, exc) from exc
 
 
-def _load(run: Run, use_shadow: bool) -> RunFrame:
+def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame:
     gamma = run.gamma
     if "requests" not in run.tables():
         raise ValueError(
@@ -161,8 +169,8 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
     req = run.requests()
     names = req.select(pl.col("workload").unique()).collect()["workload"].to_list()
     known = sorted(n for n in names if n is not None)
-    have = set(req.collect_schema().names())
-    matrices = [c for c in ("confidence", "survival", "confidence_logits") if c in have]
+    sps = policies is None or any(p.kind == "sps" for p in policies)
+    recalibrated = policies is None or any(p.sts is not None for p in policies)
     shadow = pl.col("shadow_ceiling") if use_shadow else pl.lit(None, pl.Int64)
     keys = ["rank", "forward_ct", "rid"]
     rows = req.select(
@@ -212,7 +220,6 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
     # them with the rest cost several times their reading
     order = df["row"].to_numpy()
     order = None if len(order) == _rows(req) and (np.diff(order) == 1).all() else order
-    mats = req.select(matrices).collect() if matrices else pl.DataFrame()
     walk_point = df["walk_point"].to_numpy().astype(np.float64)
     inputs = AcceptInputs(
         gamma=gamma,
@@ -220,12 +227,14 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
         accepted=df["correct_drafts"].to_numpy(),
         ceiling=df["known_ceiling"].to_numpy().astype(np.float64),
         group=df["group"].to_numpy(),
-        confidence=_matrix(mats, "confidence", gamma, order),
+        confidence=None,
         walk_exact=df["walk_exact"].fill_null(False).to_numpy(),
         walk_lo=df["walk_lo"].to_numpy().astype(np.float64),
         walk_point=walk_point,
         walk_hi=df["walk_hi"].to_numpy().astype(np.float64),
     )
+    if np.isnan(exact_ceiling(inputs)).any():
+        inputs.confidence = _matrix(req, "confidence", gamma, order, True)
     table, source = _cost_table(run)
     step_ms = df["step_ms"].to_numpy()[start].astype(np.float64)
     tier = df["tier"].to_numpy()[start].astype(np.float64)
@@ -238,8 +247,8 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
         step=step,
         cells=_cell_codes(df, step, start, [*known, None]),
         inputs=inputs,
-        survival=_matrix(mats, "survival", gamma, order),
-        logits=_matrix(mats, "confidence_logits", gamma, order),
+        survival=_matrix(req, "survival", gamma, order, sps),
+        logits=_matrix(req, "confidence_logits", gamma, order, recalibrated),
         step_start=start,
         step_bs=bs,
         step_ms=step_ms,
@@ -417,7 +426,7 @@ def predict_policy(frame: RunFrame, policy: Policy, shapes, exact) -> list[dict]
 def whatif(run: Run, policies: list[str] | None = None, *, use_shadow: bool = True) -> dict:
     """The `dspark-obs whatif --json` object: every policy's cells on the run's traffic."""
     parsed = [parse_policy(p) for p in (policies or DEFAULT_POLICIES)]
-    frame = load_run_frame(run, use_shadow=use_shadow)
+    frame = load_run_frame(run, use_shadow=use_shadow, policies=parsed)
     inp = frame.inputs
     exact = exact_ceiling(inp)
     shapes = tail_shapes(inp, exact, int(inp.group.max()) + 1)
