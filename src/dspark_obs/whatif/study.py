@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -166,7 +167,10 @@ def whatif_study(
         for pair in pairs:
             take(_pair(*pair))
     else:
-        with ProcessPoolExecutor(jobs, initializer=_single_threaded) as pool:
+        # spawned, not forked: a fork of a process whose polars threads have started can
+        # hang in the child
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=_single_threaded) as pool:
             for done in as_completed([pool.submit(_pair, *pair) for pair in pairs]):
                 take(done.result())
     records.sort(key=lambda r: (r["world"], r["seed"], r["policy"], r["level"], r["workload"]))
