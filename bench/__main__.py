@@ -30,6 +30,7 @@ from . import (
     sglang_load,
     sglang_paths,
     torch_verify,
+    whatif_large,
 )
 from .common import ALLOCATOR
 
@@ -47,6 +48,7 @@ BENCHMARKS = {
     "torch_verify": torch_verify,
     "sglang_load": sglang_load,
     "answer_memory": answer_memory,
+    "whatif_large": whatif_large,
 }
 
 

@@ -155,8 +155,12 @@ def tile_run(base: Path, out: Path, copies: int) -> dict:
 
 def time_report(run_dir: Path, out: Path) -> tuple[float, float]:
     """Wall seconds and peak RSS (MiB) of one `report` child process."""
-    cmd = [sys.executable, "-m", "dspark_obs", "report", str(run_dir), "--out", str(out), "--quiet"]
-    seconds, rss, _ = time_child(cmd)
+    return time_dspark("report", run_dir, "--out", out, "--quiet")
+
+
+def time_dspark(*args: str | Path) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one `python -m dspark_obs ARGS` child process."""
+    seconds, rss, _ = time_child([sys.executable, "-m", "dspark_obs", *map(str, args)])
     return seconds, rss
 
 

@@ -116,35 +116,50 @@ def sps_windows(
 
     `survival` is `[rows, gamma]` with each step's rows contiguous from `step_start`;
     a step's budget is the argmax of the scheduler's objective (times `scale`), or
-    `per_request * bs` where given.
+    `per_request * bs` where given. The budget's K slots are the K largest survivals,
+    ties to earlier positions, then to earlier requests: every slot above the K-th
+    largest value, and the first of those equal to it in (position, request) order. Only
+    the values are sorted (the objective needs them in order, not where they came from),
+    which is several times cheaper than the scheduler's argsort and picks the same slots.
     """
     rows, gamma = survival.shape
     windows = np.zeros(rows, np.int64)
     for bs in np.unique(step_bs[step_bs > 0]).tolist():
         starts = step_start[step_bs == bs]
         width = bs * gamma
-        ks = np.arange(width + 1)
-        seconds = table.step_seconds(bs, ks)
-        position = np.tile(np.arange(gamma), bs)
+        seconds = table.step_seconds(bs, np.arange(width + 1))
         chunk = max(1, CHUNK_ENTRIES // width)
         for lo in range(0, len(starts), chunk):
             idx = starts[lo : lo + chunk, None] + np.arange(bs)[None, :]
-            flat = survival[idx].reshape(len(idx), width)
-            order = np.lexsort((np.broadcast_to(position, flat.shape), -flat), axis=-1)
+            block = survival[idx]  # [n, bs, gamma]
+            n = len(idx)
+            ranked = -np.sort(-block.reshape(n, width), axis=1)
             if per_request is not None:
-                k = np.full(len(idx), min(per_request * bs, width))
+                k = np.full(n, min(per_request * bs, width))
             else:
-                ranked = np.take_along_axis(flat, order, axis=1)
-                gains = np.zeros((len(idx), width + 1))
+                gains = np.zeros((n, width + 1))
                 np.cumsum(ranked, axis=1, out=gains[:, 1:])
                 k = np.argmax((bs + gains) / seconds, axis=1)
                 if scale != 1.0:
                     k = np.minimum(np.rint(scale * k).astype(np.int64), width)
-            chosen = np.arange(width)[None, :] < k[:, None]
-            picked = np.zeros(flat.shape, bool)
-            np.put_along_axis(picked, order, chosen, axis=1)
-            windows[idx.ravel()] = picked.reshape(len(idx), bs, gamma).sum(axis=2).ravel()
+            windows[idx.ravel()] = _top_k_windows(block, ranked, k).ravel()
     return windows
+
+
+def _top_k_windows(block: np.ndarray, ranked: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """`[n, bs]` slots per request among each step's `k` largest of `block` `[n, bs, gamma]`
+    (`ranked`: each step's values in decreasing order), ties to earlier positions, then
+    earlier requests (the scheduler's order)."""
+    n, bs, gamma = block.shape
+    v = np.take_along_axis(ranked, np.maximum(k - 1, 0)[:, None], axis=1)[:, :, None]
+    above = block > v
+    need = k - above.reshape(n, -1).sum(axis=1)
+    tied = (block == v).transpose(0, 2, 1)  # [n, gamma, bs]: position-major order
+    order = np.cumsum(tied.reshape(n, -1), axis=1).reshape(n, gamma, bs)
+    taken = tied & (order <= need[:, None, None])
+    chosen = above | taken.transpose(0, 2, 1)
+    chosen &= (k > 0)[:, None, None]
+    return chosen.sum(axis=2)
 
 
 def policy_windows(

@@ -68,11 +68,32 @@ CELL_KEYS = (
 
 
 @dataclass
+class CellCodes:
+    """Each request-step's cell as integers, so that a policy's cells are `np.bincount`s.
+
+    `cell` is `level_code * len(workloads) + group`; `pair` a dense code of (level,
+    request), the clusters of the interval's cluster-robust part.
+    """
+
+    levels: np.ndarray  # the level of each level code
+    workloads: list  # the name of each workload code (None: rows without one)
+    level: np.ndarray  # [rows] level code
+    cell: np.ndarray  # [rows] (level, workload) code
+    pair: np.ndarray  # [rows] (level, request) code
+    pair_cell: np.ndarray  # [pairs] the pair's (level, workload) code
+    pair_level: np.ndarray  # [pairs] the pair's level code
+    step_level: np.ndarray  # [steps] level code
+    cell_steps: np.ndarray  # [cells] distinct steps holding the cell's rows
+    level_steps: np.ndarray  # [levels] steps
+
+
+@dataclass
 class RunFrame:
     """A run's request-steps, grouped by step, as the predictions read them."""
 
     gamma: int
-    rows: pl.DataFrame  # rank, forward_ct, rid, workload, level, step
+    step: np.ndarray  # [rows] the row's step (index into the step arrays)
+    cells: CellCodes
     inputs: AcceptInputs
     survival: np.ndarray | None
     logits: np.ndarray | None
@@ -86,10 +107,17 @@ class RunFrame:
     ceiling_sources: dict
 
 
-def _matrix(df: pl.DataFrame, name: str, gamma: int) -> np.ndarray | None:
-    if name not in df.columns:
+def _matrix(req: pl.LazyFrame, name: str, gamma: int, order: np.ndarray | None, wanted: bool):
+    """Column `name` as `[rows, gamma]` float64 in the prediction's row order (`order`: the
+    requests table's row of each; None where it is the table's own), None if all NaN or
+    not `wanted` (on 10M request-steps each is 560 MB: read only those a prediction uses)."""
+    if not wanted or name not in req.collect_schema().names():
         return None
-    m = df[name].to_numpy().reshape(-1, gamma).astype(np.float64)
+    column = req.select(name).collect().to_series()
+    m = np.asarray(column.to_numpy().reshape(-1, gamma), dtype=np.float64)
+    del column
+    if order is not None:
+        m = m[order]
     return None if np.isnan(m).all() else m
 
 
@@ -114,19 +142,24 @@ def _tiers(run: Run) -> tuple[int, ...]:
     return tuple(int(t) for t in recorded) if recorded else DEFAULT_CAPTURE_TIERS
 
 
-def load_run_frame(run: Run, *, use_shadow: bool = True) -> RunFrame:
+def load_run_frame(
+    run: Run, *, use_shadow: bool = True, policies: list[Policy] | None = None
+) -> RunFrame:
     """The run's request-steps and steps as arrays; its walks joined where it has them.
 
     `use_shadow=False` ignores a cap-accept shadow twin's ceilings, so the prediction
-    rests on the ceiling estimator alone (how it is held to a real run).
+    rests on the ceiling estimator alone (how it is held to a real run). `policies`
+    (default: any) decides which `[rows, gamma]` columns are read: the survivals for an
+    SPS policy, the logits for one with another STS, the confidence only where some
+    ceiling is unknown (the population model reads it).
     """
     try:
-        return _load(run, use_shadow)
+        return _load(run, use_shadow, policies)
     except READ_ERRORS as exc:
         raise unreadable(run.path, exc) from exc
 
 
-def _load(run: Run, use_shadow: bool) -> RunFrame:
+def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame:
     gamma = run.gamma
     if "requests" not in run.tables():
         raise ValueError(
@@ -136,8 +169,8 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
     req = run.requests()
     names = req.select(pl.col("workload").unique()).collect()["workload"].to_list()
     known = sorted(n for n in names if n is not None)
-    have = set(req.collect_schema().names())
-    matrices = [c for c in ("confidence", "survival", "confidence_logits") if c in have]
+    sps = policies is None or any(p.kind == "sps" for p in policies)
+    recalibrated = policies is None or any(p.sts is not None for p in policies)
     shadow = pl.col("shadow_ceiling") if use_shadow else pl.lit(None, pl.Int64)
     keys = ["rank", "forward_ct", "rid"]
     rows = req.select(
@@ -147,7 +180,6 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
         "window",
         "correct_drafts",
         pl.coalesce(pl.col("ceiling"), shadow).cast(pl.Float64).alias("known_ceiling"),
-        *matrices,
     ).with_row_index("row")
     blocks = walked_blocks(run)
     if blocks.collect_schema().names():
@@ -173,17 +205,24 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
         measured_step_ms(),
         pl.coalesce("num_verify_tokens", "verify_tokens_local").alias("tier"),
     )
-    df = (
-        rows.join(step_cols, on=["rank", "forward_ct"], how="inner", maintain_order="left")
-        .sort("rank", "forward_ct", "row", maintain_order=True)
-        .collect()
-    )
+    df = rows.join(
+        step_cols, on=["rank", "forward_ct"], how="inner", maintain_order="left"
+    ).collect()
     if df.height == 0:
         raise ValueError(f"{run.path} holds no request-steps of a step with requests")
     step_key = (df["rank"].to_numpy() << 40) + df["forward_ct"].to_numpy()
+    if (np.diff(step_key) < 0).any():
+        # a run's parts in step order need no sort (the join kept their row order): sorting
+        # 10M rows with their strings costs seconds, checking the order milliseconds
+        df = df.sort("rank", "forward_ct", "row", maintain_order=True)
+        step_key = (df["rank"].to_numpy() << 40) + df["forward_ct"].to_numpy()
     start = np.flatnonzero(np.concatenate(([True], step_key[1:] != step_key[:-1])))
     bs = np.diff(np.append(start, df.height))
-    df = df.with_columns(pl.Series("step", np.repeat(np.arange(len(start)), bs)))
+    step = np.repeat(np.arange(len(start)), bs)
+    # the [rows, gamma] columns are read apart and put in order by row: joining and sorting
+    # them with the rest cost several times their reading
+    order = df["row"].to_numpy()
+    order = None if len(order) == _rows(req) and (np.diff(order) == 1).all() else order
     walk_point = df["walk_point"].to_numpy().astype(np.float64)
     inputs = AcceptInputs(
         gamma=gamma,
@@ -191,12 +230,14 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
         accepted=df["correct_drafts"].to_numpy(),
         ceiling=df["known_ceiling"].to_numpy().astype(np.float64),
         group=df["group"].to_numpy(),
-        confidence=_matrix(df, "confidence", gamma),
+        confidence=None,
         walk_exact=df["walk_exact"].fill_null(False).to_numpy(),
         walk_lo=df["walk_lo"].to_numpy().astype(np.float64),
         walk_point=walk_point,
         walk_hi=df["walk_hi"].to_numpy().astype(np.float64),
     )
+    if np.isnan(exact_ceiling(inputs)).any():
+        inputs.confidence = _matrix(req, "confidence", gamma, order, True)
     table, source = _cost_table(run)
     step_ms = df["step_ms"].to_numpy()[start].astype(np.float64)
     tier = df["tier"].to_numpy()[start].astype(np.float64)
@@ -206,10 +247,11 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
     }
     return RunFrame(
         gamma=gamma,
-        rows=df.select("rank", "forward_ct", "rid", "workload", "level", "step"),
+        step=step,
+        cells=_cell_codes(df, step, start, [*known, None]),
         inputs=inputs,
-        survival=_matrix(df, "survival", gamma),
-        logits=_matrix(df, "confidence_logits", gamma),
+        survival=_matrix(req, "survival", gamma, order, sps),
+        logits=_matrix(req, "confidence_logits", gamma, order, recalibrated),
         step_start=start,
         step_bs=bs,
         step_ms=step_ms,
@@ -218,6 +260,41 @@ def _load(run: Run, use_shadow: bool) -> RunFrame:
         table_source=source,
         tiers=_tiers(run),
         ceiling_sources=sources,
+    )
+
+
+def _rows(frame: pl.LazyFrame) -> int:
+    return frame.select(pl.len()).collect().item()
+
+
+def _cell_codes(df: pl.DataFrame, step: np.ndarray, start: np.ndarray, names: list) -> CellCodes:
+    levels, level = np.unique(df["level"].to_numpy(), return_inverse=True)
+    n_wl, n_cells = len(names), len(levels) * len(names)
+    codes = pl.DataFrame({"level": level, "group": df["group"], "step": step}).with_columns(
+        rid=df["rid"].cast(pl.Categorical).to_physical()
+    )
+    pair = codes.select(
+        (pl.col("level").cast(pl.Int64) * (1 << 32) + pl.col("rid").cast(pl.Int64)).rank("dense")
+        - 1
+    ).to_series()
+    cell = level * n_wl + codes["group"].to_numpy()
+    pair_np = pair.to_numpy().astype(np.int64)
+    pair_cell = np.zeros(int(pair_np.max()) + 1, np.int64)
+    pair_cell[pair_np] = cell
+    # a cell's steps: the distinct (step, workload) pairs of its rows
+    seen = codes.select("step", "group", "level").unique()
+    seen_cell = seen["level"].to_numpy() * n_wl + seen["group"].to_numpy()
+    return CellCodes(
+        levels=levels,
+        workloads=names,
+        level=level,
+        cell=cell,
+        pair=pair_np,
+        pair_cell=pair_cell,
+        pair_level=pair_cell // n_wl,
+        step_level=level[start],
+        cell_steps=np.bincount(seen_cell, minlength=n_cells),
+        level_steps=np.bincount(level[start], minlength=len(levels)),
     )
 
 
@@ -230,89 +307,68 @@ def step_seconds(frame: RunFrame, windows: np.ndarray) -> np.ndarray:
     )
 
 
-def _cell_frame(frame: RunFrame, windows, accepted, seconds) -> pl.DataFrame:
-    point, lo, hi = accepted
-    step = frame.rows["step"].to_numpy()
-    bs = frame.step_bs[step]
-    t = seconds[step]
-    return frame.rows.select("rid", "workload", "level", "step").with_columns(
-        pl.Series("window", windows),
-        pl.Series("acc", point),
-        pl.Series("acc_lo", lo),
-        pl.Series("acc_hi", hi),
-        pl.Series("t_share", t / bs),
-        pl.Series("t", t),
-        pl.Series("tokens", (windows + 1).astype(np.float64)),
-    )
-
-
-def _ratio_interval(num: str, den: str, lo: str, hi: str) -> list[pl.Expr]:
-    """`num/den` per cell with its interval: the bracket of the unknown ceilings, widened by
+def _rate_interval(
+    sums: dict, index: np.ndarray, pair_scope: np.ndarray, pair_sums: dict, rows: dict, den: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`com/den` per cell with its interval: the bracket of the unknown ceilings, widened by
     the spread between two runs of one policy on the same traffic (the prediction's and a
     real run's sampling errors: `sqrt(2)` standard errors of the ratio, each the larger of
     the cluster-robust one by request and the one treating request-steps as independent,
     so that a cell of one request still has a spread)."""
-    total = pl.col(den).sum()
-    rate = pl.col(num).sum() / total
-    rows = ((pl.col(num) - rate * pl.col(den)) ** 2).sum()
-    se = pl.max_horizontal(pl.col(f"_e2_{den}").first(), rows).sqrt() / total
-    half = Z95 * np.sqrt(2.0) * se
-    return [
-        rate.alias(f"_{den}_rate"),
-        (pl.col(lo).sum() / total - half).alias(f"_{den}_lo"),
-        (pl.col(hi).sum() / total + half).alias(f"_{den}_hi"),
-    ]
+    n = len(sums["count"])
+    total = sums[den]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = (sums["acc"] + sums["count"]) / total
+        resid = pair_sums["com"] - rate[pair_scope] * pair_sums[den]
+        clusters = np.bincount(pair_scope, resid**2, minlength=n)
+        spread = np.bincount(index, (rows["com"] - rate[index] * rows[den]) ** 2, minlength=n)
+        half = Z95 * np.sqrt(2.0) * np.sqrt(np.maximum(clusters, spread)) / total
+        lo = (sums["lo"] + sums["count"]) / total - half
+        hi = (sums["hi"] + sums["count"]) / total + half
+    return rate, lo, hi
 
 
-def _aggregate(cells: pl.DataFrame, by: list[str]) -> pl.DataFrame:
-    c = cells.with_columns(
-        (pl.col("acc") + 1).alias("com"),
-        (pl.col("acc_lo") + 1).alias("com_lo"),
-        (pl.col("acc_hi") + 1).alias("com_hi"),
-    )
-    # per request within the cell: residuals of the committed tokens around each ratio
-    per_rid = c.group_by(*by, "rid").agg(
-        pl.col("com").sum(), pl.col("t_share").sum(), pl.col("t").sum()
-    )
-    ratios = c.group_by(by).agg(
-        (pl.col("com").sum() / pl.col("t_share").sum()).alias("_rs"),
-        (pl.col("com").sum() / pl.col("t").sum()).alias("_rt"),
-    )
-    resid = (
-        per_rid.join(ratios, on=by)
-        .group_by(by)
-        .agg(
-            ((pl.col("com") - pl.col("_rs") * pl.col("t_share")) ** 2).sum().alias("_e2_t_share"),
-            ((pl.col("com") - pl.col("_rt") * pl.col("t")) ** 2).sum().alias("_e2_t"),
-        )
-    )
+def _figures(sums: dict, index, pair_scope, pair_sums: dict, rows: dict) -> dict:
+    """A scope's cell figures from its sums (`index`, `pair_scope`: the rows' and the
+    (level, request) pairs' cells; `rows`: the row values the row-level spread reads)."""
+    count = sums["count"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = {
+            "request_steps": count,
+            "mean_window": sums["window"] / count,
+            "mean_accepted": sums["acc"] / count,
+            "mean_accepted_lo": sums["lo"] / count,
+            "mean_accepted_hi": sums["hi"] / count,
+            "mean_committed": (sums["acc"] + count) / count,
+            "tokens": sums["window"] + count,
+            "step_ms": sums["t"] / count * 1e3,
+        }
+    for key, den in (("tokens_per_s", "share"), ("per_request_tokens_per_s", "t")):
+        rate, lo, hi = _rate_interval(sums, index, pair_scope, pair_sums, rows, den)
+        out[key], out[f"{key}_lo"], out[f"{key}_hi"] = rate, lo, hi
+    return out
+
+
+def _cell_figures(frame: RunFrame, windows, accepted, seconds) -> tuple[dict, dict]:
+    """Every (level, workload) cell's figures and every level's (`all`): one `np.bincount`
+    per sum over the rows, the levels' sums those of their workloads."""
+    point, lo, hi = accepted
+    c = frame.cells
+    t = seconds[frame.step]
+    share = t / frame.step_bs[frame.step]
+    com = point + 1.0
+    n_levels, n_wl = len(c.levels), len(c.workloads)
+    values = {"window": windows, "acc": point, "lo": lo, "hi": hi, "t": t, "share": share}
+    per_wl = {k: np.bincount(c.cell, v, minlength=n_levels * n_wl) for k, v in values.items()}
+    per_wl["count"] = np.bincount(c.cell, minlength=n_levels * n_wl).astype(np.float64)
+    whole = {k: v.reshape(n_levels, n_wl).sum(axis=1) for k, v in per_wl.items()}
+    n_pairs = len(c.pair_cell)
+    pair_sums = {k: np.bincount(c.pair, v, minlength=n_pairs) for k, v in
+                 (("com", com), ("share", share), ("t", t))}  # fmt: skip
+    rows = {"com": com, "share": share, "t": t}
     return (
-        c.join(resid, on=by)
-        .group_by(by)
-        .agg(
-            pl.col("step").n_unique().alias("steps"),
-            pl.len().alias("request_steps"),
-            pl.col("window").mean().alias("mean_window"),
-            pl.col("acc").mean().alias("mean_accepted"),
-            pl.col("acc_lo").mean().alias("mean_accepted_lo"),
-            pl.col("acc_hi").mean().alias("mean_accepted_hi"),
-            pl.col("com").mean().alias("mean_committed"),
-            (pl.col("tokens").sum() / pl.col("step").n_unique()).alias("_tokens_per_step"),
-            (pl.col("t").mean() * 1e3).alias("_step_ms"),
-            *_ratio_interval("com", "t_share", "com_lo", "com_hi"),
-            *_ratio_interval("com", "t", "com_lo", "com_hi"),
-        )
-    )
-
-
-def _step_level(frame: RunFrame, seconds: np.ndarray, windows: np.ndarray) -> pl.DataFrame:
-    """Per level: mean step time and packed verify tokens per step (whole batches)."""
-    level = frame.rows["level"].to_numpy()[frame.step_start]
-    tokens = frame.step_bs + np.add.reduceat(windows, frame.step_start)
-    return (
-        pl.DataFrame({"level": level, "t": seconds, "m": tokens})
-        .group_by("level")
-        .agg((pl.col("t").mean() * 1e3).alias("step_ms"), pl.col("m").mean().alias("verify"))
+        _figures(per_wl, c.cell, c.pair_cell, pair_sums, rows),
+        _figures(whole, c.level, c.pair_level, pair_sums, rows),
     )
 
 
@@ -331,40 +387,31 @@ def predict_policy(frame: RunFrame, policy: Policy, shapes, exact) -> list[dict]
     )
     accepted = accepted_under(inp, exact, shapes, windows)
     seconds = step_seconds(frame, windows)
-    cells = _cell_frame(frame, windows, accepted, seconds)
-    per_level = _step_level(frame, seconds, windows)
-    parts = [
-        _aggregate(cells.with_columns(pl.lit("all").alias("workload")), ["level", "workload"]),
-        _aggregate(cells, ["level", "workload"]),
-    ]
+    c = frame.cells
+    n_levels, n_wl = len(c.levels), len(c.workloads)
+    per_wl, whole = _cell_figures(frame, windows, accepted, seconds)
+    # whole batches: per level, the mean step time and packed verify tokens per step
+    step_tokens = frame.step_bs + np.add.reduceat(windows, frame.step_start)
+    level_sum = lambda v: np.bincount(c.step_level, v, minlength=n_levels)  # noqa: E731
+    whole["step_ms"] = level_sum(seconds) / c.level_steps * 1e3
+    whole["verify_tokens_per_step"] = level_sum(step_tokens) / c.level_steps
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_wl["verify_tokens_per_step"] = per_wl["tokens"] / c.cell_steps
     out = []
-    for part in parts:
-        part = part.join(per_level, on="level").sort("level", "workload")
-        for r in part.iter_rows(named=True):
-            whole = r["workload"] == "all"
-            out.append(
-                {
-                    "policy": policy.spec,
-                    "level": r["level"],
-                    "workload": r["workload"],
-                    "steps": r["steps"],
-                    "request_steps": r["request_steps"],
-                    "mean_window": r["mean_window"],
-                    "verify_tokens_per_step": r["verify"] if whole else r["_tokens_per_step"],
-                    "mean_accepted": r["mean_accepted"],
-                    "mean_accepted_lo": r["mean_accepted_lo"],
-                    "mean_accepted_hi": r["mean_accepted_hi"],
-                    "mean_committed": r["mean_committed"],
-                    "step_ms": r["step_ms"] if whole else r["_step_ms"],
-                    "tokens_per_s": r["_t_share_rate"],
-                    "tokens_per_s_lo": r["_t_share_lo"],
-                    "tokens_per_s_hi": r["_t_share_hi"],
-                    "per_request_tokens_per_s": r["_t_rate"],
-                    "per_request_tokens_per_s_lo": r["_t_lo"],
-                    "per_request_tokens_per_s_hi": r["_t_hi"],
-                }
-            )
-    out.sort(key=lambda c: (c["level"], c["workload"] != "all", c["workload"]))
+    for i, level in enumerate(c.levels.tolist()):
+        ids = [(whole, i, "all", c.level_steps[i])]
+        named = sorted((w, k) for k, w in enumerate(c.workloads) if w is not None)
+        unnamed = [(None, k) for k, w in enumerate(c.workloads) if w is None]
+        for w, k in named + unnamed:
+            ids.append((per_wl, i * n_wl + k, w, c.cell_steps[i * n_wl + k]))
+        for fig, j, workload, steps in ids:
+            if fig["request_steps"][j] == 0:
+                continue
+            cell = {"policy": policy.spec, "level": level, "workload": workload,
+                    "steps": int(steps), "request_steps": int(fig["request_steps"][j])}  # fmt: skip
+            for key in CELL_KEYS[5:]:
+                cell[key] = float(fig[key][j])
+            out.append(cell)
     return out
 
 
@@ -382,7 +429,7 @@ def whatif(
     report draws what it can; without it such a policy is refused.
     """
     parsed = [parse_policy(p) for p in (policies or DEFAULT_POLICIES)]
-    frame = load_run_frame(run, use_shadow=use_shadow)
+    frame = load_run_frame(run, use_shadow=use_shadow, policies=parsed)
     inp = frame.inputs
     exact = exact_ceiling(inp)
     shapes = tail_shapes(inp, exact, int(inp.group.max()) + 1)

@@ -1,0 +1,125 @@
+"""The what-if study's machinery: pairs run in worker processes, the truth measured from the
+real runs' tables, and the summary's arithmetic against a plain recomputation.
+
+Two seeds of a tiny sweep (two levels of 30 steps, static only) run once per module in two
+worker processes; the CLI's `--summarize` is driven as a subprocess on their records.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from statistics import mean
+
+import pytest
+
+from dspark_obs.analysis.load import load_curve
+from dspark_obs.whatif.study import (
+    TARGET_ERROR,
+    format_summary,
+    measured_cells,
+    summarize_whatif_study,
+    whatif_study,
+)
+
+
+@pytest.fixture(scope="module")
+def study():
+    parts = []
+    records = whatif_study(["reference"], [0, 1], policies=("static",), concurrency=(2, 8),
+                           steps=30, jobs=2, sink=parts.append)  # fmt: skip
+    return records, parts
+
+
+def test_pairs_run_in_workers_and_reach_the_sink(study):
+    records, parts = study
+    assert len(parts) == 2  # one call per (world, seed), as each finished
+    assert sorted(r["seed"] for part in parts for r in part) == sorted(r["seed"] for r in records)
+    cells = {(r["seed"], r["policy"], r["level"], r["workload"]) for r in records}
+    assert len(cells) == len(records)
+    for seed in (0, 1):
+        for policy in ("own", "static"):
+            assert {
+                (lv, w) for s, p, lv, w in cells if (s, p) == (seed, policy) and w == "all"
+            } == {
+                (2, "all"),
+                (8, "all"),
+            }
+
+
+def test_own_prediction_reproduces_the_measured_run(study):
+    for r in study[0]:
+        if r["policy"] == "own":
+            assert r["tokens_per_s_predicted"] == pytest.approx(r["tokens_per_s_real"], rel=1e-9)
+            assert r["mean_accepted_predicted"] == pytest.approx(r["mean_accepted_real"])
+            assert r["request_steps"] == r["request_steps_real"]
+
+
+def test_measured_cells_are_the_load_curve(compact_run):
+    from dspark_obs.store import open_run
+
+    run = open_run(compact_run[0])
+    cells = measured_cells(run)
+    for row in load_curve(run).iter_rows(named=True):
+        c = cells[(row["bs"], "all")]
+        assert c["tokens_per_s"] == pytest.approx(row["throughput_tokens_per_s"], rel=1e-12)
+        assert c["step_ms"] == pytest.approx(row["mean_step_ms"], rel=1e-12)
+
+
+def _by_hand(records: list[dict]) -> dict:
+    """The summary recomputed with plain Python, cell by cell."""
+    out = {}
+    keys = {(r["world"], r["policy"], r["level"]) for r in records}
+    for key in keys:
+        rows = [r for r in records if (r["world"], r["policy"], r["level"]) == key]
+        for scope, pick in (("all", lambda r: r["workload"] == "all"),
+                            ("wl", lambda r: r["workload"] != "all")):  # fmt: skip
+            part = [r for r in rows if pick(r)]
+            if not part:
+                continue
+            err = {id(r): r["tokens_per_s_predicted"] / r["tokens_per_s_real"] - 1 for r in part}
+            by_cell: dict[str, list[float]] = {}
+            for r in part:
+                by_cell.setdefault(r["workload"], []).append(err[id(r)])
+            worst = max(by_cell, key=lambda w: abs(mean(by_cell[w])))
+            out[(*key, scope)] = {
+                "seed_max": max(abs(e) for e in err.values()),
+                "mean": mean(by_cell[worst]),
+                "within": sum(abs(e) <= TARGET_ERROR for e in err.values()) / len(part),
+                "coverage": mean(
+                    r["tokens_per_s_lo"] <= r["tokens_per_s_real"] <= r["tokens_per_s_hi"]
+                    for r in part
+                ),
+            }
+    return out
+
+
+def test_summary_arithmetic(study):
+    records = study[0]
+    rows = summarize_whatif_study(records)
+    hand = _by_hand(records)
+    assert len(rows) == len({k[:3] for k in hand})
+    assert any(abs(r["all_mean"]) > 0 for r in rows if r["policy"] == "static")
+    for r in rows:
+        key = (r["world"], r["policy"], r["level"])
+        assert r["seeds"] == 2
+        for scope in ("all", "wl"):
+            h = hand[(*key, scope)]
+            for name in ("seed_max", "mean", "within", "coverage"):
+                assert r[f"{scope}_{name}"] == pytest.approx(h[name], abs=1e-12), (key, name)
+    table = format_summary(rows)
+    assert table.count("\n") == len(rows) + 1 and "| reference | static | 8 |" in table
+
+
+def test_summarize_cli(study, tmp_path):
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps(part) + "\n" for part in study[1]), encoding="utf-8")
+    cmd = [sys.executable, "-m", "dspark_obs.whatif.study"]
+    proc = subprocess.run([*cmd, "--summarize", str(path), "--json"], capture_output=True,
+                          text=True, check=True, timeout=120)  # fmt: skip
+    assert json.loads(proc.stdout) == json.loads(json.dumps(summarize_whatif_study(study[0])))
+    bad = subprocess.run([*cmd, "--summarize", str(tmp_path / "missing.jsonl")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode == 2 and "cannot read study records" in bad.stderr
+    assert "Traceback" not in bad.stderr
