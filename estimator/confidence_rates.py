@@ -126,15 +126,23 @@ class ConfidenceRates:
         same position within `SUPPORT_WIDTH` of the confidence: where the smooth model
         interpolates rather than extrapolates."""
         groups = np.asarray(groups, dtype=np.int64)
-        if len(groups):
+        return self.supported_at(groups[:, None], np.arange(self.gamma)[None, :], confidence)
+
+    def supported_at(
+        self, groups: np.ndarray, position: np.ndarray, confidence: np.ndarray
+    ) -> np.ndarray:
+        """`supported` at given (group, position, confidence) triples, broadcast together:
+        callers that need a few cells of many blocks ask for those alone."""
+        groups = np.asarray(groups, dtype=np.int64)
+        if groups.size:
             self._grow(int(groups.max()) + 1)
         count = self._cumulative()
         c = np.nan_to_num(confidence, nan=-1.0)
         lo = np.clip(((c - SUPPORT_WIDTH) * BINS).astype(np.int64), 0, BINS)
         hi = np.clip(((c + SUPPORT_WIDTH) * BINS).astype(np.int64) + 1, 0, BINS)
-        pos = np.arange(self.gamma)[None, :]
-        g = groups[:, None]
-        return (count[g, pos, hi] - count[g, pos, lo] >= SUPPORT) & ~np.isnan(confidence)
+        return (count[groups, position, hi] - count[groups, position, lo] >= SUPPORT) & ~np.isnan(
+            confidence
+        )
 
     def _cumulative(self) -> np.ndarray:
         """`[groups, gamma, BINS + 1]` known positions in the bins below each bin edge (kept
@@ -149,15 +157,22 @@ class ConfidenceRates:
         """`[k, gamma]` the predicted acceptance ratio at each block's positions (NaN where
         its confidence is NaN or its group has no known position)."""
         groups = np.asarray(groups, dtype=np.int64)
-        if len(groups):
+        return self.rates_at(groups[:, None], np.arange(self.gamma)[None, :], confidence)
+
+    def rates_at(
+        self, groups: np.ndarray, position: np.ndarray, confidence: np.ndarray
+    ) -> np.ndarray:
+        """`rates` at given (group, position, confidence) triples, broadcast together."""
+        groups = np.asarray(groups, dtype=np.int64)
+        if groups.size:
             self._grow(int(groups.max()) + 1)
         # the standardised coefficients as raw ones, per group: the linear predictor is then
-        # a few [k, gamma] operations, no [k, gamma, features] temporaries
+        # a few elementwise operations, no [..., features] temporaries
         raw = self._coef / self._scale
         raw[:, 0] -= (raw[:, 1:] * self._mean[:, 1:]).sum(axis=1)
-        b = raw[groups].T[:, :, None]  # [features, k, 1]
+        b = np.moveaxis(raw[groups], -1, 0)  # [features, *groups.shape]
         c = np.clip(confidence, _EPS, 1.0 - _EPS)
         lc = np.log(c) - np.log1p(-c)
-        pos = np.arange(self.gamma)[None, :]
-        z = b[0] + b[1] * pos + lc * (b[2] + b[3] * lc + b[4] * pos)
-        return np.where(np.isnan(confidence) | ~self.fitted(groups)[:, None], np.nan, sigmoid(z))
+        z = b[0] + b[1] * position + lc * (b[2] + b[3] * lc + b[4] * position)
+        fitted = self._sums[:, 0].any(axis=(1, 2))[groups]
+        return np.where(np.isnan(confidence) | ~fitted, np.nan, sigmoid(z))

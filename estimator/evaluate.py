@@ -199,7 +199,8 @@ def extrapolation_checks(req: pl.LazyFrame, names: list, gamma: int) -> list[dic
         mats = [sl[c].to_numpy().reshape(-1, gamma) for c in cols]
         conf, target_lp, draft_lp = (None if np.isnan(m).all() else m for m in mats)
         greedy = sl["greedy"].to_numpy()
-        check.observe(model, group, w, greedy, conf, target_lp, draft_lp)
+        fct = sl["forward_ct"].to_numpy()
+        check.observe(model, group, w, greedy, conf, target_lp, draft_lp, fct)
         model.update(group, w, a, conf)
     return [check.calibration(g) for g in range(len(names))]
 

@@ -10,7 +10,13 @@ rejected (verification scores the whole window in one pass). Those are the known
 positions the extrapolation is checked on.
 
 Held out: each batch of rows is checked against the model as it stood before it learnt
-them (prequential), so no position checks a model it taught. The comparison is the
+them (prequential), so no position checks a model it taught. Only the rows of one step
+in `CHECK_EVERY` are checked (`checked_steps`, a hash of the step's forward_ct, so the
+in-band check and its replay over a run's Parquet check the same rows): every sum of the
+check and of the blend's moments is then a sample of the full one, and the means,
+`ece` and the blend weight, ratios of those sums, are the full check's in expectation.
+Checking every verified position cost a third of the estimator's step; the smooth model
+still learns from every known position. The comparison is the
 block-accept tail model's (`tail_model.calibration_sums`, `calibration_report`): bins
 of the predicted rate, `calibrated` false where a bin of 20 or more positions misses by
 more than 0.02 + 3 standard errors (the ratios' and the mean of the predicted rates' own,
@@ -52,6 +58,11 @@ from .interval import acceptance_log_ratio, extra_parts, position_terms
 from .population import HazardModel
 from .tail_model import CALIBRATION_BINS, calibration_report, calibration_sums
 
+#: One step in this many has its rows checked (`checked_steps`).
+CHECK_EVERY = 4
+#: Fibonacci hashing's multiplier (2^64 / the golden ratio): its high bits mix the step.
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
 #: The smooth model's weight where no known position supports it (an extrapolation as
 #: much as the fallback is: the point takes the middle of the two).
 UNSUPPORTED_WEIGHT = 0.5
@@ -76,6 +87,14 @@ def known_ratios(
     return verified & sampled & ~np.isnan(a), a
 
 
+def checked_steps(forward_ct: np.ndarray) -> np.ndarray:
+    """Whether each step's rows are checked: one step in `CHECK_EVERY`, by the high bits of
+    a multiplicative hash of its forward_ct, so neighbouring steps and any period in the
+    traffic fall apart (the low bits of a counter would pick the same phase forever)."""
+    mixed = np.asarray(forward_ct).astype(np.uint64) * _GOLDEN
+    return (mixed >> np.uint64(40)) % np.uint64(CHECK_EVERY) == 0
+
+
 class ExtrapolationCheck:
     """Per group: the population model's rates against known ratios, held out (prequential)."""
 
@@ -97,8 +116,11 @@ class ExtrapolationCheck:
         confidence: np.ndarray | None,
         target_logprobs: np.ndarray | None,
         draft_logprobs: np.ndarray | None,
+        forward_ct: np.ndarray,
     ) -> None:
-        """Check rows against `model` before it learns them (call before `model.update`)."""
+        """Check the rows of the `checked_steps` (`forward_ct` per row) against `model`
+        before it learns them (call before `model.update`); the smooth model learns every
+        row's known positions."""
         group = np.asarray(group, dtype=np.int64)
         if len(group) and group.max() >= len(self.sums):
             grown = np.zeros((int(group.max()) + 1, 2, 5, CALIBRATION_BINS))
@@ -108,12 +130,23 @@ class ExtrapolationCheck:
             moments[: len(self.blend_moments)] = self.blend_moments
             self.blend_moments = moments
         known, a = known_ratios(window, greedy, target_logprobs, draft_logprobs, self.gamma)
-        rows = np.flatnonzero(known.any(axis=1))
-        if len(rows) == 0:
-            return
-        conf = None if confidence is None else confidence[rows]
-        rates, ident, se = model.rates(group[rows], conf)
-        known, a, group = known[rows], a[rows], group[rows]
+        rows = np.flatnonzero(checked_steps(forward_ct) & known.any(axis=1))
+        if len(rows):
+            conf = None if confidence is None else confidence[rows]
+            self._check(model, group[rows], known[rows], a[rows], conf)
+        if confidence is not None:
+            self.smooth.update(group, known, a, confidence)
+
+    def _check(
+        self,
+        model: HazardModel,
+        group: np.ndarray,
+        known: np.ndarray,
+        a: np.ndarray,
+        conf: np.ndarray | None,
+    ) -> None:
+        """Add checked rows to the calibration sums and the blend's moments."""
+        rates, ident, se = model.rates(group, conf)
         # the smooth model's rates, only on the rows with a known position in a silent cell
         silent = np.flatnonzero((known & ~ident).any(axis=1)) if conf is not None else []
         smooth = np.full(known.shape, np.nan)
@@ -130,8 +163,6 @@ class ExtrapolationCheck:
             d, e = smooth[r, c] - rates[r, c], a[r, c] - rates[r, c]
             self.blend_moments[:, 0] += np.bincount(group[r], d * e, groups)
             self.blend_moments[:, 1] += np.bincount(group[r], d * d, groups)
-        if conf is not None:
-            self.smooth.update(group, known, a, conf)
 
     def calibration(self, g: int) -> dict:
         """The held-out check of group `g` on positions in identified cells
@@ -167,13 +198,19 @@ class ExtrapolationCheck:
         rates, identified, _ = model.rates(groups, confidence)
         if confidence is None:
             return rates, identified
-        smooth = self.smooth.rates(groups, confidence)
+        # only the unidentified cells take the blend: the smooth model is asked for those
+        r, c = np.nonzero(~identified & ~np.isnan(confidence))
+        g, conf, fallback = np.asarray(groups, dtype=np.int64)[r], confidence[r, c], rates[r, c]
+        smooth = self.smooth.rates_at(g, c, conf)
         # where no known position is near, the smooth model extrapolates too: neither rate
         # is identified there, and the point takes the middle of the two
-        supported = self.smooth.supported(groups, confidence)
-        weight = np.where(supported, self.blend_weight(groups)[:, None], UNSUPPORTED_WEIGHT)
-        blended = np.where(np.isnan(smooth), rates, weight * (smooth - rates) + rates)
-        return np.where(identified, rates, blended), identified
+        supported = self.smooth.supported_at(g, c, conf)
+        weight = np.where(supported, self.blend_weight(g), UNSUPPORTED_WEIGHT)
+        blended = rates.copy()
+        blended[r, c] = np.where(
+            np.isnan(smooth), fallback, weight * (smooth - fallback) + fallback
+        )
+        return blended, identified
 
     def margin(self, groups: np.ndarray) -> np.ndarray:
         """`[k]` the groups' held-out ECE over identified cells: the half-width of an

@@ -239,6 +239,7 @@ class CeilingEstimator:
                 (
                     group, w, a, batch.confidence, batch.greedy,
                     batch.target_logprobs, batch.draft_logprobs,
+                    np.full(len(w), batch.forward_ct, np.int64),
                 )
             )  # fmt: skip
             if len(self._population_rows) >= POPULATION_BATCH_STEPS:
@@ -281,9 +282,9 @@ class CeilingEstimator:
         rows, self._population_rows = self._population_rows, []
         if not rows:
             return
-        group, w, a, greedy = (np.concatenate([r[i] for r in rows]) for i in (0, 1, 2, 4))
+        group, w, a, greedy, fct = (np.concatenate([r[i] for r in rows]) for i in (0, 1, 2, 4, 7))
         conf, target_lp, draft_lp = (self._matrix(rows, i) for i in (3, 5, 6))
-        self.check.observe(self.population, group, w, greedy, conf, target_lp, draft_lp)
+        self.check.observe(self.population, group, w, greedy, conf, target_lp, draft_lp, fct)
         self.population.update(group, w, a, conf)
 
     def _matrix(self, rows: list[tuple], i: int) -> np.ndarray | None:

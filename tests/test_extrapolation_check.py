@@ -14,7 +14,12 @@ import numpy as np
 import polars as pl
 import pytest
 from dspark_obs.estimator.confidence_rates import ConfidenceRates
-from dspark_obs.estimator.extrapolation_check import CheckedExtrapolation, ExtrapolationCheck
+from dspark_obs.estimator.extrapolation_check import (
+    CHECK_EVERY,
+    CheckedExtrapolation,
+    ExtrapolationCheck,
+    checked_steps,
+)
 from dspark_obs.estimator.interval import block_interval, extrapolated_parts, point_range
 from dspark_obs.estimator.online import CeilingEstimator
 from dspark_obs.estimator.population import HazardModel
@@ -39,9 +44,10 @@ def test_the_check_passes_on_the_reference_runtime(estimate):
         check = e["extrapolation_check"]
         assert check["calibrated"] is True, (name, check)
         assert check["ece"] < 0.03, name
-        # every known position is checked once: verified drafts of sampled rows with both
-        # log-probabilities, counted here from the stored matrices
+        # every known position of the checked steps is checked once: verified drafts of
+        # sampled rows with both log-probabilities, counted here from the stored matrices
         part = req.filter((pl.col("workload") == name) & ~pl.col("greedy"))
+        part = part.filter(checked_steps(part["forward_ct"].to_numpy()))
         p = part["target_logprobs"].to_numpy().reshape(-1, gamma)
         q = part["draft_logprobs"].to_numpy().reshape(-1, gamma)
         w = (part["verify_len"] - 1).to_numpy()
@@ -88,7 +94,7 @@ def test_the_point_is_the_population_models_where_there_is_no_smooth_rate(compac
         if bare:
             est.extrapolation = est.population.expected_extra
         else:
-            est.check.smooth.rates = lambda groups, conf: np.full(np.shape(conf), np.nan)
+            est.check.smooth.rates_at = lambda groups, pos, conf: np.full(np.shape(conf), np.nan)
         for batch in run.batches():
             est.update(batch)
         est.close()
@@ -135,7 +141,7 @@ def test_unidentified_cells_take_the_blend_the_held_out_positions_chose():
     for _ in range(3):  # the first batch teaches the smooth model; later ones check it
         conf = rng.uniform(0.05, 0.9, (n, gamma))
         p, q = np.log(conf / 2), np.zeros((n, gamma))
-        check.observe(model, np.zeros(n, np.int64), window, greedy, conf, p, q)
+        check.observe(model, np.zeros(n, np.int64), window, greedy, conf, p, q, _CHECKED)
     np.testing.assert_allclose(check.blend_weight(np.array([0, 1])), [1.0, 0.0], atol=0.05)
     conf = np.array([[0.95, 0.6, 0.3, 0.5]])
     assert check.smooth.supported(np.zeros(1, np.int64), conf)[0, 1:].all()
@@ -154,6 +160,34 @@ def test_unidentified_cells_take_the_blend_the_held_out_positions_chose():
     smooth = check.smooth.rates(np.zeros(1, np.int64), far)
     got, _ = check.rates(model, np.zeros(1, np.int64), far)
     np.testing.assert_allclose(got[0, 1:], (fallback + smooth)[0, 1:] / 2, rtol=1e-12)
+
+
+#: The first step whose rows are checked.
+_CHECKED = int(np.flatnonzero(checked_steps(np.arange(64)))[0])
+
+
+def test_one_step_in_check_every_is_checked_and_every_step_teaches_the_smooth_model():
+    """The check samples whole steps by a hash of forward_ct: about one in `CHECK_EVERY`
+    of any run of steps, and of every residue of a power-of-two period (slot-like counters
+    would keep one phase); rows of other steps are not checked, but the smooth model learns
+    them all (its cells count every known position)."""
+    fct = np.arange(1 << 16)
+    picked = checked_steps(fct)
+    assert picked.mean() == pytest.approx(1 / CHECK_EVERY, rel=0.02)
+    for period in (4, 64, 256):
+        share = np.bincount(fct % period, picked, period) / np.bincount(fct % period)
+        assert np.abs(share - 1 / CHECK_EVERY).max() < 0.04, period
+    gamma, n = 3, 100
+    model, check = _thin_model(gamma), ExtrapolationCheck(gamma)
+    conf = np.full((n, gamma), 0.8)
+    p, q = np.full((n, gamma), np.log(0.4)), np.zeros((n, gamma))
+    window, greedy = np.full(n, gamma), np.zeros(n, np.int8)
+    skipped = int(np.flatnonzero(~picked)[0])
+    steps = np.where(np.arange(n) < 30, _CHECKED, skipped)  # 30 rows checked, 70 not
+    check.observe(model, np.zeros(n, np.int64), window, greedy, conf, p, q, steps)
+    report = check.calibration(0)
+    assert report["held_out"] + report["unidentified_cells"]["held_out"] == 30 * gamma
+    assert check.smooth._sums[0, 0].sum() == n * gamma
 
 
 def _thin_model(gamma: int) -> HazardModel:
@@ -204,7 +238,7 @@ def test_identified_cells_range_within_the_checked_margin():
     conf = np.full((n, gamma), 0.95)
     p = np.full((n, gamma), np.log(0.45))
     q = np.full((n, gamma), np.log(0.5))
-    check.observe(model, np.zeros(n, np.int64), window, greedy, conf, p, q)
+    check.observe(model, np.zeros(n, np.int64), window, greedy, conf, p, q, _CHECKED)
     report = check.calibration(0)
     assert report["held_out"] == n and report["unidentified_cells"]["held_out"] == 0
     assert report["ece"] == pytest.approx(0.1, rel=1e-12)
