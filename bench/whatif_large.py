@@ -32,7 +32,7 @@ from .report_large import (
     QUICK_REQUEST_STEPS,
     TARGET_RSS_MB,
     TARGET_S,
-    _dspark,
+    run_dspark,
     tile_run,
     time_dspark,
 )
@@ -53,7 +53,7 @@ def run(quick: bool) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="bench-whatif-") as tmp:
         root = Path(tmp)
         base = root / "base"
-        _dspark("run", *BASE_ARGS, "--out", base)
+        run_dspark("run", *BASE_ARGS, "--out", base)
         base_rs = int(json.loads((base / MANIFEST).read_text(encoding="utf-8"))["request_steps"])
         copies = math.ceil(wanted / base_rs)
         start = time.perf_counter()
