@@ -317,8 +317,9 @@ def test_cost_of_trimming_equals_whatif_trim_cost(report):
 
 
 def _crossed(ys, base) -> bool:
+    """A sign change among the levels where the two differ by more than 0.01 %."""
     d = [y / b - 1 for y, b in zip(ys, base, strict=True)]
-    return any(a * b < 0 for a, b in itertools.pairwise(d))
+    return any(a * b < 0 for a, b in itertools.pairwise(x for x in d if abs(x) > 1e-4))
 
 
 def _note_after(markdown: str, title: str) -> str:

@@ -178,6 +178,14 @@ def test_crossings_interpolate_in_log_batch_size():
     assert c["bs"] == pytest.approx(2**4.5)
     assert crossings([1, 4, 16], [0.0, 1.0, 2.0]) == []  # a tie is not a crossing
     assert crossings([4], [1.0]) == []
+    # +6e-6 at a level where the two are equal (bs 1, nothing trimmed) gives no sign: the
+    # only crossing is the real one, from -0.001 at 8 to +0.014 at 32 (1/15 of the way,
+    # in log2 from 3 to 5)
+    (c,) = crossings([1, 8, 32], [6e-6, -0.001, 0.014])
+    assert (c["lo"], c["hi"]) == (8, 32) and c["bs"] == pytest.approx(2 ** (3 + 2 / 15))
+    # a change through equal levels 4 and 16 crosses on that stretch, at its middle (bs 8)
+    (c,) = crossings([1, 4, 16, 64], [-0.2, 0.0, -5e-5, 0.3])
+    assert (c["lo"], c["hi"]) == (4, 16) and c["bs"] == pytest.approx(8.0)
 
 
 def test_a_policy_the_run_cannot_support_is_left_out_with_its_reason(runs, tmp_path):
