@@ -26,7 +26,7 @@ from dspark_obs.hooks.sglang_worker import SOURCE, attach  # noqa: E402
 from dspark_obs.hooks.step_layout import StepLayout  # noqa: E402
 from dspark_obs.pipeline import build_pipeline  # noqa: E402
 from tests.hook_reference import StepStream, reference_batch  # noqa: E402
-from tests.test_sglang_hook import Observers, metrics  # noqa: E402
+from tests.test_sglang_hook import Observers, metrics, rows_the_hook_reads  # noqa: E402
 
 
 def to_cuda(value, dtype=None):
@@ -82,9 +82,10 @@ def test_the_hook_on_a_gpu_publishes_what_the_reference_does():
     for _ in range(60):
         kw = stream.step()
         worker._observers.observe_verify_step(**to_cuda(kw, torch.bfloat16))
-        # the reference reads the same bf16 logits, widened on the host
+        # the reference reads the same bf16 logits, widened on the host, and learns from the
+        # rows the hook reads
         batch, gather = reference_batch(to_cuda(kw, torch.bfloat16), stream.g)
-        reference.ingest(batch, SOURCE, gather)
+        reference.ingest(rows_the_hook_reads(batch), SOURCE, gather)
         hook.drain()
     assert hook.submitter.fused
     assert_close_metrics(metrics(hook.pipeline), metrics(reference))

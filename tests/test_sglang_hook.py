@@ -392,7 +392,7 @@ def test_kernel_rows_are_split_only_while_they_leave_programs_to_fill():
     """Slices per logit row: a power of two bringing the rows to the programs asked for."""
     from dspark_obs.hooks.pack_triton import MAX_SPLITS, splits_for
 
-    assert splits_for(2000, 528) == splits_for(528, 528) == 1
-    assert splits_for(512, 528) == 2
-    assert splits_for(128, 528) == 8  # 528 / 128 = 4.1 slices: the next power of two
+    assert splits_for(2000, 528) == splits_for(264, 528) == 1
+    assert splits_for(263, 528) == 4  # 528 / 263 = 2.01 slices: the next power of two
+    assert splits_for(128, 528) == 8
     assert splits_for(1, 528) == MAX_SPLITS
