@@ -62,7 +62,7 @@ class TritonPacker:
     """Packs a step with one launch whose only changing argument is a table of addresses.
 
     Triton's launcher binds every argument on every call (tens of microseconds for the
-    ~45 a step has), so the step's small inputs travel as addresses in a 27-word table:
+    ~45 a step has), so the step's small inputs travel as addresses in a 29-word table:
     the serving thread writes it into a page-locked row (one per ring slot, so a row is
     never rewritten before the device has read it), one copy takes it to the device, and
     the kernel casts each address to its dtype's pointer (the dtypes are one constant).
