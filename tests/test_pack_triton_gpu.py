@@ -21,12 +21,12 @@ if not torch.cuda.is_available():
 
 from dspark_obs.hooks.observed_step import ObservedStep  # noqa: E402
 from dspark_obs.hooks.pack_torch import TorchPacker  # noqa: E402
-from dspark_obs.hooks.pack_triton import TritonPacker  # noqa: E402
+from dspark_obs.hooks.pack_triton import MAX_SPLITS, TritonPacker  # noqa: E402
 from dspark_obs.hooks.sglang_worker import SOURCE, attach  # noqa: E402
 from dspark_obs.hooks.step_layout import StepLayout  # noqa: E402
 from dspark_obs.pipeline import build_pipeline  # noqa: E402
 from tests.hook_reference import StepStream, reference_batch  # noqa: E402
-from tests.test_sglang_hook import Observers, metrics  # noqa: E402
+from tests.test_sglang_hook import Observers, metrics, rows_the_hook_reads  # noqa: E402
 
 
 def to_cuda(value, dtype=None):
@@ -46,13 +46,16 @@ def to_cuda(value, dtype=None):
     ids=["mixed", "greedy-draft", "no-confidence", "sampled-long-tails"],
 )
 @pytest.mark.parametrize("vocab", [6, 20_000])
-def test_the_kernel_writes_what_the_torch_form_writes(options, vocab):
+@pytest.mark.parametrize("programs_per_sm", [0, 1000], ids=["one-program-a-row", "split-rows"])
+def test_the_kernel_writes_what_the_torch_form_writes(options, vocab, programs_per_sm):
+    """Rows read whole by one program, and split over the most slices (empty ones included
+    where the vocabulary is small), must give the same blocks."""
     stream = StepStream(seed=7, vocab=vocab, requests=12, **options)
     layout = StepLayout(stream.g)
     ref = TorchPacker(layout, 64, "cuda")
     out = torch.empty((64, layout.width), dtype=torch.float64, device="cuda")
     stamp = torch.zeros(1, dtype=torch.int64, device="cuda")
-    fused = TritonPacker(layout, 64, "cuda", out, stamp, rows=4)
+    fused = TritonPacker(layout, 64, "cuda", out, stamp, rows=4, programs_per_sm=programs_per_sm)
     cuda_stream = torch.cuda.current_stream().cuda_stream
     gathered = 0
     for seq in range(1, 81):
@@ -67,6 +70,7 @@ def test_the_kernel_writes_what_the_torch_form_writes(options, vocab):
         gathered += int((got[:, layout.columns["gather_offset"]] >= 0).sum())
     if options.get("greedy_every") == 0:
         assert gathered > 50
+    assert set(fused.splits.values()) == ({1} if programs_per_sm == 0 else {MAX_SPLITS})
 
 
 def test_the_hook_on_a_gpu_publishes_what_the_reference_does():
@@ -78,9 +82,10 @@ def test_the_hook_on_a_gpu_publishes_what_the_reference_does():
     for _ in range(60):
         kw = stream.step()
         worker._observers.observe_verify_step(**to_cuda(kw, torch.bfloat16))
-        # the reference reads the same bf16 logits, widened on the host
+        # the reference reads the same bf16 logits, widened on the host, and learns from the
+        # rows the hook reads
         batch, gather = reference_batch(to_cuda(kw, torch.bfloat16), stream.g)
-        reference.ingest(batch, SOURCE, gather)
+        reference.ingest(rows_the_hook_reads(batch), SOURCE, gather)
         hook.drain()
     assert hook.submitter.fused
     assert_close_metrics(metrics(hook.pipeline), metrics(reference))

@@ -3,12 +3,19 @@
 The same numbers as the torch form (`pack_torch.py`, the definition), but in
 one launch over a (request, row) grid, because the serving thread can afford a
 launch or two per step and the torch form takes dozens. Program (b, r) for r <= gamma
-owns target row r of request b; for r > gamma, draft row r - gamma - 1. A program
-reads its logit row once, only where a number needs it (a sampled request's row
-inside its window, its bonus row, a tail's first mismatch; a draft row only inside
-a trimmed sampled request's tail), keeps an online maximum and sum of exponentials,
-and picks every token it owes from that one pass. Program (b, 0) also writes the
-request's columns and walks its slot's tails.
+owns target row r of request b; for r > gamma, draft row r - gamma - 1. A row is
+read once, only where a number needs it (a sampled request's row inside its window,
+its bonus row, a tail's first mismatch; a draft row only inside a trimmed sampled
+request's tail), keeping an online maximum and sum of exponentials, and every token
+it owes is picked after that one pass. Program (b, 0) also writes the request's
+columns and walks its slot's tails.
+
+A few hundred rows leave most of a large GPU idle when each has one program, so at
+small batches a row is split into S slices over the grid's third axis: each slice's
+program writes its partial (maximum, sum) and takes a ticket from the row's counter;
+the program that takes the last ticket combines the S pairs, writes the row's
+numbers and resets the counter. S is chosen from the batch (`splits_for`), 1 at
+large batches, where the rows alone fill the GPU and the ticket would only cost.
 
 The tail table is double-buffered per slot, with the step that wrote each half:
 every program of a request reads the half written last before this step, and
@@ -22,9 +29,11 @@ from .observed_step import ObservedStep
 from .step_layout import StepLayout
 
 #: Logits per load and warps per program: the fastest pair measured on an H200 (B = 256,
-#: V = 129,280; bench/RESULTS.md). Splitting a row over several programs, combined through
-#: an atomic counter, was measured slower at every batch and left out.
+#: V = 129,280; bench/RESULTS.md).
 BLOCK, NUM_WARPS = 8192, 4
+#: Programs per SM to aim for when rows are split, and the most slices a row takes
+#: (H200, B = 16 .. 256; bench/RESULTS.md).
+PROGRAMS_PER_SM, MAX_SPLITS = 4, 16
 
 #: The step's small inputs, by address in the argument table, in this order; each one's
 #: dtype is four bits of the kernel's `DT` constant (`_dtype_codes`).
@@ -35,8 +44,8 @@ INPUTS = ("draft", "verify_lens", "accepted", "committed", "cap_trim", "bonus", 
 (T_SEQ, T_OUT, T_STAMP, T_LIVE, T_START, T_NEXT, T_EXPECT, T_BORN, T_TAIL,
  T_TSTAMP, T_P) = range(11)  # fmt: skip
 T_IN = 11
-T_S_DRAFT, T_S_CONF, T_S_RAW = range(T_IN + len(INPUTS), T_IN + len(INPUTS) + 3)
-TABLE = T_S_RAW + 1
+T_S_DRAFT, T_S_CONF, T_S_RAW, T_PART, T_TICK = range(T_IN + len(INPUTS), T_IN + len(INPUTS) + 5)
+TABLE = T_TICK + 1
 # has-flags, bits of the kernel's `FL` constant
 F_VLEN, F_CONF, F_RAW, F_TARGET, F_DRAFT, F_GREEDY_DRAFT = 1, 2, 4, 8, 16, 32
 
@@ -53,7 +62,7 @@ class TritonPacker:
     """Packs a step with one launch whose only changing argument is a table of addresses.
 
     Triton's launcher binds every argument on every call (tens of microseconds for the
-    ~45 a step has), so the step's small inputs travel as addresses in a 27-word table:
+    ~45 a step has), so the step's small inputs travel as addresses in a 29-word table:
     the serving thread writes it into a page-locked row (one per ring slot, so a row is
     never rewritten before the device has read it), one copy takes it to the device, and
     the kernel casts each address to its dtype's pointer (the dtypes are one constant).
@@ -63,9 +72,11 @@ class TritonPacker:
     """
 
     def __init__(self, layout: StepLayout, pool_slots: int, device, out, stamp, rows: int,
-                 *, block: int = BLOCK, num_warps: int = NUM_WARPS) -> None:  # fmt: skip
+                 *, block: int = BLOCK, num_warps: int = NUM_WARPS,
+                 programs_per_sm: int = PROGRAMS_PER_SM) -> None:  # fmt: skip
         import torch
 
+        from ..kernels.token_logprobs import _sm_count
         from .device_copy import DeviceCopy
 
         self.kernel = _kernel()  # ImportError without Triton: the caller falls back
@@ -73,6 +84,8 @@ class TritonPacker:
         self.pool_slots = pool_slots
         self.device = torch.device(device)
         self.block, self.num_warps = block, num_warps
+        self.programs = programs_per_sm * _sm_count(self.device)
+        self.splits: dict[int, int] = {}
         g, e = layout.gamma, layout.entries
         i64 = dict(dtype=torch.int64, device=device)
         self.t_live = torch.zeros((pool_slots, 2, e), dtype=torch.int8, device=device)
@@ -83,6 +96,11 @@ class TritonPacker:
         self.t_tail = torch.zeros((pool_slots, 2, e, g), **i64)
         self.t_stamp = torch.tensor([[-1, -2]], **i64).repeat(pool_slots, 1)
         self.dummy = torch.zeros(8, dtype=torch.float32, device=device)
+        # a split row's partial (maximum, sum) per slice, and its ticket counter (kept at 0
+        # between launches: the last program of a row resets it)
+        rows_max = out.shape[0] * (2 * g + 1)
+        self.part = torch.zeros((rows_max, MAX_SPLITS, 2), dtype=torch.float32, device=device)
+        self.tick = torch.zeros(rows_max, dtype=torch.int32, device=device)
         if layout.columns != kernel_columns(g, e):
             raise ValueError("the packed step's layout is not the one the kernel writes")
         self.gp2 = max(2, 1 << (g - 1).bit_length())
@@ -95,6 +113,8 @@ class TritonPacker:
                  self.t_born, self.t_tail, self.t_stamp)  # fmt: skip
         self.rows[:, T_OUT:T_P] = [t.data_ptr() for t in fixed]
         self.rows[:, T_P] = pool_slots
+        self.rows[:, T_PART] = self.part.data_ptr()
+        self.rows[:, T_TICK] = self.tick.data_ptr()
         self.copy = DeviceCopy()
         self.codes = _dtype_codes()
         self.compiled: dict[tuple, object] = {}
@@ -120,7 +140,7 @@ class TritonPacker:
         )  # fmt: skip
         host = self.rows[row]
         host[T_SEQ] = seq
-        host[T_IN:TABLE] = [t.data_ptr() for t in inputs] + [
+        host[T_IN:T_PART] = [t.data_ptr() for t in inputs] + [
             step.draft.stride(0),
             0 if conf is None else conf.stride(0),
             0 if raw is None else raw.stride(0),
@@ -135,8 +155,12 @@ class TritonPacker:
         else:
             sd0, sd1, vd = dlog.stride(0), dlog.stride(1), dlog.shape[-1]
         tp, dp = target.data_ptr(), dlog.data_ptr()
-        key = (dt, flags, st, v, sd0, sd1, vd, target.dtype, dlog.dtype, tp % 16, dp % 16)
-        grid = (step.bs, 2 * self.layout.gamma + 1, 1)
+        bs = step.bs
+        split = self.splits.get(bs)
+        if split is None:
+            split = self.splits[bs] = splits_for(bs * (self.layout.gamma + 1), self.programs)
+        key = (dt, flags, st, v, sd0, sd1, vd, target.dtype, dlog.dtype, tp % 16, dp % 16, split)
+        grid = (bs, 2 * self.layout.gamma + 1, split)
         hit = self.compiled.get(key)
         if hit is not None:
             k, constants = hit
@@ -146,11 +170,27 @@ class TritonPacker:
         lay = self.layout
         constants = dict(G=lay.gamma, GP2=self.gp2, E=lay.entries, EP2=self.ep2,
                          WIDTH=lay.width, BLOCK=self.block, DT=dt, FL=flags, S_T=st, V=v,
-                         S_D0=sd0, S_D1=sd1, VD=vd)  # fmt: skip
+                         S_D0=sd0, S_D1=sd1, VD=vd, SPLIT=split,
+                         CH_T=_slice(v, split, self.block),
+                         CH_D=_slice(vd, split, self.block))  # fmt: skip
         kernel = self.kernel[grid](self.table, target, dlog, **constants,
                                    num_warps=self.num_warps)  # fmt: skip
         if _no_launch_hooks():
             self.compiled[key] = (kernel, tuple(constants.values()))
+
+
+def splits_for(rows: int, programs: int) -> int:
+    """Slices per row: the power of two that brings `rows` (the most a step can read) to
+    `programs` or just over, at most MAX_SPLITS; 1 once the rows reach half of it (on an
+    H200 at B = 64, 512 rows: two slices were slower than one)."""
+    if 2 * rows >= programs:
+        return 1
+    return min(MAX_SPLITS, 1 << (-(-programs // rows) - 1).bit_length())
+
+
+def _slice(n: int, split: int, block: int) -> int:
+    """Logits per slice: whole blocks, so that every slice's loads stay aligned."""
+    return max(1, -(-n // (split * block))) * block
 
 
 def _no_launch_hooks() -> bool:
@@ -190,12 +230,13 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def row_lse(base, n: tl.constexpr, scale, BLOCK: tl.constexpr):
-        # online (max, sum of exp) over one row, each logit read once; exp2 with log2(e)/t
+    def row_slice(base, lo, n: tl.constexpr, scale, CH: tl.constexpr, BLOCK: tl.constexpr):
+        # online (max, sum of exp) over logits [lo, lo + CH) of a row of n, each read once;
+        # exp2 with log2(e)/t
         m = tl.full([], float("-inf"), tl.float32)
         s = tl.full([], 0.0, tl.float32)
-        for off in range(0, n, BLOCK):
-            idx = off + tl.arange(0, BLOCK)
+        for off in range(0, CH, BLOCK):
+            idx = lo + off + tl.arange(0, BLOCK)
             x = tl.load(base + idx, mask=idx < n, other=float("-inf")).to(tl.float32)
             m_new = tl.maximum(m, tl.max(x, 0))
             m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -204,104 +245,36 @@ def _kernel():
         return m, s
 
     @triton.jit
-    def addr(tab, i: tl.constexpr, CODE: tl.constexpr):
-        # entry i of the argument table as a pointer to its dtype (_dtype_codes' order)
-        a = tl.load(tab + i)
-        if CODE == 0:
-            p = a.to(tl.pointer_type(tl.int64))
-        elif CODE == 1:
-            p = a.to(tl.pointer_type(tl.int32))
-        elif CODE == 2:
-            p = a.to(tl.pointer_type(tl.int16))
-        elif CODE == 3:
-            p = a.to(tl.pointer_type(tl.int8))
-        elif CODE == 4:
-            p = a.to(tl.pointer_type(tl.uint8))
-        elif CODE == 5:
-            p = a.to(tl.pointer_type(tl.int8))  # torch's bool: one byte, 0 or 1
-        elif CODE == 6:
-            p = a.to(tl.pointer_type(tl.float64))
-        elif CODE == 7:
-            p = a.to(tl.pointer_type(tl.float32))
-        elif CODE == 8:
-            p = a.to(tl.pointer_type(tl.float16))
-        else:
-            p = a.to(tl.pointer_type(tl.bfloat16))
-        return p
+    def row_lse(base, n: tl.constexpr, scale, part, tick, row, c,
+                SPLIT: tl.constexpr, CH: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+        # (max, sum of exp, done) of a row whose slice c this program reads; done in the
+        # program that finishes the row, which alone may use the pair
+        m, s = row_slice(base, c * CH, n, scale, CH, BLOCK)
+        done = c == 0
+        if SPLIT > 1:
+            at = part + row * (2 * SPLIT)
+            tl.store(at + 2 * c, m)
+            tl.store(at + 2 * c + 1, s)
+            tl.debug_barrier()
+            done = tl.atomic_add(tick + row, 1, sem="acq_rel") == SPLIT - 1
+            if done:
+                cc = tl.arange(0, SPLIT)
+                mm = tl.load(at + 2 * cc, volatile=True)
+                ss = tl.load(at + 2 * cc + 1, volatile=True)
+                m = tl.max(mm, 0)
+                m_ref = tl.where(m == float("-inf"), 0.0, m)
+                s = tl.sum(ss * tl.exp2((mm - m_ref) * scale), 0)
+                tl.store(tick + row, 0)
+        return m, s, done
 
     @triton.jit
-    def pack(
-        tab, target, dlog,
-        G: tl.constexpr, GP2: tl.constexpr, E: tl.constexpr, EP2: tl.constexpr,
-        WIDTH: tl.constexpr, BLOCK: tl.constexpr, DT: tl.constexpr, FL: tl.constexpr,
-        S_T: tl.constexpr, V: tl.constexpr, S_D0: tl.constexpr, S_D1: tl.constexpr,
-        VD: tl.constexpr,
-    ):  # fmt: skip
-        # the table's layout and flag bits, as the module's T_* and F_* constants have them
-        HAS_VLEN: tl.constexpr = (FL & 1) != 0
-        HAS_CONF: tl.constexpr = (FL & 2) != 0
-        HAS_RAW: tl.constexpr = (FL & 4) != 0
-        HAS_TARGET: tl.constexpr = (FL & 8) != 0
-        HAS_DRAFT: tl.constexpr = (FL & 16) != 0
-        GREEDY_DRAFT: tl.constexpr = (FL & 32) != 0
-        seq = tl.load(tab + 0)
-        out = addr(tab, 1, 6)
-        stamp = addr(tab, 2, 0)
-        t_live = addr(tab, 3, 3)
-        t_start = addr(tab, 4, 0)
-        t_next = addr(tab, 5, 0)
-        t_expect = addr(tab, 6, 0)
-        t_born = addr(tab, 7, 0)
-        t_tail = addr(tab, 8, 0)
-        t_stamp = addr(tab, 9, 0)
-        P = tl.load(tab + 10)
-        draft = addr(tab, 11, DT & 15)
-        vlen = addr(tab, 12, (DT >> 4) & 15)
-        acc = addr(tab, 13, (DT >> 8) & 15)
-        com = addr(tab, 14, (DT >> 12) & 15)
-        cap = addr(tab, 15, (DT >> 16) & 15)
-        bonus = addr(tab, 16, (DT >> 20) & 15)
-        prefix = addr(tab, 17, (DT >> 24) & 15)
-        pool = addr(tab, 18, (DT >> 28) & 15)
-        greedy = addr(tab, 19, (DT >> 32) & 15)
-        temps = addr(tab, 20, (DT >> 36) & 15)
-        dtemps = addr(tab, 21, (DT >> 40) & 15)
-        conf = addr(tab, 22, (DT >> 44) & 15)
-        raw = addr(tab, 23, (DT >> 48) & 15)
-        s_draft = tl.load(tab + 24)
-        s_conf = tl.load(tab + 25)
-        s_raw = tl.load(tab + 26)
-        # the columns, as kernel_columns() has them
-        C_WIN, C_ACC, C_COM, C_CAP, C_BON, C_PRE = 0, 1, 2, 3, 4, 5
-        C_POOL, C_GRD, C_TMP, C_BLP, C_EVI, C_DRF = 6, 7, 8, 9, 10, 11
-        C_CNF = C_DRF + G
-        C_RAW = C_CNF + G
-        C_TLP = C_RAW + G
-        C_DLP = C_TLP + G
-        C_GOF = C_DLP + G
-        C_GTK = C_GOF + E + 1
-        C_GLP = C_GTK + E + 1
-        b = tl.program_id(0)
-        r = tl.program_id(1)
-        nan = float("nan")
-        LOG2E = 1.4426950408889634
-        if HAS_VLEN:
-            w = tl.load(vlen + b).to(tl.int64) - 1
-        else:
-            w = tl.full([], G, tl.int64)
-        a = tl.load(acc + b).to(tl.int64)
-        bon = tl.load(bonus + b).to(tl.int64)
-        pre = tl.load(prefix + b).to(tl.int64)
-        p = tl.load(pool + b).to(tl.int64)
-        sampled = tl.load(greedy + b).to(tl.int32) == 0
-        t = tl.maximum(tl.load(temps + b).to(tl.float32), 1e-5)
+    def walk(t_live, t_start, t_next, t_expect, t_tail, t_stamp, P, seq, p, pre, a, w, bon,
+             sampled, drow, dr, G: tl.constexpr, GP2: tl.constexpr, E: tl.constexpr,
+             EP2: tl.constexpr):  # fmt: skip
+        # the slot's tails against the tokens this step commits: the half read, each
+        # entry's state and the first mismatch's row and token (-1: none)
         jj = tl.arange(0, GP2)
         jm = jj < G
-        row_out = out + b.to(tl.int64) * WIDTH
-        drow = draft + b.to(tl.int64) * s_draft
-        dr = tl.load(drow + jj, mask=jm, other=0).to(tl.int64)
-
-        # -- the slot's tails against the tokens this step commits ---------------------
         slot_ok = (p >= 0) & (p < P)
         pc = tl.minimum(tl.maximum(p, 0), P - 1)
         s0 = tl.load(t_stamp + pc * 2)
@@ -340,24 +313,139 @@ def _kernel():
         tok_at = tl.sum(tl.where(sel, tail, 0), 1)
         mismatch = live & (run_end < G) & here_at
         g_row = tl.where(mismatch, off_at, -1)
+        return slot_ok, pc, h, at_e, ld, live, start, tail_old, run_end, mismatch, g_row, tok_at
 
+    @triton.jit
+    def addr(tab, i: tl.constexpr, CODE: tl.constexpr):
+        # entry i of the argument table as a pointer to its dtype (_dtype_codes' order)
+        a = tl.load(tab + i)
+        if CODE == 0:
+            p = a.to(tl.pointer_type(tl.int64))
+        elif CODE == 1:
+            p = a.to(tl.pointer_type(tl.int32))
+        elif CODE == 2:
+            p = a.to(tl.pointer_type(tl.int16))
+        elif CODE == 3:
+            p = a.to(tl.pointer_type(tl.int8))
+        elif CODE == 4:
+            p = a.to(tl.pointer_type(tl.uint8))
+        elif CODE == 5:
+            p = a.to(tl.pointer_type(tl.int8))  # torch's bool: one byte, 0 or 1
+        elif CODE == 6:
+            p = a.to(tl.pointer_type(tl.float64))
+        elif CODE == 7:
+            p = a.to(tl.pointer_type(tl.float32))
+        elif CODE == 8:
+            p = a.to(tl.pointer_type(tl.float16))
+        else:
+            p = a.to(tl.pointer_type(tl.bfloat16))
+        return p
+
+    @triton.jit
+    def pack(
+        tab, target, dlog,
+        G: tl.constexpr, GP2: tl.constexpr, E: tl.constexpr, EP2: tl.constexpr,
+        WIDTH: tl.constexpr, BLOCK: tl.constexpr, DT: tl.constexpr, FL: tl.constexpr,
+        S_T: tl.constexpr, V: tl.constexpr, S_D0: tl.constexpr, S_D1: tl.constexpr,
+        VD: tl.constexpr, SPLIT: tl.constexpr, CH_T: tl.constexpr, CH_D: tl.constexpr,
+    ):  # fmt: skip
+        # the table's layout and flag bits, as the module's T_* and F_* constants have them
+        HAS_VLEN: tl.constexpr = (FL & 1) != 0
+        HAS_CONF: tl.constexpr = (FL & 2) != 0
+        HAS_RAW: tl.constexpr = (FL & 4) != 0
+        HAS_TARGET: tl.constexpr = (FL & 8) != 0
+        HAS_DRAFT: tl.constexpr = (FL & 16) != 0
+        GREEDY_DRAFT: tl.constexpr = (FL & 32) != 0
+        seq = tl.load(tab + 0)
+        out = addr(tab, 1, 6)
+        stamp = addr(tab, 2, 0)
+        t_live = addr(tab, 3, 3)
+        t_start = addr(tab, 4, 0)
+        t_next = addr(tab, 5, 0)
+        t_expect = addr(tab, 6, 0)
+        t_born = addr(tab, 7, 0)
+        t_tail = addr(tab, 8, 0)
+        t_stamp = addr(tab, 9, 0)
+        P = tl.load(tab + 10)
+        draft = addr(tab, 11, DT & 15)
+        vlen = addr(tab, 12, (DT >> 4) & 15)
+        acc = addr(tab, 13, (DT >> 8) & 15)
+        com = addr(tab, 14, (DT >> 12) & 15)
+        cap = addr(tab, 15, (DT >> 16) & 15)
+        bonus = addr(tab, 16, (DT >> 20) & 15)
+        prefix = addr(tab, 17, (DT >> 24) & 15)
+        pool = addr(tab, 18, (DT >> 28) & 15)
+        greedy = addr(tab, 19, (DT >> 32) & 15)
+        temps = addr(tab, 20, (DT >> 36) & 15)
+        dtemps = addr(tab, 21, (DT >> 40) & 15)
+        conf = addr(tab, 22, (DT >> 44) & 15)
+        raw = addr(tab, 23, (DT >> 48) & 15)
+        s_draft = tl.load(tab + 24)
+        s_conf = tl.load(tab + 25)
+        s_raw = tl.load(tab + 26)
+        part = addr(tab, 27, 7)
+        tick = addr(tab, 28, 1)
+        # the columns, as kernel_columns() has them
+        C_WIN, C_ACC, C_COM, C_CAP, C_BON, C_PRE = 0, 1, 2, 3, 4, 5
+        C_POOL, C_GRD, C_TMP, C_BLP, C_EVI, C_DRF = 6, 7, 8, 9, 10, 11
+        C_CNF = C_DRF + G
+        C_RAW = C_CNF + G
+        C_TLP = C_RAW + G
+        C_DLP = C_TLP + G
+        C_GOF = C_DLP + G
+        C_GTK = C_GOF + E + 1
+        C_GLP = C_GTK + E + 1
+        b = tl.program_id(0)
+        r = tl.program_id(1)
+        c = tl.program_id(2)
+        row = b * (2 * G + 1) + r
+        nan = float("nan")
+        LOG2E = 1.4426950408889634
+        if HAS_VLEN:
+            w = tl.load(vlen + b).to(tl.int64) - 1
+        else:
+            w = tl.full([], G, tl.int64)
+        a = tl.load(acc + b).to(tl.int64)
+        bon = tl.load(bonus + b).to(tl.int64)
+        pre = tl.load(prefix + b).to(tl.int64)
+        p = tl.load(pool + b).to(tl.int64)
+        sampled = tl.load(greedy + b).to(tl.int32) == 0
+        t = tl.maximum(tl.load(temps + b).to(tl.float32), 1e-5)
+        jj = tl.arange(0, GP2)
+        jm = jj < G
+        row_out = out + b.to(tl.int64) * WIDTH
+        drow = draft + b.to(tl.int64) * s_draft
+        dr = tl.load(drow + jj, mask=jm, other=0).to(tl.int64)
+
+        ee = tl.arange(0, EP2)
         if r <= G:
-            # target row r of request b
-            owed = (sampled & (r <= w)) | (tl.sum((g_row == r).to(tl.int32), 0) > 0)
+            # target row r of request b: owed inside a sampled request's window, or where a
+            # tail's first mismatch falls (walked only when the window does not decide)
             if HAS_TARGET:
+                owed = sampled & (r <= w)
+                if ~owed:
+                    g_row = walk(t_live, t_start, t_next, t_expect, t_tail, t_stamp, P, seq, p,
+                                 pre, a, w, bon, sampled, drow, dr, G, GP2, E, EP2)[10]  # fmt: skip
+                    owed = tl.sum((g_row == r).to(tl.int32), 0) > 0
                 if owed:
                     base = target + (b.to(tl.int64) * (G + 1) + r) * S_T
-                    m, s = row_lse(base, V, LOG2E / t, BLOCK)
-                    log_s = tl.log(s)
-                    if sampled & (r < w):
-                        x = tl.load(base + tl.load(drow + r).to(tl.int64)).to(tl.float32)
-                        tl.store(row_out + C_TLP + r, ((x - m) / t - log_s).to(tl.float64))
-                    if sampled & (r == a):
-                        x = tl.load(base + bon).to(tl.float32)
-                        tl.store(row_out + C_BLP, ((x - m) / t - log_s).to(tl.float64))
-                    mine = g_row == r
-                    x = tl.load(base + tok_at, mask=mine, other=0.0).to(tl.float32)
-                    tl.store(row_out + C_GLP + ee, ((x - m) / t - log_s).to(tl.float64), mask=mine)
+                    m, s, done = row_lse(base, V, LOG2E / t, part, tick, row, c, SPLIT, CH_T,
+                                         BLOCK)  # fmt: skip
+                    if done:
+                        log_s = tl.log(s)
+                        if sampled & (r < w):
+                            x = tl.load(base + tl.sum(tl.where(jj == r, dr, 0), 0)).to(tl.float32)
+                            tl.store(row_out + C_TLP + r, ((x - m) / t - log_s).to(tl.float64))
+                        if sampled & (r == a):
+                            x = tl.load(base + bon).to(tl.float32)
+                            tl.store(row_out + C_BLP, ((x - m) / t - log_s).to(tl.float64))
+                        walked = walk(t_live, t_start, t_next, t_expect, t_tail, t_stamp, P,
+                                      seq, p, pre, a, w, bon, sampled, drow, dr, G, GP2, E,
+                                      EP2)  # fmt: skip
+                        mine = walked[10] == r
+                        x = tl.load(base + walked[11], mask=mine, other=0.0).to(tl.float32)
+                        tl.store(row_out + C_GLP + ee, ((x - m) / t - log_s).to(tl.float64),
+                                 mask=mine)  # fmt: skip
         else:
             # draft row j of request b: only inside a trimmed sampled request's tail
             j = r - G - 1
@@ -365,12 +453,19 @@ def _kernel():
                 if sampled & (a == w) & (w < G) & (j >= w):
                     td = tl.maximum(tl.load(dtemps + b).to(tl.float32), 1e-5)
                     base = dlog + b.to(tl.int64) * S_D0 + j.to(tl.int64) * S_D1
-                    m, s = row_lse(base, VD, LOG2E / td, BLOCK)
-                    x = tl.load(base + tl.load(drow + j).to(tl.int64)).to(tl.float32)
-                    tl.store(row_out + C_DLP + j, ((x - m) / td - tl.log(s)).to(tl.float64))
+                    m, s, done = row_lse(base, VD, LOG2E / td, part, tick, row, c, SPLIT, CH_D,
+                                         BLOCK)  # fmt: skip
+                    if done:
+                        x = tl.load(base + tl.sum(tl.where(jj == j, dr, 0), 0)).to(tl.float32)
+                        tl.store(row_out + C_DLP + j, ((x - m) / td - tl.log(s)).to(tl.float64))
 
-        if r == 0:
+        if (r == 0) & (c == 0):
             # the request's columns, NaN where no number is owed
+            (slot_ok, pc, h, at_e, ld, live, start, tail_old, run_end, mismatch, g_row,
+             tok_at) = walk(t_live, t_start, t_next, t_expect, t_tail, t_stamp, P, seq, p, pre,
+                            a, w, bon, sampled, drow, dr, G, GP2, E, EP2)  # fmt: skip
+            old = ee < E
+            isnew = ee == E
             tl.store(row_out + C_WIN, w.to(tl.float64))
             tl.store(row_out + C_ACC, a.to(tl.float64))
             tl.store(row_out + C_COM, tl.load(com + b).to(tl.float64))
