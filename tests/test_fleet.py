@@ -9,7 +9,6 @@ agree exactly, ratios to 1e-9, the binned AUROC within its bins' tied pairs of t
 from __future__ import annotations
 
 import json
-import shutil
 
 import duckdb
 import numpy as np
@@ -24,26 +23,6 @@ from .conftest import cli
 from .fleet_reference import blended_estimate, labelled, posthoc_calibration, summary_entry, union
 
 NODES = ["node-a", "west-7"]
-
-
-@pytest.fixture(scope="module")
-def fleet(compact_run, tmp_path_factory):
-    """A directory of two runs: the session's compact run and one of other traffic whose
-    manifest names its instance (so its node is that name, not its directory's)."""
-    root = tmp_path_factory.mktemp("fleet") / "fleet"
-    shutil.copytree(compact_run[0], root / "node-a")
-    other = root / "other"
-    cli(
-        "run",
-        *("--mode", "compact", "--shadow", "cap-accept", "--seed", "5", "--sts", "none"),
-        *("--concurrency", "16", "--steps-per-level", "50", "--mix", "1,3,1"),
-        *("--out", str(other), "--quiet"),
-    )
-    manifest = json.loads((other / "run.json").read_text())
-    manifest["instance"] = "west-7"
-    (other / "run.json").write_text(json.dumps(manifest))
-    runs = [root / "node-a", other]
-    return root, runs
 
 
 def _json(*args: str) -> dict:
@@ -180,7 +159,7 @@ def test_runs_that_cannot_be_merged_are_refused(fleet, tmp_path) -> None:
 
 
 def test_a_directory_of_runs_is_each_of_its_runs(fleet, tmp_path) -> None:
-    """The one expansion every command (and `report`, whose arms it gives) goes through."""
+    """The one expansion every command, `report` included, goes through."""
     root, runs = fleet
     assert expand_run_dirs([root]) == runs
     assert run_labels(runs) == ["node-a", "other"]
