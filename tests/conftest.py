@@ -73,3 +73,13 @@ def fleet(compact_run, tmp_path_factory) -> tuple[Path, list[Path]]:
     manifest["instance"] = "west-7"
     (other / "run.json").write_text(json.dumps(manifest))
     return root, [root / "node-a", other]
+
+
+@pytest.fixture(scope="session")
+def mismatched_runs(tmp_path_factory) -> tuple[Path, Path]:
+    """Two tiny runs no compact fleet merges with: one of gamma 5, one static."""
+    root = tmp_path_factory.mktemp("mismatched")
+    small = ("--concurrency", "4", "--steps-per-level", "10", "--sts", "none", "--quiet")
+    cli("run", "--gamma", "5", "--out", str(root / "g5"), *small)
+    cli("run", "--mode", "static", "--out", str(root / "static"), *small)
+    return root / "g5", root / "static"

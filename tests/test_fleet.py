@@ -140,20 +140,18 @@ def test_estimate_of_two_runs_equals_their_union(fleet) -> None:
         assert g["counts"]["walked"] == part.height
 
 
-def test_runs_that_cannot_be_merged_are_refused(fleet, tmp_path) -> None:
+def test_runs_that_cannot_be_merged_are_refused(fleet, mismatched_runs) -> None:
     root, runs = fleet
-    small = ("--concurrency", "4", "--steps-per-level", "10", "--sts", "none", "--quiet")
-    cli("run", "--gamma", "5", "--out", str(tmp_path / "g5"), *small)
-    cli("run", "--mode", "static", "--out", str(tmp_path / "static"), *small)
+    g5, static = mismatched_runs
     for command in ("summary", "calibration", "estimate"):
-        proc = cli(command, str(root), str(tmp_path / "g5"), check=False)
+        proc = cli(command, str(root), str(g5), check=False)
         assert proc.returncode == 2, proc.stderr
         assert "different gamma" in proc.stderr and "g5 gamma 5" in proc.stderr
-    proc = cli("calibration", str(runs[0]), str(tmp_path / "static"), check=False)
+    proc = cli("calibration", str(runs[0]), str(static), check=False)
     assert proc.returncode == 2 and "--by mode" in proc.stderr, proc.stderr
-    by_mode = _json("summary", str(runs[0]), str(tmp_path / "static"), "--by", "mode")
+    by_mode = _json("summary", str(runs[0]), str(static), "--by", "mode")
     assert {g["mode"] for g in by_mode["groups"]} == {"compact", "static"}
-    for bad in (["--by", "host"], [str(tmp_path)], [str(runs[0]), str(root)]):
+    for bad in (["--by", "host"], [str(g5.parent)], [str(runs[0]), str(root)]):
         proc = cli("summary", *([str(runs[0])] if bad[0] == "--by" else []), *bad, check=False)
         assert proc.returncode == 2 and "error:" in proc.stderr and "Traceback" not in proc.stderr
 

@@ -163,13 +163,11 @@ def test_shares_load_and_drill_down_equal_the_union(fleet_report):
         assert num(row["trim loss"]) == pytest.approx(want) and num(row["steps"]) == n
 
 
-def test_runs_that_cannot_be_merged_are_refused(fleet, tmp_path):
+def test_runs_that_cannot_be_merged_are_refused(fleet, mismatched_runs, tmp_path):
     root, runs = fleet
-    small = ("--concurrency", "4", "--steps-per-level", "10", "--sts", "none", "--quiet")
-    cli("run", "--gamma", "5", "--out", str(tmp_path / "g5"), *small)
-    cli("run", "--mode", "static", "--out", str(tmp_path / "static"), *small)
+    g5, static = mismatched_runs
     out = str(tmp_path / "o")
-    for other, needle in ((tmp_path / "g5", "g5 gamma 5"), (tmp_path / "static", "--by mode")):
+    for other, needle in ((g5, "g5 gamma 5"), (static, "--by mode")):
         proc = cli("report", str(root), str(other), "--out", out, "--quiet", check=False)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
