@@ -33,7 +33,7 @@ def handle(args: argparse.Namespace) -> int:
             with status.status("reading runs") as spinner:
                 report = build_report(args.run_dirs, args.out, progress=spinner.update, **options)
     except FleetMismatchError as exc:
-        raise CliError(f"{exc}; or --arms to compare the runs side by side") from exc
+        raise CliError(f"{exc}; --arms compares the runs side by side instead") from exc
     console = make_console()
     print_sections(console, report.sections, TERMINAL_SECTIONS)
     figures = sum(len(s.figures) for s in report.sections)
