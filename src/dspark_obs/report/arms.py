@@ -61,6 +61,10 @@ class Arm:
     by: tuple[str, ...] = ()  # the fleet's breakdown keys (node, rank, mode)
     calibration_groups: dict[str, list[dict]] = field(default_factory=dict)
 
+    @property
+    def runs(self) -> list[Run]:
+        return self.fleet.runs if self.fleet is not None else [self.run]
+
     def manifest_value(self, key: str) -> object:
         """A run.json value of the arm: the run's, or the one every run of a fleet shares."""
         return self.fleet.common(key) if self.fleet is not None else self.run.manifest.get(key)
