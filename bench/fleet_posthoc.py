@@ -1,12 +1,13 @@
-"""P3 over a fleet: `summary`, `calibration`, `estimate` and the shipped SQL over 8 run
-directories holding 10 million request-steps in all (P3's budget each: 15 s, 3 GiB).
+"""P3 over a fleet: `summary`, `calibration`, `estimate`, `report` and the shipped SQL over 8
+run directories holding 10 million request-steps in all (P3's budget each: 15 s, 3 GiB).
 
 The runs are P3's: one reference run (compact, cap-accept shadow, the concurrency sweep
 1..256) recorded through the real `run` command, tiled by `report_large.tile_run` into one
 run of 10M / 8 request-steps (quick: 200k in all), then copied into 8 run directories of one
 fleet directory, each naming its own `instance` in run.json (its node). Each command runs as
 a child process over the fleet directory (`summary --by node,rank`, `calibration --by node`,
-`estimate --by node`, and `summary --sql` piped into DuckDB), so each timing includes
+`estimate --by node`, `report --by node` with its PNGs, and `summary --sql` piped into
+DuckDB), so each timing includes
 interpreter start-up and imports, and its peak RSS is that child's alone (`time_child`). The
 SQL's per-workload rows must equal `summary --json`'s, or the benchmark crashes.
 
@@ -46,6 +47,7 @@ WHAT = {
     "summary": "summary FLEET --by node,rank --json",
     "calibration": "calibration FLEET --by node --json",
     "estimate": "estimate FLEET --by node --json",
+    "report": "report FLEET --by node --out DIR --quiet",
     "sql_duckdb": "summary --sql FLEET, run by DuckDB",
 }
 
@@ -95,10 +97,12 @@ def run(quick: bool) -> list[dict]:
         size = sum(f.stat().st_size for f in fleet.rglob("*") if f.is_file())
         script = root / "summary.sql"
         script.write_bytes(time_child([*py, "summary", "--sql", str(fleet)])[2])
+        report = root / "report"
         commands = {
             "summary": [*py, "summary", str(fleet), "--by", "node,rank", "--json"],
             "calibration": [*py, "calibration", str(fleet), "--by", "node", "--json"],
             "estimate": [*py, "estimate", str(fleet), "--by", "node", "--json"],
+            "report": [*py, "report", str(fleet), "--by", "node", "--out", str(report), "--quiet"],
             "sql_duckdb": [sys.executable, "-c", _DUCKDB, str(script)],
         }
         timings: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in commands}

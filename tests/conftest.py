@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,32 @@ def compact_run(tmp_path_factory) -> tuple[Path, dict]:
         *SMALL_RUN,
     )
     return out, json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="session")
+def fleet(compact_run, tmp_path_factory) -> tuple[Path, list[Path]]:
+    """A directory of two runs: the session's compact run and one of other traffic whose
+    manifest names its instance (so its node is that name, not its directory's)."""
+    root = tmp_path_factory.mktemp("fleet") / "fleet"
+    shutil.copytree(compact_run[0], root / "node-a")
+    other = root / "other"
+    cli(
+        "run",
+        *("--mode", "compact", "--shadow", "cap-accept", "--seed", "5", "--sts", "none"),
+        *("--concurrency", "16", "--steps-per-level", "50", "--mix", "1,3,1"),
+        *("--out", str(other), "--quiet"),
+    )
+    manifest = json.loads((other / "run.json").read_text())
+    manifest["instance"] = "west-7"
+    (other / "run.json").write_text(json.dumps(manifest))
+    return root, [root / "node-a", other]
+
+
+@pytest.fixture(scope="session")
+def mismatched_runs(tmp_path_factory) -> tuple[Path, Path]:
+    """Two tiny runs no compact fleet merges with: one of gamma 5, one static."""
+    root = tmp_path_factory.mktemp("mismatched")
+    small = ("--concurrency", "4", "--steps-per-level", "10", "--sts", "none", "--quiet")
+    cli("run", "--gamma", "5", "--out", str(root / "g5"), *small)
+    cli("run", "--mode", "static", "--out", str(root / "static"), *small)
+    return root / "g5", root / "static"

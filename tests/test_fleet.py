@@ -9,7 +9,6 @@ agree exactly, ratios to 1e-9, the binned AUROC within its bins' tied pairs of t
 from __future__ import annotations
 
 import json
-import shutil
 
 import duckdb
 import numpy as np
@@ -24,26 +23,6 @@ from .conftest import cli
 from .fleet_reference import blended_estimate, labelled, posthoc_calibration, summary_entry, union
 
 NODES = ["node-a", "west-7"]
-
-
-@pytest.fixture(scope="module")
-def fleet(compact_run, tmp_path_factory):
-    """A directory of two runs: the session's compact run and one of other traffic whose
-    manifest names its instance (so its node is that name, not its directory's)."""
-    root = tmp_path_factory.mktemp("fleet") / "fleet"
-    shutil.copytree(compact_run[0], root / "node-a")
-    other = root / "other"
-    cli(
-        "run",
-        *("--mode", "compact", "--shadow", "cap-accept", "--seed", "5", "--sts", "none"),
-        *("--concurrency", "16", "--steps-per-level", "50", "--mix", "1,3,1"),
-        *("--out", str(other), "--quiet"),
-    )
-    manifest = json.loads((other / "run.json").read_text())
-    manifest["instance"] = "west-7"
-    (other / "run.json").write_text(json.dumps(manifest))
-    runs = [root / "node-a", other]
-    return root, runs
 
 
 def _json(*args: str) -> dict:
@@ -161,26 +140,24 @@ def test_estimate_of_two_runs_equals_their_union(fleet) -> None:
         assert g["counts"]["walked"] == part.height
 
 
-def test_runs_that_cannot_be_merged_are_refused(fleet, tmp_path) -> None:
+def test_runs_that_cannot_be_merged_are_refused(fleet, mismatched_runs) -> None:
     root, runs = fleet
-    small = ("--concurrency", "4", "--steps-per-level", "10", "--sts", "none", "--quiet")
-    cli("run", "--gamma", "5", "--out", str(tmp_path / "g5"), *small)
-    cli("run", "--mode", "static", "--out", str(tmp_path / "static"), *small)
+    g5, static = mismatched_runs
     for command in ("summary", "calibration", "estimate"):
-        proc = cli(command, str(root), str(tmp_path / "g5"), check=False)
+        proc = cli(command, str(root), str(g5), check=False)
         assert proc.returncode == 2, proc.stderr
         assert "different gamma" in proc.stderr and "g5 gamma 5" in proc.stderr
-    proc = cli("calibration", str(runs[0]), str(tmp_path / "static"), check=False)
+    proc = cli("calibration", str(runs[0]), str(static), check=False)
     assert proc.returncode == 2 and "--by mode" in proc.stderr, proc.stderr
-    by_mode = _json("summary", str(runs[0]), str(tmp_path / "static"), "--by", "mode")
+    by_mode = _json("summary", str(runs[0]), str(static), "--by", "mode")
     assert {g["mode"] for g in by_mode["groups"]} == {"compact", "static"}
-    for bad in (["--by", "host"], [str(tmp_path)], [str(runs[0]), str(root)]):
+    for bad in (["--by", "host"], [str(g5.parent)], [str(runs[0]), str(root)]):
         proc = cli("summary", *([str(runs[0])] if bad[0] == "--by" else []), *bad, check=False)
         assert proc.returncode == 2 and "error:" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_a_directory_of_runs_is_each_of_its_runs(fleet, tmp_path) -> None:
-    """The one expansion every command (and `report`, whose arms it gives) goes through."""
+    """The one expansion every command, `report` included, goes through."""
     root, runs = fleet
     assert expand_run_dirs([root]) == runs
     assert run_labels(runs) == ["node-a", "other"]

@@ -5,7 +5,8 @@ types, lays out without overlaps, and no query reads a per-process ratio gauge (
 to catch the main dashboard's averaged ECE). Live, against one Prometheus loading fleet.yml
 and scraping two `serve` nodes (`cluster` east and west, two DP ranks each, their own traffic):
 every query parses and returns data, and each fleet figure equals the same figure computed
-here from the exporters' raw counters; `dashboards render --dashboard fleet` draws every panel.
+here from the exporters' raw counters; every panel's range query, as the renderer runs it, holds
+data its drawing code draws, and `render` rasterises one panel of each type.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import matplotlib.image
 import numpy as np
 import pytest
 import yaml
@@ -27,14 +29,16 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from bench.sglang_load import polling_args
 from dspark_obs.dashboards import definition
-from dspark_obs.dashboards.drawing import data_panels, slug
+from dspark_obs.dashboards.drawing import data_panels, render, slug
 from dspark_obs.dashboards.fleet_definition import FLEET_UID, generate, render_json
-from dspark_obs.dashboards.provisioning import shipped_json
+from dspark_obs.dashboards.panel_plots import draw_panel
+from dspark_obs.dashboards.provisioning import shipped_dashboard, shipped_json
+from dspark_obs.dashboards.querying import Prometheus, fetch, substitutions
+from dspark_obs.plotting import new_figure
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime_server import RuntimeFrontend
 from exporters.catalog import CATALOG
 
-from .conftest import cli
 from .prometheus_harness import PrometheusServer, prometheus_available
 from .test_dashboards import substitute
 from .test_serve_cli import Child
@@ -323,22 +327,59 @@ def test_fleet_figures_equal_the_raw_counters(fleet) -> None:
             assert not got
 
 
+def _one_panel_per_type(dashboard: dict) -> dict:
+    """The dashboard with only the first data panel of each type: what the rasterised render
+    needs to exercise every drawing path."""
+    seen: set[str] = set()
+    panels = []
+    for p in data_panels(dashboard):
+        if p["type"] not in seen:
+            seen.add(p["type"])
+            panels.append(p)
+    return {**dashboard, "panels": panels}
+
+
+@live
+def test_every_panel_draws_from_its_range_query(fleet) -> None:
+    """Each panel's series as the renderer fetches them (`query_range`, the variables
+    substituted) hold data, and its drawing code runs on them. Drawn, not rasterised: the
+    pixels are `test_render_fleet_dashboard`'s, one panel of each type."""
+    prom, at = fleet
+    client = Prometheus(prom.url, timeout=10.0)
+    values = substitutions({"cluster": ".*"}, step="5s", range_="2m")
+    empty = []
+    for panel in data_panels(generate()):
+        data = fetch(client, panel, values, (at - 120, at, 5.0))
+        if not data.has_data:
+            empty.append(panel["title"])
+            continue
+        ax = new_figure(4, 3).add_subplot()
+        draw_panel(ax, data)
+        assert ax.get_title() == panel["title"]
+        drawn = ax.lines + ax.patches + ax.texts + ax.images + ax.collections
+        assert drawn, f"{panel['title']}: nothing drawn"
+    assert not empty, f"panels without data: {empty}"
+
+
 @live
 def test_render_fleet_dashboard(fleet, tmp_path: Path) -> None:
+    """`render` of the fleet dashboard, one panel of each type: its files, its count of
+    panels with data, and pixels that are not blank."""
     prom, _ = fleet
     out = tmp_path / "render"
-    proc = cli(
-        "dashboards", "render", "--dashboard", "fleet",
-        "--prometheus", prom.url, "--out", str(out), "--range", "2m", "--step", "5s",
-        "--var", "cluster=.*",
-    )  # fmt: skip
-    panels = data_panels(generate())
+    dashboard = _one_panel_per_type(shipped_dashboard("fleet"))
+    result = render(
+        prom.url, out, range_="2m", step="5s", variables={"cluster": ".*"}, dashboard=dashboard
+    )
+    panels = data_panels(dashboard)
+    assert {p["type"] for p in panels} == {p["type"] for p in data_panels(generate())}
     pngs = sorted(out.glob("[0-9][0-9]-*.png"))
     assert [p.name for p in pngs] == [
         f"{i:02d}-{slug(p['title'])}.png" for i, p in enumerate(panels, start=1)
     ]
-    assert (
-        proc.stdout.strip()
-        .splitlines()[-1]
-        .startswith(f"rendered {len(panels)} panels ({len(panels)} with data)")
-    ), proc.stdout
+    assert [d.has_data for d, _ in result.panels] == [True] * len(panels)
+    for png in [*pngs, result.overview]:
+        pixels = matplotlib.image.imread(png)[..., :3]
+        assert pixels.var() > 0 and not np.all(pixels >= 0.999), f"{png.name} is blank"
+    page = result.index.read_text(encoding="utf-8")
+    assert page.count('src="data:image/png;base64,') == len(panels) + 1

@@ -94,7 +94,9 @@ def static_run(tmp_path_factory) -> Path:
 def report(compact_run, static_run, tmp_path_factory):
     run, _ = compact_run
     out = tmp_path_factory.mktemp("report")
-    proc = cli("report", str(run), str(static_run), "--out", str(out), "--top", "5", "--quiet")
+    proc = cli(
+        "report", "--arms", str(run), str(static_run), "--out", str(out), "--top", "5", "--quiet"
+    )
     return run, static_run, out, proc, parse_tables((out / "summary.md").read_text())
 
 

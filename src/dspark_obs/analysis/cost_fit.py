@@ -343,6 +343,21 @@ def fit_cost_table(
         steps = run.steps()
     except RunStoreError as exc:
         raise CostFitError(f"no steps table ({exc})") from exc
+    return fit_cost_steps(
+        steps, run.manifest, bs_probes=bs_probes, m_probes=m_probes, time_column=time_column
+    )
+
+
+def fit_cost_steps(
+    steps: pl.LazyFrame,
+    manifest: dict,
+    *,
+    bs_probes=None,
+    m_probes=None,
+    time_column: str = "auto",
+) -> CostFit:
+    """`fit_cost_table` on any steps table (one run's, or a fleet's runs' of one hardware
+    concatenated), with `manifest` the run.json whose `cost_table` gives the probes."""
     timed = timed_steps(steps, time_column)
     cells = cell_sums(timed)
     if cells.height == 0:
@@ -368,7 +383,7 @@ def fit_cost_table(
     ):
         if given is not None:
             probes[name] = (check_probes(name, given), "option")
-        elif (recorded := manifest_probes(run.manifest, key)) is not None:
+        elif (recorded := manifest_probes(manifest, key)) is not None:
             probes[name] = (check_probes(name, recorded), "manifest")
         else:
             probes[name] = (cover(defaults, lo, hi), "default")

@@ -39,25 +39,26 @@ def step_tokens(run: Run) -> pl.LazyFrame:
     )
 
 
-def load_level(steps: pl.LazyFrame) -> pl.Expr:
-    """The load level of a step: its batch size, or its power-of-two band when `steps`
-    has more than `MAX_EXACT_LEVELS` distinct batch sizes."""
-    levels = steps.select(pl.col("bs").n_unique()).collect().item()
-    if levels > MAX_EXACT_LEVELS:
+def _level(distinct_bs: int) -> pl.Expr:
+    if distinct_bs > MAX_EXACT_LEVELS:
         return (2 ** pl.col("bs").cast(pl.Float64).log(2).floor()).cast(pl.Int64)
     return pl.col("bs")
 
 
-def load_curve(run: Run) -> pl.DataFrame:
-    """One row per load level: steps, batch size, budget per request, throughput, per-user speed.
+def load_level(steps: pl.LazyFrame) -> pl.Expr:
+    """The load level of a step: its batch size, or its power-of-two band when `steps`
+    has more than `MAX_EXACT_LEVELS` distinct batch sizes."""
+    return _level(steps.select(pl.col("bs").n_unique()).collect().item())
 
-    `throughput_tokens_per_s` and `per_user_tokens_per_s` are null when the run
-    has no step times.
-    """
-    steps = step_tokens(run).filter(pl.col("bs") > 0)
-    level = load_level(steps)
+
+def _busy_steps(run: Run) -> pl.LazyFrame:
+    return step_tokens(run).filter(pl.col("bs") > 0)
+
+
+def _per_rank(steps: pl.LazyFrame, level: pl.Expr) -> pl.LazyFrame:
+    """Sums per (level, rank): what every figure of the curve is a ratio or a sum of."""
     timed = pl.col("seconds").is_not_null() & (pl.col("seconds") > 0)
-    per_rank = (
+    return (
         steps.with_columns(level.alias("level"))
         .group_by("level", "rank")
         .agg(
@@ -74,6 +75,9 @@ def load_curve(run: Run) -> pl.DataFrame:
             pl.col("num_verify_tokens").sum().alias("verify_tokens"),
         )
     )
+
+
+def _curve(per_rank: pl.LazyFrame) -> pl.DataFrame:
     rank_rate = pl.col("timed_committed") / pl.col("seconds")
     return (
         per_rank.group_by("level")
@@ -100,3 +104,30 @@ def load_curve(run: Run) -> pl.DataFrame:
         .sort("bs")
         .collect()
     )
+
+
+def load_curve(run: Run) -> pl.DataFrame:
+    """One row per load level: steps, batch size, budget per request, throughput, per-user speed.
+
+    `throughput_tokens_per_s` and `per_user_tokens_per_s` are null when the run
+    has no step times.
+    """
+    steps = _busy_steps(run)
+    return _curve(_per_rank(steps, load_level(steps)))
+
+
+def fleet_load_curve(runs: list[Run], nodes: list[str]) -> pl.DataFrame:
+    """`load_curve` of many runs, whose ranks run side by side: a (node, rank) is a rank of
+    the fleet, so throughput sums over every node's ranks. One run's sums at a time; the
+    bands follow the distinct batch sizes of all runs together."""
+    distinct: set[int] = set()
+    for run in runs:
+        distinct.update(_busy_steps(run).select(pl.col("bs").unique()).collect()["bs"].to_list())
+    level = _level(len(distinct))
+    parts = [
+        _per_rank(_busy_steps(run), level)
+        .collect(engine="streaming")
+        .with_columns(pl.format("{}/{}", pl.lit(node), pl.col("rank")).alias("rank"))
+        for run, node in zip(runs, nodes, strict=True)
+    ]
+    return _curve(pl.concat(parts, how="vertical_relaxed").lazy())

@@ -202,49 +202,68 @@ def calibration_report(run_dir: Path, bins: int = 15) -> dict:
     }
 
 
-def fleet_calibration_report(fleet: Fleet, bins: int = 15, by: tuple[str, ...] = ()) -> dict:
-    """`calibration_report` of many runs taken together, one run's histograms at a time.
+def fleet_histograms(
+    fleet: Fleet,
+    stages: tuple[str, ...] = (RECORDED, RAW),
+    bins: int = 15,
+    by: tuple[str, ...] = (),
+) -> dict[str, dict[tuple, CalibrationAccumulator]]:
+    """Per stage, one accumulator per (workload, *by) key of the fleet, one run at a time.
 
     Histograms add, so each run is binned on its own and added into the fleet's
-    accumulators (per workload, and per (workload, *by) group: `node` is the run's, `rank`
-    and `mode` the rows'); ECE, Brier and AUROC are then computed once from the sums.
+    accumulators (`node` is the run's, `rank` and `mode` the rows'); a stage no run
+    records is left out.
     """
+    row_keys = tuple(k for k in by if k != "node")
+    out: dict[str, dict[tuple, CalibrationAccumulator]] = {}
+    for run, node in zip(fleet.runs, fleet.nodes, strict=True):
+        for stage, hist in calibration_histograms(run, stages, bins=bins, by=row_keys).items():
+            groups = out.setdefault(stage, {})
+            for key, acc in hist.items():
+                values = dict(zip(row_keys, key[1:], strict=True)) if row_keys else {}
+                values["node"] = node
+                full = (key[0] if row_keys else key, *(values[k] for k in by))
+                if full in groups:
+                    groups[full].merge(acc)
+                else:
+                    groups[full] = acc
+    return {stage: out[stage] for stage in stages if stage in out}
+
+
+def per_workload(groups: dict[tuple, CalibrationAccumulator]) -> dict:
+    """The (workload, *by) accumulators pooled per workload, workloads in report order."""
+    out: dict[str | None, CalibrationAccumulator] = {}
+    for key, acc in groups.items():
+        out.setdefault(key[0], CalibrationAccumulator(acc.gamma, acc.num_bins, acc.auroc_bins))
+        out[key[0]].merge(acc)
+    return dict(sorted(out.items(), key=lambda kv: _order(kv[0])))
+
+
+def group_entries(groups: dict[tuple, CalibrationAccumulator], by: tuple[str, ...]) -> list:
+    """One entry per (workload, *by) key: the keys and the positions' figures."""
+    if not by:
+        return []
+    return [
+        {**dict(zip(by, key[1:], strict=True)), "workload": key[0], "positions": acc.compute()}
+        for key, acc in sorted(groups.items(), key=lambda kv: _order(kv[0][1:] + kv[0][:1]))
+    ]
+
+
+def fleet_calibration_report(fleet: Fleet, bins: int = 15, by: tuple[str, ...] = ()) -> dict:
+    """`calibration_report` of many runs taken together (`fleet_histograms`): ECE, Brier and
+    AUROC computed once from the added histograms."""
     if bins < 1:
         raise ValueError("--bins must be >= 1")
-    row_keys = tuple(k for k in by if k != "node")
-    groups: dict[tuple, CalibrationAccumulator] = {}
-    for run, node in zip(fleet.runs, fleet.nodes, strict=True):
-        hist = calibration_histograms(run, (RECORDED,), bins=bins, by=row_keys).get(RECORDED, {})
-        for key, acc in hist.items():
-            values = dict(zip(row_keys, key[1:], strict=True)) if row_keys else {}
-            values["node"] = node
-            full = (key[0] if row_keys else key, *(values[k] for k in by))
-            if full in groups:
-                groups[full].merge(acc)
-            else:
-                groups[full] = acc
+    groups = fleet_histograms(fleet, (RECORDED,), bins, by).get(RECORDED)
     if not groups:
         raise ValueError("no run of the fleet recorded confidence (SGLang dumps need a head)")
-    per_workload: dict[str | None, CalibrationAccumulator] = {}
-    for key, acc in groups.items():
-        per_workload.setdefault(key[0], CalibrationAccumulator(acc.gamma, bins, acc.auroc_bins))
-        per_workload[key[0]].merge(acc)
-    per_workload = dict(sorted(per_workload.items(), key=lambda kv: _order(kv[0])))
+    workloads = per_workload(groups)
     return {
         "run": str(fleet.runs[0].path) if len(fleet.runs) == 1 else None,
         "runs": fleet.describe(),
         "bins": bins,
         "by": list(by),
-        "workloads": {name: {"positions": acc.compute()} for name, acc in per_workload.items()},
-        "overall": {"positions": pooled(per_workload).compute()},
-        "groups": [
-            {
-                **dict(zip(by, key[1:], strict=True)),
-                "workload": key[0],
-                "positions": acc.compute(),
-            }
-            for key, acc in sorted(groups.items(), key=lambda kv: _order(kv[0][1:] + kv[0][:1]))
-        ]
-        if by
-        else [],
+        "workloads": {name: {"positions": acc.compute()} for name, acc in workloads.items()},
+        "overall": {"positions": pooled(workloads).compute()},
+        "groups": group_entries(groups, by),
     }

@@ -2,7 +2,8 @@
 
 The article's figure 4 (right): a workload the drafter predicts well fills the
 whole block most steps, a hard one rarely verifies more than a few drafts.
-Shares are of request-steps per workload, so they sum to 1 per workload.
+Shares are of request-steps per workload, so they sum to 1 per workload. The counts
+add across runs, so a fleet's shares are its runs' counts added (`fleet_window_shares`).
 """
 
 from __future__ import annotations
@@ -10,16 +11,29 @@ from __future__ import annotations
 import polars as pl
 
 
-def window_shares(requests: pl.LazyFrame, gamma: int) -> pl.DataFrame:
+def window_counts(requests: pl.LazyFrame) -> pl.DataFrame:
+    """`workload, window, request_steps`: the sums a window share is a ratio of."""
+    return (
+        requests.group_by("workload", "window")
+        .agg(pl.len().alias("request_steps"))
+        .collect(engine="streaming")
+    )
+
+
+def shares_from_counts(counts: pl.DataFrame, gamma: int) -> pl.DataFrame:
     """`workload, window, request_steps, share` for every window 0..gamma of every workload."""
-    counts = requests.group_by("workload", "window").agg(pl.len().alias("request_steps")).collect()
     workloads = counts.select("workload").unique()
     grid = workloads.join(
         pl.DataFrame({"window": list(range(gamma + 1))}, schema={"window": pl.Int64}),
         how="cross",
     )
     return (
-        grid.join(counts, on=["workload", "window"], how="left", nulls_equal=True)
+        grid.join(
+            counts.with_columns(pl.col("window").cast(pl.Int64)),
+            on=["workload", "window"],
+            how="left",
+            nulls_equal=True,
+        )
         .with_columns(pl.col("request_steps").fill_null(0))
         .with_columns(
             (pl.col("request_steps") / pl.col("request_steps").sum().over("workload")).alias(
@@ -28,3 +42,15 @@ def window_shares(requests: pl.LazyFrame, gamma: int) -> pl.DataFrame:
         )
         .sort("workload", "window", nulls_last=True)
     )
+
+
+def window_shares(requests: pl.LazyFrame, gamma: int) -> pl.DataFrame:
+    """The window shares of one run's request-steps."""
+    return shares_from_counts(window_counts(requests), gamma)
+
+
+def fleet_window_shares(requests: list[pl.LazyFrame], gamma: int) -> pl.DataFrame:
+    """The window shares of many runs' request-steps, one run's counts at a time."""
+    counts = pl.concat([window_counts(r) for r in requests], how="vertical_relaxed")
+    added = counts.group_by("workload", "window").agg(pl.col("request_steps").sum())
+    return shares_from_counts(added, gamma)

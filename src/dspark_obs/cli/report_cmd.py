@@ -10,6 +10,7 @@ from rich.console import Console
 
 from ..report import TERMINAL_SECTIONS, build_report
 from ..report.document import print_sections
+from ..store.fleet import FleetMismatchError, parse_group_keys
 from .console import make_console
 from .errors import CliError
 
@@ -19,13 +20,20 @@ def handle(args: argparse.Namespace) -> int:
         raise CliError("--top must be >= 1")
     if args.out.exists() and not args.out.is_dir():
         raise CliError(f"--out {args.out}: exists and is not a directory")
+    by = parse_group_keys(args.by)
+    if by and args.arms:
+        raise CliError("--by breaks a fleet down; --arms keeps the runs apart: give one of them")
     start = time.perf_counter()
     status = Console(stderr=True)
-    if args.quiet:
-        report = build_report(args.run_dirs, args.out, top=args.top)
-    else:
-        with status.status("reading runs") as spinner:
-            report = build_report(args.run_dirs, args.out, top=args.top, progress=spinner.update)
+    options = {"top": args.top, "arms": args.arms, "by": by}
+    try:
+        if args.quiet:
+            report = build_report(args.run_dirs, args.out, **options)
+        else:
+            with status.status("reading runs") as spinner:
+                report = build_report(args.run_dirs, args.out, progress=spinner.update, **options)
+    except FleetMismatchError as exc:
+        raise CliError(f"{exc}; --arms compares the runs side by side instead") from exc
     console = make_console()
     print_sections(console, report.sections, TERMINAL_SECTIONS)
     figures = sum(len(s.figures) for s in report.sections)
@@ -42,10 +50,25 @@ def configure(p: argparse.ArgumentParser) -> None:
         "self-contained report.html (images embedded), one PNG per figure, summary.md and "
         "report.json: per-workload windows and ceilings, verify-window distributions, load "
         "curves, calibration, the step-cost model, the ceiling estimator and the requests "
-        "that lost most to trimming. Several runs are overlaid as arms."
+        "that lost most to trimming. Several RUN_DIRs (or a directory of run directories) are "
+        "one fleet, merged as summary, calibration and estimate merge them (same gamma and "
+        "verify mode, else refused); --arms instead compares the runs side by side."
     )
     p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
     p.add_argument("--out", type=Path, required=True, help="output directory (created)")
     p.add_argument("--top", type=int, default=10, help="requests in the drill-down (default 10)")
+    p.add_argument(
+        "--by",
+        default=None,
+        metavar="KEYS",
+        help="a fleet's figures also per group of node, rank and/or mode, comma-separated "
+        "(e.g. node,rank); mode lets runs of different verify modes be merged",
+    )
+    p.add_argument(
+        "--arms",
+        action="store_true",
+        help="each run its own arm, overlaid where the axes are shared (a comparison of "
+        "runs of any mode or gamma), instead of one fleet",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress spinner")
     p.set_defaults(handler=handle)

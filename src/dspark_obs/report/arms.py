@@ -25,6 +25,7 @@ from ..calibration import CalibrationAccumulator
 from ..estimator.evaluate import walked_blocks
 from ..palette import workload_palette
 from ..store import Run
+from ..store.fleet import Fleet
 from ..whatif.predict import whatif
 from ..whatif.trim_cost import trim_cost_from_cells
 
@@ -56,6 +57,17 @@ class Arm:
     notes: list[str] = field(default_factory=list)
     whatif: dict | None = None  # `whatif` of `report_policies`, with its `trim_cost`
     whatif_missing: str | None = None
+    fleet: Fleet | None = None  # the runs a fleet arm merges (`run` is the first of them)
+    by: tuple[str, ...] = ()  # the fleet's breakdown keys (node, rank, mode)
+    calibration_groups: dict[str, list[dict]] = field(default_factory=dict)
+
+    @property
+    def runs(self) -> list[Run]:
+        return self.fleet.runs if self.fleet is not None else [self.run]
+
+    def manifest_value(self, key: str) -> object:
+        """A run.json value of the arm: the run's, or the one every run of a fleet shares."""
+        return self.fleet.common(key) if self.fleet is not None else self.run.manifest.get(key)
 
 
 def arms_palette(arms: list[Arm]) -> dict[str | None, str]:
@@ -113,7 +125,7 @@ def report_policies(arm: Arm) -> list[str]:
     chosen per request). Each policy costs a pass over the run, so none is repeated."""
     mean = arm.summary["overall"]["mean_window"] or 1
     k = min(max(1, round(mean)), arm.gamma - 1)
-    sps = [] if arm.run.manifest.get("mode") == "compact" else ["sps"]
+    sps = [] if arm.manifest_value("mode") == "compact" else ["sps"]
     return ["own", "static", *sps, "sps:scale=0.5", "sps:sts=none", f"window={k}"]
 
 
@@ -131,7 +143,14 @@ def too_large_for_whatif(run: Run) -> str | None:
 
 def predict_policies(arm: Arm) -> None:
     """Fill `arm.whatif` (the policies the run supports, the others under `unavailable`),
-    or `arm.whatif_missing` with why nothing could be predicted."""
+    or `arm.whatif_missing` with why nothing could be predicted. The predictions' intervals
+    are not sums, so a fleet of several runs is left to `whatif` per run."""
+    if arm.fleet is not None and len(arm.fleet.runs) > 1:
+        arm.whatif_missing = (
+            f"predicted per run, not for a fleet of {len(arm.fleet.runs)} runs: "
+            "`dspark-obs whatif RUN_DIR` on each, or `dspark-obs report --arms RUN_DIR...`"
+        )
+        return
     arm.whatif_missing = too_large_for_whatif(arm.run)
     if arm.whatif_missing:
         return

@@ -1,6 +1,9 @@
 """`dspark-obs report`: every view of one or more runs, analysed once, written three ways.
 
-Each run is an *arm*. The analyses (`dspark_obs.analysis`, the estimator's
+Several runs are one fleet (`fleet_arm`: the nodes and ranks of one deployment, merged
+as `summary`, `calibration` and `estimate` merge them, with a breakdown per node, rank or
+mode where asked), or, with `arms`, each run its own *arm* for a side-by-side comparison;
+a single run is one arm. The analyses (`dspark_obs.analysis`, the estimator's
 evaluation, the cost fit) run per arm on the lazy Parquet tables; the figures
 overlay arms where the axes are shared (load curves, per-workload bars) and
 repeat per arm where they are not (reliability, cost, drill-down). What a run
@@ -30,13 +33,14 @@ from ..analysis.verify_lengths import window_shares
 from ..estimator.evaluate import evaluate
 from ..palette import workload_palette
 from ..store import open_run
-from ..store.fleet import expand_run_dirs, run_labels
+from ..store.fleet import expand_run_dirs, open_fleet, run_labels, single_run
 from ..strict_json import clean_json
 from .arms import Arm, analyse, has_requests, predict_policies
 from .document import Figure, Section, html_page, markdown
 from .figure_queue import BACKGROUND_FIGURES_ROWS, FigureQueue
 from .figures import load as load_fig
 from .figures import workloads as workloads_fig
+from .fleet_arm import analyse_fleet, fleet_calibration, fleet_estimate
 from .sections import (
     calibration_section,
     cost_section,
@@ -68,7 +72,8 @@ def _json(arms: list[Arm]) -> dict:
     out = {}
     for arm in arms:
         out[arm.label] = {
-            "run": str(arm.run.path),
+            "run": None if arm.fleet else str(arm.run.path),
+            **({"runs": arm.fleet.describe(), "by": list(arm.by)} if arm.fleet else {}),
             "summary": arm.summary,
             "window_shares": arm.shares.to_dicts(),
             "load": arm.load.to_dicts(),
@@ -76,6 +81,7 @@ def _json(arms: list[Arm]) -> dict:
                 stage: {
                     "overall": pooled(hist).compute(),
                     "workloads": {str(k): acc.compute() for k, acc in hist.items()},
+                    **({"groups": arm.calibration_groups[stage]} if arm.fleet else {}),
                 }
                 for stage, hist in arm.calibration.items()
             },
@@ -138,20 +144,45 @@ def overlay_figures(run_dirs: list[Path], out: Path) -> list[Figure]:
     return figures
 
 
+def _meta(arm: Arm) -> str:
+    if arm.fleet is not None:
+        where = f"{len(arm.fleet.runs)} runs ({', '.join(arm.fleet.nodes)})"
+    else:
+        where = str(arm.run.path)
+    shadow = arm.manifest_value("shadow")
+    return (
+        f"{arm.label}: {where} — mode {arm.manifest_value('mode') or 'mixed'}"
+        f"{' + ' + str(shadow) + ' shadow' if shadow else ''}, "
+        f"gamma {arm.gamma}, source {arm.manifest_value('source') or '?'}, "
+        f"timing {arm.manifest_value('timing') or 'unknown'}, "
+        f"{arm.summary['overall']['steps']:,} steps, "
+        f"{arm.summary['overall']['request_steps']:,} request-steps"
+    )
+
+
 def build_report(
     run_dirs: list[Path],
     out: Path,
     *,
     top: int = 10,
     progress: Callable[[str], None] | None = None,
+    arms: bool = False,
+    by: tuple[str, ...] = (),
 ) -> Report:
-    """Analyse every run and write report.html, summary.md, report.json and the PNGs to `out`.
+    """Analyse the runs and write report.html, summary.md, report.json and the PNGs to `out`.
 
-    Each run is an arm; a directory that holds run directories gives one arm per run.
+    One run is one arm. Several runs (or a directory of runs) are one fleet arm, refused
+    with a RunStoreError where `store.fleet.open_fleet` refuses to merge them; `by` adds
+    the per node / rank / mode breakdown. With `arms` each run is its own arm instead.
     """
     step = progress or (lambda _msg: None)
-    run_dirs = expand_run_dirs(run_dirs)  # a directory of runs is each of its runs
-    runs = [open_run(p) for p in run_dirs]
+    as_fleet = not arms and not single_run(run_dirs, by)
+    fleet = open_fleet(run_dirs, by) if as_fleet else None
+    if fleet is not None:
+        runs = fleet.runs
+    else:
+        run_dirs = expand_run_dirs(run_dirs)  # a directory of runs is each of its runs
+        runs = [open_run(p) for p in run_dirs]
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.png"):
         if old.name[:1].isdigit():
@@ -159,45 +190,47 @@ def build_report(
     rows = sum(r.requests().select(pl.len()).collect().item() for r in runs if has_requests(r))
     w = FigureQueue(out, background=rows >= BACKGROUND_FIGURES_ROWS)
     try:
-        arms = []
-        for label, run in zip(run_labels(list(run_dirs)), runs, strict=True):
-            step(f"{label}: summary, load, cost model, trim loss")
-            arms.append(analyse(label, run, top))
-        load = load_section(arms, w)
-        cost = cost_section(arms, w)
-        requests = requests_section(arms, w, top)
-        for arm in arms:
+        if fleet is not None:
+            step(f"fleet of {len(runs)} runs: summary, load, cost model, trim loss")
+            arm_list = [analyse_fleet(fleet, by, top)]
+        else:
+            arm_list = []
+            for label, run in zip(run_labels(list(run_dirs)), runs, strict=True):
+                step(f"{label}: summary, load, cost model, trim loss")
+                arm_list.append(analyse(label, run, top))
+        load = load_section(arm_list, w)
+        cost = cost_section(arm_list, w)
+        requests = requests_section(arm_list, w, top)
+        for arm in arm_list:
             step(f"{arm.label}: what-if policies, cost of trimming")
             predict_policies(arm)
-        policies = policies_section(arms, w)
-        for arm in arms:
+        policies = policies_section(arm_list, w)
+        for arm in arm_list:
             step(f"{arm.label}: ceiling estimator")
-            arm.estimate = evaluate(arm.run)
-        workloads = workloads_section(arms, w)
-        estimator = estimator_section(arms, w)
-        for arm in arms:
+            if arm.fleet is not None:
+                fleet_estimate(arm)
+            else:
+                arm.estimate = evaluate(arm.run)
+        workloads = workloads_section(arm_list, w)
+        estimator = estimator_section(arm_list, w)
+        for arm in arm_list:
             step(f"{arm.label}: calibration")
-            arm.calibration = calibration_histograms(arm.run)
-        calibration = calibration_section(arms, w)
+            if arm.fleet is not None:
+                fleet_calibration(arm)
+            else:
+                arm.calibration = calibration_histograms(arm.run)
+        calibration = calibration_section(arm_list, w)
         step("drawing figures")
     finally:
         w.close()
     sections = [policies, workloads, load, calibration, cost, estimator, requests]
-    title = "DSpark run report: " + ", ".join(a.label for a in arms)
-    meta = [
-        f"{a.label}: {a.run.path} — mode {a.run.manifest.get('mode')}"
-        f"{' + ' + a.run.manifest['shadow'] + ' shadow' if a.run.manifest.get('shadow') else ''}, "
-        f"gamma {a.gamma}, source {a.run.manifest.get('source', '?')}, "
-        f"timing {a.run.manifest.get('timing') or 'unknown'}, "
-        f"{a.summary['overall']['steps']:,} steps, "
-        f"{a.summary['overall']['request_steps']:,} request-steps"
-        for a in arms
-    ]
-    meta += [policy_headline(a) for a in arms]
+    title = "DSpark run report: " + ", ".join(a.label for a in arm_list)
+    meta = [_meta(a) for a in arm_list]
+    meta += [policy_headline(a) for a in arm_list]
     md = out / "summary.md"
     md.write_text(markdown(title, meta, sections), encoding="utf-8")
     page = out / "report.html"
     page.write_text(html_page(title, meta, sections), encoding="utf-8")
     js = out / "report.json"
-    js.write_text(strict_json.dumps(_json(arms), indent=1), encoding="utf-8")
-    return Report(out, arms, sections, page, md, js)
+    js.write_text(strict_json.dumps(_json(arm_list), indent=1), encoding="utf-8")
+    return Report(out, arm_list, sections, page, md, js)

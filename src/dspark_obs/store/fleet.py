@@ -66,6 +66,10 @@ def expand_run_dirs(paths: list[Path]) -> list[Path]:
     return out
 
 
+class FleetMismatchError(RunStoreError):
+    """Runs that are each readable but whose rows do not mean the same thing together."""
+
+
 @dataclass(frozen=True)
 class Fleet:
     """Runs opened for reading, each with the node it stands for."""
@@ -133,11 +137,11 @@ def open_fleet(paths: list[Path], by: tuple[str, ...] = ()) -> Fleet:
         raise RunStoreError(f"{missing / MANIFEST}: no gamma (the run holds no steps?)")
     if len(set(gammas.values())) > 1:
         listed = ", ".join(f"{p} gamma {g}" for p, g in gammas.items())
-        raise RunStoreError(f"runs of different gamma cannot be merged: {listed}")
+        raise FleetMismatchError(f"runs of different gamma cannot be merged: {listed}")
     modes = {r.path: r.manifest.get("mode") for r in runs}
     if len(set(modes.values())) > 1 and "mode" not in by:
         listed = ", ".join(f"{p} {m}" for p, m in modes.items())
-        raise RunStoreError(
+        raise FleetMismatchError(
             f"runs of different verify modes cannot be pooled: {listed}; "
             "add --by mode to keep them apart"
         )

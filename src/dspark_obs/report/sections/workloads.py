@@ -53,6 +53,37 @@ _WORKLOAD_COLUMNS: dict[str, Cell] = {
 }
 
 
+def _group_rows(arm: Arm) -> list[dict]:
+    """A fleet's per (node / rank / mode, workload) rows: the summary's groups with the
+    estimate's walk bracket of the same group."""
+    est = {
+        tuple(g[k] for k in (*arm.by, "workload")): g
+        for g in (arm.estimate or {}).get("groups", [])
+    }
+    rows = []
+    for group in arm.summary.get("groups", []):
+        for name, entry in group["workloads"].items():
+            keys = tuple(group[k] for k in arm.by)
+            walk = est.get((*keys, name), {}).get("all_steps") or {}
+            rows.append(
+                {
+                    "group": " ".join(f"{k}={v}" for k, v in zip(arm.by, keys, strict=True)),
+                    "workload": name,
+                    **entry,
+                    "estimated_ceiling": walk.get("point"),
+                    "estimated_lo": walk.get("lo"),
+                    "estimated_hi": walk.get("hi"),
+                }
+            )
+    return rows
+
+
+_GROUP_COLUMNS: dict[str, Cell] = {
+    "group": name_cell("group"),
+    **{k: v for k, v in _WORKLOAD_COLUMNS.items() if k != "ceiling (population)"},
+}
+
+
 def workloads_section(arms: list[Arm], w: FigureQueue) -> Section:
     s = Section(
         "workloads",
@@ -72,6 +103,15 @@ def workloads_section(arms: list[Arm], w: FigureQueue) -> Section:
                 f"observed ceiling source: {arm.summary['overall']['ceiling_source'] or 'none'}",
             )
         )
+        if arm.by:
+            s.tables.append(
+                rows_table(
+                    f"{arm.label}: per {', '.join(arm.by)} and workload",
+                    _GROUP_COLUMNS,
+                    _group_rows(arm),
+                    "each group's own figures; the walk bracket is the group's walked blocks",
+                )
+            )
         if arm.summary["overall"]["ceiling_source"] is None:
             s.missing.append(f"{arm.label}: {NO_CEILING}")
         gamma = arm.gamma
