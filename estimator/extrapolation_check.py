@@ -188,10 +188,12 @@ class ExtrapolationCheck:
         fallback stands alone). In closed form, so it moves as little as its data do: a
         weight picked from a grid would jump between neighbours on a near tie."""
         groups = np.asarray(groups, dtype=np.int64)
+        # per group, then per entry (callers pass one per unidentified cell)
+        de, dd = self.blend_moments.T
+        weight = np.clip(np.divide(de, dd, out=np.zeros_like(de), where=dd > 0), 0.0, 1.0)
         out = np.zeros(len(groups))
-        have = groups < len(self.blend_moments)
-        de, dd = self.blend_moments[groups[have]].T
-        out[have] = np.clip(np.divide(de, dd, out=np.zeros_like(de), where=dd > 0), 0.0, 1.0)
+        have = groups < len(weight)
+        out[have] = weight.take(groups[have])
         return out
 
     def rates(
