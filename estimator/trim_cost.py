@@ -139,14 +139,19 @@ class TrimCostFold:
         a = np.concatenate([b.accepted for b, *_ in steps])
         start = np.cumsum(nreq) - nreq
         own, static = self._step_seconds(steps, nreq, np.add.reduceat(w, start))
-        priced = np.repeat(np.isfinite(own), nreq)
-        if not priced.any():
+        step_priced = np.isfinite(own)
+        if not step_priced.any():
             return
+        priced = np.repeat(step_priced, nreq)
+        # every step priced (the common case): whole arrays, not boolean-indexed copies
+        rows = slice(None) if step_priced.all() else priced
         fct = np.repeat([b.forward_ct for b, *_ in steps], nreq)
         fresh = priced & np.isinf(self._priced_from[group])
         if fresh.any():
             np.minimum.at(self._priced_from, group[fresh], fct[fresh])
-        mode = np.repeat([MODE_CODE[b.mode] for b, *_ in steps], nreq)
+        modes = [MODE_CODE[b.mode] for b, *_ in steps]
+        # one code for every row where the steps agree (ceiling_rule takes either)
+        mode = modes[0] if len(set(modes)) == 1 else np.repeat(modes, nreq)
         known = ceiling_rule(mode, a, np.concatenate([b.cap_trim for b, *_ in steps]))
         untrimmed = (a < w) | (w >= self.gamma)
         exact = np.where(known >= 0, known, np.where(untrimmed, a, -1)).astype(np.float64)
@@ -165,15 +170,13 @@ class TrimCostFold:
             lo[modelled], hi[modelled] = wm, self.gamma
             point[modelled] = wm + tail_terms(rates, wm)[1]
         n = delta.shape[1]
-        g = group[priced]
-        delta[col["trim_committed"]] += np.bincount(g, a[priced] + 1, n)
-        delta[col["trim_seconds"]] += np.bincount(g, np.repeat(own / nreq, nreq)[priced], n)
-        delta[col["trim_static_seconds"]] += np.bincount(
-            g, np.repeat(static / nreq, nreq)[priced], n
-        )
+        g = group[rows]
+        delta[col["trim_committed"]] += np.bincount(g, a[rows] + 1, n)
+        delta[col["trim_seconds"]] += np.bincount(g, np.repeat(own / nreq, nreq)[rows], n)
+        delta[col["trim_static_seconds"]] += np.bincount(g, np.repeat(static / nreq, nreq)[rows], n)
         bonus = np.bincount(g, minlength=n)  # static commits a bonus token on every row too
         for name, values in (("lo", lo), ("point", point), ("hi", hi)):
-            delta[col[f"trim_static_{name}"]] += bonus + np.bincount(g, values[priced], n)
+            delta[col[f"trim_static_{name}"]] += bonus + np.bincount(g, values[rows], n)
 
     def _confidence(self, steps, nreq: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
         """`[len(rows), gamma]` confidences of `rows` (NaN where a step has none)."""
