@@ -54,7 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .confidence_rates import ConfidenceRates
-from .interval import acceptance_log_ratio, extra_parts, position_terms
+from .interval import acceptance_log_ratio, extra_parts, position_terms, window_rows
 from .population import HazardModel
 from .tail_model import CALIBRATION_BINS, calibration_report, calibration_sums
 
@@ -82,9 +82,11 @@ def known_ratios(
         return np.zeros((n, gamma), dtype=bool), np.zeros((n, gamma))
     with np.errstate(invalid="ignore"):
         a = np.exp(acceptance_log_ratio(target_logprobs, draft_logprobs))
-    verified = np.arange(gamma)[None, :] < np.asarray(window)[:, None]
-    sampled = (np.asarray(greedy) == 0)[:, None]
-    return verified & sampled & ~np.isnan(a), a
+    # a greedy row counts as a window of 0: nothing of it is known
+    sampled_window = np.where(np.asarray(greedy) == 0, window, 0)
+    known = window_rows(gamma).take(sampled_window, axis=0)
+    known &= ~np.isnan(a)
+    return known, a
 
 
 def checked_steps(forward_ct: np.ndarray) -> np.ndarray:
@@ -152,17 +154,21 @@ class ExtrapolationCheck:
         smooth = np.full(known.shape, np.nan)
         if len(silent):
             smooth[silent] = self.smooth.rates(group[silent], conf[silent])
-        # every group's sums in one pass: key = group * 2 + (0 identified, 1 not)
-        r, c = np.nonzero(known)
+        # every group's sums in one pass: key = group * 2 + (0 identified, 1 not); flat
+        # indices and `take`, where 2-D fancy indexing costs several times as much
+        gamma = known.shape[1]
+        flat = np.flatnonzero(known)
         groups = len(self.sums)
-        key = group[r] * 2 + ~ident[r, c]
-        sums = calibration_sums(rates[r, c], a[r, c], se[r, c], key, 2 * groups)
+        key = group.take(flat // gamma) * 2 + ~ident.take(flat)
+        sums = calibration_sums(rates.take(flat), a.take(flat), se.take(flat), key, 2 * groups)
         self.sums += sums.reshape(5, groups, 2, CALIBRATION_BINS).transpose(1, 2, 0, 3)
-        r, c = np.nonzero(known & ~ident & ~np.isnan(smooth))
-        if len(r):
-            d, e = smooth[r, c] - rates[r, c], a[r, c] - rates[r, c]
-            self.blend_moments[:, 0] += np.bincount(group[r], d * e, groups)
-            self.blend_moments[:, 1] += np.bincount(group[r], d * d, groups)
+        flat = np.flatnonzero(known & ~ident & ~np.isnan(smooth))
+        if len(flat):
+            fallback = rates.take(flat)
+            d, e = smooth.take(flat) - fallback, a.take(flat) - fallback
+            g = group.take(flat // gamma)
+            self.blend_moments[:, 0] += np.bincount(g, d * e, groups)
+            self.blend_moments[:, 1] += np.bincount(g, d * d, groups)
 
     def calibration(self, g: int) -> dict:
         """The held-out check of group `g` on positions in identified cells
@@ -182,10 +188,12 @@ class ExtrapolationCheck:
         fallback stands alone). In closed form, so it moves as little as its data do: a
         weight picked from a grid would jump between neighbours on a near tie."""
         groups = np.asarray(groups, dtype=np.int64)
+        # per group, then per entry (callers pass one per unidentified cell)
+        de, dd = self.blend_moments.T
+        weight = np.clip(np.divide(de, dd, out=np.zeros_like(de), where=dd > 0), 0.0, 1.0)
         out = np.zeros(len(groups))
-        have = groups < len(self.blend_moments)
-        de, dd = self.blend_moments[groups[have]].T
-        out[have] = np.clip(np.divide(de, dd, out=np.zeros_like(de), where=dd > 0), 0.0, 1.0)
+        have = groups < len(weight)
+        out[have] = weight.take(groups[have])
         return out
 
     def rates(
@@ -195,20 +203,23 @@ class ExtrapolationCheck:
         cells, elsewhere its fallback blended with the smooth model's: by `blend_weight`
         where known positions support the smooth model (`ConfidenceRates.supported`),
         half and half where they do not."""
-        rates, identified, _ = model.rates(groups, confidence)
+        rates, identified = model.acceptance(groups, confidence)
         if confidence is None:
             return rates, identified
         # only the unidentified cells take the blend: the smooth model is asked for those
-        r, c = np.nonzero(~identified & ~np.isnan(confidence))
-        g, conf, fallback = np.asarray(groups, dtype=np.int64)[r], confidence[r, c], rates[r, c]
+        # (flat indices and `take`/`put`: 2-D fancy indexing costs several times as much)
+        flat = np.flatnonzero(~identified & ~np.isnan(confidence))
+        r, c = np.divmod(flat, rates.shape[1])
+        g = np.asarray(groups, dtype=np.int64).take(r)
+        conf, fallback = confidence.take(flat), rates.take(flat)
         smooth = self.smooth.rates_at(g, c, conf)
         # where no known position is near, the smooth model extrapolates too: neither rate
         # is identified there, and the point takes the middle of the two
         supported = self.smooth.supported_at(g, c, conf)
         weight = np.where(supported, self.blend_weight(g), UNSUPPORTED_WEIGHT)
         blended = rates.copy()
-        blended[r, c] = np.where(
-            np.isnan(smooth), fallback, weight * (smooth - fallback) + fallback
+        blended.put(
+            flat, np.where(np.isnan(smooth), fallback, weight * (smooth - fallback) + fallback)
         )
         return blended, identified
 
@@ -218,10 +229,11 @@ class ExtrapolationCheck:
         groups = np.asarray(groups, dtype=np.int64)
         count, gap = np.zeros(len(groups)), np.zeros(len(groups))
         have = groups < len(self.sums)
-        s = self.sums[groups[have], 0]  # [k, 5, bins]: identified cells
-        count[have] = s[:, 0].sum(axis=1)
-        # count * |mean predicted - mean observed| per bin is |sum predicted - sum observed|
-        gap[have] = np.abs(s[:, 1] - s[:, 2]).sum(axis=1)
+        s = self.sums[:, 0]  # [groups, 5, bins]: identified cells
+        # count * |mean predicted - mean observed| per bin is |sum predicted - sum observed|;
+        # per group first, then per block (a few groups, thousands of blocks)
+        count[have] = s[:, 0].sum(axis=1)[groups[have]]
+        gap[have] = np.abs(s[:, 1] - s[:, 2]).sum(axis=1)[groups[have]]
         return np.where(count > 0, gap / np.maximum(count, 1), 1.0)
 
 

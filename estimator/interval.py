@@ -62,6 +62,16 @@ def _upper(n: int) -> np.ndarray:
 
 
 @cache
+def window_rows(gamma: int) -> np.ndarray:
+    """`[gamma + 1, gamma]`: row w marks the positions inside a window of w drafts. Blocks'
+    masks are `window_rows(gamma).take(window, axis=0)`, where comparing `[k, 1]` with
+    `[1, gamma]` costs numpy a loop per row."""
+    rows = np.arange(gamma)[None, :] < np.arange(gamma + 1)[:, None]
+    rows.setflags(write=False)
+    return rows
+
+
+@cache
 def _ones(n: int) -> np.ndarray:
     ones = np.ones(n)
     ones.setflags(write=False)
@@ -227,17 +237,34 @@ def point_range(
 
 
 def position_terms(rates: np.ndarray, start: np.ndarray) -> np.ndarray:
-    """`[k, n]` each block's expected acceptance of each position from `start` on.
+    """`[..., k, n]` each block's expected acceptance of each position from `start` on.
 
-    `rates[b, j]` is the probability that block b's draft at position j is accepted given
-    every earlier one was; the term at j >= start is the product of the rates from
+    `rates[..., b, j]` is the probability that block b's draft at position j is accepted
+    given every earlier one was; the term at j >= start is the product of the rates from
     `start` to j (0 before `start`), so a row's sum is the expected further accepted
     drafts, and a subset of its columns says how much of that rests on those positions.
+    Leading axes are sets of rates for the same blocks.
     """
-    n = rates.shape[1]
-    after = np.arange(n)[None, :] >= np.asarray(start)[:, None]
-    running = np.cumprod(np.where(after, np.clip(rates, 0.0, 1.0), 1.0), axis=1)
-    return np.where(after, running, 0.0)
+    running = np.empty(np.moveaxis(rates, -1, 0).shape)
+    np.clip(np.moveaxis(rates, -1, 0), 0.0, 1.0, out=running)
+    return np.moveaxis(_running_terms(running, start), 0, -1)
+
+
+def _running_terms(running: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """`position_terms` in place on position-major rates `[n, ..., k]`, already in [0, 1].
+
+    One position at a time: n vector multiplies, where numpy's cumprod along so short an
+    axis costs several times as much (the same products in the same order, so the same
+    numbers); the masks are `[n, k]`, never `[k, 1]` against `[1, n]`, which numpy
+    compares with a loop per row."""
+    n = running.shape[0]
+    before = np.arange(n)[:, None] < np.asarray(start)[None, :]
+    before = before.reshape(n, *(1,) * (running.ndim - 2), -1)
+    np.copyto(running, 1.0, where=before)
+    for j in range(1, n):
+        running[j] *= running[j - 1]
+    np.copyto(running, 0.0, where=before)
+    return running
 
 
 def extra_parts(
@@ -250,19 +277,20 @@ def extra_parts(
     `rates` and `identified` are `[k, n]`, `margin` `[k]`: an identified rate's range is
     the rate +- its block's margin (the model's held-out miss), an unidentified one's all
     of [0, 1], so where nothing identifies a position the range runs to the lo/hi bracket.
+    The three sets of rates run position-major in one buffer.
     """
-    m = np.asarray(margin, dtype=np.float64)[:, None]
-    low = np.where(identified, np.clip(rates - m, 0.0, 1.0), 0.0)
-    high = np.where(identified, np.clip(rates + m, 0.0, 1.0), 1.0)
-    terms = position_terms(rates, start)
-    return np.stack(
-        [
-            terms.sum(axis=1),
-            position_terms(low, start).sum(axis=1),
-            position_terms(high, start).sum(axis=1),
-            np.where(identified, 0.0, terms).sum(axis=1),
-        ]
-    )
+    k, n = rates.shape
+    rt, ident = rates.T, identified.T
+    m = np.asarray(margin, dtype=np.float64)[None, :]
+    terms = np.empty((n, 3, k))
+    np.clip(rt, 0.0, 1.0, out=terms[:, 0])
+    terms[:, 1] = np.where(ident, np.clip(rt - m, 0.0, 1.0), 0.0)
+    terms[:, 2] = np.where(ident, np.clip(rt + m, 0.0, 1.0), 1.0)
+    _running_terms(terms, start)
+    out = np.empty((4, k))
+    terms.sum(axis=0, out=out[:3])
+    np.where(ident, 0.0, terms[:, 0]).sum(axis=0, out=out[3])
+    return out
 
 
 def rate_extrapolation(rates: np.ndarray) -> Extrapolate:

@@ -238,8 +238,7 @@ class CeilingEstimator:
             self._population_rows.append(
                 (
                     group, w, a, batch.confidence, batch.greedy,
-                    batch.target_logprobs, batch.draft_logprobs,
-                    np.full(len(w), batch.forward_ct, np.int64),
+                    batch.target_logprobs, batch.draft_logprobs, batch.forward_ct,
                 )
             )  # fmt: skip
             if len(self._population_rows) >= POPULATION_BATCH_STEPS:
@@ -249,7 +248,7 @@ class CeilingEstimator:
             self._counts.append(
                 (group, observed, a, self.walker.opened_rows, self.walker.skipped_rows)
             )
-            self.trim.queue(batch, group, self.walker.opened_rows)
+            self.trim.queue(batch, group, w, self.walker.opened_rows)
             # counts fold in with the walk's outcomes, never across a window block's end
             if outcomes or len(self._counts) >= self.sums.room:
                 self._fold(outcomes)
@@ -282,7 +281,9 @@ class CeilingEstimator:
         rows, self._population_rows = self._population_rows, []
         if not rows:
             return
-        group, w, a, greedy, fct = (np.concatenate([r[i] for r in rows]) for i in (0, 1, 2, 4, 7))
+        group, w, a, greedy = (np.concatenate([r[i] for r in rows]) for i in (0, 1, 2, 4))
+        # each row's step, from the steps' forward_ct and row counts
+        fct = np.repeat(np.array([r[7] for r in rows], np.int64), [len(r[1]) for r in rows])
         conf, target_lp, draft_lp = (self._matrix(rows, i) for i in (3, 5, 6))
         self.check.observe(self.population, group, w, greedy, conf, target_lp, draft_lp, fct)
         self.population.update(group, w, a, conf)

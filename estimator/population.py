@@ -381,6 +381,18 @@ class HazardModel:
         se = np.where(ident, np.sqrt(h * (1.0 - h) / np.maximum(at_risk, 1)), 0.0)
         return 1.0 - h, ident, se
 
+    def acceptance(
+        self, group_ids: np.ndarray, confidence: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`rates` without the standard errors, which the walks' extrapolation does not
+        read: the at-risk table they need costs as much as the rates themselves."""
+        grp = np.asarray(group_ids, dtype=np.int64).reshape(-1)
+        if len(grp) == 0:
+            empty = np.zeros((0, self.gamma))
+            return empty, empty.astype(bool)
+        hazard, data, cell = self._cells(grp, confidence)
+        return 1.0 - hazard.take(cell).T, data.take(cell).T
+
     def _cells(
         self, grp: np.ndarray, confidence: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -64,15 +64,18 @@ class TrimCostFold:
         self.gamma = gamma
         self.step_cost = step_cost
         self.tiers = tuple(tiers)
-        self._steps: list[tuple[StepBatch, np.ndarray, np.ndarray]] = []
+        self._steps: list[tuple[StepBatch, np.ndarray, np.ndarray, np.ndarray]] = []
         # per group: the first forward_ct priced (walks opened before it count nowhere), and
         # whether its mode censors the ceiling (only then does a walk speak for static)
         self._priced_from = np.zeros(0)
         self._censors = np.zeros(0, dtype=bool)
 
-    def queue(self, batch: StepBatch, group: np.ndarray, opened: np.ndarray) -> None:
-        """One step's rows, their groups and which of them opened a walk."""
-        self._steps.append((batch, group, opened))
+    def queue(
+        self, batch: StepBatch, group: np.ndarray, window: np.ndarray, opened: np.ndarray
+    ) -> None:
+        """One step's rows, their groups, windows (`batch.window`, which the caller has
+        already derived) and which of them opened a walk."""
+        self._steps.append((batch, group, window, opened))
 
     def ensure_groups(self, groups: list[tuple[str, str, int]]) -> None:
         grow = len(groups) - len(self._priced_from)
@@ -110,7 +113,7 @@ class TrimCostFold:
                     b.step_gpu_ms if b.step_gpu_ms is not None else b.step_cpu_ms,
                     b.num_verify_tokens if b.num_verify_tokens >= 0 else b.verify_tokens_local,
                 )
-                for b, _, _ in steps
+                for b, *_ in steps
             ],
             dtype=np.float64,
         ).reshape(-1, 2)
@@ -118,7 +121,7 @@ class TrimCostFold:
         measured[~((measured >= MIN_STEP_S) & (measured <= MAX_STEP_S))] = np.nan
         recorded = np.where(scalars[:, 1] >= 0, scalars[:, 1], np.nan)
         own, static = np.full(len(steps), np.nan), np.full(len(steps), np.nan)
-        keys = [(b.mode, b.rank) for b, _, _ in steps]
+        keys = [(b.mode, b.rank) for b, *_ in steps]
         for key in set(keys):
             table = self.step_cost(*key)
             if table is None:
@@ -130,25 +133,30 @@ class TrimCostFold:
         return own, static
 
     def _fold_steps(self, steps, delta, col, population: HazardModel) -> None:
-        nreq = np.array([len(g) for _, g, _ in steps])
-        group = np.concatenate([g for _, g, _ in steps])
-        w = np.concatenate([b.window for b, _, _ in steps])
-        a = np.concatenate([b.accepted for b, _, _ in steps])
+        nreq = np.array([len(g) for _, g, *_ in steps])
+        group = np.concatenate([g for _, g, *_ in steps])
+        w = np.concatenate([w for _, _, w, _ in steps])
+        a = np.concatenate([b.accepted for b, *_ in steps])
         start = np.cumsum(nreq) - nreq
         own, static = self._step_seconds(steps, nreq, np.add.reduceat(w, start))
-        priced = np.repeat(np.isfinite(own), nreq)
-        if not priced.any():
+        step_priced = np.isfinite(own)
+        if not step_priced.any():
             return
-        fct = np.repeat([b.forward_ct for b, _, _ in steps], nreq)
+        priced = np.repeat(step_priced, nreq)
+        # every step priced (the common case): whole arrays, not boolean-indexed copies
+        rows = slice(None) if step_priced.all() else priced
+        fct = np.repeat([b.forward_ct for b, *_ in steps], nreq)
         fresh = priced & np.isinf(self._priced_from[group])
         if fresh.any():
             np.minimum.at(self._priced_from, group[fresh], fct[fresh])
-        mode = np.repeat([MODE_CODE[b.mode] for b, _, _ in steps], nreq)
-        known = ceiling_rule(mode, a, np.concatenate([b.cap_trim for b, _, _ in steps]))
+        modes = [MODE_CODE[b.mode] for b, *_ in steps]
+        # one code for every row where the steps agree (ceiling_rule takes either)
+        mode = modes[0] if len(set(modes)) == 1 else np.repeat(modes, nreq)
+        known = ceiling_rule(mode, a, np.concatenate([b.cap_trim for b, *_ in steps]))
         untrimmed = (a < w) | (w >= self.gamma)
         exact = np.where(known >= 0, known, np.where(untrimmed, a, -1)).astype(np.float64)
         lo, point, hi = exact.copy(), exact.copy(), exact.copy()
-        opened = np.concatenate([o for _, _, o in steps])
+        opened = np.concatenate([o for *_, o in steps])
         # a walked tail counts as [window, window, gamma] until its walk ends; one no walk
         # follows takes the window, the population model's expectation and gamma
         walked = np.flatnonzero((exact < 0) & opened)
@@ -157,24 +165,22 @@ class TrimCostFold:
         modelled = np.flatnonzero((exact < 0) & ~opened & priced)
         if len(modelled):
             conf = self._confidence(steps, nreq, modelled)
-            rates = population.rates(group[modelled], conf)[0]
+            rates = population.acceptance(group[modelled], conf)[0]
             wm = w[modelled]
             lo[modelled], hi[modelled] = wm, self.gamma
             point[modelled] = wm + tail_terms(rates, wm)[1]
         n = delta.shape[1]
-        g = group[priced]
-        delta[col["trim_committed"]] += np.bincount(g, a[priced] + 1, n)
-        delta[col["trim_seconds"]] += np.bincount(g, np.repeat(own / nreq, nreq)[priced], n)
-        delta[col["trim_static_seconds"]] += np.bincount(
-            g, np.repeat(static / nreq, nreq)[priced], n
-        )
+        g = group[rows]
+        delta[col["trim_committed"]] += np.bincount(g, a[rows] + 1, n)
+        delta[col["trim_seconds"]] += np.bincount(g, np.repeat(own / nreq, nreq)[rows], n)
+        delta[col["trim_static_seconds"]] += np.bincount(g, np.repeat(static / nreq, nreq)[rows], n)
         bonus = np.bincount(g, minlength=n)  # static commits a bonus token on every row too
         for name, values in (("lo", lo), ("point", point), ("hi", hi)):
-            delta[col[f"trim_static_{name}"]] += bonus + np.bincount(g, values[priced], n)
+            delta[col[f"trim_static_{name}"]] += bonus + np.bincount(g, values[rows], n)
 
     def _confidence(self, steps, nreq: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
         """`[len(rows), gamma]` confidences of `rows` (NaN where a step has none)."""
-        mats = [b.confidence for b, _, _ in steps]
+        mats = [b.confidence for b, *_ in steps]
         if all(m is None for m in mats):
             return None
         full = np.concatenate(

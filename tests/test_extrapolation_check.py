@@ -250,3 +250,23 @@ def test_identified_cells_range_within_the_checked_margin():
     # has no known position near, so the rate is the middle of the fallback 0.95 and 0.9
     # (up to the fit's faint ridge)
     np.testing.assert_allclose(got[:, 0], [1 + 0.925, 0.9, 2.0, 0.925], rtol=1e-4)
+
+
+def test_known_ratios_against_a_per_position_loop():
+    from dspark_obs.estimator.extrapolation_check import known_ratios
+
+    rng = np.random.default_rng(5)
+    n, gamma = 40, 5
+    window = rng.integers(0, gamma + 1, n)
+    greedy = rng.integers(0, 2, n)
+    target = np.log(rng.uniform(size=(n, gamma)))
+    draft = np.log(rng.uniform(size=(n, gamma)))
+    target[rng.uniform(size=(n, gamma)) < 0.1] = np.nan
+    target[0, 0] = -np.inf
+    known, a = known_ratios(window, greedy, target, draft, gamma)
+    for i in range(n):
+        for j in range(gamma):
+            want = j < window[i] and greedy[i] == 0 and not np.isnan(target[i, j])
+            assert known[i, j] == want
+            if want:
+                assert a[i, j] == pytest.approx(min(1.0, np.exp(target[i, j] - draft[i, j])))

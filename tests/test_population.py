@@ -337,3 +337,18 @@ def test_online_model_with_a_full_reservoir_is_the_offline_estimate(shadowed_run
     np.testing.assert_allclose(s, r["survival"], rtol=1e-12)
     assert ident.tolist() == r["identifiable"]
     np.testing.assert_allclose(model.naive_km(0), r["naive_km"], rtol=1e-12)
+
+
+def test_acceptance_is_rates_without_the_standard_errors():
+    rng = np.random.default_rng(4)
+    model = HazardModel(5, bins=4, min_at_risk=3)
+    w = rng.integers(0, 6, 400)
+    a = np.minimum(w, rng.integers(0, 6, 400))
+    conf = rng.uniform(size=(400, 5))
+    model.update(rng.integers(0, 2, 400), w, a, conf)
+    groups, query = rng.integers(0, 2, 50), rng.uniform(size=(50, 5))
+    query[3, 2] = np.nan  # the pooled stratum
+    rates, ident, _ = model.rates(groups, query)
+    got_rates, got_ident = model.acceptance(groups, query)
+    np.testing.assert_array_equal(got_rates, rates)
+    np.testing.assert_array_equal(got_ident, ident)

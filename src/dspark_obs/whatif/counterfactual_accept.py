@@ -72,7 +72,7 @@ def tail_shapes(inp: AcceptInputs, exact: np.ndarray, groups: int) -> TailShapes
     model.ensure_groups(groups)
     model.update(inp.group, inp.window, inp.accepted, inp.confidence)
     conf = None if inp.confidence is None else inp.confidence[rows]
-    rates = model.rates(inp.group[rows], conf)[0]
+    rates = model.acceptance(inp.group[rows], conf)[0]
     w = inp.window[rows]
     terms, model_tail = tail_terms(rates, w)
     point = inp.walk_point[rows]
