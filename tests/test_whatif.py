@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import numpy as np
 import polars as pl
@@ -19,6 +20,8 @@ from dspark_obs.runs import record_reference_run
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.scheduler import schedule
 from dspark_obs.store import open_run
+from dspark_obs.store.inventory import list_parts, part_name
+from dspark_obs.store.writer import publish_part
 from dspark_obs.whatif.counterfactual_accept import accepted_under, exact_ceiling, tail_shapes
 from dspark_obs.whatif.policies import parse_policy, policy_windows
 from dspark_obs.whatif.predict import load_run_frame, whatif
@@ -215,3 +218,46 @@ def test_summary_shows_trimmed_drafts_per_workload(compact_run):
     for name, value in seen.items():
         assert value == pytest.approx(expected[name], abs=5e-4), name
     assert any(v > 0.01 for v in seen.values())  # the run did trim
+
+
+def test_walks_join_the_request_steps_as_the_string_ids_do(runs):
+    """The walks are matched by integer request codes; an independent join on the string
+    ids (the last walk of a block kept) gives each row the same walk."""
+    run = runs["compact"]
+    frame = load_run_frame(run, use_shadow=False)
+    keys = ["rank", "forward_ct", "rid"]
+    walks = run.scan("ceilings").unique(keys, keep="last", maintain_order=True)
+    joined = (
+        run.requests()
+        .select(keys)
+        .join(walks.select(*keys, "lo", "point", "hi"), on=keys, how="left", maintain_order="left")
+        .collect()
+    )
+    assert joined.height == len(frame.inputs.walk_point)
+    assert np.isfinite(frame.inputs.walk_point).sum() == joined["point"].count() > 0
+    for ours, theirs in (("walk_lo", "lo"), ("walk_point", "point"), ("walk_hi", "hi")):
+        np.testing.assert_array_equal(
+            getattr(frame.inputs, ours), joined[theirs].fill_null(np.nan).to_numpy()
+        )
+
+
+def test_request_steps_out_of_step_order_predict_the_same(runs, tmp_path):
+    """Steps written last first (each step's rows in their order), and a walk given twice
+    with the later copy kept, are put in order: every cell as from the ordered run."""
+    src = runs["compact"].path
+    out = tmp_path / "reversed"
+    shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.parquet", "_checksums"))
+    for table in ("steps", "requests", "ceilings"):
+        for number, path in list_parts(src / table):
+            df = pl.read_parquet(path).with_row_index("i")
+            df = df.sort("forward_ct", "i", descending=[True, False]).drop("i")
+            if table == "ceilings":  # a stale copy of a walk, written before it
+                df = pl.concat([df.tail(1).with_columns(point=pl.lit(-1.0)), df])
+            publish_part(out / table / part_name(number), df)
+    ours = whatif(open_run(out), use_shadow=False)["cells"]
+    theirs = whatif(runs["compact"], use_shadow=False)["cells"]
+    assert len(ours) == len(theirs) > 0
+    for a, b in zip(ours, theirs, strict=True):
+        floats = [k for k, v in b.items() if isinstance(v, float)]
+        assert {k: a[k] for k in a if k not in floats} == {k: b[k] for k in b if k not in floats}
+        assert [a[k] for k in floats] == pytest.approx([b[k] for k in floats], rel=1e-12)

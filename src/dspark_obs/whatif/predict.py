@@ -32,6 +32,7 @@ import numpy as np
 import polars as pl
 
 from ..analysis.load import load_level
+from ..analysis.request_codes import dense_codes, positions, request_codes
 from ..analysis.step_time import measured_step_ms
 from ..analysis.workload_codes import workload_code
 from ..estimator.evaluate import Z95, walked_blocks
@@ -172,58 +173,49 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame
     sps = policies is None or any(p.kind == "sps" for p in policies)
     recalibrated = policies is None or any(p.sts is not None for p in policies)
     shadow = pl.col("shadow_ceiling") if use_shadow else pl.lit(None, pl.Int64)
-    keys = ["rank", "forward_ct", "rid"]
-    rows = req.select(
-        *keys,
-        "workload",
+    df = req.select(
+        "rank",
+        "forward_ct",
         workload_code(known),
         "window",
         "correct_drafts",
         pl.coalesce(pl.col("ceiling"), shadow).cast(pl.Float64).alias("known_ceiling"),
-    ).with_row_index("row")
+    ).collect()
     blocks = walked_blocks(run)
-    if blocks.collect_schema().names():
-        walk = blocks.select(
-            *keys,
-            ((pl.col("method") == "greedy") & (pl.col("status") == "exact")).alias("walk_exact"),
-            pl.col("lo").alias("walk_lo"),
-            pl.col("point").alias("walk_point"),
-            pl.col("hi").alias("walk_hi"),
-        ).unique(keys, keep="last")
-        rows = rows.join(walk, on=keys, how="left", maintain_order="left")
-    else:
-        rows = rows.with_columns(
-            pl.lit(False).alias("walk_exact"),
-            *(pl.lit(None, pl.Float64).alias(c) for c in ("walk_lo", "walk_point", "walk_hi")),
-        )
+    walks = blocks if blocks.collect_schema().names() else None
+    rid, *walk_rid = request_codes(req, *([walks] if walks is not None else []))
+    key = (df["rank"].to_numpy() << 40) + df["forward_ct"].to_numpy()
+    # `order`: the requests table's row of each row kept, None where it is the table's own.
+    # A run's parts in step order need no sort: checking the order costs milliseconds.
+    order = np.argsort(key, kind="stable") if (np.diff(key) < 0).any() else None
+    if order is not None:
+        key = key[order]
     steps = run.steps().filter(pl.col("bs") > 0)
-    level = load_level(steps)
     step_cols = steps.select(
         "rank",
         "forward_ct",
-        level.alias("level"),
+        load_level(steps).alias("level"),
         measured_step_ms(),
         pl.coalesce("num_verify_tokens", "verify_tokens_local").alias("tier"),
-    )
-    df = rows.join(
-        step_cols, on=["rank", "forward_ct"], how="inner", maintain_order="left"
     ).collect()
-    if df.height == 0:
+    step_keys = (step_cols["rank"].to_numpy() << 40) + step_cols["forward_ct"].to_numpy()
+    by_key = np.argsort(step_keys, kind="stable")
+    start = _starts(key)
+    found = positions(step_keys[by_key], key[start])
+    if (found < 0).any():  # rows of a step the steps table lacks (or holds as empty)
+        kept = np.flatnonzero(np.repeat(found >= 0, np.diff(np.append(start, len(key)))))
+        order = kept if order is None else order[kept]
+        key, found = key[kept], found[found >= 0]
+        start = _starts(key)
+    if len(key) == 0:
         raise ValueError(f"{run.path} holds no request-steps of a step with requests")
-    step_key = (df["rank"].to_numpy() << 40) + df["forward_ct"].to_numpy()
-    if (np.diff(step_key) < 0).any():
-        # a run's parts in step order need no sort (the join kept their row order): sorting
-        # 10M rows with their strings costs seconds, checking the order milliseconds
-        df = df.sort("rank", "forward_ct", "row", maintain_order=True)
-        step_key = (df["rank"].to_numpy() << 40) + df["forward_ct"].to_numpy()
-    start = np.flatnonzero(np.concatenate(([True], step_key[1:] != step_key[:-1])))
-    bs = np.diff(np.append(start, df.height))
+    if order is not None:
+        df, rid = df[order], rid[order]
+    bs = np.diff(np.append(start, len(key)))
     step = np.repeat(np.arange(len(start)), bs)
-    # the [rows, gamma] columns are read apart and put in order by row: joining and sorting
-    # them with the rest cost several times their reading
-    order = df["row"].to_numpy()
-    order = None if len(order) == _rows(req) and (np.diff(order) == 1).all() else order
-    walk_point = df["walk_point"].to_numpy().astype(np.float64)
+    step_row = by_key[found]
+    levels = step_cols["level"].to_numpy()[step_row]
+    walk = _walk_columns(walks, walk_rid, key[start], step, rid)
     inputs = AcceptInputs(
         gamma=gamma,
         window=df["window"].to_numpy(),
@@ -231,31 +223,26 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame
         ceiling=df["known_ceiling"].to_numpy().astype(np.float64),
         group=df["group"].to_numpy(),
         confidence=None,
-        walk_exact=df["walk_exact"].fill_null(False).to_numpy(),
-        walk_lo=df["walk_lo"].to_numpy().astype(np.float64),
-        walk_point=walk_point,
-        walk_hi=df["walk_hi"].to_numpy().astype(np.float64),
+        **walk,
     )
     if np.isnan(exact_ceiling(inputs)).any():
         inputs.confidence = _matrix(req, "confidence", gamma, order, True)
     table, source = _cost_table(run)
-    step_ms = df["step_ms"].to_numpy()[start].astype(np.float64)
-    tier = df["tier"].to_numpy()[start].astype(np.float64)
     sources = {
         "observed_or_shadow": int(np.isfinite(inputs.ceiling).sum()),
-        "walked": int(np.isfinite(walk_point).sum()),
+        "walked": int(np.isfinite(inputs.walk_point).sum()),
     }
     return RunFrame(
         gamma=gamma,
         step=step,
-        cells=_cell_codes(df, step, start, [*known, None]),
+        cells=_cell_codes(levels, inputs.group, rid, step, [*known, None]),
         inputs=inputs,
         survival=_matrix(req, "survival", gamma, order, sps),
         logits=_matrix(req, "confidence_logits", gamma, order, recalibrated),
         step_start=start,
         step_bs=bs,
-        step_ms=step_ms,
-        step_tier=tier,
+        step_ms=step_cols["step_ms"].to_numpy()[step_row].astype(np.float64),
+        step_tier=step_cols["tier"].to_numpy()[step_row].astype(np.float64),
         table=table,
         table_source=source,
         tiers=_tiers(run),
@@ -263,38 +250,72 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame
     )
 
 
-def _rows(frame: pl.LazyFrame) -> int:
-    return frame.select(pl.len()).collect().item()
+def _starts(key: np.ndarray) -> np.ndarray:
+    """The first row of each run of equal `key`s."""
+    return np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
 
 
-def _cell_codes(df: pl.DataFrame, step: np.ndarray, start: np.ndarray, names: list) -> CellCodes:
-    levels, level = np.unique(df["level"].to_numpy(), return_inverse=True)
+def _walk_columns(walks, walk_rid: list, step_keys, step: np.ndarray, rid: np.ndarray) -> dict:
+    """Each row's walk (`walk_exact`, `walk_lo`, `walk_point`, `walk_hi`; NaN and False where
+    none covered it), the last of a block's walks where the table holds more than one.
+
+    A walk names its block by (rank, forward_ct, rid): matched here as the integer pair
+    (the row's step, its request code) by a sort and a binary search, where a join on
+    the string id cost most of loading the run."""
+    n = len(step)
+    out = {"walk_exact": np.zeros(n, bool)}
+    out.update({c: np.full(n, np.nan) for c in ("walk_lo", "walk_point", "walk_hi")})
+    if walks is None:
+        return out
+    w = walks.select(
+        "rank",
+        "forward_ct",
+        ((pl.col("method") == "greedy") & (pl.col("status") == "exact")).alias("exact"),
+        pl.col("lo", "point", "hi").cast(pl.Float64),
+    ).collect()
+    span = int(max(rid.max(initial=0), walk_rid[0].max(initial=0))) + 1
+    walk_step = positions(step_keys, (w["rank"].to_numpy() << 40) + w["forward_ct"].to_numpy())
+    walk_key = walk_step * span + walk_rid[0]
+    by_key = np.flatnonzero(walk_step >= 0)
+    by_key = by_key[np.argsort(walk_key[by_key], kind="stable")]
+    walk_key = walk_key[by_key]
+    last = np.append(walk_key[1:] != walk_key[:-1], True)  # a block's last walk
+    hit = positions(walk_key[last], step * span + rid)
+    rows = np.flatnonzero(hit >= 0)
+    take = by_key[last][hit[rows]]
+    out["walk_exact"][rows] = w["exact"].fill_null(False).to_numpy()[take]
+    for c in ("lo", "point", "hi"):
+        out[f"walk_{c}"][rows] = w[c].to_numpy()[take]
+    return out
+
+
+def _cell_codes(
+    step_values: np.ndarray, group: np.ndarray, rid: np.ndarray, step: np.ndarray, names: list
+) -> CellCodes:
+    """The cells from each step's level (`step_values`) and each row's workload code,
+    request code and step, all by integer tables (no sort of the rows)."""
+    levels, step_level = np.unique(step_values, return_inverse=True)
+    level = step_level[step]
     n_wl, n_cells = len(names), len(levels) * len(names)
-    codes = pl.DataFrame({"level": level, "group": df["group"], "step": step}).with_columns(
-        rid=df["rid"].cast(pl.Categorical).to_physical()
-    )
-    pair = codes.select(
-        (pl.col("level").cast(pl.Int64) * (1 << 32) + pl.col("rid").cast(pl.Int64)).rank("dense")
-        - 1
-    ).to_series()
-    cell = level * n_wl + codes["group"].to_numpy()
-    pair_np = pair.to_numpy().astype(np.int64)
-    pair_cell = np.zeros(int(pair_np.max()) + 1, np.int64)
-    pair_cell[pair_np] = cell
+    cell = level * n_wl + group
+    pair, n_pairs = dense_codes(level * (int(rid.max()) + 1) + rid)
+    pair_cell = np.zeros(n_pairs, np.int64)
+    pair_cell[pair] = cell
     # a cell's steps: the distinct (step, workload) pairs of its rows
-    seen = codes.select("step", "group", "level").unique()
-    seen_cell = seen["level"].to_numpy() * n_wl + seen["group"].to_numpy()
+    seen = np.zeros(len(step_level) * n_wl, bool)
+    seen[step * n_wl + group] = True
+    seen_cell = (step_level[:, None] * n_wl + np.arange(n_wl)).ravel()[seen]
     return CellCodes(
         levels=levels,
         workloads=names,
         level=level,
         cell=cell,
-        pair=pair_np,
+        pair=pair,
         pair_cell=pair_cell,
         pair_level=pair_cell // n_wl,
-        step_level=level[start],
+        step_level=step_level,
         cell_steps=np.bincount(seen_cell, minlength=n_cells),
-        level_steps=np.bincount(level[start], minlength=len(levels)),
+        level_steps=np.bincount(step_level, minlength=len(levels)),
     )
 
 
