@@ -95,7 +95,7 @@ def test_own_and_sps_reproduce_the_measured_run(runs):
 
 def test_static_with_shadow_ceilings_is_exact(runs):
     run = runs["compact"]
-    static = _cells(whatif(run, ["static"]), "static")
+    static = _cells(whatif(run, ["static"], closed_loop=False), "static")
     req = run.requests().join(run.steps().select("forward_ct", "bs"), on="forward_ct").collect()
     for level, part in req.group_by("bs"):
         c = static[(level[0], "all")]
@@ -261,3 +261,50 @@ def test_request_steps_out_of_step_order_predict_the_same(runs, tmp_path):
         floats = [k for k, v in b.items() if isinstance(v, float)]
         assert {k: a[k] for k in a if k not in floats} == {k: b[k] for k in b if k not in floats}
         assert [a[k] for k in floats] == pytest.approx([b[k] for k in floats], rel=1e-12)
+
+
+def test_closed_loop_moves_the_mix_by_committed_tokens_per_request_step(runs):
+    """Each level's workloads take request-steps in proportion to their recorded ones times
+    the run's committed tokens per request-step over the policy's, for the requests the
+    level holds from beginning to end (recomputed here from the recorded rows and the
+    same-steps cells); a workload's own means do not move, the whole batch's are the mix's,
+    and the interval holds both points."""
+    run = runs["compact"]
+    fixed = whatif(run, ["static", "window=2"], use_shadow=False, closed_loop=False)
+    moved = whatif(run, ["own", "static", "window=2"], use_shadow=False)
+    steps = run.steps().select("forward_ct", "bs").collect().sort("forward_ct")
+    stretch = steps.with_columns(s=(pl.col("bs") != pl.col("bs").shift()).cum_sum().fill_null(0))
+    span = stretch.group_by("s").agg(pl.col("forward_ct").min().alias("a"),
+                                     pl.col("forward_ct").max().alias("b"))  # fmt: skip
+    req = (
+        run.requests()
+        .collect()
+        .join(stretch, on="forward_ct")
+        .join(span, on="s")
+        .with_columns(
+            first=pl.col("forward_ct").min().over("rid"),
+            last=pl.col("forward_ct").max().over("rid"),
+        )
+        .with_columns(inside=(pl.col("first") >= pl.col("a")) & (pl.col("last") < pl.col("b")))
+    )
+    steady = dict(req.group_by("bs").agg(pl.col("inside").mean()).iter_rows())
+    own = req.group_by("bs", "workload").agg(pl.len(), pl.col("acc_len").mean().alias("c"))
+    own = {(r["bs"], r["workload"]): r for r in own.iter_rows(named=True)}
+    assert 0 < min(steady.values()) and max(steady.values()) < 1
+    for policy in ("static", "window=2"):
+        before, after = _cells(fixed, policy), _cells(moved, policy)
+        for level in {k[0] for k in before}:
+            wls = [k for k in before if k[0] == level and k[1] != "all"]
+            ratio = {k: own[k]["c"] / before[k]["mean_committed"] for k in wls}
+            n = sum(own[k]["len"] for k in wls)
+            norm = sum(own[k]["len"] * ratio[k] for k in wls) / n
+            mass = {k: own[k]["len"] * (1 + steady[level] * (ratio[k] / norm - 1)) for k in wls}
+            whole = sum(mass[k] / n * before[k]["mean_accepted"] for k in wls)
+            assert after[(level, "all")]["mean_accepted"] == pytest.approx(whole, rel=1e-9)
+            assert after[(level, "all")]["request_steps"] == before[(level, "all")]["request_steps"]
+            for k in wls:
+                assert after[k]["mean_accepted"] == pytest.approx(before[k]["mean_accepted"])
+            a, b = after[(level, "all")], before[(level, "all")]
+            assert a["tokens_per_s_lo"] <= min(a["tokens_per_s"], b["tokens_per_s"])
+            assert a["tokens_per_s_hi"] >= max(a["tokens_per_s"], b["tokens_per_s"])
+    assert _cells(moved, "own") == _cells(whatif(run, ["own"], use_shadow=False), "own")

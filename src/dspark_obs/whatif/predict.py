@@ -45,6 +45,9 @@ from .policies import Policy, parse_policy, policy_windows
 #: Policies `whatif` predicts when none are named.
 DEFAULT_POLICIES = ("own", "static", "sps", "window=3", "sps:scale=0.5")
 
+#: Request-steps at most that an SPS policy's batches are drawn again from (`_recomposed`).
+RECOMPOSED_ROWS = 1 << 20
+
 #: Keys of every cell; documented in docs/whatif.md.
 CELL_KEYS = (
     "policy",
@@ -86,6 +89,7 @@ class CellCodes:
     step_level: np.ndarray  # [steps] level code
     cell_steps: np.ndarray  # [cells] distinct steps holding the cell's rows
     level_steps: np.ndarray  # [levels] steps
+    steady: np.ndarray  # [levels] share of request-steps of requests begun and ended in it
 
 
 @dataclass
@@ -106,6 +110,7 @@ class RunFrame:
     table_source: str
     tiers: tuple[int, ...]
     ceiling_sources: dict
+    own_committed: np.ndarray | None = None  # [cells] the run's committed tokens
 
 
 def _matrix(req: pl.LazyFrame, name: str, gamma: int, order: np.ndarray | None, wanted: bool):
@@ -316,15 +321,134 @@ def _cell_codes(
         step_level=step_level,
         cell_steps=np.bincount(seen_cell, minlength=n_cells),
         level_steps=np.bincount(step_level, minlength=len(levels)),
+        steady=_steady(step_level, level, rid, step),
     )
 
 
-def step_seconds(frame: RunFrame, windows: np.ndarray) -> np.ndarray:
-    """`[steps]` predicted step time under `windows`: measured times scaled by the table."""
+def _steady(step_level: np.ndarray, level: np.ndarray, rid: np.ndarray, step: np.ndarray):
+    """`[levels]` the share of a level's request-steps whose request began and ended within
+    the level's stretch of steps (a request cut by the stretch's end, or carried in from
+    before it, is not): the part of the level the closed loop's steady state describes."""
+    first = np.full(int(rid.max()) + 1, len(step_level), np.int64)
+    last = np.full(int(rid.max()) + 1, -1, np.int64)
+    np.minimum.at(first, rid, step)
+    np.maximum.at(last, rid, step)
+    edge = np.flatnonzero(np.diff(step_level)) + 1
+    bounds = np.concatenate(([0], edge, [len(step_level)]))
+    stretch = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+    begin, end = bounds[:-1][stretch], bounds[1:][stretch] - 1
+    inside = (first[rid] >= begin[step]) & (last[rid] < end[step])
+    n = len(np.unique(step_level)) if len(step_level) else 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.bincount(level, inside, minlength=n) / np.bincount(level, minlength=n)
+
+
+def step_tokens(frame: RunFrame, windows: np.ndarray, weight: np.ndarray | None = None):
+    """`[steps]` packed verify tokens (`bs` + the windows). With `weight` (per cell, from
+    `closed_loop_weights`) each step holds its batch size of the reweighted mix: `bs` times
+    its rows' weighted mean window (rounded to 1e-9, so that a step of one workload keeps
+    its own tokens and tier)."""
     bs = frame.step_bs.astype(np.float64)
-    tokens = bs + np.add.reduceat(windows, frame.step_start)
+    if weight is None:
+        return bs + np.add.reduceat(windows, frame.step_start)
+    w = weight[frame.cells.cell]
+    mean = np.add.reduceat(w * windows, frame.step_start) / np.add.reduceat(w, frame.step_start)
+    return bs + np.round(bs * mean, 9)
+
+
+def step_seconds(frame: RunFrame, tokens: np.ndarray) -> np.ndarray:
+    """`[steps]` predicted step time at `tokens` (`step_tokens`): measured times scaled by
+    the table."""
+    bs = frame.step_bs.astype(np.float64)
     return repriced_seconds(
         frame.table, bs, tokens, frame.step_tier, frame.step_ms / 1e3, frame.tiers
+    )
+
+
+def closed_loop_weights(frame: RunFrame, accepted: np.ndarray) -> np.ndarray:
+    """`[cells]` how much more (or less) of a level's request-steps each workload holds
+    under the policy than in the run: `c_own / c_policy`, its committed tokens per
+    request-step in the run over the policy's, scaled so that a level keeps its
+    request-steps.
+
+    Fixed concurrency (the reference runtime, a benchmark) or a queue that serves every
+    request: a slot, or the server, takes a workload's requests in the traffic's mix, and
+    each holds its place for its tokens over its committed tokens per request-step. So a
+    workload's share of request-steps is proportional to its requests times tokens per
+    request over `c`; the first two do not depend on the policy, the last does. That holds
+    for the requests a level's stretch of steps holds from beginning to end (`steady`); the
+    rest (carried in, or cut by the stretch's end) keep their recorded share."""
+    c = frame.cells
+    n_levels, n_wl = len(c.levels), len(c.workloads)
+    n = n_levels * n_wl
+    if frame.own_committed is None:
+        frame.own_committed = np.bincount(c.cell, frame.inputs.accepted + 1.0, minlength=n)
+    count = np.bincount(c.cell, minlength=n).astype(np.float64)
+    policy = np.bincount(c.cell, accepted + 1.0, minlength=n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(count > 0, frame.own_committed / policy, 0.0)
+        level = (ratio * count).reshape(n_levels, n_wl).sum(axis=1)
+        level /= count.reshape(n_levels, n_wl).sum(axis=1)
+    steady = np.repeat(np.nan_to_num(c.steady), n_wl)
+    return 1.0 + steady * (ratio / np.repeat(level, n_wl) - 1.0)
+
+
+def _recomposed(frame: RunFrame, policy: Policy, shapes, exact, weight, same) -> tuple:
+    """An SPS policy's windows and accepted drafts with its budget split over batches of
+    the policy's mix, not the run's.
+
+    The scheduler splits one budget over a batch, so a request's window depends on who
+    else is in it. Each step's batch (at most `RECOMPOSED_ROWS` rows, from every k-th step
+    beyond) is moved to the policy's mix (`weight`, per cell, `closed_loop_weights`) by as
+    few changes as it takes: a row of a workload the policy holds less of leaves with
+    probability `1 - weight`, and a row of one it holds more of, from the same level, takes
+    its slot. The batches are scheduled again; per cell, the rows' windows and accepted
+    drafts over what the same rows had in their recorded batches (`same`) scale the
+    recorded rows. A policy whose mix is the run's changes nothing (the run's own SPS
+    replay stays exact), and the ratio over the same rows cancels the draw's sampling where
+    the batch does not matter (a batch of one: exactly 1)."""
+    c, inp = frame.cells, frame.inputs
+    every = -(-len(frame.step) // RECOMPOSED_ROWS)
+    steps = np.arange(0, len(frame.step_start), every)
+    bs = frame.step_bs[steps]
+    rows = np.repeat(frame.step_start[steps] - np.cumsum(np.append(0, bs[:-1])), bs)
+    rows += np.arange(len(rows))  # the sampled steps' own rows
+    rng = np.random.default_rng(0)
+    # a row stays with probability min(1, weight); its slot goes to a row of a workload
+    # the policy holds more of, drawn in proportion to that excess within the level
+    leave = rng.random(len(rows)) >= weight[c.cell[rows]]
+    excess = np.maximum(weight - 1.0, 0.0)[c.cell]
+    by_level = np.argsort(c.level, kind="stable")
+    bounds = np.searchsorted(c.level[by_level], np.arange(len(c.levels) + 1))
+    for i in range(len(c.levels)):
+        free = np.flatnonzero(leave & (c.level[rows] == i))
+        pool = by_level[bounds[i] : bounds[i + 1]]
+        cdf = np.cumsum(excess[pool])
+        if len(free) == 0 or cdf[-1] <= 0:  # a level has rows leaving only with some excess
+            continue
+        pick = np.searchsorted(cdf, rng.random(len(free)) * cdf[-1], side="right")
+        rows[free] = pool[np.minimum(pick, len(pool) - 1)]
+    windows = policy_windows(
+        policy,
+        window=inp.window[rows],
+        gamma=frame.gamma,
+        survival=None if frame.survival is None else frame.survival[rows],
+        logits=None if frame.logits is None else frame.logits[rows],
+        step_start=np.concatenate(([0], np.cumsum(bs)[:-1])),
+        step_bs=bs,
+        table=frame.table,
+    )
+    drawn = accepted_under(inp, exact, shapes, windows, rows)
+    cell, n = c.cell[rows], len(c.levels) * len(c.workloads)
+
+    def factor(new: np.ndarray, old: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            f = np.bincount(cell, new, minlength=n) / np.bincount(cell, old[rows], minlength=n)
+        return np.where(np.isfinite(f), f, 1.0)[c.cell]
+
+    old_windows, old_accepted = same
+    return old_windows * factor(windows, old_windows), tuple(
+        a * factor(d, a) for d, a in zip(drawn, old_accepted, strict=True)
     )
 
 
@@ -370,9 +494,11 @@ def _figures(sums: dict, index, pair_scope, pair_sums: dict, rows: dict) -> dict
     return out
 
 
-def _cell_figures(frame: RunFrame, windows, accepted, seconds) -> tuple[dict, dict]:
+def _cell_figures(frame: RunFrame, windows, accepted, seconds, weight=None) -> tuple[dict, dict]:
     """Every (level, workload) cell's figures and every level's (`all`): one `np.bincount`
-    per sum over the rows, the levels' sums those of their workloads."""
+    per sum over the rows, the levels' sums those of their workloads (each weighted by
+    `weight`, per cell, where given: a workload's figures are ratios within it, which one
+    weight for all its rows leaves as they are)."""
     point, lo, hi = accepted
     c = frame.cells
     t = seconds[frame.step]
@@ -382,19 +508,46 @@ def _cell_figures(frame: RunFrame, windows, accepted, seconds) -> tuple[dict, di
     values = {"window": windows, "acc": point, "lo": lo, "hi": hi, "t": t, "share": share}
     per_wl = {k: np.bincount(c.cell, v, minlength=n_levels * n_wl) for k, v in values.items()}
     per_wl["count"] = np.bincount(c.cell, minlength=n_levels * n_wl).astype(np.float64)
-    whole = {k: v.reshape(n_levels, n_wl).sum(axis=1) for k, v in per_wl.items()}
     n_pairs = len(c.pair_cell)
     pair_sums = {k: np.bincount(c.pair, v, minlength=n_pairs) for k, v in
                  (("com", com), ("share", share), ("t", t))}  # fmt: skip
     rows = {"com": com, "share": share, "t": t}
-    return (
-        _figures(per_wl, c.cell, c.pair_cell, pair_sums, rows),
-        _figures(whole, c.level, c.pair_level, pair_sums, rows),
-    )
+    figures = _figures(per_wl, c.cell, c.pair_cell, pair_sums, rows)
+    if weight is not None:
+        per_wl = {k: v * weight for k, v in per_wl.items()}
+        pair_sums = {k: v * weight[c.pair_cell] for k, v in pair_sums.items()}
+        row_weight = weight[c.cell]
+        rows = {k: v * row_weight for k, v in rows.items()}
+    whole = {k: v.reshape(n_levels, n_wl).sum(axis=1) for k, v in per_wl.items()}
+    return figures, _figures(whole, c.level, c.pair_level, pair_sums, rows)
 
 
-def predict_policy(frame: RunFrame, policy: Policy, shapes, exact) -> list[dict]:
-    """The cells of one policy, sorted by level then workload (`all` first)."""
+def _rates(frame: RunFrame, accepted: np.ndarray, seconds: np.ndarray) -> tuple[dict, dict]:
+    """The tokens/s and per-request tokens/s points alone, of each cell and each level, on
+    the request-steps as recorded: what the closed-loop correction is measured against."""
+    c = frame.cells
+    n_levels, n_wl = len(c.levels), len(c.workloads)
+    t = seconds[frame.step]
+    sums = {
+        k: np.bincount(c.cell, v, minlength=n_levels * n_wl)
+        for k, v in (("com", accepted + 1.0), ("t", t), ("share", t / frame.step_bs[frame.step]))
+    }
+    whole = {k: v.reshape(n_levels, n_wl).sum(axis=1) for k, v in sums.items()}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return tuple(
+            {"tokens_per_s": x["com"] / x["share"], "per_request_tokens_per_s": x["com"] / x["t"]}
+            for x in (sums, whole)
+        )
+
+
+def predict_policy(
+    frame: RunFrame, policy: Policy, shapes, exact, *, closed_loop: bool = True
+) -> list[dict]:
+    """The cells of one policy, sorted by level then workload (`all` first).
+
+    `closed_loop` (any policy but `own`) moves each level's mix of workloads to the one the
+    policy's speeds give (`closed_loop_weights`); without it the cells are on the
+    request-steps as recorded, the cost of trimming's definition."""
     inp = frame.inputs
     windows = policy_windows(
         policy,
@@ -407,15 +560,31 @@ def predict_policy(frame: RunFrame, policy: Policy, shapes, exact) -> list[dict]
         table=frame.table,
     )
     accepted = accepted_under(inp, exact, shapes, windows)
-    seconds = step_seconds(frame, windows)
+    weight, same = None, (windows, accepted)
+    if closed_loop and policy.kind != "own":
+        weight = closed_loop_weights(frame, accepted[0])
+        if policy.kind == "sps":
+            windows, accepted = _recomposed(frame, policy, shapes, exact, weight, same)
+    tokens = step_tokens(frame, windows, weight)
+    seconds = step_seconds(frame, tokens)
     c = frame.cells
     n_levels, n_wl = len(c.levels), len(c.workloads)
-    per_wl, whole = _cell_figures(frame, windows, accepted, seconds)
+    per_wl, whole = _cell_figures(frame, windows, accepted, seconds, weight)
+    whole["request_steps"] = per_wl["request_steps"].reshape(n_levels, n_wl).sum(axis=1)
+    if weight is not None:
+        # the correction rests on the steady state of a level that its first requests (the
+        # previous level's) have left, and on batches drawn at random: half its size is
+        # taken as its uncertainty, on both sides
+        recorded = _rates(frame, same[1][0], step_seconds(frame, step_tokens(frame, same[0])))
+        for fig, same in zip((per_wl, whole), recorded, strict=True):
+            for key, value in same.items():
+                half = 0.5 * np.abs(fig[key] - value)
+                fig[f"{key}_lo"] = fig[f"{key}_lo"] - half
+                fig[f"{key}_hi"] = fig[f"{key}_hi"] + half
     # whole batches: per level, the mean step time and packed verify tokens per step
-    step_tokens = frame.step_bs + np.add.reduceat(windows, frame.step_start)
     level_sum = lambda v: np.bincount(c.step_level, v, minlength=n_levels)  # noqa: E731
     whole["step_ms"] = level_sum(seconds) / c.level_steps * 1e3
-    whole["verify_tokens_per_step"] = level_sum(step_tokens) / c.level_steps
+    whole["verify_tokens_per_step"] = level_sum(tokens) / c.level_steps
     with np.errstate(divide="ignore", invalid="ignore"):
         per_wl["verify_tokens_per_step"] = per_wl["tokens"] / c.cell_steps
     out = []
@@ -442,22 +611,28 @@ def whatif(
     *,
     use_shadow: bool = True,
     skip_unavailable: bool = False,
+    closed_loop: bool = True,
+    same_steps: tuple[str, ...] = (),
 ) -> dict:
     """The `dspark-obs whatif --json` object: every policy's cells on the run's traffic.
 
     `skip_unavailable` leaves out a policy the run cannot support (an SPS policy without
     survivals or logits) and names it with the reason under `unavailable`, so that the
-    report draws what it can; without it such a policy is refused.
+    report draws what it can; without it such a policy is refused. `closed_loop=False`
+    predicts on the request-steps as recorded (`predict_policy`); `same_steps` names
+    policies (of `policies`) predicted that way too, under `same_steps_cells`.
     """
     parsed = [parse_policy(p) for p in (policies or DEFAULT_POLICIES)]
     frame = load_run_frame(run, use_shadow=use_shadow, policies=parsed)
     inp = frame.inputs
     exact = exact_ceiling(inp)
     shapes = tail_shapes(inp, exact, int(inp.group.max()) + 1)
-    cells, unavailable = [], {}
+    cells, unavailable, same = [], {}, []
     for policy in parsed:
         try:
-            cells += predict_policy(frame, policy, shapes, exact)
+            cells += predict_policy(frame, policy, shapes, exact, closed_loop=closed_loop)
+            if closed_loop and policy.spec in same_steps:
+                same += predict_policy(frame, policy, shapes, exact, closed_loop=False)
         except ValueError as exc:
             if not skip_unavailable:
                 raise
@@ -474,4 +649,6 @@ def whatif(
     }
     if skip_unavailable:
         out["unavailable"] = unavailable
+    if same_steps:
+        out["same_steps_cells"] = same
     return out
