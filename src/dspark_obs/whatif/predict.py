@@ -48,6 +48,9 @@ DEFAULT_POLICIES = ("own", "static", "sps", "window=3", "sps:scale=0.5")
 #: Request-steps at most that an SPS policy's batches are drawn again from (`_recomposed`).
 RECOMPOSED_ROWS = 1 << 20
 
+#: Steps before a step whose largest level decides its stretch of a level (`_steady`).
+STRETCH_SLACK = 32
+
 #: Keys of every cell; documented in docs/whatif.md.
 CELL_KEYS = (
     "policy",
@@ -328,12 +331,19 @@ def _cell_codes(
 def _steady(step_level: np.ndarray, level: np.ndarray, rid: np.ndarray, step: np.ndarray):
     """`[levels]` the share of a level's request-steps whose request began and ended within
     the level's stretch of steps (a request cut by the stretch's end, or carried in from
-    before it, is not): the part of the level the closed loop's steady state describes."""
+    before it, is not): the part of the level the closed loop's steady state describes.
+    Where levels are bands of batch sizes, a stretch is that of the band the batch holds
+    when it is full, so the requests of a batch that dips into the band below are the
+    stretch's too."""
     first = np.full(int(rid.max()) + 1, len(step_level), np.int64)
     last = np.full(int(rid.max()) + 1, -1, np.int64)
     np.minimum.at(first, rid, step)
     np.maximum.at(last, rid, step)
-    edge = np.flatnonzero(np.diff(step_level)) + 1
+    # a stretch is where the last steps' largest level holds: a batch that dips below its
+    # level for a few steps (retracted requests) stays in its stretch
+    pad = np.pad(step_level, (STRETCH_SLACK, 0), mode="edge")
+    held = np.lib.stride_tricks.sliding_window_view(pad, STRETCH_SLACK + 1).max(axis=1)
+    edge = np.flatnonzero(np.diff(held)) + 1
     bounds = np.concatenate(([0], edge, [len(step_level)]))
     stretch = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
     begin, end = bounds[:-1][stretch], bounds[1:][stretch] - 1
