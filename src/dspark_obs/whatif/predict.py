@@ -428,13 +428,14 @@ def _recomposed(frame: RunFrame, policy: Policy, shapes, exact, weight, same) ->
     # the policy holds more of, drawn in proportion to that excess within the level
     leave = rng.random(len(rows)) >= weight[c.cell[rows]]
     excess = np.maximum(weight - 1.0, 0.0)[c.cell]
-    by_level = np.argsort(c.level, kind="stable")
-    bounds = np.searchsorted(c.level[by_level], np.arange(len(c.levels) + 1))
+    row_level = c.level[rows]
     for i in range(len(c.levels)):
-        free = np.flatnonzero(leave & (c.level[rows] == i))
-        pool = by_level[bounds[i] : bounds[i + 1]]
+        free = np.flatnonzero(leave & (row_level == i))
+        if len(free) == 0:
+            continue
+        pool = np.flatnonzero(c.level == i)
         cdf = np.cumsum(excess[pool])
-        if len(free) == 0 or cdf[-1] <= 0:  # a level has rows leaving only with some excess
+        if cdf[-1] <= 0:  # a level has rows leaving only with some excess
             continue
         pick = np.searchsorted(cdf, rng.random(len(free)) * cdf[-1], side="right")
         rows[free] = pool[np.minimum(pick, len(pool) - 1)]
