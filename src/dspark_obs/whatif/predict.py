@@ -427,14 +427,14 @@ def _recomposed(frame: RunFrame, policy: Policy, shapes, exact, weight, same) ->
     # a row stays with probability min(1, weight); its slot goes to a row of a workload
     # the policy holds more of, drawn in proportion to that excess within the level
     leave = rng.random(len(rows)) >= weight[c.cell[rows]]
-    excess = np.maximum(weight - 1.0, 0.0)[c.cell]
+    excess = np.maximum(weight - 1.0, 0.0)
     row_level = c.level[rows]
     for i in range(len(c.levels)):
         free = np.flatnonzero(leave & (row_level == i))
         if len(free) == 0:
             continue
-        pool = np.flatnonzero(c.level == i)
-        cdf = np.cumsum(excess[pool])
+        pool = rows[row_level == i]  # the drawn steps' rows of the level: all, up to 1M rows
+        cdf = np.cumsum(excess[c.cell[pool]])
         if cdf[-1] <= 0:  # a level has rows leaving only with some excess
             continue
         pick = np.searchsorted(cdf, rng.random(len(free)) * cdf[-1], side="right")
