@@ -11,12 +11,14 @@ time is scaled by the table's ratio between the policy's tokens and the recorded
 so the run's own policy reproduces its measured times and its noise stays in every
 prediction; an untimed step takes the table's time.
 
-The prediction holds the traffic and the token streams fixed: the same requests in the
-same batches, step for step. A real run of another policy commits the same tokens per
-request (DSpark's verification is lossless) but in a different number of steps, so its
-requests finish at other steps and its batches mix other blocks; the interval's
-sampling part covers that. What it does not cover is a policy that changes the load
-itself (an open-loop server whose queue grows when steps slow down).
+The prediction holds the traffic and the token streams fixed. A real run of another
+policy commits the same tokens per request (DSpark's verification is lossless) but in a
+different number of steps, so its batches hold another mix: each workload's share of a
+level moves with its committed tokens per request-step (`closed_loop_weights`), and an
+SPS budget is split again over batches of that mix (`_recomposed`). Which requests a
+real run's level holds beyond that is sampling, the interval's sampling part. What it
+does not cover is a policy that changes the load itself (an open-loop server whose queue
+grows when steps slow down).
 
 Cells are (load level, workload) and (load level, `all`): a level is the batch size
 (`load.load_level`), tokens/s a cell's committed tokens over its request-steps' share
