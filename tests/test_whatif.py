@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import numpy as np
 import polars as pl
@@ -19,6 +20,8 @@ from dspark_obs.runs import record_reference_run
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.scheduler import schedule
 from dspark_obs.store import open_run
+from dspark_obs.store.inventory import list_parts, part_name
+from dspark_obs.store.writer import publish_part
 from dspark_obs.whatif.counterfactual_accept import accepted_under, exact_ceiling, tail_shapes
 from dspark_obs.whatif.policies import parse_policy, policy_windows
 from dspark_obs.whatif.predict import load_run_frame, whatif
@@ -92,7 +95,7 @@ def test_own_and_sps_reproduce_the_measured_run(runs):
 
 def test_static_with_shadow_ceilings_is_exact(runs):
     run = runs["compact"]
-    static = _cells(whatif(run, ["static"]), "static")
+    static = _cells(whatif(run, ["static"], closed_loop=False), "static")
     req = run.requests().join(run.steps().select("forward_ct", "bs"), on="forward_ct").collect()
     for level, part in req.group_by("bs"):
         c = static[(level[0], "all")]
@@ -223,3 +226,93 @@ def test_summary_shows_trimmed_drafts_per_workload(compact_run):
     for name, value in seen.items():
         assert value == pytest.approx(expected[name], abs=5e-4), name
     assert any(v > 0.01 for v in seen.values())  # the run did trim
+
+
+def test_walks_join_the_request_steps_as_the_string_ids_do(runs):
+    """The walks are matched by integer request codes; an independent join on the string
+    ids (the last walk of a block kept) gives each row the same walk."""
+    run = runs["compact"]
+    frame = load_run_frame(run, use_shadow=False)
+    keys = ["rank", "forward_ct", "rid"]
+    walks = run.scan("ceilings").unique(keys, keep="last", maintain_order=True)
+    joined = (
+        run.requests()
+        .select(keys)
+        .join(walks.select(*keys, "lo", "point", "hi"), on=keys, how="left", maintain_order="left")
+        .collect()
+    )
+    assert joined.height == len(frame.inputs.walk_point)
+    assert np.isfinite(frame.inputs.walk_point).sum() == joined["point"].count() > 0
+    for ours, theirs in (("walk_lo", "lo"), ("walk_point", "point"), ("walk_hi", "hi")):
+        np.testing.assert_array_equal(
+            getattr(frame.inputs, ours), joined[theirs].fill_null(np.nan).to_numpy()
+        )
+
+
+def test_request_steps_out_of_step_order_predict_the_same(runs, tmp_path):
+    """Steps written last first (each step's rows in their order), and a walk given twice
+    with the later copy kept, are put in order: every cell as from the ordered run."""
+    src = runs["compact"].path
+    out = tmp_path / "reversed"
+    shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.parquet", "_checksums"))
+    for table in ("steps", "requests", "ceilings"):
+        for number, path in list_parts(src / table):
+            df = pl.read_parquet(path).with_row_index("i")
+            df = df.sort("forward_ct", "i", descending=[True, False]).drop("i")
+            if table == "ceilings":  # a stale copy of a walk, written before it
+                df = pl.concat([df.tail(1).with_columns(point=pl.lit(-1.0)), df])
+            publish_part(out / table / part_name(number), df)
+    ours = whatif(open_run(out), use_shadow=False)["cells"]
+    theirs = whatif(runs["compact"], use_shadow=False)["cells"]
+    assert len(ours) == len(theirs) > 0
+    for a, b in zip(ours, theirs, strict=True):
+        floats = [k for k, v in b.items() if isinstance(v, float)]
+        assert {k: a[k] for k in a if k not in floats} == {k: b[k] for k in b if k not in floats}
+        assert [a[k] for k in floats] == pytest.approx([b[k] for k in floats], rel=1e-12)
+
+
+def test_closed_loop_moves_the_mix_by_committed_tokens_per_request_step(runs):
+    """Each level's workloads take request-steps in proportion to their recorded ones times
+    the run's committed tokens per request-step over the policy's, for the requests the
+    level holds from beginning to end (recomputed here from the recorded rows and the
+    same-steps cells); a workload's own means do not move, the whole batch's are the mix's,
+    and the interval holds both points."""
+    run = runs["compact"]
+    fixed = whatif(run, ["static", "window=2"], use_shadow=False, closed_loop=False)
+    moved = whatif(run, ["own", "static", "window=2"], use_shadow=False)
+    steps = run.steps().select("forward_ct", "bs").collect().sort("forward_ct")
+    stretch = steps.with_columns(s=(pl.col("bs") != pl.col("bs").shift()).cum_sum().fill_null(0))
+    span = stretch.group_by("s").agg(pl.col("forward_ct").min().alias("a"),
+                                     pl.col("forward_ct").max().alias("b"))  # fmt: skip
+    req = (
+        run.requests()
+        .collect()
+        .join(stretch, on="forward_ct")
+        .join(span, on="s")
+        .with_columns(
+            first=pl.col("forward_ct").min().over("rid"),
+            last=pl.col("forward_ct").max().over("rid"),
+        )
+        .with_columns(inside=(pl.col("first") >= pl.col("a")) & (pl.col("last") < pl.col("b")))
+    )
+    steady = dict(req.group_by("bs").agg(pl.col("inside").mean()).iter_rows())
+    own = req.group_by("bs", "workload").agg(pl.len(), pl.col("acc_len").mean().alias("c"))
+    own = {(r["bs"], r["workload"]): r for r in own.iter_rows(named=True)}
+    assert 0 < min(steady.values()) and max(steady.values()) < 1
+    for policy in ("static", "window=2"):
+        before, after = _cells(fixed, policy), _cells(moved, policy)
+        for level in {k[0] for k in before}:
+            wls = [k for k in before if k[0] == level and k[1] != "all"]
+            ratio = {k: own[k]["c"] / before[k]["mean_committed"] for k in wls}
+            n = sum(own[k]["len"] for k in wls)
+            norm = sum(own[k]["len"] * ratio[k] for k in wls) / n
+            mass = {k: own[k]["len"] * (1 + steady[level] * (ratio[k] / norm - 1)) for k in wls}
+            whole = sum(mass[k] / n * before[k]["mean_accepted"] for k in wls)
+            assert after[(level, "all")]["mean_accepted"] == pytest.approx(whole, rel=1e-9)
+            assert after[(level, "all")]["request_steps"] == before[(level, "all")]["request_steps"]
+            for k in wls:
+                assert after[k]["mean_accepted"] == pytest.approx(before[k]["mean_accepted"])
+            a, b = after[(level, "all")], before[(level, "all")]
+            assert a["tokens_per_s_lo"] <= min(a["tokens_per_s"], b["tokens_per_s"])
+            assert a["tokens_per_s_hi"] >= max(a["tokens_per_s"], b["tokens_per_s"])
+    assert _cells(moved, "own") == _cells(whatif(run, ["own"], use_shadow=False), "own")

@@ -1,8 +1,9 @@
 """The what-if study's machinery: pairs run in worker processes, the truth measured from the
 real runs' tables, and the summary's arithmetic against a plain recomputation.
 
-Two seeds of a tiny sweep (two levels of 30 steps, static only) run once per module in two
-worker processes; the CLI's `--summarize` is driven as a subprocess on their records.
+Two seeds of a tiny sweep (two levels: 60 steps at batch 2, 30 at 8; static only) run once
+per module in two worker processes; the CLI's `--summarize` is driven as a subprocess on
+their records.
 """
 
 from __future__ import annotations
@@ -17,8 +18,13 @@ import pytest
 from dspark_obs.analysis.load import load_curve
 from dspark_obs.whatif.study import (
     TARGET_ERROR,
+    Z95_2,
     format_summary,
+    format_totals,
+    level_steps,
     measured_cells,
+    study_noise,
+    study_totals,
     summarize_whatif_study,
     whatif_study,
 )
@@ -28,7 +34,7 @@ from dspark_obs.whatif.study import (
 def study():
     parts = []
     records = whatif_study(["reference"], [0, 1], policies=("static",), concurrency=(2, 8),
-                           steps=30, jobs=2, sink=parts.append)  # fmt: skip
+                           steps=30, request_steps=120, jobs=2, sink=parts.append)  # fmt: skip
     return records, parts
 
 
@@ -118,8 +124,58 @@ def test_summarize_cli(study, tmp_path):
     cmd = [sys.executable, "-m", "dspark_obs.whatif.study"]
     proc = subprocess.run([*cmd, "--summarize", str(path), "--json"], capture_output=True,
                           text=True, check=True, timeout=120)  # fmt: skip
-    assert json.loads(proc.stdout) == json.loads(json.dumps(summarize_whatif_study(study[0])))
+    out = json.loads(proc.stdout)
+    assert out["cells"] == json.loads(json.dumps(summarize_whatif_study(study[0])))
+    assert out["totals"] == json.loads(json.dumps(study_totals(study[0])))
     bad = subprocess.run([*cmd, "--summarize", str(tmp_path / "missing.jsonl")],
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert bad.returncode == 2 and "cannot read study records" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_levels_of_small_batches_hold_as_many_request_steps(study):
+    assert level_steps((2, 8), 30, 120) == [60, 30] and level_steps((2, 8), 30, None) == [30, 30]
+    for r in study[0]:
+        assert r["steps_per_level"] == {2: 60, 8: 30}[r["level"]]
+        if r["workload"] == "all":
+            assert r["request_steps_real"] == r["level"] * r["steps_per_level"]
+
+
+def test_measured_standard_error_is_clustered_by_request(compact_run):
+    """The SE of a measured cell against a plain recomputation over its requests."""
+    from dspark_obs.analysis.load import step_tokens
+    from dspark_obs.store import open_run
+
+    run = open_run(compact_run[0])
+    cells = measured_cells(run)
+    steps = step_tokens(run).select("rank", "forward_ct", "bs", "seconds").collect()
+    rows = run.requests().collect().join(steps, on=["rank", "forward_ct"])
+    for (bs, workload), part in rows.group_by("bs", "workload"):
+        sums: dict[str, list[float]] = {}
+        for r in part.iter_rows(named=True):
+            com, share = sums.setdefault(r["rid"], [0.0, 0.0])
+            sums[r["rid"]] = [com + r["acc_len"], share + r["seconds"] / r["bs"]]
+        total_share = sum(v[1] for v in sums.values())
+        rate = sum(v[0] for v in sums.values()) / total_share
+        se = sum((c - rate * s) ** 2 for c, s in sums.values()) ** 0.5 / total_share
+        c = cells[(bs, workload)]
+        assert c["tokens_per_s"] == pytest.approx(rate, rel=1e-12)
+        assert c["tokens_per_s_se"] == pytest.approx(se, rel=1e-9) and se > 0
+
+
+def test_totals_before_and_after_and_the_noise_floor(study):
+    records = [r for r in study[0] if r["policy"] != "own"]
+    totals = {(t["world"], t["scope"]): t for t in study_totals(study[0])}
+    for scope, pick in (("all", lambda r: r["workload"] == "all"),
+                        ("wl", lambda r: r["workload"] != "all")):  # fmt: skip
+        part = [r for r in records if pick(r)]
+        t = totals[("reference", scope)]
+        assert t["cells"] == len(part)
+        for key, pred in (("within", "tokens_per_s_predicted"),
+                          ("within_same_steps", "tokens_per_s_same_steps")):  # fmt: skip
+            hand = mean(abs(r[pred] / r["tokens_per_s_real"] - 1) <= TARGET_ERROR for r in part)
+            assert t[key] == pytest.approx(hand)
+        noise = [r["tokens_per_s_real_se"] / r["tokens_per_s_real"] for r in part]
+        assert t["decidable"] == pytest.approx(mean(Z95_2 * x < TARGET_ERROR for x in noise))
+    text = format_totals(study_totals(study[0]), study_noise(study[0]))
+    assert "| reference | all |" in text and "| reference | 2 | 60 | all |" in text

@@ -155,9 +155,12 @@ def predict_policies(arm: Arm) -> None:
     if arm.whatif_missing:
         return
     try:
-        report = whatif(arm.run, report_policies(arm), skip_unavailable=True)
+        report = whatif(
+            arm.run, report_policies(arm), skip_unavailable=True, same_steps=("static",)
+        )
     except ValueError as exc:
         arm.whatif_missing = str(exc)
         return
-    report["trim_cost"] = trim_cost_from_cells(report["cells"])
+    own = [c for c in report["cells"] if c["policy"] == "own"]
+    report["trim_cost"] = trim_cost_from_cells(own + report.pop("same_steps_cells"))
     arm.whatif = report

@@ -30,6 +30,9 @@ class RuntimeConfig:
     mix: list[float] | None = None
     concurrency: list[int] = field(default_factory=lambda: [1, 8, 32, 64, 128, 256])
     steps_per_level: int = 200
+    #: verify steps at each level, one per `concurrency` entry, in place of `steps_per_level`
+    #: (a sweep that holds as many request-steps at batch 1 as at 128)
+    level_steps: list[int] | None = None
     greedy_fraction: float = 0.5
     temperature: float = 0.8
     max_new_tokens: int = 1024
@@ -61,10 +64,14 @@ class RuntimeConfig:
         """How step times are obtained, as recorded in the run manifest."""
         return "measured" if self.target == "torch" else "simulated"
 
+    def steps_at(self) -> list[int]:
+        """Verify steps at each concurrency level."""
+        return list(self.level_steps or [self.steps_per_level] * len(self.concurrency))
+
     @property
     def total_steps(self) -> int:
         """Verify steps in one pass of the concurrency sweep."""
-        return self.steps_per_level * len(self.concurrency)
+        return sum(self.steps_at())
 
     def validate(self) -> None:
         get_world(self.world)
@@ -98,6 +105,10 @@ class RuntimeConfig:
             raise ValueError("concurrency levels must be within 1..4096")
         if self.steps_per_level < 1:
             raise ValueError("steps per level must be >= 1")
+        if self.level_steps is not None and (
+            len(self.level_steps) != len(self.concurrency) or min(self.level_steps) < 1
+        ):
+            raise ValueError("level steps: one count >= 1 per concurrency level")
         if self.max_new_tokens < 1:
             raise ValueError("max new tokens must be >= 1")
         if not (np.isfinite(self.budget_scale) and self.budget_scale >= 0):

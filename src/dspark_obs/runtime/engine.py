@@ -176,8 +176,8 @@ class DSparkRuntime:
 
     def run(self) -> Iterator[StepBatch]:
         """Every step of the concurrency sweep, in order."""
-        for level in self.config.concurrency:
-            for _ in range(self.config.steps_per_level):
+        for level, steps in zip(self.config.concurrency, self.config.steps_at(), strict=True):
+            for _ in range(steps):
                 yield self.step(level)
 
     def run_forever(self) -> Iterator[StepBatch]:

@@ -28,6 +28,7 @@ def warmup_sts(config: RuntimeConfig, steps: int, concurrency: int = 32) -> StsC
         shadow=None,
         concurrency=[concurrency],
         steps_per_level=steps,
+        level_steps=None,
         sts_temperatures=None,
     )
     logits, ceilings, accepted, windows = [], [], [], []

@@ -85,23 +85,36 @@ def tail_shapes(inp: AcceptInputs, exact: np.ndarray, groups: int) -> TailShapes
 
 
 def accepted_under(
-    inp: AcceptInputs, exact: np.ndarray, shapes: TailShapes, windows: np.ndarray
+    inp: AcceptInputs,
+    exact: np.ndarray,
+    shapes: TailShapes,
+    windows: np.ndarray,
+    rows: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`(point, lo, hi)` accepted drafts per request-step under `windows`."""
-    point = np.minimum(exact, windows)
+    """`(point, lo, hi)` accepted drafts per request-step under `windows`; with `rows`
+    (indices into the run's rows, repeats allowed), of those rows, `windows` one each."""
+    if rows is None:
+        e, window, r, k = exact, inp.window, shapes.rows, slice(None)
+    else:
+        e, window = exact[rows], inp.window[rows]
+        where = np.full(len(exact), -1, np.int64)
+        where[shapes.rows] = np.arange(len(shapes.rows))
+        k = where[rows]
+        r = np.flatnonzero(k >= 0)
+        k = k[r]
+    point = np.minimum(e, windows)
     lo, hi = point.copy(), point.copy()
-    r = shapes.rows
     if len(r) == 0:
         return point, lo, hi
-    w, wn = inp.window[r], windows[r]
+    w, wn = window[r], windows[r]
     g = inp.gamma
     pos = np.arange(g)[None, :]
     inside = (pos >= w[:, None]) & (pos < wn[:, None])
-    extra = shapes.scale * np.where(inside, shapes.terms, 0.0).sum(axis=1)
+    extra = shapes.scale[k] * np.where(inside, shapes.terms[k], 0.0).sum(axis=1)
     longer = wn > w
     p = np.where(longer, np.minimum(w + extra, wn), wn)
-    lo_r = np.where(longer, np.minimum(shapes.lo, wn), wn)
-    hi_r = np.where(longer, np.minimum(shapes.hi, wn), wn)
+    lo_r = np.where(longer, np.minimum(shapes.lo[k], wn), wn)
+    hi_r = np.where(longer, np.minimum(shapes.hi[k], wn), wn)
     point[r] = np.clip(p, lo_r, hi_r)
     lo[r], hi[r] = lo_r, hi_r
     return point, lo, hi

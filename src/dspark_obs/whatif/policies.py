@@ -133,7 +133,7 @@ def sps_windows(
             idx = starts[lo : lo + chunk, None] + np.arange(bs)[None, :]
             block = survival[idx]  # [n, bs, gamma]
             n = len(idx)
-            ranked = -np.sort(-block.reshape(n, width), axis=1)
+            ranked = np.sort(block.reshape(n, width), axis=1)[:, ::-1]  # decreasing
             if per_request is not None:
                 k = np.full(n, min(per_request * bs, width))
             else:
@@ -150,14 +150,20 @@ def _top_k_windows(block: np.ndarray, ranked: np.ndarray, k: np.ndarray) -> np.n
     """`[n, bs]` slots per request among each step's `k` largest of `block` `[n, bs, gamma]`
     (`ranked`: each step's values in decreasing order), ties to earlier positions, then
     earlier requests (the scheduler's order)."""
-    n, bs, gamma = block.shape
+    n = len(block)
     v = np.take_along_axis(ranked, np.maximum(k - 1, 0)[:, None], axis=1)[:, :, None]
     above = block > v
+    equal = block == v
     need = k - above.reshape(n, -1).sum(axis=1)
-    tied = (block == v).transpose(0, 2, 1)  # [n, gamma, bs]: position-major order
-    order = np.cumsum(tied.reshape(n, -1), axis=1).reshape(n, gamma, bs)
-    taken = tied & (order <= need[:, None, None])
-    chosen = above | taken.transpose(0, 2, 1)
+    chosen = above | equal
+    # where a step holds more values equal to its K-th than it takes, the first ones in
+    # (position, request) order; mostly none does (one value is the K-th), so only those
+    split = np.flatnonzero(equal.reshape(n, -1).sum(axis=1) > need)
+    if len(split):
+        tied = equal[split].transpose(0, 2, 1)  # [m, gamma, bs]: position-major order
+        order = np.cumsum(tied.reshape(len(split), -1), axis=1).reshape(tied.shape)
+        taken = tied & (order <= need[split, None, None])
+        chosen[split] = above[split] | taken.transpose(0, 2, 1)
     chosen &= (k > 0)[:, None, None]
     return chosen.sum(axis=2)
 

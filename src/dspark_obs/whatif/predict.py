@@ -11,12 +11,14 @@ time is scaled by the table's ratio between the policy's tokens and the recorded
 so the run's own policy reproduces its measured times and its noise stays in every
 prediction; an untimed step takes the table's time.
 
-The prediction holds the traffic and the token streams fixed: the same requests in the
-same batches, step for step. A real run of another policy commits the same tokens per
-request (DSpark's verification is lossless) but in a different number of steps, so its
-requests finish at other steps and its batches mix other blocks; the interval's
-sampling part covers that. What it does not cover is a policy that changes the load
-itself (an open-loop server whose queue grows when steps slow down).
+The prediction holds the traffic and the token streams fixed. A real run of another
+policy commits the same tokens per request (DSpark's verification is lossless) but in a
+different number of steps, so its batches hold another mix: each workload's share of a
+level moves with its committed tokens per request-step (`closed_loop_weights`), and an
+SPS budget is split again over batches of that mix (`_recomposed`). Which requests a
+real run's level holds beyond that is sampling, the interval's sampling part. What it
+does not cover is a policy that changes the load itself (an open-loop server whose queue
+grows when steps slow down).
 
 Cells are (load level, workload) and (load level, `all`): a level is the batch size
 (`load.load_level`), tokens/s a cell's committed tokens over its request-steps' share
@@ -32,6 +34,7 @@ import numpy as np
 import polars as pl
 
 from ..analysis.load import load_level
+from ..analysis.request_codes import dense_codes, positions, request_codes
 from ..analysis.step_time import measured_step_ms
 from ..analysis.workload_codes import workload_code
 from ..estimator.evaluate import Z95, walked_blocks
@@ -43,6 +46,12 @@ from .policies import Policy, parse_policy, policy_windows
 
 #: Policies `whatif` predicts when none are named.
 DEFAULT_POLICIES = ("own", "static", "sps", "window=3", "sps:scale=0.5")
+
+#: Request-steps at most that an SPS policy's batches are drawn again from (`_recomposed`).
+RECOMPOSED_ROWS = 1 << 20
+
+#: Steps before a step whose largest level decides its stretch of a level (`_steady`).
+STRETCH_SLACK = 32
 
 #: Keys of every cell; documented in docs/whatif.md.
 CELL_KEYS = (
@@ -85,6 +94,7 @@ class CellCodes:
     step_level: np.ndarray  # [steps] level code
     cell_steps: np.ndarray  # [cells] distinct steps holding the cell's rows
     level_steps: np.ndarray  # [levels] steps
+    steady: np.ndarray  # [levels] share of request-steps of requests begun and ended in it
 
 
 @dataclass
@@ -105,6 +115,7 @@ class RunFrame:
     table_source: str
     tiers: tuple[int, ...]
     ceiling_sources: dict
+    own_committed: np.ndarray | None = None  # [cells] the run's committed tokens
 
 
 def _matrix(req: pl.LazyFrame, name: str, gamma: int, order: np.ndarray | None, wanted: bool):
@@ -172,58 +183,49 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame
     sps = policies is None or any(p.kind == "sps" for p in policies)
     recalibrated = policies is None or any(p.sts is not None for p in policies)
     shadow = pl.col("shadow_ceiling") if use_shadow else pl.lit(None, pl.Int64)
-    keys = ["rank", "forward_ct", "rid"]
-    rows = req.select(
-        *keys,
-        "workload",
+    df = req.select(
+        "rank",
+        "forward_ct",
         workload_code(known),
         "window",
         "correct_drafts",
         pl.coalesce(pl.col("ceiling"), shadow).cast(pl.Float64).alias("known_ceiling"),
-    ).with_row_index("row")
+    ).collect()
     blocks = walked_blocks(run)
-    if blocks.collect_schema().names():
-        walk = blocks.select(
-            *keys,
-            ((pl.col("method") == "greedy") & (pl.col("status") == "exact")).alias("walk_exact"),
-            pl.col("lo").alias("walk_lo"),
-            pl.col("point").alias("walk_point"),
-            pl.col("hi").alias("walk_hi"),
-        ).unique(keys, keep="last")
-        rows = rows.join(walk, on=keys, how="left", maintain_order="left")
-    else:
-        rows = rows.with_columns(
-            pl.lit(False).alias("walk_exact"),
-            *(pl.lit(None, pl.Float64).alias(c) for c in ("walk_lo", "walk_point", "walk_hi")),
-        )
+    walks = blocks if blocks.collect_schema().names() else None
+    rid, *walk_rid = request_codes(req, *([walks] if walks is not None else []))
+    key = (df["rank"].to_numpy() << 40) + df["forward_ct"].to_numpy()
+    # `order`: the requests table's row of each row kept, None where it is the table's own.
+    # A run's parts in step order need no sort: checking the order costs milliseconds.
+    order = np.argsort(key, kind="stable") if (np.diff(key) < 0).any() else None
+    if order is not None:
+        key = key[order]
     steps = run.steps().filter(pl.col("bs") > 0)
-    level = load_level(steps)
     step_cols = steps.select(
         "rank",
         "forward_ct",
-        level.alias("level"),
+        load_level(steps).alias("level"),
         measured_step_ms(),
         pl.coalesce("num_verify_tokens", "verify_tokens_local").alias("tier"),
-    )
-    df = rows.join(
-        step_cols, on=["rank", "forward_ct"], how="inner", maintain_order="left"
     ).collect()
-    if df.height == 0:
+    step_keys = (step_cols["rank"].to_numpy() << 40) + step_cols["forward_ct"].to_numpy()
+    by_key = np.argsort(step_keys, kind="stable")
+    start = _starts(key)
+    found = positions(step_keys[by_key], key[start])
+    if (found < 0).any():  # rows of a step the steps table lacks (or holds as empty)
+        kept = np.flatnonzero(np.repeat(found >= 0, np.diff(np.append(start, len(key)))))
+        order = kept if order is None else order[kept]
+        key, found = key[kept], found[found >= 0]
+        start = _starts(key)
+    if len(key) == 0:
         raise ValueError(f"{run.path} holds no request-steps of a step with requests")
-    step_key = (df["rank"].to_numpy() << 40) + df["forward_ct"].to_numpy()
-    if (np.diff(step_key) < 0).any():
-        # a run's parts in step order need no sort (the join kept their row order): sorting
-        # 10M rows with their strings costs seconds, checking the order milliseconds
-        df = df.sort("rank", "forward_ct", "row", maintain_order=True)
-        step_key = (df["rank"].to_numpy() << 40) + df["forward_ct"].to_numpy()
-    start = np.flatnonzero(np.concatenate(([True], step_key[1:] != step_key[:-1])))
-    bs = np.diff(np.append(start, df.height))
+    if order is not None:
+        df, rid = df[order], rid[order]
+    bs = np.diff(np.append(start, len(key)))
     step = np.repeat(np.arange(len(start)), bs)
-    # the [rows, gamma] columns are read apart and put in order by row: joining and sorting
-    # them with the rest cost several times their reading
-    order = df["row"].to_numpy()
-    order = None if len(order) == _rows(req) and (np.diff(order) == 1).all() else order
-    walk_point = df["walk_point"].to_numpy().astype(np.float64)
+    step_row = by_key[found]
+    levels = step_cols["level"].to_numpy()[step_row]
+    walk = _walk_columns(walks, walk_rid, key[start], step, rid)
     inputs = AcceptInputs(
         gamma=gamma,
         window=df["window"].to_numpy(),
@@ -231,31 +233,26 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame
         ceiling=df["known_ceiling"].to_numpy().astype(np.float64),
         group=df["group"].to_numpy(),
         confidence=None,
-        walk_exact=df["walk_exact"].fill_null(False).to_numpy(),
-        walk_lo=df["walk_lo"].to_numpy().astype(np.float64),
-        walk_point=walk_point,
-        walk_hi=df["walk_hi"].to_numpy().astype(np.float64),
+        **walk,
     )
     if np.isnan(exact_ceiling(inputs)).any():
         inputs.confidence = _matrix(req, "confidence", gamma, order, True)
     table, source = _cost_table(run)
-    step_ms = df["step_ms"].to_numpy()[start].astype(np.float64)
-    tier = df["tier"].to_numpy()[start].astype(np.float64)
     sources = {
         "observed_or_shadow": int(np.isfinite(inputs.ceiling).sum()),
-        "walked": int(np.isfinite(walk_point).sum()),
+        "walked": int(np.isfinite(inputs.walk_point).sum()),
     }
     return RunFrame(
         gamma=gamma,
         step=step,
-        cells=_cell_codes(df, step, start, [*known, None]),
+        cells=_cell_codes(levels, inputs.group, rid, step, [*known, None]),
         inputs=inputs,
         survival=_matrix(req, "survival", gamma, order, sps),
         logits=_matrix(req, "confidence_logits", gamma, order, recalibrated),
         step_start=start,
         step_bs=bs,
-        step_ms=step_ms,
-        step_tier=tier,
+        step_ms=step_cols["step_ms"].to_numpy()[step_row].astype(np.float64),
+        step_tier=step_cols["tier"].to_numpy()[step_row].astype(np.float64),
         table=table,
         table_source=source,
         tiers=_tiers(run),
@@ -263,47 +260,208 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame
     )
 
 
-def _rows(frame: pl.LazyFrame) -> int:
-    return frame.select(pl.len()).collect().item()
+def _starts(key: np.ndarray) -> np.ndarray:
+    """The first row of each run of equal `key`s."""
+    return np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
 
 
-def _cell_codes(df: pl.DataFrame, step: np.ndarray, start: np.ndarray, names: list) -> CellCodes:
-    levels, level = np.unique(df["level"].to_numpy(), return_inverse=True)
+def _walk_columns(walks, walk_rid: list, step_keys, step: np.ndarray, rid: np.ndarray) -> dict:
+    """Each row's walk (`walk_exact`, `walk_lo`, `walk_point`, `walk_hi`; NaN and False where
+    none covered it), the last of a block's walks where the table holds more than one.
+
+    A walk names its block by (rank, forward_ct, rid): matched here as the integer pair
+    (the row's step, its request code) by a sort and a binary search, where a join on
+    the string id cost most of loading the run."""
+    n = len(step)
+    out = {"walk_exact": np.zeros(n, bool)}
+    out.update({c: np.full(n, np.nan) for c in ("walk_lo", "walk_point", "walk_hi")})
+    if walks is None:
+        return out
+    w = walks.select(
+        "rank",
+        "forward_ct",
+        ((pl.col("method") == "greedy") & (pl.col("status") == "exact")).alias("exact"),
+        pl.col("lo", "point", "hi").cast(pl.Float64),
+    ).collect()
+    span = int(max(rid.max(initial=0), walk_rid[0].max(initial=0))) + 1
+    walk_step = positions(step_keys, (w["rank"].to_numpy() << 40) + w["forward_ct"].to_numpy())
+    walk_key = walk_step * span + walk_rid[0]
+    by_key = np.flatnonzero(walk_step >= 0)
+    by_key = by_key[np.argsort(walk_key[by_key], kind="stable")]
+    walk_key = walk_key[by_key]
+    last = np.append(walk_key[1:] != walk_key[:-1], True)  # a block's last walk
+    hit = positions(walk_key[last], step * span + rid)
+    rows = np.flatnonzero(hit >= 0)
+    take = by_key[last][hit[rows]]
+    out["walk_exact"][rows] = w["exact"].fill_null(False).to_numpy()[take]
+    for c in ("lo", "point", "hi"):
+        out[f"walk_{c}"][rows] = w[c].to_numpy()[take]
+    return out
+
+
+def _cell_codes(
+    step_values: np.ndarray, group: np.ndarray, rid: np.ndarray, step: np.ndarray, names: list
+) -> CellCodes:
+    """The cells from each step's level (`step_values`) and each row's workload code,
+    request code and step, all by integer tables (no sort of the rows)."""
+    levels, step_level = np.unique(step_values, return_inverse=True)
+    level = step_level[step]
     n_wl, n_cells = len(names), len(levels) * len(names)
-    codes = pl.DataFrame({"level": level, "group": df["group"], "step": step}).with_columns(
-        rid=df["rid"].cast(pl.Categorical).to_physical()
-    )
-    pair = codes.select(
-        (pl.col("level").cast(pl.Int64) * (1 << 32) + pl.col("rid").cast(pl.Int64)).rank("dense")
-        - 1
-    ).to_series()
-    cell = level * n_wl + codes["group"].to_numpy()
-    pair_np = pair.to_numpy().astype(np.int64)
-    pair_cell = np.zeros(int(pair_np.max()) + 1, np.int64)
-    pair_cell[pair_np] = cell
+    cell = level * n_wl + group
+    pair, n_pairs = dense_codes(level * (int(rid.max()) + 1) + rid)
+    pair_cell = np.zeros(n_pairs, np.int64)
+    pair_cell[pair] = cell
     # a cell's steps: the distinct (step, workload) pairs of its rows
-    seen = codes.select("step", "group", "level").unique()
-    seen_cell = seen["level"].to_numpy() * n_wl + seen["group"].to_numpy()
+    seen = np.zeros(len(step_level) * n_wl, bool)
+    seen[step * n_wl + group] = True
+    seen_cell = (step_level[:, None] * n_wl + np.arange(n_wl)).ravel()[seen]
     return CellCodes(
         levels=levels,
         workloads=names,
         level=level,
         cell=cell,
-        pair=pair_np,
+        pair=pair,
         pair_cell=pair_cell,
         pair_level=pair_cell // n_wl,
-        step_level=level[start],
+        step_level=step_level,
         cell_steps=np.bincount(seen_cell, minlength=n_cells),
-        level_steps=np.bincount(level[start], minlength=len(levels)),
+        level_steps=np.bincount(step_level, minlength=len(levels)),
+        steady=_steady(step_level, level, rid, step),
     )
 
 
-def step_seconds(frame: RunFrame, windows: np.ndarray) -> np.ndarray:
-    """`[steps]` predicted step time under `windows`: measured times scaled by the table."""
+def _steady(step_level: np.ndarray, level: np.ndarray, rid: np.ndarray, step: np.ndarray):
+    """`[levels]` the share of a level's request-steps whose request began and ended within
+    the level's stretch of steps (a request cut by the stretch's end, or carried in from
+    before it, is not): the part of the level the closed loop's steady state describes.
+    Where levels are bands of batch sizes, a stretch is that of the band the batch holds
+    when it is full, so the requests of a batch that dips into the band below are the
+    stretch's too."""
+    first = np.full(int(rid.max()) + 1, len(step_level), np.int64)
+    last = np.full(int(rid.max()) + 1, -1, np.int64)
+    np.minimum.at(first, rid, step)
+    np.maximum.at(last, rid, step)
+    # a stretch is where the last steps' largest level holds: a batch that dips below its
+    # level for a few steps (retracted requests) stays in its stretch
+    pad = np.pad(step_level, (STRETCH_SLACK, 0), mode="edge")
+    held = np.lib.stride_tricks.sliding_window_view(pad, STRETCH_SLACK + 1).max(axis=1)
+    edge = np.flatnonzero(np.diff(held)) + 1
+    bounds = np.concatenate(([0], edge, [len(step_level)]))
+    stretch = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+    begin, end = bounds[:-1][stretch], bounds[1:][stretch] - 1
+    inside = (first[rid] >= begin[step]) & (last[rid] < end[step])
+    n = len(np.unique(step_level)) if len(step_level) else 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.bincount(level, inside, minlength=n) / np.bincount(level, minlength=n)
+
+
+def step_tokens(frame: RunFrame, windows: np.ndarray, weight: np.ndarray | None = None):
+    """`[steps]` packed verify tokens (`bs` + the windows). With `weight` (per cell, from
+    `closed_loop_weights`) each step holds its batch size of the reweighted mix: `bs` times
+    its rows' weighted mean window (rounded to 1e-9, so that a step of one workload keeps
+    its own tokens and tier)."""
     bs = frame.step_bs.astype(np.float64)
-    tokens = bs + np.add.reduceat(windows, frame.step_start)
+    if weight is None:
+        return bs + np.add.reduceat(windows, frame.step_start)
+    w = weight[frame.cells.cell]
+    mean = np.add.reduceat(w * windows, frame.step_start) / np.add.reduceat(w, frame.step_start)
+    return bs + np.round(bs * mean, 9)
+
+
+def step_seconds(frame: RunFrame, tokens: np.ndarray) -> np.ndarray:
+    """`[steps]` predicted step time at `tokens` (`step_tokens`): measured times scaled by
+    the table."""
+    bs = frame.step_bs.astype(np.float64)
     return repriced_seconds(
         frame.table, bs, tokens, frame.step_tier, frame.step_ms / 1e3, frame.tiers
+    )
+
+
+def closed_loop_weights(frame: RunFrame, accepted: np.ndarray) -> np.ndarray:
+    """`[cells]` how much more (or less) of a level's request-steps each workload holds
+    under the policy than in the run: `c_own / c_policy`, its committed tokens per
+    request-step in the run over the policy's, scaled so that a level keeps its
+    request-steps.
+
+    Fixed concurrency (the reference runtime, a benchmark) or a queue that serves every
+    request: a slot, or the server, takes a workload's requests in the traffic's mix, and
+    each holds its place for its tokens over its committed tokens per request-step. So a
+    workload's share of request-steps is proportional to its requests times tokens per
+    request over `c`; the first two do not depend on the policy, the last does. That holds
+    for the requests a level's stretch of steps holds from beginning to end (`steady`); the
+    rest (carried in, or cut by the stretch's end) keep their recorded share."""
+    c = frame.cells
+    n_levels, n_wl = len(c.levels), len(c.workloads)
+    n = n_levels * n_wl
+    if frame.own_committed is None:
+        frame.own_committed = np.bincount(c.cell, frame.inputs.accepted + 1.0, minlength=n)
+    count = np.bincount(c.cell, minlength=n).astype(np.float64)
+    policy = np.bincount(c.cell, accepted + 1.0, minlength=n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(count > 0, frame.own_committed / policy, 0.0)
+        level = (ratio * count).reshape(n_levels, n_wl).sum(axis=1)
+        level /= count.reshape(n_levels, n_wl).sum(axis=1)
+    steady = np.repeat(np.nan_to_num(c.steady), n_wl)
+    return 1.0 + steady * (ratio / np.repeat(level, n_wl) - 1.0)
+
+
+def _recomposed(frame: RunFrame, policy: Policy, shapes, exact, weight, same) -> tuple:
+    """An SPS policy's windows and accepted drafts with its budget split over batches of
+    the policy's mix, not the run's.
+
+    The scheduler splits one budget over a batch, so a request's window depends on who
+    else is in it. Each step's batch (at most `RECOMPOSED_ROWS` rows, from every k-th step
+    beyond) is moved to the policy's mix (`weight`, per cell, `closed_loop_weights`) by as
+    few changes as it takes: a row of a workload the policy holds less of leaves with
+    probability `1 - weight`, and a row of one it holds more of, from the same level, takes
+    its slot. The batches are scheduled again; per cell, the rows' windows and accepted
+    drafts over what the same rows had in their recorded batches (`same`) scale the
+    recorded rows. A policy whose mix is the run's changes nothing (the run's own SPS
+    replay stays exact), and the ratio over the same rows cancels the draw's sampling where
+    the batch does not matter (a batch of one: exactly 1)."""
+    c, inp = frame.cells, frame.inputs
+    every = -(-len(frame.step) // RECOMPOSED_ROWS)
+    steps = np.arange(0, len(frame.step_start), every)
+    bs = frame.step_bs[steps]
+    rows = np.repeat(frame.step_start[steps] - np.cumsum(np.append(0, bs[:-1])), bs)
+    rows += np.arange(len(rows))  # the sampled steps' own rows
+    rng = np.random.default_rng(0)
+    # a row stays with probability min(1, weight); its slot goes to a row of a workload
+    # the policy holds more of, drawn in proportion to that excess within the level
+    leave = rng.random(len(rows)) >= weight[c.cell[rows]]
+    excess = np.maximum(weight - 1.0, 0.0)
+    row_level = c.level[rows]
+    for i in range(len(c.levels)):
+        free = np.flatnonzero(leave & (row_level == i))
+        if len(free) == 0:
+            continue
+        pool = rows[row_level == i]  # the drawn steps' rows of the level: all, up to 1M rows
+        cdf = np.cumsum(excess[c.cell[pool]])
+        if cdf[-1] <= 0:  # a level has rows leaving only with some excess
+            continue
+        pick = np.searchsorted(cdf, rng.random(len(free)) * cdf[-1], side="right")
+        rows[free] = pool[np.minimum(pick, len(pool) - 1)]
+    windows = policy_windows(
+        policy,
+        window=inp.window[rows],
+        gamma=frame.gamma,
+        survival=None if frame.survival is None else frame.survival[rows],
+        logits=None if frame.logits is None else frame.logits[rows],
+        step_start=np.concatenate(([0], np.cumsum(bs)[:-1])),
+        step_bs=bs,
+        table=frame.table,
+    )
+    drawn = accepted_under(inp, exact, shapes, windows, rows)
+    cell, n = c.cell[rows], len(c.levels) * len(c.workloads)
+
+    def factor(new: np.ndarray, old: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            f = np.bincount(cell, new, minlength=n) / np.bincount(cell, old[rows], minlength=n)
+        return np.where(np.isfinite(f), f, 1.0)[c.cell]
+
+    old_windows, old_accepted = same
+    return old_windows * factor(windows, old_windows), tuple(
+        a * factor(d, a) for d, a in zip(drawn, old_accepted, strict=True)
     )
 
 
@@ -349,9 +507,11 @@ def _figures(sums: dict, index, pair_scope, pair_sums: dict, rows: dict) -> dict
     return out
 
 
-def _cell_figures(frame: RunFrame, windows, accepted, seconds) -> tuple[dict, dict]:
+def _cell_figures(frame: RunFrame, windows, accepted, seconds, weight=None) -> tuple[dict, dict]:
     """Every (level, workload) cell's figures and every level's (`all`): one `np.bincount`
-    per sum over the rows, the levels' sums those of their workloads."""
+    per sum over the rows, the levels' sums those of their workloads (each weighted by
+    `weight`, per cell, where given: a workload's figures are ratios within it, which one
+    weight for all its rows leaves as they are)."""
     point, lo, hi = accepted
     c = frame.cells
     t = seconds[frame.step]
@@ -361,19 +521,46 @@ def _cell_figures(frame: RunFrame, windows, accepted, seconds) -> tuple[dict, di
     values = {"window": windows, "acc": point, "lo": lo, "hi": hi, "t": t, "share": share}
     per_wl = {k: np.bincount(c.cell, v, minlength=n_levels * n_wl) for k, v in values.items()}
     per_wl["count"] = np.bincount(c.cell, minlength=n_levels * n_wl).astype(np.float64)
-    whole = {k: v.reshape(n_levels, n_wl).sum(axis=1) for k, v in per_wl.items()}
     n_pairs = len(c.pair_cell)
     pair_sums = {k: np.bincount(c.pair, v, minlength=n_pairs) for k, v in
                  (("com", com), ("share", share), ("t", t))}  # fmt: skip
     rows = {"com": com, "share": share, "t": t}
-    return (
-        _figures(per_wl, c.cell, c.pair_cell, pair_sums, rows),
-        _figures(whole, c.level, c.pair_level, pair_sums, rows),
-    )
+    figures = _figures(per_wl, c.cell, c.pair_cell, pair_sums, rows)
+    if weight is not None:
+        per_wl = {k: v * weight for k, v in per_wl.items()}
+        pair_sums = {k: v * weight[c.pair_cell] for k, v in pair_sums.items()}
+        row_weight = weight[c.cell]
+        rows = {k: v * row_weight for k, v in rows.items()}
+    whole = {k: v.reshape(n_levels, n_wl).sum(axis=1) for k, v in per_wl.items()}
+    return figures, _figures(whole, c.level, c.pair_level, pair_sums, rows)
 
 
-def predict_policy(frame: RunFrame, policy: Policy, shapes, exact) -> list[dict]:
-    """The cells of one policy, sorted by level then workload (`all` first)."""
+def _rates(frame: RunFrame, accepted: np.ndarray, seconds: np.ndarray) -> tuple[dict, dict]:
+    """The tokens/s and per-request tokens/s points alone, of each cell and each level, on
+    the request-steps as recorded: what the closed-loop correction is measured against."""
+    c = frame.cells
+    n_levels, n_wl = len(c.levels), len(c.workloads)
+    t = seconds[frame.step]
+    sums = {
+        k: np.bincount(c.cell, v, minlength=n_levels * n_wl)
+        for k, v in (("com", accepted + 1.0), ("t", t), ("share", t / frame.step_bs[frame.step]))
+    }
+    whole = {k: v.reshape(n_levels, n_wl).sum(axis=1) for k, v in sums.items()}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return tuple(
+            {"tokens_per_s": x["com"] / x["share"], "per_request_tokens_per_s": x["com"] / x["t"]}
+            for x in (sums, whole)
+        )
+
+
+def predict_policy(
+    frame: RunFrame, policy: Policy, shapes, exact, *, closed_loop: bool = True
+) -> list[dict]:
+    """The cells of one policy, sorted by level then workload (`all` first).
+
+    `closed_loop` (any policy but `own`) moves each level's mix of workloads to the one the
+    policy's speeds give (`closed_loop_weights`); without it the cells are on the
+    request-steps as recorded, the cost of trimming's definition."""
     inp = frame.inputs
     windows = policy_windows(
         policy,
@@ -386,15 +573,31 @@ def predict_policy(frame: RunFrame, policy: Policy, shapes, exact) -> list[dict]
         table=frame.table,
     )
     accepted = accepted_under(inp, exact, shapes, windows)
-    seconds = step_seconds(frame, windows)
+    weight, same = None, (windows, accepted)
+    if closed_loop and policy.kind != "own":
+        weight = closed_loop_weights(frame, accepted[0])
+        if policy.kind == "sps":
+            windows, accepted = _recomposed(frame, policy, shapes, exact, weight, same)
+    tokens = step_tokens(frame, windows, weight)
+    seconds = step_seconds(frame, tokens)
     c = frame.cells
     n_levels, n_wl = len(c.levels), len(c.workloads)
-    per_wl, whole = _cell_figures(frame, windows, accepted, seconds)
+    per_wl, whole = _cell_figures(frame, windows, accepted, seconds, weight)
+    whole["request_steps"] = per_wl["request_steps"].reshape(n_levels, n_wl).sum(axis=1)
+    if weight is not None:
+        # the correction rests on the steady state of a level that its first requests (the
+        # previous level's) have left, and on batches drawn at random: half its size is
+        # taken as its uncertainty, on both sides
+        recorded = _rates(frame, same[1][0], step_seconds(frame, step_tokens(frame, same[0])))
+        for fig, same in zip((per_wl, whole), recorded, strict=True):
+            for key, value in same.items():
+                half = 0.5 * np.abs(fig[key] - value)
+                fig[f"{key}_lo"] = fig[f"{key}_lo"] - half
+                fig[f"{key}_hi"] = fig[f"{key}_hi"] + half
     # whole batches: per level, the mean step time and packed verify tokens per step
-    step_tokens = frame.step_bs + np.add.reduceat(windows, frame.step_start)
     level_sum = lambda v: np.bincount(c.step_level, v, minlength=n_levels)  # noqa: E731
     whole["step_ms"] = level_sum(seconds) / c.level_steps * 1e3
-    whole["verify_tokens_per_step"] = level_sum(step_tokens) / c.level_steps
+    whole["verify_tokens_per_step"] = level_sum(tokens) / c.level_steps
     with np.errstate(divide="ignore", invalid="ignore"):
         per_wl["verify_tokens_per_step"] = per_wl["tokens"] / c.cell_steps
     out = []
@@ -421,22 +624,28 @@ def whatif(
     *,
     use_shadow: bool = True,
     skip_unavailable: bool = False,
+    closed_loop: bool = True,
+    same_steps: tuple[str, ...] = (),
 ) -> dict:
     """The `dspark-obs whatif --json` object: every policy's cells on the run's traffic.
 
     `skip_unavailable` leaves out a policy the run cannot support (an SPS policy without
     survivals or logits) and names it with the reason under `unavailable`, so that the
-    report draws what it can; without it such a policy is refused.
+    report draws what it can; without it such a policy is refused. `closed_loop=False`
+    predicts on the request-steps as recorded (`predict_policy`); `same_steps` names
+    policies (of `policies`) predicted that way too, under `same_steps_cells`.
     """
     parsed = [parse_policy(p) for p in (policies or DEFAULT_POLICIES)]
     frame = load_run_frame(run, use_shadow=use_shadow, policies=parsed)
     inp = frame.inputs
     exact = exact_ceiling(inp)
     shapes = tail_shapes(inp, exact, int(inp.group.max()) + 1)
-    cells, unavailable = [], {}
+    cells, unavailable, same = [], {}, []
     for policy in parsed:
         try:
-            cells += predict_policy(frame, policy, shapes, exact)
+            cells += predict_policy(frame, policy, shapes, exact, closed_loop=closed_loop)
+            if closed_loop and policy.spec in same_steps:
+                same += predict_policy(frame, policy, shapes, exact, closed_loop=False)
         except ValueError as exc:
             if not skip_unavailable:
                 raise
@@ -453,4 +662,6 @@ def whatif(
     }
     if skip_unavailable:
         out["unavailable"] = unavailable
+    if same_steps:
+        out["same_steps_cells"] = same
     return out

@@ -38,6 +38,9 @@ RUNNABLE = {
 #: What each cell is compared on (the truth has no interval).
 COMPARED = ("tokens_per_s", "per_request_tokens_per_s", "mean_accepted", "step_ms")
 
+#: `1.96 * sqrt(2)`: a 95 % band on the difference of two runs with one standard error each.
+Z95_2 = 1.96 * 2**0.5
+
 #: The issue's targets: relative error of predicted tokens/s, interval coverage, and the
 #: run's own policy reproduced.
 TARGET_ERROR = 0.02
@@ -60,6 +63,7 @@ def measured_cells(run) -> dict:
     rows = rows.select(
         "level",
         "workload",
+        "rid",
         pl.col("acc_len").cast(pl.Float64),
         pl.col("correct_drafts").cast(pl.Float64),
         "seconds",
@@ -81,14 +85,37 @@ def measured_cells(run) -> dict:
             .collect(),
             on="level",
         )
+        .join(_standard_errors(rows, ["level"]), on="level")
     )
     out = {(r["level"], "all"): r for r in whole.iter_rows(named=True)}
-    for r in rows.group_by("level", "workload").agg(*figures).iter_rows(named=True):
+    parts = rows.group_by("level", "workload").agg(*figures)
+    parts = parts.join(_standard_errors(rows, ["level", "workload"]), on=["level", "workload"])
+    for r in parts.iter_rows(named=True):
         out[(r["level"], r["workload"])] = r
     return out
 
 
-def _pair(world: str, seed: int, policies: tuple[str, ...], concurrency, steps: int) -> list:
+def _standard_errors(rows: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """Per cell, the standard error of its measured tokens/s (committed over share of step
+    time), clustered by request: the sampling noise of one real run's figure, which no
+    prediction can be held to more closely."""
+    per_request = rows.group_by(*keys, "rid").agg(pl.col("acc_len").sum(), pl.col("share").sum())
+    rate = (pl.col("acc_len").sum() / pl.col("share").sum()).over(keys)
+    resid = (pl.col("acc_len") - rate * pl.col("share")) ** 2
+    return per_request.group_by(keys).agg(
+        (resid.sum().sqrt() / pl.col("share").sum()).alias("tokens_per_s_se")
+    )
+
+
+def level_steps(concurrency, steps: int, request_steps: int | None) -> list[int]:
+    """Steps at each level: `steps`, or enough for `request_steps` request-steps where that
+    is more (a level of batch 1 then holds as many request-steps as one of 128)."""
+    return [max(steps, -(-(request_steps or 0) // c)) for c in concurrency]
+
+
+def _pair(
+    world: str, seed: int, policies: tuple[str, ...], concurrency, steps: int, request_steps=None
+) -> list:
     """The records of one (world, seed): the predictions and the real runs they are held to."""
     from ..runs import record_reference_run
     from ..runtime.config import STS_WARMUP_STEPS, RuntimeConfig
@@ -96,14 +123,17 @@ def _pair(world: str, seed: int, policies: tuple[str, ...], concurrency, steps: 
     from ..store import open_run
     from .predict import whatif
 
-    base = RuntimeConfig(seed=seed, world=world, shadow="cap-accept",
-                         concurrency=list(concurrency), steps_per_level=steps)  # fmt: skip
+    per_level = level_steps(concurrency, steps, request_steps)
+    base = RuntimeConfig(seed=seed, world=world, shadow="cap-accept", concurrency=list(concurrency),
+                         steps_per_level=steps, level_steps=per_level)  # fmt: skip
     sts = resolve_sts("auto", base, STS_WARMUP_STEPS)
     with tempfile.TemporaryDirectory() as tmp:
         record_reference_run(base, Path(tmp) / "compact", sts)
         compact = open_run(Path(tmp) / "compact")
-        report = whatif(compact, ["own", *policies], use_shadow=False)
+        report = whatif(compact, ["own", *policies], use_shadow=False, same_steps=policies)
         predicted = {(c["policy"], c["level"], c["workload"]): c for c in report["cells"]}
+        # the same without the closed-loop correction: the prediction before it
+        same = {(c["policy"], c["level"], c["workload"]): c for c in report["same_steps_cells"]}
         # the same with the shadow's ceilings: what is left of an error is not the estimator's
         exact = {
             (c["policy"], c["level"], c["workload"]): c["tokens_per_s"]
@@ -122,9 +152,10 @@ def _pair(world: str, seed: int, policies: tuple[str, ...], concurrency, steps: 
         real = truth[policy].get((level, workload))
         if real is None:
             continue
-        rec = {"world": world, "seed": seed, "steps_per_level": steps, "policy": policy,
-               "level": level, "workload": workload,
-               "request_steps": p["request_steps"]}  # fmt: skip
+        rec = {"world": world, "seed": seed, "policy": policy, "level": level,
+               "steps_per_level": per_level[list(concurrency).index(level)]
+               if level in concurrency else steps,
+               "workload": workload, "request_steps": p["request_steps"]}  # fmt: skip
         for key in COMPARED:
             rec[f"{key}_predicted"] = p[key]
             rec[f"{key}_real"] = real[key]
@@ -132,6 +163,10 @@ def _pair(world: str, seed: int, policies: tuple[str, ...], concurrency, steps: 
             rec[f"{key}_lo"], rec[f"{key}_hi"] = p[f"{key}_lo"], p[f"{key}_hi"]
         rec["tokens_per_s_exact_ceilings"] = exact.get((policy, level, workload), p["tokens_per_s"])
         rec["request_steps_real"] = real["request_steps"]
+        rec["tokens_per_s_real_se"] = real["tokens_per_s_se"]
+        before = same.get((policy, level, workload), p)
+        for key in ("tokens_per_s", "tokens_per_s_lo", "tokens_per_s_hi"):
+            rec[f"{key}_same_steps"] = before[key]
         records.append(rec)
     return records
 
@@ -149,13 +184,16 @@ def whatif_study(
     policies: tuple[str, ...] = tuple(RUNNABLE),
     concurrency: tuple[int, ...] = (1, 8, 32, 128),
     steps: int = 200,
+    request_steps: int | None = None,
     jobs: int = 1,
     sink=None,
 ) -> list[dict]:
     """One record per (world, seed, policy, level, workload): predicted figures with their
     intervals beside the real run's (`policy` `own`: the compact run's own prediction
-    beside its measured figures). `sink(records)` is called as each pair finishes."""
-    pairs = [(w, s, tuple(policies), tuple(concurrency), steps) for w in worlds for s in seeds]
+    beside its measured figures). `sink(records)` is called as each pair finishes;
+    `request_steps` lengthens the levels of small batches (`level_steps`)."""
+    pairs = [(w, s, tuple(policies), tuple(concurrency), steps, request_steps)
+             for w in worlds for s in seeds]  # fmt: skip
     records = []
 
     def take(part: list[dict]) -> None:
@@ -251,6 +289,59 @@ def summarize_whatif_study(records: list[dict]) -> list[dict]:
     return out
 
 
+def study_totals(records: list[dict]) -> list[dict]:
+    """Per world and scope (`all`, the workloads; `own` left out): the share of (seed,
+    cell) within 2 % and covered, with the closed-loop correction and on the request-steps
+    as recorded (`*_same_steps`, the prediction before it), and the noise floor: the
+    median over cells of the real run's own standard error (`tokens_per_s_real_se`) over
+    its value, and the share of cells where `1.96 * sqrt(2)` of it is under 2 % (where a
+    prediction as good as a second run could be told within 2 % from one that is not)."""
+    # records of a study recorded before these keys have neither
+    rows = [r for r in records if r["policy"] != "own" and "tokens_per_s_real_se" in r]
+    if not rows:
+        return []
+    df = pl.DataFrame(rows).with_columns(
+        pl.Series("err", relative_errors(rows)),
+        pl.Series("err_same", relative_errors(rows, "tokens_per_s_same_steps")),
+        (pl.col("tokens_per_s_real_se") / pl.col("tokens_per_s_real")).alias("noise"),
+        pl.when(pl.col("workload") == "all").then(pl.lit("all")).otherwise(pl.lit("wl"))
+        .alias("scope"),
+    )  # fmt: skip
+    real = pl.col("tokens_per_s_real")
+    out = df.group_by("world", "scope").agg(
+        pl.len().alias("cells"),
+        (pl.col("err").abs() <= TARGET_ERROR).mean().alias("within"),
+        (pl.col("err_same").abs() <= TARGET_ERROR).mean().alias("within_same_steps"),
+        real.is_between(pl.col("tokens_per_s_lo"), pl.col("tokens_per_s_hi")).mean()
+        .alias("coverage"),
+        real.is_between(pl.col("tokens_per_s_lo_same_steps"), pl.col("tokens_per_s_hi_same_steps"))
+        .mean().alias("coverage_same_steps"),
+        pl.col("noise").median().alias("noise_median"),
+        (Z95_2 * pl.col("noise") < TARGET_ERROR).mean().alias("decidable"),
+    )  # fmt: skip
+    return out.sort("world", "scope").to_dicts()
+
+
+def study_noise(records: list[dict]) -> list[dict]:
+    """Per world, level and scope: the median and largest relative standard error of the
+    real runs' cells (the noise floor of the comparison), with the levels' steps."""
+    # records of a study recorded before these keys have neither
+    rows = [r for r in records if r["policy"] != "own" and "tokens_per_s_real_se" in r]
+    if not rows:
+        return []
+    df = pl.DataFrame(rows).with_columns(
+        (pl.col("tokens_per_s_real_se") / pl.col("tokens_per_s_real")).alias("noise"),
+        pl.when(pl.col("workload") == "all").then(pl.lit("all")).otherwise(pl.lit("wl"))
+        .alias("scope"),
+    )  # fmt: skip
+    out = df.group_by("world", "level", "scope").agg(
+        pl.col("steps_per_level").max().alias("steps"),
+        pl.col("noise").median().alias("noise_median"),
+        pl.col("noise").max().alias("noise_max"),
+    )
+    return out.sort("world", "level", "scope").to_dicts()
+
+
 def format_summary(rows: list[dict]) -> str:
     """The summary as a Markdown table, errors in percent (`exact`: the seed-mean error with
     the shadow's exact ceilings)."""
@@ -275,6 +366,37 @@ def format_summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def format_totals(totals: list[dict], noise: list[dict]) -> str:
+    """`study_totals` and `study_noise` as Markdown tables (percent)."""
+
+    def pct(x) -> str:
+        return "–" if x is None or x != x else f"{100 * x:.1f}"
+
+    lines = [
+        "| world | scope | cells | within 2 % (recorded steps) | covered (recorded steps) | "
+        "noise: median SE % | decidable % |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in totals:
+        lines.append(
+            f"| {r['world']} | {r['scope']} | {r['cells']} | {pct(r['within'])} "
+            f"({pct(r['within_same_steps'])}) | {pct(r['coverage'])} "
+            f"({pct(r['coverage_same_steps'])}) | {pct(r['noise_median'])} | "
+            f"{pct(r['decidable'])} |"
+        )
+    lines += [
+        "",
+        "| world | bs | steps | scope | SE % median / max |",
+        "| --- | ---: | ---: | --- | ---: |",
+    ]
+    for r in noise:
+        lines.append(
+            f"| {r['world']} | {r['level']} | {r['steps']} | {r['scope']} | "
+            f"{pct(r['noise_median'])} / {pct(r['noise_max'])} |"
+        )
+    return "\n".join(lines)
+
+
 def read_records(paths: list[str]) -> list[dict]:
     """Records from JSON Lines files (one pair's list of records per line) as `--out` writes."""
     records = []
@@ -292,6 +414,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1")
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=200, help="steps per concurrency level")
+    ap.add_argument(
+        "--request-steps",
+        type=int,
+        help="at least this many request-steps per level (more steps at small batches)",
+    )
     ap.add_argument("--concurrency", default="1,8,32,128")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes, one (world, seed) each")
     ap.add_argument("--out", help="append each pair's records here (JSON Lines)")
@@ -322,13 +449,18 @@ def main(argv: list[str] | None = None) -> int:
 
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
         try:
-            records = whatif_study(args.worlds, seeds, concurrency=concurrency,
-                                   steps=args.steps, jobs=args.jobs, sink=sink)  # fmt: skip
+            records = whatif_study(args.worlds, seeds, concurrency=concurrency, steps=args.steps,
+                                   request_steps=args.request_steps, jobs=args.jobs,
+                                   sink=sink)  # fmt: skip
         finally:
             if out is not None:
                 out.close()
     rows = summarize_whatif_study(records)
-    print(json.dumps(rows, indent=1) if args.json else format_summary(rows))
+    totals, noise = study_totals(records), study_noise(records)
+    if args.json:
+        print(json.dumps({"cells": rows, "totals": totals, "noise": noise}, indent=1))
+    else:
+        print(format_summary(rows) + "\n\n" + format_totals(totals, noise))
     return 0
 
 

@@ -64,8 +64,9 @@ def _entry(own: dict, static: dict) -> dict:
 
 
 def trim_cost_from_cells(cells: list[dict]) -> list[dict]:
-    """`trim_cost` from `whatif` cells that hold the `own` and `static` policies, so that a
-    caller predicting other policies too (the report) loads the run once."""
+    """`trim_cost` from `whatif` cells that hold the `own` and `static` policies on the
+    request-steps as recorded (`closed_loop=False`, or `same_steps`), so that a caller
+    predicting other policies too (the report) loads the run once."""
     frame = pl.DataFrame(cells).filter(pl.col("policy").is_in(["own", "static"]))
     own = frame.filter(pl.col("policy") == "own").drop("policy")
     static = frame.filter(pl.col("policy") == "static").drop("policy")
@@ -79,7 +80,8 @@ def trim_cost_from_cells(cells: list[dict]) -> list[dict]:
 
 def trim_cost(run: Run, *, use_shadow: bool = True) -> list[dict]:
     """Per (level, workload), `all` first in each level: the run's policy against static."""
-    return trim_cost_from_cells(whatif(run, ["own", "static"], use_shadow=use_shadow)["cells"])
+    cells = whatif(run, ["own", "static"], use_shadow=use_shadow, closed_loop=False)["cells"]
+    return trim_cost_from_cells(cells)
 
 
 def trim_cost_or_why(run: Run) -> tuple[list[dict] | None, str | None]:
