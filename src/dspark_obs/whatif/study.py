@@ -233,9 +233,15 @@ def summarize_whatif_study(records: list[dict]) -> list[dict]:
     estimator's (what of the bias is not the ceiling estimator's), `*_sd`
     the largest spread between seeds; `*_within` the share of (seed, cell) within 2 %,
     `*_coverage` the share whose interval holds the real value.
+
+    The same records in any order give the same figures to the bit: they are sorted, and
+    grouped in that order, so that sums over seeds and the worst of tied workloads do not
+    follow the order in which the study's workers finished.
     """
     if not records:
         return []
+    records = sorted(records, key=lambda r: (r["world"], r["policy"], r["level"],
+                                             r["workload"], r["seed"]))  # fmt: skip
     df = pl.DataFrame(records).with_columns(
         pl.Series("err", relative_errors(records)),
         pl.Series("err_exact", relative_errors(records, "tokens_per_s_exact_ceilings")),
@@ -248,7 +254,7 @@ def summarize_whatif_study(records: list[dict]) -> list[dict]:
         .alias("scope"),
     )
     keys = ["world", "policy", "level"]
-    cells = df.group_by(*keys, "scope", "workload").agg(
+    cells = df.group_by(*keys, "scope", "workload", maintain_order=True).agg(
         pl.col("err").abs().max().alias("seed_max"),
         pl.col("err").mean().alias("mean"),
         pl.col("err_exact").mean().alias("mean_exact"),
@@ -259,7 +265,7 @@ def summarize_whatif_study(records: list[dict]) -> list[dict]:
         pl.col("seed").n_unique().alias("seeds"),
         pl.col("request_steps").mean().alias("request_steps"),
     )
-    per_scope = cells.group_by(*keys, "scope").agg(
+    per_scope = cells.group_by(*keys, "scope", maintain_order=True).agg(
         pl.col("seeds").max(),
         pl.col("seed_max").max(),
         pl.col("mean").sort_by(pl.col("mean").abs()).last(),
