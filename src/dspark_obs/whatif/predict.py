@@ -42,7 +42,7 @@ from ..runtime.cost_table import DEFAULT_CAPTURE_TIERS, AdditiveCostTable, repri
 from ..store import Run
 from ..store.errors import READ_ERRORS, unreadable
 from .counterfactual_accept import AcceptInputs, accepted_under, exact_ceiling, tail_shapes
-from .policies import Policy, parse_policy, policy_windows
+from .policies import Policy, parse_policy, policies_windows, policy_windows
 
 #: Policies `whatif` predicts when none are named.
 DEFAULT_POLICIES = ("own", "static", "sps", "window=3", "sps:scale=0.5")
@@ -604,18 +604,11 @@ def _rates(frame: RunFrame, com: np.ndarray, seconds: np.ndarray) -> tuple[dict,
         )
 
 
-def predict_policy(
-    frame: RunFrame, policy: Policy, shapes, exact, *, closed_loop: bool = True
-) -> list[dict]:
-    """The cells of one policy, sorted by level then workload (`all` first).
-
-    `closed_loop` (any policy but `own`) moves each level's mix of workloads to the one the
-    policy's speeds give (`closed_loop_weights`); without it the cells are on the
-    request-steps as recorded, the cost of trimming's definition."""
-    inp = frame.inputs
-    windows = policy_windows(
-        policy,
-        window=inp.window,
+def _windows(frame: RunFrame, policies: list[Policy]) -> list[np.ndarray]:
+    """`policies_windows` on the run's request-steps."""
+    return policies_windows(
+        policies,
+        window=frame.inputs.window,
         gamma=frame.gamma,
         survival=frame.survival,
         logits=frame.logits,
@@ -623,6 +616,39 @@ def predict_policy(
         step_bs=frame.step_bs,
         table=frame.table,
     )
+
+
+def _planned_together(frame: RunFrame, policies: list[Policy]) -> dict:
+    """The windows of the SPS policies, by spec, scheduled together (one sort of each
+    step's survivals for all of them); empty where one of them cannot be scheduled, so
+    that each policy says why on its own."""
+    sps = [p for p in policies if p.kind == "sps"]
+    if len(sps) < 2:
+        return {}
+    try:
+        return {p.spec: w for p, w in zip(sps, _windows(frame, sps), strict=True)}
+    except ValueError:
+        return {}
+
+
+def predict_policy(
+    frame: RunFrame,
+    policy: Policy,
+    shapes,
+    exact,
+    *,
+    closed_loop: bool = True,
+    windows: np.ndarray | None = None,
+) -> list[dict]:
+    """The cells of one policy, sorted by level then workload (`all` first).
+
+    `closed_loop` (any policy but `own`) moves each level's mix of workloads to the one the
+    policy's speeds give (`closed_loop_weights`); without it the cells are on the
+    request-steps as recorded, the cost of trimming's definition. `windows`: the policy's
+    on the run's request-steps where already scheduled (`_planned_together`)."""
+    inp = frame.inputs
+    if windows is None:
+        windows = _windows(frame, [policy])[0]
     accepted = accepted_under(inp, exact, shapes, windows)
     c = frame.cells
     weight, same = None, (windows, accepted)
@@ -693,11 +719,17 @@ def whatif(
     exact = exact_ceiling(inp)
     shapes = tail_shapes(inp, exact, int(inp.group.max()) + 1)
     cells, unavailable, same = [], {}, []
+    planned = _planned_together(frame, parsed)
     for policy in parsed:
+        windows = planned.pop(policy.spec, None)
         try:
-            cells += predict_policy(frame, policy, shapes, exact, closed_loop=closed_loop)
+            cells += predict_policy(
+                frame, policy, shapes, exact, closed_loop=closed_loop, windows=windows
+            )
             if closed_loop and policy.spec in same_steps:
-                same += predict_policy(frame, policy, shapes, exact, closed_loop=False)
+                same += predict_policy(
+                    frame, policy, shapes, exact, closed_loop=False, windows=windows
+                )
         except ValueError as exc:
             if not skip_unavailable:
                 raise
