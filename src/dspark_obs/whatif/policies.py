@@ -143,7 +143,9 @@ def sps_windows(
                     if best is None:
                         gains = np.zeros((n, width + 1))
                         np.cumsum(ranked, axis=1, out=gains[:, 1:])
-                        best = np.argmax((bs + gains) / seconds, axis=1)
+                        gains += bs
+                        gains /= seconds
+                        best = np.argmax(gains, axis=1)
                     k = best
                     if scale != 1.0:
                         k = np.minimum(np.rint(scale * k).astype(np.int64), width)
@@ -170,7 +172,8 @@ def _top_k_windows(block: np.ndarray, ranked: np.ndarray, k: np.ndarray) -> np.n
         taken = tied & (order <= need[split, None, None])
         chosen[split] = above[split] | taken.transpose(0, 2, 1)
     chosen &= (k > 0)[:, None, None]
-    return chosen.sum(axis=2)
+    # the count over the short last axis as a product: a third of a bool sum's time
+    return chosen.view(np.uint8) @ np.ones(block.shape[2], np.uint8)
 
 
 def policy_windows(policy: Policy, **kwargs) -> np.ndarray:

@@ -474,9 +474,22 @@ def _recomposed(frame: RunFrame, policy: Policy, shapes, exact, weight, same) ->
         return np.where(np.isfinite(f), f, 1.0)[c.cell]
 
     old_windows, old_accepted = same
-    return old_windows * factor(windows, old_windows), tuple(
-        a * factor(d, a) for d, a in zip(drawn, old_accepted, strict=True)
-    )
+    pairs = dict(enumerate(zip(drawn, old_accepted, strict=True)))
+    scaled = _per_array(lambda da: da[1] * factor(*da), pairs)
+    return old_windows * factor(windows, old_windows), tuple(scaled.values())
+
+
+def _per_array(fn, values: dict) -> dict:
+    """`fn` of each value, once for values that are the same objects (`accepted_under`'s
+    point and bounds, one array where every ceiling is known)."""
+    done: dict = {}
+    out = {}
+    for key, v in values.items():
+        ids = tuple(map(id, v)) if isinstance(v, tuple) else id(v)
+        if ids not in done:
+            done[ids] = fn(v)
+        out[key] = done[ids]
+    return out
 
 
 def _rate_interval(
@@ -564,10 +577,10 @@ def _cell_figures(frame: RunFrame, windows, accepted, seconds, weight=None) -> t
     com = point + 1.0
     n_levels, n_wl = len(c.levels), len(c.workloads)
     n = n_levels * n_wl
-    per_wl = {
-        k: np.bincount(c.cell, v, minlength=n)
-        for k, v in (("window", windows), ("acc", point), ("lo", lo), ("hi", hi))
-    }
+    per_wl = _per_array(
+        lambda v: np.bincount(c.cell, v, minlength=n),
+        {"window": windows, "acc": point, "lo": lo, "hi": hi},
+    )
     n_pairs = len(c.pair_cell)
     pair_sums = {"com": np.bincount(c.pair, com, minlength=n_pairs)}
     for k, v in _row_seconds(frame, seconds).items():
@@ -719,9 +732,11 @@ def whatif(
     exact = exact_ceiling(inp)
     shapes = tail_shapes(inp, exact, int(inp.group.max()) + 1)
     cells, unavailable, same = [], {}, []
-    planned = _planned_together(frame, parsed)
+    planned = None  # at the first SPS policy, so that the others run without its windows
     for policy in parsed:
-        windows = planned.pop(policy.spec, None)
+        if planned is None and policy.kind == "sps":
+            planned = _planned_together(frame, parsed)
+        windows = (planned or {}).pop(policy.spec, None)
         try:
             cells += predict_policy(
                 frame, policy, shapes, exact, closed_loop=closed_loop, windows=windows
