@@ -551,8 +551,9 @@ def _part_seconds(frame: RunFrame, seconds: np.ndarray) -> dict:
 def _row_seconds(frame: RunFrame, seconds: np.ndarray) -> dict:
     """Each request-step's step time (`t`) and its share of it (`share`); a cell's sums of
     them are taken over its rows, in row order, not as its parts' times their rows, which
-    would round differently."""
-    return {"t": seconds[frame.step], "share": (seconds / frame.step_bs)[frame.step]}
+    would round differently. A step's rows are contiguous: a repeat, not a gather."""
+    bs = frame.step_bs
+    return {"t": np.repeat(seconds, bs), "share": np.repeat(seconds / bs, bs)}
 
 
 def _spread_parts(frame: RunFrame, com: np.ndarray, part_den: dict) -> dict:
