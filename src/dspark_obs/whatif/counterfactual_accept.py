@@ -28,7 +28,9 @@ from ..estimator.population import HazardModel, tail_terms
 
 @dataclass
 class AcceptInputs:
-    """Per request-step of a run, what the counterfactual reads (numpy, one row each)."""
+    """Per request-step of a run, what the counterfactual reads (numpy, one row each).
+    `whatif` sets the ceilings' columns to None once it has `exact_ceiling` and
+    `tail_shapes` from them."""
 
     gamma: int
     window: np.ndarray  # drafts verified (the scheduled window)
