@@ -563,7 +563,9 @@ def _spread_parts(frame: RunFrame, com: np.ndarray, part_den: dict) -> dict:
     n_parts = len(c.part_cell)
     with np.errstate(divide="ignore", invalid="ignore"):
         mean = np.bincount(c.part, com, minlength=n_parts) / c.part_rows
-    within = np.bincount(c.part, (com - mean[c.part]) ** 2, minlength=n_parts)
+    dev = mean[c.part]
+    np.subtract(com, dev, out=dev)
+    within = np.bincount(c.part, np.square(dev, out=dev), minlength=n_parts)
     return {"rows": c.part_rows, "mean": mean, "within": within, **part_den}
 
 
