@@ -83,8 +83,8 @@ class CellCodes:
 
     `cell` is `level_code * len(workloads) + group`; `pair` a dense code of (level,
     request), the clusters of the interval's cluster-robust part; `part` a dense code of
-    (step, workload), the rows that share a step time and a cell, so that a sum of a
-    step's value over a cell's rows is one over its parts (~80 times fewer on P3's run).
+    (step, workload), the rows that share a step time and a cell, over which the
+    interval's row-level spread is summed (about 80 times fewer than the rows on P3's run).
     """
 
     levels: np.ndarray  # the level of each level code
@@ -590,8 +590,8 @@ def _cell_figures(frame: RunFrame, windows, accepted, seconds, weight=None) -> t
         pair_sums[k] = np.bincount(c.pair, v, minlength=n_pairs)
     per_wl["count"] = c.cell_rows
     parts = _spread_parts(frame, com, _part_seconds(frame, seconds))
-    figures = _figures(per_wl, c.pair_cell, pair_sums, {**parts, "scope": c.part_cell,
-                                                        "weight2": 1.0})  # fmt: skip
+    cell_parts = {**parts, "scope": c.part_cell, "weight2": 1.0}
+    figures = _figures(per_wl, c.pair_cell, pair_sums, cell_parts)
     part_weight = 1.0
     if weight is not None:
         per_wl = {k: v * weight for k, v in per_wl.items()}
@@ -735,10 +735,8 @@ def whatif(
     shapes = tail_shapes(inp, exact, int(inp.group.max()) + 1)
     # the predictions read the ceilings from `exact` and `shapes` alone: the columns they
     # came from go (330 MB on 10M request-steps, 890 MB with the confidences)
-    frame.inputs = inp = dataclasses.replace(
-        inp, ceiling=None, confidence=None, walk_exact=None, walk_lo=None, walk_point=None,
-        walk_hi=None,
-    )  # fmt: skip
+    dropped = ("ceiling", "confidence", "walk_exact", "walk_lo", "walk_point", "walk_hi")
+    frame.inputs = inp = dataclasses.replace(inp, **dict.fromkeys(dropped))
     cells, unavailable, same = [], {}, []
     planned = None  # at the first SPS policy, so that the others run without its windows
     for policy in parsed:
