@@ -322,7 +322,7 @@ def _cell_codes(
     key = step * n_wl + group
     seen = np.zeros(len(step_level) * n_wl, bool)
     seen[key] = True
-    part = np.cumsum(seen) - 1
+    part = (np.cumsum(seen) - 1)[key]
     held = np.flatnonzero(seen)
     part_cell = step_level[held // n_wl] * n_wl + held % n_wl
     return CellCodes(
@@ -335,10 +335,10 @@ def _cell_codes(
         step_level=step_level,
         cell_rows=np.bincount(cell, minlength=n_cells).astype(np.float64),
         cell_steps=np.bincount(part_cell, minlength=n_cells),
-        part=part[key],
+        part=part,
         part_step=held // n_wl,
         part_cell=part_cell,
-        part_rows=np.bincount(part[key], minlength=len(held)).astype(np.float64),
+        part_rows=np.bincount(part, minlength=len(held)).astype(np.float64),
         level_steps=np.bincount(step_level, minlength=len(levels)),
         steady=_steady(step_level, level, rid, step),
     )
