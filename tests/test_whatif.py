@@ -23,7 +23,7 @@ from dspark_obs.store import open_run
 from dspark_obs.store.inventory import list_parts, part_name
 from dspark_obs.store.writer import publish_part
 from dspark_obs.whatif.counterfactual_accept import accepted_under, exact_ceiling, tail_shapes
-from dspark_obs.whatif.policies import parse_policy, policy_windows
+from dspark_obs.whatif.policies import parse_policy, policies_windows, policy_windows
 from dspark_obs.whatif.predict import load_run_frame, whatif
 from dspark_obs.whatif.trim_cost import trim_cost
 
@@ -73,6 +73,11 @@ def test_sps_replay_is_the_runtime_scheduler(runs):
         assert fixed[rows].sum() == min(2 * frame.step_bs[s], 7 * frame.step_bs[s])
     assert half.sum() < sps.sum()
     assert (policy_windows(parse_policy("window=3"), **kwargs) == 3).all()
+    # scheduled together (one sort per step for all three), each as scheduled alone
+    specs = ("sps:per-request=2", "sps", "static", "sps:scale=0.5")
+    together = policies_windows([parse_policy(s) for s in specs], **kwargs)
+    for got, alone in zip(together, (fixed, sps, np.full(len(sps), 7), half), strict=True):
+        assert (got == alone).all()
 
 
 def test_own_and_sps_reproduce_the_measured_run(runs):

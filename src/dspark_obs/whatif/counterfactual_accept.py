@@ -28,7 +28,9 @@ from ..estimator.population import HazardModel, tail_terms
 
 @dataclass
 class AcceptInputs:
-    """Per request-step of a run, what the counterfactual reads (numpy, one row each)."""
+    """Per request-step of a run, what the counterfactual reads (numpy, one row each).
+    `whatif` sets the ceilings' columns to None once it has `exact_ceiling` and
+    `tail_shapes` from them."""
 
     gamma: int
     window: np.ndarray  # drafts verified (the scheduled window)
@@ -92,9 +94,12 @@ def accepted_under(
     rows: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`(point, lo, hi)` accepted drafts per request-step under `windows`; with `rows`
-    (indices into the run's rows, repeats allowed), of those rows, `windows` one each."""
+    (indices into the run's rows, repeats allowed), of those rows, `windows` one each.
+    Where every ceiling is known the three are one array (the callers only read them)."""
     if rows is None:
         e, window, r, k = exact, inp.window, shapes.rows, slice(None)
+    elif len(shapes.rows) == 0:
+        e, window, r = exact[rows], inp.window[rows], shapes.rows
     else:
         e, window = exact[rows], inp.window[rows]
         where = np.full(len(exact), -1, np.int64)
@@ -103,9 +108,9 @@ def accepted_under(
         r = np.flatnonzero(k >= 0)
         k = k[r]
     point = np.minimum(e, windows)
-    lo, hi = point.copy(), point.copy()
     if len(r) == 0:
-        return point, lo, hi
+        return point, point, point
+    lo, hi = point.copy(), point.copy()
     w, wn = window[r], windows[r]
     g = inp.gamma
     pos = np.arange(g)[None, :]

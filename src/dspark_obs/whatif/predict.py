@@ -28,6 +28,7 @@ tokens/s committed tokens over the step time its requests sat through.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,7 +43,7 @@ from ..runtime.cost_table import DEFAULT_CAPTURE_TIERS, AdditiveCostTable, repri
 from ..store import Run
 from ..store.errors import READ_ERRORS, unreadable
 from .counterfactual_accept import AcceptInputs, accepted_under, exact_ceiling, tail_shapes
-from .policies import Policy, parse_policy, policy_windows
+from .policies import Policy, parse_policy, policies_windows, policy_windows
 
 #: Policies `whatif` predicts when none are named.
 DEFAULT_POLICIES = ("own", "static", "sps", "window=3", "sps:scale=0.5")
@@ -81,18 +82,24 @@ class CellCodes:
     """Each request-step's cell as integers, so that a policy's cells are `np.bincount`s.
 
     `cell` is `level_code * len(workloads) + group`; `pair` a dense code of (level,
-    request), the clusters of the interval's cluster-robust part.
+    request), the clusters of the interval's cluster-robust part; `part` a dense code of
+    (step, workload), the rows that share a step time and a cell, over which the
+    interval's row-level spread is summed (about 80 times fewer than the rows on P3's run).
     """
 
     levels: np.ndarray  # the level of each level code
     workloads: list  # the name of each workload code (None: rows without one)
-    level: np.ndarray  # [rows] level code
     cell: np.ndarray  # [rows] (level, workload) code
     pair: np.ndarray  # [rows] (level, request) code
     pair_cell: np.ndarray  # [pairs] the pair's (level, workload) code
     pair_level: np.ndarray  # [pairs] the pair's level code
     step_level: np.ndarray  # [steps] level code
+    cell_rows: np.ndarray  # [cells] request-steps, as float64
     cell_steps: np.ndarray  # [cells] distinct steps holding the cell's rows
+    part: np.ndarray  # [rows] (step, workload) code
+    part_step: np.ndarray  # [parts] the part's step
+    part_cell: np.ndarray  # [parts] the part's (level, workload) code
+    part_rows: np.ndarray  # [parts] its request-steps, as float64
     level_steps: np.ndarray  # [levels] steps
     steady: np.ndarray  # [levels] share of request-steps of requests begun and ended in it
 
@@ -311,20 +318,27 @@ def _cell_codes(
     pair, n_pairs = dense_codes(level * (int(rid.max()) + 1) + rid)
     pair_cell = np.zeros(n_pairs, np.int64)
     pair_cell[pair] = cell
-    # a cell's steps: the distinct (step, workload) pairs of its rows
+    # a cell's steps: the distinct (step, workload) pairs of its rows, its parts
+    key = step * n_wl + group
     seen = np.zeros(len(step_level) * n_wl, bool)
-    seen[step * n_wl + group] = True
-    seen_cell = (step_level[:, None] * n_wl + np.arange(n_wl)).ravel()[seen]
+    seen[key] = True
+    part = (np.cumsum(seen) - 1)[key]
+    held = np.flatnonzero(seen)
+    part_cell = step_level[held // n_wl] * n_wl + held % n_wl
     return CellCodes(
         levels=levels,
         workloads=names,
-        level=level,
         cell=cell,
         pair=pair,
         pair_cell=pair_cell,
         pair_level=pair_cell // n_wl,
         step_level=step_level,
-        cell_steps=np.bincount(seen_cell, minlength=n_cells),
+        cell_rows=np.bincount(cell, minlength=n_cells).astype(np.float64),
+        cell_steps=np.bincount(part_cell, minlength=n_cells),
+        part=part,
+        part_step=held // n_wl,
+        part_cell=part_cell,
+        part_rows=np.bincount(part, minlength=len(held)).astype(np.float64),
         level_steps=np.bincount(step_level, minlength=len(levels)),
         steady=_steady(step_level, level, rid, step),
     )
@@ -377,7 +391,7 @@ def step_seconds(frame: RunFrame, tokens: np.ndarray) -> np.ndarray:
     )
 
 
-def closed_loop_weights(frame: RunFrame, accepted: np.ndarray) -> np.ndarray:
+def closed_loop_weights(frame: RunFrame, committed: np.ndarray) -> np.ndarray:
     """`[cells]` how much more (or less) of a level's request-steps each workload holds
     under the policy than in the run: `c_own / c_policy`, its committed tokens per
     request-step in the run over the policy's, scaled so that a level keeps its
@@ -395,10 +409,9 @@ def closed_loop_weights(frame: RunFrame, accepted: np.ndarray) -> np.ndarray:
     n = n_levels * n_wl
     if frame.own_committed is None:
         frame.own_committed = np.bincount(c.cell, frame.inputs.accepted + 1.0, minlength=n)
-    count = np.bincount(c.cell, minlength=n).astype(np.float64)
-    policy = np.bincount(c.cell, accepted + 1.0, minlength=n)
+    count = c.cell_rows
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(count > 0, frame.own_committed / policy, 0.0)
+        ratio = np.where(count > 0, frame.own_committed / committed, 0.0)
         level = (ratio * count).reshape(n_levels, n_wl).sum(axis=1)
         level /= count.reshape(n_levels, n_wl).sum(axis=1)
     steady = np.repeat(np.nan_to_num(c.steady), n_wl)
@@ -430,7 +443,7 @@ def _recomposed(frame: RunFrame, policy: Policy, shapes, exact, weight, same) ->
     # the policy holds more of, drawn in proportion to that excess within the level
     leave = rng.random(len(rows)) >= weight[c.cell[rows]]
     excess = np.maximum(weight - 1.0, 0.0)
-    row_level = c.level[rows]
+    row_level = c.cell[rows] // len(c.workloads)
     for i in range(len(c.levels)):
         free = np.flatnonzero(leave & (row_level == i))
         if len(free) == 0:
@@ -460,35 +473,55 @@ def _recomposed(frame: RunFrame, policy: Policy, shapes, exact, weight, same) ->
         return np.where(np.isfinite(f), f, 1.0)[c.cell]
 
     old_windows, old_accepted = same
-    return old_windows * factor(windows, old_windows), tuple(
-        a * factor(d, a) for d, a in zip(drawn, old_accepted, strict=True)
-    )
+    pairs = dict(enumerate(zip(drawn, old_accepted, strict=True)))
+    scaled = _per_array(lambda da: da[1] * factor(*da), pairs)
+    return old_windows * factor(windows, old_windows), tuple(scaled.values())
+
+
+def _per_array(fn, values: dict) -> dict:
+    """`fn` of each value, once for values that are the same objects (`accepted_under`'s
+    point and bounds, one array where every ceiling is known)."""
+    done: dict = {}
+    out = {}
+    for key, v in values.items():
+        ids = tuple(map(id, v)) if isinstance(v, tuple) else id(v)
+        if ids not in done:
+            done[ids] = fn(v)
+        out[key] = done[ids]
+    return out
 
 
 def _rate_interval(
-    sums: dict, index: np.ndarray, pair_scope: np.ndarray, pair_sums: dict, rows: dict, den: str
+    sums: dict, pair_scope: np.ndarray, pair_sums: dict, parts: dict, den: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`com/den` per cell with its interval: the bracket of the unknown ceilings, widened by
     the spread between two runs of one policy on the same traffic (the prediction's and a
     real run's sampling errors: `sqrt(2)` standard errors of the ratio, each the larger of
     the cluster-robust one by request and the one treating request-steps as independent,
-    so that a cell of one request still has a spread)."""
+    so that a cell of one request still has a spread).
+
+    The request-steps' squared residuals `(com - rate * den)^2` are summed by part (`parts`,
+    `_spread_parts`): a part's rows share `den`, so theirs are the squares about the part's
+    mean plus its rows times `(mean - rate * den)^2`."""
     n = len(sums["count"])
     total = sums[den]
+    scope = parts["scope"]
     with np.errstate(divide="ignore", invalid="ignore"):
         rate = (sums["acc"] + sums["count"]) / total
         resid = pair_sums["com"] - rate[pair_scope] * pair_sums[den]
         clusters = np.bincount(pair_scope, resid**2, minlength=n)
-        spread = np.bincount(index, (rows["com"] - rate[index] * rows[den]) ** 2, minlength=n)
+        gap = parts["mean"] - rate[scope] * parts[den]
+        squares = parts["weight2"] * (parts["within"] + parts["rows"] * gap**2)
+        spread = np.bincount(scope, squares, minlength=n)
         half = Z95 * np.sqrt(2.0) * np.sqrt(np.maximum(clusters, spread)) / total
         lo = (sums["lo"] + sums["count"]) / total - half
         hi = (sums["hi"] + sums["count"]) / total + half
     return rate, lo, hi
 
 
-def _figures(sums: dict, index, pair_scope, pair_sums: dict, rows: dict) -> dict:
-    """A scope's cell figures from its sums (`index`, `pair_scope`: the rows' and the
-    (level, request) pairs' cells; `rows`: the row values the row-level spread reads)."""
+def _figures(sums: dict, pair_scope, pair_sums: dict, parts: dict) -> dict:
+    """A scope's cell figures from its sums (`pair_scope`: the (level, request) pairs'
+    cells; `parts`: what the row-level spread reads, `_spread_parts`)."""
     count = sums["count"]
     with np.errstate(divide="ignore", invalid="ignore"):
         out = {
@@ -502,49 +535,82 @@ def _figures(sums: dict, index, pair_scope, pair_sums: dict, rows: dict) -> dict
             "step_ms": sums["t"] / count * 1e3,
         }
     for key, den in (("tokens_per_s", "share"), ("per_request_tokens_per_s", "t")):
-        rate, lo, hi = _rate_interval(sums, index, pair_scope, pair_sums, rows, den)
+        rate, lo, hi = _rate_interval(sums, pair_scope, pair_sums, parts, den)
         out[key], out[f"{key}_lo"], out[f"{key}_hi"] = rate, lo, hi
     return out
 
 
+def _part_seconds(frame: RunFrame, seconds: np.ndarray) -> dict:
+    """Each part's step time (`t`) and its request-steps' share of it (`share`)."""
+    c = frame.cells
+    t = seconds[c.part_step]
+    return {"t": t, "share": t / frame.step_bs[c.part_step]}
+
+
+def _row_seconds(frame: RunFrame, seconds: np.ndarray) -> dict:
+    """Each request-step's step time (`t`) and its share of it (`share`); a cell's sums of
+    them are taken over its rows, in row order, not as its parts' times their rows, which
+    would round differently. A step's rows are contiguous: a repeat, not a gather."""
+    bs = frame.step_bs
+    return {"t": np.repeat(seconds, bs), "share": np.repeat(seconds / bs, bs)}
+
+
+def _spread_parts(frame: RunFrame, com: np.ndarray, part_den: dict) -> dict:
+    """Per part, what the spread of a cell's request-steps reads: its rows, the mean of
+    their committed tokens and the sum of their squares about it, and the part's `t` and
+    `share` (`_part_seconds`)."""
+    c = frame.cells
+    n_parts = len(c.part_cell)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = np.bincount(c.part, com, minlength=n_parts) / c.part_rows
+    dev = mean[c.part]
+    np.subtract(com, dev, out=dev)
+    within = np.bincount(c.part, np.square(dev, out=dev), minlength=n_parts)
+    return {"rows": c.part_rows, "mean": mean, "within": within, **part_den}
+
+
 def _cell_figures(frame: RunFrame, windows, accepted, seconds, weight=None) -> tuple[dict, dict]:
     """Every (level, workload) cell's figures and every level's (`all`): one `np.bincount`
-    per sum over the rows, the levels' sums those of their workloads (each weighted by
-    `weight`, per cell, where given: a workload's figures are ratios within it, which one
-    weight for all its rows leaves as they are)."""
+    per sum over the rows (over the parts for the spread's squares), the levels' sums those of
+    their workloads (each weighted by `weight`, per cell, where given: a workload's figures
+    are ratios within it, which one weight for all its rows leaves as they are)."""
     point, lo, hi = accepted
     c = frame.cells
-    t = seconds[frame.step]
-    share = t / frame.step_bs[frame.step]
     com = point + 1.0
     n_levels, n_wl = len(c.levels), len(c.workloads)
-    values = {"window": windows, "acc": point, "lo": lo, "hi": hi, "t": t, "share": share}
-    per_wl = {k: np.bincount(c.cell, v, minlength=n_levels * n_wl) for k, v in values.items()}
-    per_wl["count"] = np.bincount(c.cell, minlength=n_levels * n_wl).astype(np.float64)
+    n = n_levels * n_wl
+    per_wl = _per_array(
+        lambda v: np.bincount(c.cell, v, minlength=n),
+        {"window": windows, "acc": point, "lo": lo, "hi": hi},
+    )
     n_pairs = len(c.pair_cell)
-    pair_sums = {k: np.bincount(c.pair, v, minlength=n_pairs) for k, v in
-                 (("com", com), ("share", share), ("t", t))}  # fmt: skip
-    rows = {"com": com, "share": share, "t": t}
-    figures = _figures(per_wl, c.cell, c.pair_cell, pair_sums, rows)
+    pair_sums = {"com": np.bincount(c.pair, com, minlength=n_pairs)}
+    for k, v in _row_seconds(frame, seconds).items():
+        per_wl[k] = np.bincount(c.cell, v, minlength=n)
+        pair_sums[k] = np.bincount(c.pair, v, minlength=n_pairs)
+    per_wl["count"] = c.cell_rows
+    parts = _spread_parts(frame, com, _part_seconds(frame, seconds))
+    cell_parts = {**parts, "scope": c.part_cell, "weight2": 1.0}
+    figures = _figures(per_wl, c.pair_cell, pair_sums, cell_parts)
+    part_weight = 1.0
     if weight is not None:
         per_wl = {k: v * weight for k, v in per_wl.items()}
         pair_sums = {k: v * weight[c.pair_cell] for k, v in pair_sums.items()}
-        row_weight = weight[c.cell]
-        rows = {k: v * row_weight for k, v in rows.items()}
+        part_weight = weight[c.part_cell] ** 2
     whole = {k: v.reshape(n_levels, n_wl).sum(axis=1) for k, v in per_wl.items()}
-    return figures, _figures(whole, c.level, c.pair_level, pair_sums, rows)
+    level_parts = {**parts, "scope": c.part_cell // n_wl, "weight2": part_weight}
+    return figures, _figures(whole, c.pair_level, pair_sums, level_parts)
 
 
-def _rates(frame: RunFrame, accepted: np.ndarray, seconds: np.ndarray) -> tuple[dict, dict]:
+def _rates(frame: RunFrame, com: np.ndarray, seconds: np.ndarray) -> tuple[dict, dict]:
     """The tokens/s and per-request tokens/s points alone, of each cell and each level, on
-    the request-steps as recorded: what the closed-loop correction is measured against."""
+    the request-steps as recorded (`com`: each cell's committed tokens): what the
+    closed-loop correction is measured against."""
     c = frame.cells
     n_levels, n_wl = len(c.levels), len(c.workloads)
-    t = seconds[frame.step]
-    sums = {
-        k: np.bincount(c.cell, v, minlength=n_levels * n_wl)
-        for k, v in (("com", accepted + 1.0), ("t", t), ("share", t / frame.step_bs[frame.step]))
-    }
+    sums = {"com": com}
+    for k, v in _row_seconds(frame, seconds).items():
+        sums[k] = np.bincount(c.cell, v, minlength=n_levels * n_wl)
     whole = {k: v.reshape(n_levels, n_wl).sum(axis=1) for k, v in sums.items()}
     with np.errstate(divide="ignore", invalid="ignore"):
         return tuple(
@@ -553,18 +619,11 @@ def _rates(frame: RunFrame, accepted: np.ndarray, seconds: np.ndarray) -> tuple[
         )
 
 
-def predict_policy(
-    frame: RunFrame, policy: Policy, shapes, exact, *, closed_loop: bool = True
-) -> list[dict]:
-    """The cells of one policy, sorted by level then workload (`all` first).
-
-    `closed_loop` (any policy but `own`) moves each level's mix of workloads to the one the
-    policy's speeds give (`closed_loop_weights`); without it the cells are on the
-    request-steps as recorded, the cost of trimming's definition."""
-    inp = frame.inputs
-    windows = policy_windows(
-        policy,
-        window=inp.window,
+def _windows(frame: RunFrame, policies: list[Policy]) -> list[np.ndarray]:
+    """`policies_windows` on the run's request-steps."""
+    return policies_windows(
+        policies,
+        window=frame.inputs.window,
         gamma=frame.gamma,
         survival=frame.survival,
         logits=frame.logits,
@@ -572,15 +631,49 @@ def predict_policy(
         step_bs=frame.step_bs,
         table=frame.table,
     )
+
+
+def _planned_together(frame: RunFrame, policies: list[Policy]) -> dict:
+    """The windows of the SPS policies, by spec, scheduled together (one sort of each
+    step's survivals for all of them); empty where one of them cannot be scheduled, so
+    that each policy says why on its own."""
+    sps = [p for p in policies if p.kind == "sps"]
+    if len(sps) < 2:
+        return {}
+    try:
+        return {p.spec: w for p, w in zip(sps, _windows(frame, sps), strict=True)}
+    except ValueError:
+        return {}
+
+
+def predict_policy(
+    frame: RunFrame,
+    policy: Policy,
+    shapes,
+    exact,
+    *,
+    closed_loop: bool = True,
+    windows: np.ndarray | None = None,
+) -> list[dict]:
+    """The cells of one policy, sorted by level then workload (`all` first).
+
+    `closed_loop` (any policy but `own`) moves each level's mix of workloads to the one the
+    policy's speeds give (`closed_loop_weights`); without it the cells are on the
+    request-steps as recorded, the cost of trimming's definition. `windows`: the policy's
+    on the run's request-steps where already scheduled (`_planned_together`)."""
+    inp = frame.inputs
+    if windows is None:
+        windows = _windows(frame, [policy])[0]
     accepted = accepted_under(inp, exact, shapes, windows)
+    c = frame.cells
     weight, same = None, (windows, accepted)
     if closed_loop and policy.kind != "own":
-        weight = closed_loop_weights(frame, accepted[0])
+        committed = np.bincount(c.cell, accepted[0] + 1.0, minlength=len(c.cell_rows))
+        weight = closed_loop_weights(frame, committed)
         if policy.kind == "sps":
             windows, accepted = _recomposed(frame, policy, shapes, exact, weight, same)
     tokens = step_tokens(frame, windows, weight)
     seconds = step_seconds(frame, tokens)
-    c = frame.cells
     n_levels, n_wl = len(c.levels), len(c.workloads)
     per_wl, whole = _cell_figures(frame, windows, accepted, seconds, weight)
     whole["request_steps"] = per_wl["request_steps"].reshape(n_levels, n_wl).sum(axis=1)
@@ -588,7 +681,7 @@ def predict_policy(
         # the correction rests on the steady state of a level that its first requests (the
         # previous level's) have left, and on batches drawn at random: half its size is
         # taken as its uncertainty, on both sides
-        recorded = _rates(frame, same[1][0], step_seconds(frame, step_tokens(frame, same[0])))
+        recorded = _rates(frame, committed, step_seconds(frame, step_tokens(frame, same[0])))
         for fig, same in zip((per_wl, whole), recorded, strict=True):
             for key, value in same.items():
                 half = 0.5 * np.abs(fig[key] - value)
@@ -640,12 +733,24 @@ def whatif(
     inp = frame.inputs
     exact = exact_ceiling(inp)
     shapes = tail_shapes(inp, exact, int(inp.group.max()) + 1)
+    # the predictions read the ceilings from `exact` and `shapes` alone: the columns they
+    # came from go (330 MB on 10M request-steps, 890 MB with the confidences)
+    dropped = ("ceiling", "confidence", "walk_exact", "walk_lo", "walk_point", "walk_hi")
+    frame.inputs = inp = dataclasses.replace(inp, **dict.fromkeys(dropped))
     cells, unavailable, same = [], {}, []
+    planned = None  # at the first SPS policy, so that the others run without its windows
     for policy in parsed:
+        if planned is None and policy.kind == "sps":
+            planned = _planned_together(frame, parsed)
+        windows = (planned or {}).pop(policy.spec, None)
         try:
-            cells += predict_policy(frame, policy, shapes, exact, closed_loop=closed_loop)
+            cells += predict_policy(
+                frame, policy, shapes, exact, closed_loop=closed_loop, windows=windows
+            )
             if closed_loop and policy.spec in same_steps:
-                same += predict_policy(frame, policy, shapes, exact, closed_loop=False)
+                same += predict_policy(
+                    frame, policy, shapes, exact, closed_loop=False, windows=windows
+                )
         except ValueError as exc:
             if not skip_unavailable:
                 raise
