@@ -35,13 +35,13 @@ class AcceptInputs:
     gamma: int
     window: np.ndarray  # drafts verified (the scheduled window)
     accepted: np.ndarray  # correct_drafts
-    ceiling: np.ndarray  # float, NaN where unknown (observed or shadow)
+    ceiling: np.ndarray | None  # float, NaN where unknown (observed or shadow)
     group: np.ndarray  # workload code
     confidence: np.ndarray | None  # [rows, gamma] calibrated, or None
-    walk_exact: np.ndarray  # bool: a greedy walk resolved the ceiling exactly
-    walk_lo: np.ndarray  # float, NaN where no walk covered the step
-    walk_point: np.ndarray
-    walk_hi: np.ndarray
+    walk_exact: np.ndarray | None  # bool: a greedy walk resolved the ceiling exactly
+    walk_lo: np.ndarray | None  # float, NaN where no walk covered the step
+    walk_point: np.ndarray | None
+    walk_hi: np.ndarray | None
 
 
 @dataclass
