@@ -12,6 +12,7 @@ from .. import strict_json
 from ..analysis.reliability import calibration_report, fleet_calibration_report
 from ..store.fleet import open_fleet, parse_group_keys, single_run
 from .console import make_console
+from .fleet_args import add_group_argument
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -60,12 +61,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         "directories) as one fleet."
     )
     p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
-    p.add_argument(
-        "--by",
-        default=None,
-        metavar="KEYS",
-        help="also per group of node, rank and/or mode, comma-separated (e.g. node,rank)",
-    )
+    add_group_argument(p)
     p.add_argument("--json", action="store_true", help="one JSON object (workloads, overall)")
     p.add_argument("--bins", type=int, default=15, help="equal-width ECE bins (default 15)")
     p.set_defaults(handler=handle)

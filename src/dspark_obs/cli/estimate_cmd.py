@@ -13,6 +13,7 @@ from ..store import open_run
 from ..store.fleet import open_fleet, parse_group_keys, single_run
 from ..strict_json import clean_json
 from .errors import CliError
+from .fleet_args import add_group_argument
 from .views import print_block_accept_estimates, print_estimates
 
 
@@ -45,12 +46,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         "Several RUN_DIRs (or a directory of run directories) are read as one fleet."
     )
     p.add_argument("run_dirs", type=Path, nargs="*", metavar="RUN_DIR")
-    p.add_argument(
-        "--by",
-        default=None,
-        metavar="KEYS",
-        help="also per group of node, rank and/or mode, comma-separated (e.g. node,rank)",
-    )
+    add_group_argument(p)
     p.add_argument("--json", action="store_true", help="one JSON object with a 'workloads' map")
     p.add_argument(
         "--sglang-jsonl",

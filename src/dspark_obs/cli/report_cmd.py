@@ -13,6 +13,7 @@ from ..report.document import print_sections
 from ..store.fleet import FleetMismatchError, parse_group_keys
 from .console import make_console
 from .errors import CliError
+from .fleet_args import add_group_argument
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -57,10 +58,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
     p.add_argument("--out", type=Path, required=True, help="output directory (created)")
     p.add_argument("--top", type=int, default=10, help="requests in the drill-down (default 10)")
-    p.add_argument(
-        "--by",
-        default=None,
-        metavar="KEYS",
+    add_group_argument(
+        p,
         help="a fleet's figures also per group of node, rank and/or mode, comma-separated "
         "(e.g. node,rank); mode lets runs of different verify modes be merged",
     )

@@ -10,6 +10,7 @@ from ..store import Run, open_run
 from ..store.fleet import expand_run_dirs, open_fleet, parse_group_keys, single_run
 from ..store.sql_script import duckdb_summary_script
 from ..whatif.trim_cost import trim_cost_or_none
+from .fleet_args import add_group_argument
 from .views import print_summary
 
 
@@ -41,12 +42,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
     p.add_argument("--json", action="store_true", help="one JSON object with a 'workloads' map")
-    p.add_argument(
-        "--by",
-        default=None,
-        metavar="KEYS",
-        help="also per group of node, rank and/or mode, comma-separated (e.g. node,rank)",
-    )
+    add_group_argument(p)
     p.add_argument(
         "--sql",
         action="store_true",
