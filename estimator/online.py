@@ -354,8 +354,11 @@ class CeilingEstimator:
     def snapshot(self) -> EstimatorSnapshot:
         with self._lock:
             self._teach_population()
-            if self._counts:
-                self._fold({})
+            # a block is either pending or counted: walks settled since the walker last
+            # emitted are folded in now
+            out = self.walker.emit_settled(self.extrapolation)
+            if out or self._counts:
+                self._fold(out)
             n = len(self.index.groups)
             walker = self.walker
             pending_groups = walker.blk[walker.blk_live, GROUP].astype(np.int64)

@@ -573,6 +573,12 @@ class TailWalker:
         ids = np.flatnonzero(stale)
         if len(ids):
             self._settle_ids(ids, fct, censored=True)
+        return self.emit_settled(extrapolate)
+
+    def emit_settled(self, extrapolate: Extrapolate | None) -> dict[str, np.ndarray]:
+        """Every block settled so far, resolved or censored. Also called between the
+        `walk_every` steps (a metrics snapshot), so that once the source goes quiet every
+        ended walk is counted live, not only when the source ends."""
         chunks, self.settled = self.settled, []
         c, self.set_count = self.set_count, 0
         if c:

@@ -203,6 +203,31 @@ def test_block_stays_pending_until_the_mismatch_steps_later():
     expect_block(out, rid="D", open_fct=0, resolved_fct=2, window=0, status=1, lo=3.0, hi=3.0)
 
 
+def test_a_snapshot_counts_every_walk_that_ended_between_emissions():
+    """The walker emits ended walks every `walk_every` steps; a snapshot taken between those
+    must count them, or walks that end as the traffic stops would be missing from the live
+    figures until the source ends: every block is either pending or counted."""
+    est = CeilingEstimator(G)
+    steps = [
+        make_batch(0, [Req("D", 2, 50, 0, 0, [7, 8, 9, 1], 7)]),
+        make_batch(1, [Req("D", 2, 51, 1, 0, [3, 3, 3, 3], 8)]),
+        make_batch(2, [Req("D", 2, 52, 2, 1, [9, 5, 5, 5], 6)]),
+    ]
+    counted = []
+    for batch in steps:
+        est.update(batch)
+        snap = est.snapshot()
+        resolved = sum(int(s.values.sum()) for s in snap.sections()["estimator"].resolved_blocks)
+        counted.append((int(snap.pending.sum()), resolved))
+    assert est.walker.walk_every > len(steps)
+    assert counted == [(1, 0), (1, 0), (0, 1)]
+    rows = est.take_rows()
+    assert rows is not None and rows["rid"].to_list() == ["D"]
+    assert rows["point"].to_list() == [3.0]  # as the walker alone gives it (the test above)
+    est.close()
+    assert est.take_rows() is None  # emitted once
+
+
 def test_rows_without_a_slot_are_followed_by_rid():
     """req_pool_index -1 (not recorded): the rid still finds the request's next step; a
     row with neither slot nor rid walks only its own step (its block is censored), and no
