@@ -3,12 +3,13 @@
 The same numbers as the torch form (`pack_torch.py`, the definition), but in
 one launch over a (request, row) grid, because the serving thread can afford a
 launch or two per step and the torch form takes dozens. Program (b, r) for r <= gamma
-owns target row r of request b; for r > gamma, draft row r - gamma - 1. A row is
-read once, only where a number needs it (a sampled request's row inside its window,
-its bonus row, a tail's first mismatch; a draft row only inside a trimmed sampled
-request's tail), keeping an online maximum and sum of exponentials, and every token
-it owes is picked after that one pass. Program (b, 0) also writes the request's
-columns and walks its slot's tails.
+owns target row r of request b; for gamma < r <= 2 gamma, draft row r - gamma - 1. A
+row is read once, only where a number needs it (a sampled request's row inside its
+window, its bonus row, a tail's first mismatch; a draft row only inside a trimmed
+sampled request's tail), keeping an online maximum and sum of exponentials, and every
+token it owes is picked after that one pass. Program (b, 2 gamma + 1) writes the
+request's columns and walks its slot's tails; it reads no row, so that this walk, the
+longest chain of dependent loads, runs beside the rows' reads rather than after one.
 
 A few hundred rows leave most of a large GPU idle when each has one program, so at
 small batches a row is split into S slices over the grid's third axis: each slice's
@@ -19,7 +20,7 @@ large batches, where the rows alone fill the GPU and the ticket would only cost.
 
 The tail table is double-buffered per slot, with the step that wrote each half:
 every program of a request reads the half written last before this step, and
-program (b, 0) writes the other one, so no program of the launch sees a
+the columns' program writes the other one, so no program of the launch sees a
 half-written state (programs of different requests never share a slot).
 """
 
@@ -54,12 +55,12 @@ class TritonPacker:
 
     Triton's Python launcher binds every argument on every call (tens of microseconds for
     the ~30 a step has), so after the first launch of a specialisation the compiled
-    kernel's own launcher is called directly, behind a key this class holds (the inputs'
-    dtypes and strides, which inputs exist, the logits' alignment). The inputs are
-    compiled without value or alignment specialisation (`do_not_specialize`), so any
-    address fits; the two logit tensors are specialised, for aligned vector loads. The
-    addresses travel in the launch's parameters: no copy to the device before the launch,
-    and no program waits on a load of them before reading its request's scalars.
+    kernel's own C launch is called directly (`_launcher`), behind a key this class holds
+    (the inputs' dtypes and strides, which inputs exist, the logits' alignment). The
+    inputs are compiled without value or alignment specialisation (`do_not_specialize`),
+    so any address fits; the two logit tensors are specialised, for aligned vector loads.
+    The addresses travel in the launch's parameters: no copy to the device before the
+    launch, and no program waits on a load of them before reading its request's scalars.
     """
 
     def __init__(self, layout: StepLayout, pool_slots: int, device, out, stamp, *,
@@ -131,12 +132,12 @@ class TritonPacker:
                    0 if raw is None else raw.stride(0))  # fmt: skip
         key = (tuple(map(_DTYPE, inputs)), flags, strides, st, v, sd0, sd1, vd, target.dtype,
                dlog.dtype, tp % 16, dp % 16, split, seq > I32_MAX)  # fmt: skip
-        grid = (bs, 2 * self.layout.gamma + 1, split)
+        grid = (bs, 2 * self.layout.gamma + 2, split)
         hit = self.compiled.get(key)
         if hit is not None:
-            k, constants = hit
-            k.run(*grid, stream, k.function, k.packed_metadata, None, None, None,
-                  tp, dp, seq, *map(_ADDRESS, inputs), *self.fixed_at, *constants)  # fmt: skip
+            launch, head, constants = hit
+            launch(*grid, stream, *head, tp, dp, seq, *map(_ADDRESS, inputs), *self.fixed_at,
+                   *constants)  # fmt: skip
             return
         lay = self.layout
         constants = dict(G=lay.gamma, GP2=self.gp2, E=lay.entries, EP2=self.ep2,
@@ -147,7 +148,7 @@ class TritonPacker:
         kernel = self.kernel[grid](target, dlog, seq, *inputs, *self.fixed, **constants,
                                    num_warps=self.num_warps)  # fmt: skip
         if _no_launch_hooks():
-            self.compiled[key] = (kernel, tuple(constants.values()))
+            self.compiled[key] = (*_launcher(kernel), tuple(constants.values()))
 
 
 def splits_for(rows: int, programs: int) -> int:
@@ -162,6 +163,19 @@ def splits_for(rows: int, programs: int) -> int:
 def _slice(n: int, split: int, block: int) -> int:
     """Logits per slice: whole blocks, so that every slice's loads stay aligned."""
     return max(1, -(-n // (split * block))) * block
+
+
+def _launcher(kernel) -> tuple:
+    """The compiled kernel's launch and what it takes before the kernel's arguments: the C
+    launch itself where Triton's wrapper would only add a Python call (no scratch memory to
+    allocate; 2 us of the serving thread's time on an H200 host), else the wrapper."""
+    run = kernel.run
+    meta = (kernel.packed_metadata, None, None, None)  # launch metadata and hooks: none
+    direct = all(getattr(run, a, 1) == 0 for a in ("global_scratch_size", "profile_scratch_size"))
+    if direct and hasattr(run, "launch_pdl") and hasattr(run, "launch_cooperative_grid"):
+        return run.launch, (kernel.function, run.launch_cooperative_grid, run.launch_pdl, None,
+                            None, *meta)  # fmt: skip
+    return run, (kernel.function, *meta)
 
 
 def _no_launch_hooks() -> bool:
@@ -399,7 +413,7 @@ def _kernel():
                         x = tl.load(base + walked[8], mask=mine, other=0.0).to(tl.float32)
                         tl.store(row_out + C_GLP + ee, ((x - m) / t - log_s).to(tl.float64),
                                  mask=mine)  # fmt: skip
-        else:
+        elif r <= 2 * G:
             # draft row j of request b: only inside a trimmed sampled request's tail
             j = r - G - 1
             if HAS_DRAFT:
@@ -412,7 +426,7 @@ def _kernel():
                     if done:
                         tl.store(row_out + C_DLP + j, ((x - m) / td - tl.log(s)).to(tl.float64))
 
-        if (r == 0) & (c == 0):
+        if (r == 2 * G + 1) & (c == 0):
             # the request's columns, NaN where no number is owed
             slot_ok, pc, stamps, live2, expect2, start2, nxt2, born2, tail2 = tails_load(
                 t_live, t_start, t_next, t_expect, t_born, t_tail, t_stamp, p, P, G, GP2, E, EP2
