@@ -51,26 +51,42 @@ def test_the_kernel_writes_what_the_torch_form_writes(options, vocab, programs_p
     """Rows read whole by one program, and split over the most slices (empty ones included
     where the vocabulary is small), must give the same blocks."""
     stream = StepStream(seed=7, vocab=vocab, requests=12, **options)
+    fused, gathered = same_blocks(stream, programs_per_sm, range(1, 81))
+    if options.get("greedy_every") == 0:
+        assert gathered > 50
+    assert set(fused.splits.values()) == ({1} if programs_per_sm == 0 else {MAX_SPLITS})
+
+
+def test_step_numbers_past_int32_keep_the_blocks_and_the_stamp():
+    """The step number is a 32-bit launch argument until it outgrows one; the kernel is then
+    compiled again with a 64-bit one, and the tails opened before go on being walked."""
+    stream = StepStream(seed=3, vocab=2_000, requests=12, greedy_every=0, agree=0.9)
+    fused, gathered = same_blocks(stream, 0, range(2**31 - 12, 2**31 + 12))
+    assert gathered > 10
+    assert len(fused.compiled) == 2
+
+
+def same_blocks(stream, programs_per_sm: int, seqs) -> tuple[TritonPacker, int]:
+    """Pack the stream's steps with both passes, numbered `seqs`; the blocks must agree.
+    Returns the packer and how many tail gathers the blocks held."""
     layout = StepLayout(stream.g)
     ref = TorchPacker(layout, 64, "cuda")
     out = torch.empty((64, layout.width), dtype=torch.float64, device="cuda")
     stamp = torch.zeros(1, dtype=torch.int64, device="cuda")
-    fused = TritonPacker(layout, 64, "cuda", out, stamp, rows=4, programs_per_sm=programs_per_sm)
+    fused = TritonPacker(layout, 64, "cuda", out, stamp, programs_per_sm=programs_per_sm)
     cuda_stream = torch.cuda.current_stream().cuda_stream
     gathered = 0
-    for seq in range(1, 81):
+    for seq in seqs:
         step = ObservedStep.from_observer(to_cuda(stream.step()))
         want = torch.empty((step.bs, layout.width), dtype=torch.float64, device="cuda")
         ref.pack(step, want)
-        fused.pack(step, seq, seq % 4, cuda_stream)
+        fused.pack(step, seq, cuda_stream)
         got, want = out[: step.bs].cpu().numpy(), want.cpu().numpy()
         assert int(stamp) == seq
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
         gathered += int((got[:, layout.columns["gather_offset"]] >= 0).sum())
-    if options.get("greedy_every") == 0:
-        assert gathered > 50
-    assert set(fused.splits.values()) == ({1} if programs_per_sm == 0 else {MAX_SPLITS})
+    return fused, gathered
 
 
 def test_the_hook_on_a_gpu_publishes_what_the_reference_does():

@@ -1,11 +1,10 @@
-"""Asynchronous copies between page-locked host memory and the device, at a call's cost.
+"""Asynchronous copies from the device into page-locked host memory, at a call's cost.
 
 A torch `copy_` costs the serving thread its dispatcher (several microseconds on a
-busy host); the hook makes three copies a step, so it calls the CUDA driver's
-`cuMemcpy*Async` directly instead: the same copy engine, enqueued on the caller's
-stream, for about a microsecond of Python. Both sides must be page-locked or device
-memory (the hook's ring is registered with CUDA; its argument rows are pinned), so
-the copies never block the host.
+busy host); the hook makes two copies a step, so it calls the CUDA driver's
+`cuMemcpyDtoHAsync` directly instead: the same copy engine, enqueued on the caller's
+stream, for about a microsecond of Python. The host side must be page-locked (the
+hook's ring is registered with CUDA), so the copies never block the host.
 """
 
 from __future__ import annotations
@@ -17,14 +16,9 @@ class DeviceCopy:
     def __init__(self) -> None:
         lib = ctypes.CDLL("libcuda.so.1")
         u64, size = ctypes.c_uint64, ctypes.c_size_t
-        self._h2d = lib.cuMemcpyHtoDAsync_v2
-        self._h2d.argtypes = (u64, ctypes.c_void_p, size, ctypes.c_void_p)
         self._d2h = lib.cuMemcpyDtoHAsync_v2
         self._d2h.argtypes = (ctypes.c_void_p, u64, size, ctypes.c_void_p)
-        self._h2d.restype = self._d2h.restype = ctypes.c_int
-
-    def to_device(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        _check(self._h2d(dst, src, nbytes, stream), "host to device")
+        self._d2h.restype = ctypes.c_int
 
     def to_host(self, dst: int, src: int, nbytes: int, stream: int) -> None:
         _check(self._d2h(dst, src, nbytes, stream), "device to host")

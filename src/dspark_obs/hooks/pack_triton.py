@@ -3,12 +3,13 @@
 The same numbers as the torch form (`pack_torch.py`, the definition), but in
 one launch over a (request, row) grid, because the serving thread can afford a
 launch or two per step and the torch form takes dozens. Program (b, r) for r <= gamma
-owns target row r of request b; for r > gamma, draft row r - gamma - 1. A row is
-read once, only where a number needs it (a sampled request's row inside its window,
-its bonus row, a tail's first mismatch; a draft row only inside a trimmed sampled
-request's tail), keeping an online maximum and sum of exponentials, and every token
-it owes is picked after that one pass. Program (b, 0) also writes the request's
-columns and walks its slot's tails.
+owns target row r of request b; for gamma < r <= 2 gamma, draft row r - gamma - 1. A
+row is read once, only where a number needs it (a sampled request's row inside its
+window, its bonus row, a tail's first mismatch; a draft row only inside a trimmed
+sampled request's tail), keeping an online maximum and sum of exponentials, and every
+token it owes is picked after that one pass. Program (b, 2 gamma + 1) writes the
+request's columns and walks its slot's tails; it reads no row, so that this walk, the
+longest chain of dependent loads, runs beside the rows' reads rather than after one.
 
 A few hundred rows leave most of a large GPU idle when each has one program, so at
 small batches a row is split into S slices over the grid's third axis: each slice's
@@ -19,11 +20,13 @@ large batches, where the rows alone fill the GPU and the ticket would only cost.
 
 The tail table is double-buffered per slot, with the step that wrote each half:
 every program of a request reads the half written last before this step, and
-program (b, 0) writes the other one, so no program of the launch sees a
+the columns' program writes the other one, so no program of the launch sees a
 half-written state (programs of different requests never share a slot).
 """
 
 from __future__ import annotations
+
+from operator import attrgetter, methodcaller
 
 from .observed_step import ObservedStep
 from .step_layout import StepLayout
@@ -35,49 +38,37 @@ BLOCK, NUM_WARPS = 8192, 4
 #: (H200, B = 16 .. 256; bench/RESULTS.md).
 PROGRAMS_PER_SM, MAX_SPLITS = 4, 16
 
-#: The step's small inputs, by address in the argument table, in this order; each one's
-#: dtype is four bits of the kernel's `DT` constant (`_dtype_codes`).
+#: The step's tensors the kernel takes by address, in the kernel's order after `seq`.
 INPUTS = ("draft", "verify_lens", "accepted", "committed", "cap_trim", "bonus", "prefix",
           "pool", "greedy", "temperature", "draft_temperature", "confidence",
           "confidence_raw")  # fmt: skip
-# the argument table: the step's number, the fixed buffers, the inputs, then their strides
-(T_SEQ, T_OUT, T_STAMP, T_LIVE, T_START, T_NEXT, T_EXPECT, T_BORN, T_TAIL,
- T_TSTAMP, T_P) = range(11)  # fmt: skip
-T_IN = 11
-T_S_DRAFT, T_S_CONF, T_S_RAW, T_PART, T_TICK = range(T_IN + len(INPUTS), T_IN + len(INPUTS) + 5)
-TABLE = T_TICK + 1
 # has-flags, bits of the kernel's `FL` constant
 F_VLEN, F_CONF, F_RAW, F_TARGET, F_DRAFT, F_GREEDY_DRAFT = 1, 2, 4, 8, 16, 32
-
-
-def _dtype_codes():
-    import torch
-
-    kinds = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
-             torch.float64, torch.float32, torch.float16, torch.bfloat16)  # fmt: skip
-    return {dt: code for code, dt in enumerate(kinds)}
+#: The largest step number an int32 launch argument holds; past it the kernel is compiled
+#: again with an int64 one.
+I32_MAX = 2**31 - 1
+_DTYPE, _ADDRESS = attrgetter("dtype"), methodcaller("data_ptr")
 
 
 class TritonPacker:
-    """Packs a step with one launch whose only changing argument is a table of addresses.
+    """Packs a step with one launch, its inputs' addresses passed by value.
 
-    Triton's launcher binds every argument on every call (tens of microseconds for the
-    ~45 a step has), so the step's small inputs travel as addresses in a 29-word table:
-    the serving thread writes it into a page-locked row (one per ring slot, so a row is
-    never rewritten before the device has read it), one copy takes it to the device, and
-    the kernel casts each address to its dtype's pointer (the dtypes are one constant).
-    Only the logit tensors stay typed arguments, so that their rows are read with aligned
-    vector loads. After the first launch of a specialisation the compiled kernel is
-    called directly, behind a key this class already holds.
+    Triton's Python launcher binds every argument on every call (tens of microseconds for
+    the ~30 a step has), so after the first launch of a specialisation the compiled
+    kernel's own C launch is called directly (`_launcher`), behind a key this class holds
+    (the inputs' dtypes and strides, which inputs exist, the logits' alignment). The
+    inputs are compiled without value or alignment specialisation (`do_not_specialize`),
+    so any address fits; the two logit tensors are specialised, for aligned vector loads.
+    The addresses travel in the launch's parameters: no copy to the device before the
+    launch, and no program waits on a load of them before reading its request's scalars.
     """
 
-    def __init__(self, layout: StepLayout, pool_slots: int, device, out, stamp, rows: int,
-                 *, block: int = BLOCK, num_warps: int = NUM_WARPS,
+    def __init__(self, layout: StepLayout, pool_slots: int, device, out, stamp, *,
+                 block: int = BLOCK, num_warps: int = NUM_WARPS,
                  programs_per_sm: int = PROGRAMS_PER_SM) -> None:  # fmt: skip
         import torch
 
         from ..kernels.token_logprobs import _sm_count
-        from .device_copy import DeviceCopy
 
         self.kernel = _kernel()  # ImportError without Triton: the caller falls back
         self.layout = layout
@@ -88,39 +79,29 @@ class TritonPacker:
         self.splits: dict[int, int] = {}
         g, e = layout.gamma, layout.entries
         i64 = dict(dtype=torch.int64, device=device)
-        self.t_live = torch.zeros((pool_slots, 2, e), dtype=torch.int8, device=device)
-        self.t_start = torch.zeros((pool_slots, 2, e), **i64)
-        self.t_next = torch.zeros((pool_slots, 2, e), **i64)
-        self.t_expect = torch.zeros((pool_slots, 2, e), **i64)
-        self.t_born = torch.zeros((pool_slots, 2, e), **i64)
-        self.t_tail = torch.zeros((pool_slots, 2, e, g), **i64)
-        self.t_stamp = torch.tensor([[-1, -2]], **i64).repeat(pool_slots, 1)
+        t_live = torch.zeros((pool_slots, 2, e), dtype=torch.int8, device=device)
+        t_tail = torch.zeros((pool_slots, 2, e, g), **i64)
+        t_start, t_next, t_expect, t_born = (torch.zeros((pool_slots, 2, e), **i64)
+                                             for _ in range(4))  # fmt: skip
+        t_stamp = torch.tensor([[-1, -2]], **i64).repeat(pool_slots, 1)
         self.dummy = torch.zeros(8, dtype=torch.float32, device=device)
         # a split row's partial (maximum, sum) per slice, and its ticket counter (kept at 0
         # between launches: the last program of a row resets it)
         rows_max = out.shape[0] * (2 * g + 1)
-        self.part = torch.zeros((rows_max, MAX_SPLITS, 2), dtype=torch.float32, device=device)
-        self.tick = torch.zeros(rows_max, dtype=torch.int32, device=device)
+        part = torch.zeros((rows_max, MAX_SPLITS, 2), dtype=torch.float32, device=device)
+        tick = torch.zeros(rows_max, dtype=torch.int32, device=device)
         if layout.columns != kernel_columns(g, e):
             raise ValueError("the packed step's layout is not the one the kernel writes")
         self.gp2 = max(2, 1 << (g - 1).bit_length())
         self.ep2 = max(2, 1 << e.bit_length())  # entries + 1 (the new tail) fit
-        self.table = torch.zeros(TABLE, **i64)
-        self.host_table = torch.zeros((rows, TABLE), dtype=torch.int64, pin_memory=True)
-        self.rows = self.host_table.numpy()
-        self.row_at = [r.ctypes.data for r in self.rows]
-        fixed = (out, stamp, self.t_live, self.t_start, self.t_next, self.t_expect,
-                 self.t_born, self.t_tail, self.t_stamp)  # fmt: skip
-        self.rows[:, T_OUT:T_P] = [t.data_ptr() for t in fixed]
-        self.rows[:, T_P] = pool_slots
-        self.rows[:, T_PART] = self.part.data_ptr()
-        self.rows[:, T_TICK] = self.tick.data_ptr()
-        self.copy = DeviceCopy()
-        self.codes = _dtype_codes()
+        #: the buffers every launch takes, after the inputs: tensors for the first launch
+        #: of a specialisation, their addresses for the direct calls
+        self.fixed = (out, stamp, t_live, t_start, t_next, t_expect, t_born, t_tail, t_stamp,
+                      part, tick)  # fmt: skip
+        self.fixed_at = tuple(t.data_ptr() for t in self.fixed)
         self.compiled: dict[tuple, object] = {}
-        self.table_ptr = self.table.data_ptr()
 
-    def pack(self, step: ObservedStep, seq: int, row: int, stream: int) -> None:
+    def pack(self, step: ObservedStep, seq: int, stream: int) -> None:
         """Enqueue the pass on `stream`: `out[:bs]` filled, the table advanced, `stamp = seq`."""
         d = self.dummy
         vlen, conf, raw = step.verify_lens, step.confidence, step.confidence_raw
@@ -129,23 +110,11 @@ class TritonPacker:
                   step.cap_trim, step.bonus, step.prefix, step.pool, step.greedy,
                   step.temperature, step.draft_temperature, d if conf is None else conf,
                   d if raw is None else raw)  # fmt: skip
-        codes = self.codes
-        dt = 0
-        for k, t in enumerate(inputs):
-            dt |= codes[t.dtype] << (4 * k)
         flags = (
             (F_VLEN if vlen is not None else 0) | (F_CONF if conf is not None else 0)
             | (F_RAW if raw is not None else 0) | (F_TARGET if target is not None else 0)
             | (F_DRAFT if dlog is not None else 0) | (F_GREEDY_DRAFT if step.greedy_draft else 0)
         )  # fmt: skip
-        host = self.rows[row]
-        host[T_SEQ] = seq
-        host[T_IN:T_PART] = [t.data_ptr() for t in inputs] + [
-            step.draft.stride(0),
-            0 if conf is None else conf.stride(0),
-            0 if raw is None else raw.stride(0),
-        ]
-        self.copy.to_device(self.table_ptr, self.row_at[row], TABLE * 8, stream)
         if target is None:
             target, st, v = d, 0, 0
         else:
@@ -159,24 +128,27 @@ class TritonPacker:
         split = self.splits.get(bs)
         if split is None:
             split = self.splits[bs] = splits_for(bs * (self.layout.gamma + 1), self.programs)
-        key = (dt, flags, st, v, sd0, sd1, vd, target.dtype, dlog.dtype, tp % 16, dp % 16, split)
-        grid = (bs, 2 * self.layout.gamma + 1, split)
+        strides = (step.draft.stride(0), 0 if conf is None else conf.stride(0),
+                   0 if raw is None else raw.stride(0))  # fmt: skip
+        key = (tuple(map(_DTYPE, inputs)), flags, strides, st, v, sd0, sd1, vd, target.dtype,
+               dlog.dtype, tp % 16, dp % 16, split, seq > I32_MAX)  # fmt: skip
+        grid = (bs, 2 * self.layout.gamma + 2, split)
         hit = self.compiled.get(key)
         if hit is not None:
-            k, constants = hit
-            k.run(*grid, stream, k.function, k.packed_metadata, None, None, None,
-                  self.table_ptr, tp, dp, *constants)  # fmt: skip
+            launch, head, constants = hit
+            launch(*grid, stream, *head, tp, dp, seq, *map(_ADDRESS, inputs), *self.fixed_at,
+                   *constants)  # fmt: skip
             return
         lay = self.layout
         constants = dict(G=lay.gamma, GP2=self.gp2, E=lay.entries, EP2=self.ep2,
-                         WIDTH=lay.width, BLOCK=self.block, DT=dt, FL=flags, S_T=st, V=v,
-                         S_D0=sd0, S_D1=sd1, VD=vd, SPLIT=split,
-                         CH_T=_slice(v, split, self.block),
-                         CH_D=_slice(vd, split, self.block))  # fmt: skip
-        kernel = self.kernel[grid](self.table, target, dlog, **constants,
+                         P=self.pool_slots, WIDTH=lay.width, BLOCK=self.block, FL=flags,
+                         S_T=st, V=v, S_D0=sd0, S_D1=sd1, VD=vd, SPLIT=split,
+                         CH_T=_slice(v, split, self.block), CH_D=_slice(vd, split, self.block),
+                         S_DR=strides[0], S_CF=strides[1], S_RW=strides[2])  # fmt: skip
+        kernel = self.kernel[grid](target, dlog, seq, *inputs, *self.fixed, **constants,
                                    num_warps=self.num_warps)  # fmt: skip
         if _no_launch_hooks():
-            self.compiled[key] = (kernel, tuple(constants.values()))
+            self.compiled[key] = (*_launcher(kernel), tuple(constants.values()))
 
 
 def splits_for(rows: int, programs: int) -> int:
@@ -191,6 +163,19 @@ def splits_for(rows: int, programs: int) -> int:
 def _slice(n: int, split: int, block: int) -> int:
     """Logits per slice: whole blocks, so that every slice's loads stay aligned."""
     return max(1, -(-n // (split * block))) * block
+
+
+def _launcher(kernel) -> tuple:
+    """The compiled kernel's launch and what it takes before the kernel's arguments: the C
+    launch itself where Triton's wrapper would only add a Python call (no scratch memory to
+    allocate; 2 us of the serving thread's time on an H200 host), else the wrapper."""
+    run = kernel.run
+    meta = (kernel.packed_metadata, None, None, None)  # launch metadata and hooks: none
+    direct = all(getattr(run, a, 1) == 0 for a in ("global_scratch_size", "profile_scratch_size"))
+    if direct and hasattr(run, "launch_pdl") and hasattr(run, "launch_cooperative_grid"):
+        return run.launch, (kernel.function, run.launch_cooperative_grid, run.launch_pdl, None,
+                            None, *meta)  # fmt: skip
+    return run, (kernel.function, *meta)
 
 
 def _no_launch_hooks() -> bool:
@@ -219,6 +204,10 @@ def kernel_columns(g: int, e: int) -> dict[str, slice]:
 
 
 _KERNEL = None
+#: The kernel's arguments compiled for any value and alignment: the step number and the
+#: inputs, whose addresses change from step to step.
+_UNSPECIALISED = ("seq", "draft", "vlen", "acc", "com", "cap", "bonus", "prefix", "pool",
+                  "greedy", "temps", "dtemps", "conf", "raw")  # fmt: skip
 
 
 def _kernel():
@@ -268,41 +257,64 @@ def _kernel():
         return m, s, done
 
     @triton.jit
-    def walk(t_live, t_start, t_next, t_expect, t_tail, t_stamp, P, seq, p, pre, a, w, bon,
-             sampled, drow, dr, G: tl.constexpr, GP2: tl.constexpr, E: tl.constexpr,
-             EP2: tl.constexpr):  # fmt: skip
-        # the slot's tails against the tokens this step commits: the half read, each
-        # entry's state and the first mismatch's row and token (-1: none)
+    def tails_load(t_live, t_start, t_next, t_expect, t_born, t_tail, t_stamp, p,
+                   P: tl.constexpr, G: tl.constexpr, GP2: tl.constexpr, E: tl.constexpr,
+                   EP2: tl.constexpr):  # fmt: skip
+        # both halves of the slot's tail table and their stamps, [2, ...]: one round of
+        # loads that needs only the slot, so that it can be issued before a row is read
+        hh = tl.arange(0, 2)
         jj = tl.arange(0, GP2)
-        jm = jj < G
+        ee = tl.arange(0, EP2)
         slot_ok = (p >= 0) & (p < P)
         pc = tl.minimum(tl.maximum(p, 0), P - 1)
-        s0 = tl.load(t_stamp + pc * 2)
-        s1 = tl.load(t_stamp + pc * 2 + 1)
-        v0 = s0 < seq
-        v1 = s1 < seq
-        h = tl.where(v1 & ((~v0) | (s1 > s0)), 1, 0).to(tl.int64)
+        stamps = tl.load(t_stamp + pc * 2 + hh)
+        at = (pc * 2 + hh[:, None]) * E + ee[None, :]
+        ld = (ee[None, :] < E) & slot_ok & (hh[:, None] < 2)
+        live = tl.load(t_live + at, mask=ld, other=0).to(tl.int32)
+        expect = tl.load(t_expect + at, mask=ld, other=-1)
+        start = tl.load(t_start + at, mask=ld, other=0)
+        nxt = tl.load(t_next + at, mask=ld, other=0)
+        born = tl.load(t_born + at, mask=ld, other=0)
+        tail = tl.load(t_tail + at[:, :, None] * G + jj[None, None, :],
+                       mask=ld[:, :, None] & (jj < G)[None, None, :], other=-1)  # fmt: skip
+        return slot_ok, pc, stamps, live, expect, start, nxt, born, tail
+
+    @triton.jit
+    def walk(slot_ok, pc, stamps, live2, expect2, start2, nxt2, born2, tail2, seq, pre, a, w,
+             bon, sampled, dr, G: tl.constexpr, GP2: tl.constexpr, E: tl.constexpr,
+             EP2: tl.constexpr):  # fmt: skip
+        # the slot's tails (as tails_load read them) against the tokens this step commits:
+        # the half read, each entry's state and the first mismatch's row and token (-1: none)
+        hh = tl.arange(0, 2)
+        jj = tl.arange(0, GP2)
+        jm = jj < G
         ee = tl.arange(0, EP2)
         old = ee < E
         isnew = ee == E
-        at_e = (pc * 2 + h) * E + ee
+        s0 = tl.sum(tl.where(hh == 0, stamps, 0), 0)
+        s1 = tl.sum(tl.where(hh == 1, stamps, 0), 0)
+        v0 = s0 < seq
+        v1 = s1 < seq
+        h = tl.where(v1 & ((~v0) | (s1 > s0)), 1, 0).to(tl.int64)
+        pick = hh[:, None] == h
         ld = old & slot_ok
-        live_old = (tl.load(t_live + at_e, mask=ld, other=0) != 0) & (
-            tl.load(t_expect + at_e, mask=ld, other=-1) == pre
+        live_old = (tl.sum(tl.where(pick, live2, 0), 0) != 0) & (
+            tl.sum(tl.where(pick, expect2, 0), 0) == pre
         )
         opens = sampled & (a == w) & (w < G) & slot_ok
         live = tl.where(isnew, opens, live_old & ld)
-        start = tl.where(isnew, pre, tl.load(t_start + at_e, mask=ld, other=0))
-        nxt = tl.where(isnew, w, tl.load(t_next + at_e, mask=ld, other=0))
-        tail_old = tl.load(
-            t_tail + at_e[:, None] * G + jj[None, :], mask=ld[:, None] & jm[None, :], other=-1
-        )
+        start = tl.where(isnew, pre, tl.sum(tl.where(pick, start2, 0), 0))
+        nxt = tl.where(isnew, w, tl.sum(tl.where(pick, nxt2, 0), 0))
+        born = tl.sum(tl.where(pick, born2, 0), 0)
+        tail_old = tl.sum(tl.where(pick[:, :, None], tail2, 0), 0)
         tail = tl.where(isnew[:, None], dr[None, :], tail_old)
         off = (start - pre)[:, None] + jj[None, :]
         ahead = jj[None, :] >= nxt[:, None]
         here = ahead & (off <= a) & jm[None, :]
         off_c = tl.minimum(tl.maximum(off, 0), G - 1)
-        tok = tl.where(off == a, bon, tl.load(drow + off_c, mask=here, other=-1).to(tl.int64))
+        # the drafted token at each offset, from the draft row already in registers
+        drafted = tl.sum(tl.where(off_c[:, :, None] == jj[None, None, :], dr[None, None, :], 0), 2)
+        tok = tl.where(off == a, bon, tl.where(here, drafted, -1))
         match = here & (tok == tail)
         stop = ahead & (~match) & jm[None, :]
         run_end = tl.min(tl.where(stop, jj[None, :], G), 1)
@@ -313,78 +325,26 @@ def _kernel():
         tok_at = tl.sum(tl.where(sel, tail, 0), 1)
         mismatch = live & (run_end < G) & here_at
         g_row = tl.where(mismatch, off_at, -1)
-        return slot_ok, pc, h, at_e, ld, live, start, tail_old, run_end, mismatch, g_row, tok_at
+        return h, live, start, born, tail_old, run_end, mismatch, g_row, tok_at
 
-    @triton.jit
-    def addr(tab, i: tl.constexpr, CODE: tl.constexpr):
-        # entry i of the argument table as a pointer to its dtype (_dtype_codes' order)
-        a = tl.load(tab + i)
-        if CODE == 0:
-            p = a.to(tl.pointer_type(tl.int64))
-        elif CODE == 1:
-            p = a.to(tl.pointer_type(tl.int32))
-        elif CODE == 2:
-            p = a.to(tl.pointer_type(tl.int16))
-        elif CODE == 3:
-            p = a.to(tl.pointer_type(tl.int8))
-        elif CODE == 4:
-            p = a.to(tl.pointer_type(tl.uint8))
-        elif CODE == 5:
-            p = a.to(tl.pointer_type(tl.int8))  # torch's bool: one byte, 0 or 1
-        elif CODE == 6:
-            p = a.to(tl.pointer_type(tl.float64))
-        elif CODE == 7:
-            p = a.to(tl.pointer_type(tl.float32))
-        elif CODE == 8:
-            p = a.to(tl.pointer_type(tl.float16))
-        else:
-            p = a.to(tl.pointer_type(tl.bfloat16))
-        return p
-
-    @triton.jit
+    @triton.jit(do_not_specialize=_UNSPECIALISED)
     def pack(
-        tab, target, dlog,
+        target, dlog, seq, draft, vlen, acc, com, cap, bonus, prefix, pool, greedy, temps,
+        dtemps, conf, raw, out, stamp, t_live, t_start, t_next, t_expect, t_born, t_tail,
+        t_stamp, part, tick,
         G: tl.constexpr, GP2: tl.constexpr, E: tl.constexpr, EP2: tl.constexpr,
-        WIDTH: tl.constexpr, BLOCK: tl.constexpr, DT: tl.constexpr, FL: tl.constexpr,
+        P: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, FL: tl.constexpr,
         S_T: tl.constexpr, V: tl.constexpr, S_D0: tl.constexpr, S_D1: tl.constexpr,
         VD: tl.constexpr, SPLIT: tl.constexpr, CH_T: tl.constexpr, CH_D: tl.constexpr,
+        S_DR: tl.constexpr, S_CF: tl.constexpr, S_RW: tl.constexpr,
     ):  # fmt: skip
-        # the table's layout and flag bits, as the module's T_* and F_* constants have them
+        # the flag bits, as the module's F_* constants have them
         HAS_VLEN: tl.constexpr = (FL & 1) != 0
         HAS_CONF: tl.constexpr = (FL & 2) != 0
         HAS_RAW: tl.constexpr = (FL & 4) != 0
         HAS_TARGET: tl.constexpr = (FL & 8) != 0
         HAS_DRAFT: tl.constexpr = (FL & 16) != 0
         GREEDY_DRAFT: tl.constexpr = (FL & 32) != 0
-        seq = tl.load(tab + 0)
-        out = addr(tab, 1, 6)
-        stamp = addr(tab, 2, 0)
-        t_live = addr(tab, 3, 3)
-        t_start = addr(tab, 4, 0)
-        t_next = addr(tab, 5, 0)
-        t_expect = addr(tab, 6, 0)
-        t_born = addr(tab, 7, 0)
-        t_tail = addr(tab, 8, 0)
-        t_stamp = addr(tab, 9, 0)
-        P = tl.load(tab + 10)
-        draft = addr(tab, 11, DT & 15)
-        vlen = addr(tab, 12, (DT >> 4) & 15)
-        acc = addr(tab, 13, (DT >> 8) & 15)
-        com = addr(tab, 14, (DT >> 12) & 15)
-        cap = addr(tab, 15, (DT >> 16) & 15)
-        bonus = addr(tab, 16, (DT >> 20) & 15)
-        prefix = addr(tab, 17, (DT >> 24) & 15)
-        pool = addr(tab, 18, (DT >> 28) & 15)
-        greedy = addr(tab, 19, (DT >> 32) & 15)
-        temps = addr(tab, 20, (DT >> 36) & 15)
-        dtemps = addr(tab, 21, (DT >> 40) & 15)
-        conf = addr(tab, 22, (DT >> 44) & 15)
-        raw = addr(tab, 23, (DT >> 48) & 15)
-        s_draft = tl.load(tab + 24)
-        s_conf = tl.load(tab + 25)
-        s_raw = tl.load(tab + 26)
-        part = addr(tab, 27, 7)
-        tick = addr(tab, 28, 1)
         # the columns, as kernel_columns() has them
         C_WIN, C_ACC, C_COM, C_CAP, C_BON, C_PRE = 0, 1, 2, 3, 4, 5
         C_POOL, C_GRD, C_TMP, C_BLP, C_EVI, C_DRF = 6, 7, 8, 9, 10, 11
@@ -414,56 +374,66 @@ def _kernel():
         jj = tl.arange(0, GP2)
         jm = jj < G
         row_out = out + b.to(tl.int64) * WIDTH
-        drow = draft + b.to(tl.int64) * s_draft
-        dr = tl.load(drow + jj, mask=jm, other=0).to(tl.int64)
+        dr = tl.load(draft + b.to(tl.int64) * S_DR + jj, mask=jm, other=0).to(tl.int64)
 
         ee = tl.arange(0, EP2)
         if r <= G:
             # target row r of request b: owed inside a sampled request's window, or where a
-            # tail's first mismatch falls (walked only when the window does not decide)
+            # tail's first mismatch falls (walked first only when the window does not decide)
             if HAS_TARGET:
+                base = target + (b.to(tl.int64) * (G + 1) + r) * S_T
+                # the slot's tails, read before the row so that they arrive while it streams
+                slot_ok, pc, stamps, live2, expect2, start2, nxt2, born2, tail2 = tails_load(
+                    t_live, t_start, t_next, t_expect, t_born, t_tail, t_stamp, p, P, G, GP2, E,
+                    EP2)  # fmt: skip
                 owed = sampled & (r <= w)
                 if ~owed:
-                    g_row = walk(t_live, t_start, t_next, t_expect, t_tail, t_stamp, P, seq, p,
-                                 pre, a, w, bon, sampled, drow, dr, G, GP2, E, EP2)[10]  # fmt: skip
+                    g_row = walk(slot_ok, pc, stamps, live2, expect2, start2, nxt2, born2, tail2,
+                                 seq, pre, a, w, bon, sampled, dr, G, GP2, E, EP2)[7]  # fmt: skip
                     owed = tl.sum((g_row == r).to(tl.int32), 0) > 0
                 if owed:
-                    base = target + (b.to(tl.int64) * (G + 1) + r) * S_T
+                    # the drafted and the bonus token's logits, likewise read early
+                    want_t = sampled & (r < w)
+                    want_b = sampled & (r == a)
+                    x_t = tl.load(base + tl.sum(tl.where(jj == r, dr, 0), 0), mask=want_t,
+                                  other=0.0).to(tl.float32)  # fmt: skip
+                    x_b = tl.load(base + bon, mask=want_b, other=0.0).to(tl.float32)
                     m, s, done = row_lse(base, V, LOG2E / t, part, tick, row, c, SPLIT, CH_T,
                                          BLOCK)  # fmt: skip
                     if done:
                         log_s = tl.log(s)
-                        if sampled & (r < w):
-                            x = tl.load(base + tl.sum(tl.where(jj == r, dr, 0), 0)).to(tl.float32)
-                            tl.store(row_out + C_TLP + r, ((x - m) / t - log_s).to(tl.float64))
-                        if sampled & (r == a):
-                            x = tl.load(base + bon).to(tl.float32)
-                            tl.store(row_out + C_BLP, ((x - m) / t - log_s).to(tl.float64))
-                        walked = walk(t_live, t_start, t_next, t_expect, t_tail, t_stamp, P,
-                                      seq, p, pre, a, w, bon, sampled, drow, dr, G, GP2, E,
+                        if want_t:
+                            tl.store(row_out + C_TLP + r, ((x_t - m) / t - log_s).to(tl.float64))
+                        if want_b:
+                            tl.store(row_out + C_BLP, ((x_b - m) / t - log_s).to(tl.float64))
+                        walked = walk(slot_ok, pc, stamps, live2, expect2, start2, nxt2, born2,
+                                      tail2, seq, pre, a, w, bon, sampled, dr, G, GP2, E,
                                       EP2)  # fmt: skip
-                        mine = walked[10] == r
-                        x = tl.load(base + walked[11], mask=mine, other=0.0).to(tl.float32)
+                        mine = walked[7] == r
+                        x = tl.load(base + walked[8], mask=mine, other=0.0).to(tl.float32)
                         tl.store(row_out + C_GLP + ee, ((x - m) / t - log_s).to(tl.float64),
                                  mask=mine)  # fmt: skip
-        else:
+        elif r <= 2 * G:
             # draft row j of request b: only inside a trimmed sampled request's tail
             j = r - G - 1
             if HAS_DRAFT:
                 if sampled & (a == w) & (w < G) & (j >= w):
                     td = tl.maximum(tl.load(dtemps + b).to(tl.float32), 1e-5)
                     base = dlog + b.to(tl.int64) * S_D0 + j.to(tl.int64) * S_D1
+                    x = tl.load(base + tl.sum(tl.where(jj == j, dr, 0), 0)).to(tl.float32)
                     m, s, done = row_lse(base, VD, LOG2E / td, part, tick, row, c, SPLIT, CH_D,
                                          BLOCK)  # fmt: skip
                     if done:
-                        x = tl.load(base + tl.sum(tl.where(jj == j, dr, 0), 0)).to(tl.float32)
                         tl.store(row_out + C_DLP + j, ((x - m) / td - tl.log(s)).to(tl.float64))
 
-        if (r == 0) & (c == 0):
+        if (r == 2 * G + 1) & (c == 0):
             # the request's columns, NaN where no number is owed
-            (slot_ok, pc, h, at_e, ld, live, start, tail_old, run_end, mismatch, g_row,
-             tok_at) = walk(t_live, t_start, t_next, t_expect, t_tail, t_stamp, P, seq, p, pre,
-                            a, w, bon, sampled, drow, dr, G, GP2, E, EP2)  # fmt: skip
+            slot_ok, pc, stamps, live2, expect2, start2, nxt2, born2, tail2 = tails_load(
+                t_live, t_start, t_next, t_expect, t_born, t_tail, t_stamp, p, P, G, GP2, E, EP2
+            )
+            h, live, start, born, tail_old, run_end, mismatch, g_row, tok_at = walk(
+                slot_ok, pc, stamps, live2, expect2, start2, nxt2, born2, tail2, seq, pre, a, w,
+                bon, sampled, dr, G, GP2, E, EP2)  # fmt: skip
             old = ee < E
             isnew = ee == E
             tl.store(row_out + C_WIN, w.to(tl.float64))
@@ -477,12 +447,12 @@ def _kernel():
             tl.store(row_out + C_TMP, tl.load(temps + b).to(tl.float64))
             tl.store(row_out + C_DRF + jj, dr.to(tl.float64), mask=jm)
             if HAS_CONF:
-                cv = tl.load(conf + b.to(tl.int64) * s_conf + jj, mask=jm, other=0.0)
+                cv = tl.load(conf + b.to(tl.int64) * S_CF + jj, mask=jm, other=0.0)
                 tl.store(row_out + C_CNF + jj, cv.to(tl.float64), mask=jm)
             else:
                 tl.store(row_out + C_CNF + jj, tl.full([GP2], nan, tl.float64), mask=jm)
             if HAS_RAW:
-                rv = tl.load(raw + b.to(tl.int64) * s_raw + jj, mask=jm, other=0.0)
+                rv = tl.load(raw + b.to(tl.int64) * S_RW + jj, mask=jm, other=0.0)
                 tl.store(row_out + C_RAW + jj, rv.to(tl.float64), mask=jm)
             else:
                 tl.store(row_out + C_RAW + jj, tl.full([GP2], nan, tl.float64), mask=jm)
@@ -517,7 +487,6 @@ def _kernel():
             free = old & ~keep
             has_free = tl.sum(free.to(tl.int32), 0) > 0
             first_free = tl.min(tl.where(free, ee, EP2), 0)
-            born = tl.load(t_born + at_e, mask=ld, other=0)
             oldest_born = tl.min(tl.where(old, born, 2**62), 0)
             oldest = tl.min(tl.where(old & (born == oldest_born), ee, EP2), 0)
             ins = tl.where(has_free, first_free, oldest)

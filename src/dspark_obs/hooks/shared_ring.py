@@ -19,6 +19,7 @@ request ids (UTF-8, newline-separated) and the `[max_bs, width]` float64 block.
 from __future__ import annotations
 
 import contextlib
+import struct
 
 import numpy as np
 
@@ -44,6 +45,8 @@ HEADER = 16
 META = 8
 # M_FLAGS bits
 HAS_CONFIDENCE, HAS_RAW, HAS_TARGET, HAS_BUDGET, GREEDY_DRAFT = 1, 2, 4, 8, 16
+#: a slot's scalars as write_meta stores them, M_FORWARD_CT to M_RID_LEN
+_META = struct.Struct("<6q")
 #: request-id bytes per batch row a slot holds (SGLang's rids are 32 hex digits)
 RID_BYTES_PER_ROW = 64
 
@@ -91,10 +94,14 @@ class SharedRing:
         self.gamma, self.entries = int(h[H_GAMMA]), int(h[H_ENTRIES])
         self._slot_bytes = self._slot_size(self.max_bs, self.width, self.rid_bytes)
         self.stamps, self.metas, self.rids, self.blocks = [], [], [], []
+        self._meta_at: list[int] = []
+        # the request-id bytes each slot holds, kept so that the same ids are not copied again
+        self._rids_in: list[bytes | None] = [None] * self.slots
         for s in range(self.slots):
             at = _align(HEADER * 8) + s * self._slot_bytes
             self.stamps.append(np.ndarray((1,), np.int64, self.shm.buf, at))
             self.metas.append(np.ndarray((META,), np.int64, self.shm.buf, at + 64))
+            self._meta_at.append(at + 64)
             at += 64 + _align(META * 8)
             self.rids.append(np.ndarray((self.rid_bytes,), np.uint8, self.shm.buf, at))
             at += _align(self.rid_bytes)
@@ -129,8 +136,10 @@ class SharedRing:
         if n > self.rid_bytes:
             self.header[H_DROPPED_OTHER] += 1
             return False
-        self.rids[slot][:n] = np.frombuffer(rids, np.uint8)
-        self.metas[slot][: M_RID_LEN + 1] = (*values, n)
+        if self._rids_in[slot] is not rids:  # the same batch's ids: the slot has them
+            self.rids[slot][:n] = np.frombuffer(rids, np.uint8)
+            self._rids_in[slot] = rids
+        _META.pack_into(self.shm.buf, self._meta_at[slot], *values, n)
         return True
 
     def register_with_cuda(self) -> None:

@@ -49,7 +49,7 @@ class StepSubmitter:
                     from .pack_triton import TritonPacker
 
                     self.packer = TritonPacker(layout, pool_slots, self.device, self.packed,
-                                               self.stamp, ring.slots)  # fmt: skip
+                                               self.stamp)  # fmt: skip
                 except ImportError as exc:
                     if triton:
                         raise
@@ -66,7 +66,7 @@ class StepSubmitter:
             return
         stream = self.raw_stream(self.index)
         if self.fused:
-            self.packer.pack(step, seq, slot, stream)
+            self.packer.pack(step, seq, stream)
         else:
             self.packer.pack(step, self.packed[:bs])
             self.stamp.fill_(seq)
