@@ -31,9 +31,9 @@ The spread at continuation positions. The coefficients are learnt mostly on firs
 positions (thousands of them against a few dozen continuation positions on hard
 traffic), and there how acceptance moves with log q and with the request's ease is
 steeper than along a tail: on held-out continuation positions a workload's predictions
-can be too spread out (a logit slope of about 0.6 on `poetry` in the runtime's
-`adversarial-confidence` world, 0.25 on `noise` in `unstable-slots`, the same as
-against the truth at the unreached positions). Too spread is not harmless: the point
+can be too spread out (a logit slope of 0.57 on `poetry` in the runtime's
+`adversarial-confidence` world, 0.23 on `noise` in `unstable-slots`, as the truth at
+the unreached positions shows too). Too spread is not harmless: the point
 sums running products of the rates, which is convex in them, so rates spread too far
 lift the point even where their mean is right. So each workload's held-out logits at
 its continuation positions are regressed on the observed ratios, slope pulled towards 1
