@@ -365,13 +365,15 @@ def _block_cols(blocks: dict[str, np.ndarray], sel: np.ndarray) -> dict[str, np.
 def model_report(model: TailModel) -> dict[str, dict[str, Any]]:
     """Per workload, what the tail model rests on: known positions per offset, the
     continuation positions among them (what unreached positions are predicted from),
-    which offsets those identify, and the held-out calibration check."""
+    which offsets those identify, the held-out calibration check, and the spread its
+    continuation positions gave the continuation rates (`tail_model.continuation_spread`)."""
     return {
         name: {
             "known_positions": model.known[g].tolist(),
             "continuation_positions": model.continuation[g].tolist(),
             "identified": model.identified[g].tolist(),
             "calibration": model.calibration[g],
+            "continuation_spread": float(model.spread[g]),
         }
         for g, name in enumerate(model.names)
     }

@@ -27,6 +27,22 @@ held-out known positions: blocks are split into `FOLDS` folds, each fold predict
 a model fitted on the others, and the held-out predictions compared with the observed
 ratios (`calibration`).
 
+The spread at continuation positions. The coefficients are learnt mostly on first
+positions (thousands of them against a few dozen continuation positions on hard
+traffic), and there how acceptance moves with log q and with the request's ease is
+steeper than along a tail: on held-out continuation positions a workload's predictions
+can be too spread out (a logit slope of 0.57 on `poetry` in the runtime's
+`adversarial-confidence` world, 0.23 on `noise` in `unstable-slots`, as the truth at
+the unreached positions shows too). Too spread is not harmless: the point
+sums running products of the rates, which is convex in them, so rates spread too far
+lift the point even where their mean is right. So each workload's held-out logits at
+its continuation positions are regressed on the observed ratios, slope pulled towards 1
+by the ridge of `SHRINK` (a workload with few continuation positions keeps the model's
+spread), and every continuation rate's logit is pulled towards the centre of those
+held-out logits by that slope (`spread`). Only the slope is taken, not the level: walked
+continuation positions are the easy ones (a walk goes on where the target agreed), and
+the model's features, not their mean, carry that selection into the level.
+
 Why the offset has two slopes: at first positions the offset is the window plus one,
 so a slope learnt there is a slope across blocks of different windows, and where
 windows are chosen on confidence, long windows belong to easy blocks: that slope is
@@ -137,6 +153,22 @@ def fit_coefficients(
     return beta
 
 
+def continuation_spread(
+    z: np.ndarray, a: np.ndarray, group: np.ndarray, groups: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per group, (slope, centre) of held-out logits `z` at continuation positions against
+    their observed ratios `a`: the slope of a fractional logistic regression of `a` on `z`
+    (with an intercept; ridge `SHRINK` towards slope 1) and the mean of `z`. A group with
+    no such position keeps slope 1."""
+    slope, centre = np.ones(groups), np.zeros(groups)
+    for g in np.unique(group).tolist():
+        sel = group == g
+        x = np.stack([np.ones(int(sel.sum())), z[sel]], axis=1)
+        slope[g] = fit_coefficients(x, a[sel], np.array([0.0, 1.0]), SHRINK)[1]
+        centre[g] = z[sel].mean()
+    return slope, centre
+
+
 def _fit_groups(
     x: np.ndarray, a: np.ndarray, group: np.ndarray, groups: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -217,7 +249,9 @@ class TailModel:
     `identified[g, c]`: at least `MIN_KNOWN` continuation positions there, what an
     unreached position's rate rests on (`identified_first`: at least `MIN_KNOWN` first
     positions, for a block nothing of whose tail was walked); `margin[g]` the group's
-    held-out ECE, the half-width of an identified rate's range.
+    held-out ECE, the half-width of an identified rate's range; `spread[g]` and
+    `centre[g]` the slope and centre of `continuation_spread`, which continuation rates'
+    logits are pulled towards.
     """
 
     names: tuple[str, ...]
@@ -228,6 +262,8 @@ class TailModel:
     continuation: np.ndarray
     margin: np.ndarray
     calibration: list[dict]
+    spread: np.ndarray
+    centre: np.ndarray
 
     @property
     def identified(self) -> np.ndarray:
@@ -237,10 +273,13 @@ class TailModel:
     def identified_first(self) -> np.ndarray:
         return self.known - self.continuation >= MIN_KNOWN
 
-    def rates(self, x: np.ndarray, group: np.ndarray) -> np.ndarray:
-        """Predicted acceptance ratio for features `x` `[k, gamma, 7]` of blocks in `group`."""
+    def rates(self, x: np.ndarray, group: np.ndarray, continuation: np.ndarray) -> np.ndarray:
+        """Predicted acceptance ratio for features `x` `[k, gamma, 7]` of blocks in `group`;
+        at continuation positions (`continuation`, `[k, gamma]`) with the group's spread."""
         z = ((x - self.mean) / self.scale * self.coef[group][:, None, :]).sum(axis=-1)
-        return sigmoid(z)
+        centre = self.centre[group][:, None]
+        pulled = centre + self.spread[group][:, None] * (z - centre)
+        return sigmoid(np.where(continuation, pulled, z))
 
     def parts(
         self, x: np.ndarray, group: np.ndarray, start: np.ndarray, continuation: np.ndarray
@@ -249,7 +288,8 @@ class TailModel:
         from position `start` on (`continuation`: whether each position is a continuation
         position): identified cells within the group's margin, the others anywhere."""
         ident = np.where(continuation, self.identified[group], self.identified_first[group])
-        return extra_parts(self.rates(x, group), ident, self.margin[group], start)
+        rates = self.rates(x, group, continuation)
+        return extra_parts(rates, ident, self.margin[group], start)
 
 
 def fit_tail_model(
@@ -258,7 +298,8 @@ def fit_tail_model(
 ) -> TailModel:  # fmt: skip
     """Fit on known positions: features `x` `[n, 7]`, ratios `a`, their group, block,
     1-based offset and whether each is a continuation position; the held-out check
-    splits by block so a block never checks itself."""
+    splits by block so a block never checks itself, and its logits at continuation
+    positions set the spread (`continuation_spread`)."""
     n, groups = len(a), len(names)
     cell = group * gamma + offset - 1
     known = np.bincount(cell, minlength=groups * gamma).reshape(groups, gamma)
@@ -267,8 +308,8 @@ def fit_tail_model(
     mean, scale = np.zeros(_FEATURES), np.ones(_FEATURES)
     if n:
         mean[1:] = x[:, 1:].mean(axis=0)
-        spread = x[:, 1:].std(axis=0)
-        scale[1:] = np.where(spread > 0, spread, 1.0)
+        std = x[:, 1:].std(axis=0)
+        scale[1:] = np.where(std > 0, std, 1.0)
     xs = (x - mean) / scale
     if n == 0:
         coef = np.zeros((groups, _FEATURES))
@@ -276,18 +317,21 @@ def fit_tail_model(
         coef = _fit_groups(xs, a, group, groups)[1]
 
     fold = block % FOLDS
-    held = np.full(n, np.nan)
+    held = np.full(n, np.nan)  # held-out logits
     for f in range(FOLDS):
         test = fold == f
         if not test.any() or test.all():
             continue
         train = ~test
         per = _fit_groups(xs[train], a[train], group[train], groups)[1]
-        held[test] = sigmoid((xs[test] * per[group[test]]).sum(axis=1))
+        held[test] = (xs[test] * per[group[test]]).sum(axis=1)
     checked = ~np.isnan(held)
+    predicted = sigmoid(held)
     calibration = [
-        calibration_report(calibration_sums(held[checked & sel], a[checked & sel]))
+        calibration_report(calibration_sums(predicted[checked & sel], a[checked & sel]))
         for sel in (group == g for g in range(groups))
     ]
     margin = np.asarray([c.get("ece", 1.0) for c in calibration])
-    return TailModel(names, mean, scale, coef, known, cont, margin, calibration)
+    along = checked & continuation
+    spread, centre = continuation_spread(held[along], a[along], group[along], groups)
+    return TailModel(names, mean, scale, coef, known, cont, margin, calibration, spread, centre)

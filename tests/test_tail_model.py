@@ -9,6 +9,7 @@ the exact expected ceiling w + sum_m prod_{i<=m} a_i of every block, all positio
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -31,7 +32,8 @@ from .conftest import cli
 GAMMA = 7
 #: name -> (blocks, windows drawn from, logit a = c0 + c_lq log q + c_off offset, q range,
 #: share of blocks whose file ends mid-walk[, lift of the first tail position's logit per
-#: draft of window: where the scheduler cut long windows, the cut token is easier])
+#: draft of window: where the scheduler cut long windows, the cut token is easier[, extra
+#: slope in log q of the first tail position's logit]])
 SPEC = {
     "easy": (3000, [2, 3, 4, 5], (2.5, 1.0, -0.15), (0.3, 1.0), 0.1),
     "hard": (3000, [0, 1, 1, 2], (0.0, 1.5, -0.35), (0.05, 0.9), 0.1),
@@ -45,7 +47,8 @@ def _world(seed: int, spec: dict = SPEC) -> tuple[list[str], dict]:
     earlier walked entry of their block: continuation positions), all counted here."""
     rng = np.random.default_rng(seed)
     lines, truth = [], {}
-    for name, (n, windows, coef, q_range, open_share, *lift) in spec.items():
+    for name, (n, windows, coef, q_range, open_share, *first) in spec.items():
+        lift, first_slope = (*first, 0.0, 0.0)[:2]
         ceilings, walked_part = [], []
         known, continuation = np.zeros(GAMMA, dtype=np.int64), np.zeros(GAMMA, dtype=np.int64)
         for k in range(n):
@@ -54,7 +57,7 @@ def _world(seed: int, spec: dict = SPEC) -> tuple[list[str], dict]:
             lq = np.log(rng.uniform(*q_range, m))
             offset = np.arange(w + 1, GAMMA + 1)
             logit = coef[0] + coef[1] * lq + coef[2] * offset
-            logit[0] += lift[0] * w if lift else 0.0
+            logit[0] += lift * w + first_slope * lq[0]
             a = 1 / (1 + np.exp(-logit))
             p_lp = np.log(a) + lq
             ceilings.append(w + np.cumprod(a).sum())
@@ -122,6 +125,50 @@ def test_the_tails_depth_trend_is_not_the_first_positions_trend_across_windows()
     assert first > 0 > cont
     summary = summarize_by_workload(walk_blocks(log, GAMMA, model))
     assert summary["cut"]["mean_point"] == pytest.approx(truth["cut"]["ceiling"], rel=0.005)
+
+
+def test_continuation_rates_take_the_spread_their_held_out_positions_show():
+    """Acceptance that rises with log q far more steeply at the first tail position than
+    along the tail: the shared log q slope is the first positions' (most known positions),
+    so continuation rates come out far too spread. The held-out continuation positions
+    show it (a logit slope well below 1); pulled in by that slope, the rates at the
+    unreached positions come close to the tail's own law, and the point to the truth."""
+    coef = (1.0, 0.3, -0.1)
+    spec = {"steep": (6000, [0, 1, 2], coef, (0.2, 1.0), 0.0, 0.0, 2.5)}
+    lines, truth = _world(11, spec)
+    log = read_block_accept_jsonl(lines)
+    model = tail_model(log, GAMMA)
+    assert 0.1 < model.spread[0] < 0.5
+    unpulled = dataclasses.replace(model, spread=np.ones(1))
+
+    walk = block_accept_walk._walk(log, GAMMA)
+    n = log.n_blocks
+    rows = np.broadcast_to(np.arange(n)[:, None], (n, GAMMA))
+    cols = np.broadcast_to(np.arange(GAMMA)[None, :], (n, GAMMA))
+    first, ease = block_accept_walk._first(walk), block_accept_walk._request_ease(log, walk)
+    x = block_accept_walk._features_at(walk, first, ease, rows, cols)
+    unreached = cols >= (log.block_window + walk.walked.sum(axis=1))[:, None]
+    continuation = cols > log.block_window[:, None]
+    law = 1 / (1 + np.exp(-(coef[0] + coef[1] * walk.log_q + coef[2] * (cols + 1))))
+    group = np.zeros(n, dtype=np.int64)
+    miss = [
+        np.mean((m.rates(x, group, continuation) - law)[unreached] ** 2) for m in (model, unpulled)
+    ]
+    assert miss[0] < miss[1] / 5
+
+    t = truth["steep"]["ceiling"]
+    err = [
+        summarize_by_workload(walk_blocks(log, GAMMA, m))["steep"]["mean_point"] / t - 1
+        for m in (model, unpulled)
+    ]
+    assert abs(err[0]) < 0.01 and abs(err[1]) > 2 * abs(err[0])
+
+
+def test_one_law_everywhere_leaves_the_spread_near_one(world):
+    _, _, model, _, _ = world
+    easy, hard = model.names.index("easy"), model.names.index("hard")
+    assert 0.8 < model.spread[easy] < 1.25 and 0.8 < model.spread[hard] < 1.25
+    assert model.spread[model.names.index("thin")] == pytest.approx(1.0, abs=0.25)
 
 
 def test_request_ease_is_the_mean_first_position_ratio_of_the_requests_blocks():
