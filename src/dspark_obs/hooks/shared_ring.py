@@ -95,6 +95,7 @@ class SharedRing:
         self._slot_bytes = self._slot_size(self.max_bs, self.width, self.rid_bytes)
         self.stamps, self.metas, self.rids, self.blocks = [], [], [], []
         self._meta_at: list[int] = []
+        self._rids_at: list[int] = []
         # the request-id bytes each slot holds, kept so that the same ids are not copied again
         self._rids_in: list[bytes | None] = [None] * self.slots
         for s in range(self.slots):
@@ -104,6 +105,7 @@ class SharedRing:
             self._meta_at.append(at + 64)
             at += 64 + _align(META * 8)
             self.rids.append(np.ndarray((self.rid_bytes,), np.uint8, self.shm.buf, at))
+            self._rids_at.append(at)
             at += _align(self.rid_bytes)
             self.blocks.append(np.ndarray((self.max_bs, self.width), np.float64, self.shm.buf, at))
         self._registered = False
@@ -137,7 +139,8 @@ class SharedRing:
             self.header[H_DROPPED_OTHER] += 1
             return False
         if self._rids_in[slot] is not rids:  # the same batch's ids: the slot has them
-            self.rids[slot][:n] = np.frombuffer(rids, np.uint8)
+            at = self._rids_at[slot]
+            self.shm.buf[at : at + n] = rids
             self._rids_in[slot] = rids
         _META.pack_into(self.shm.buf, self._meta_at[slot], *values, n)
         return True
