@@ -396,12 +396,15 @@ def test_the_kernel_writes_the_layout_the_consumer_reads(gamma):
 
 
 def test_kernel_rows_are_split_only_while_they_leave_programs_to_fill():
-    """Slices per logit row: a power of two bringing the rows to the programs asked for."""
+    """Slices per logit row: a power of two bringing the rows to the programs asked for,
+    without going over."""
     from dspark_obs.hooks.pack_triton import MAX_SPLITS, splits_for
 
     assert splits_for(2000, 528) == splits_for(264, 528) == 1
-    assert splits_for(263, 528) == 4  # 528 / 263 = 2.01 slices: the next power of two
-    assert splits_for(128, 528) == 8
+    assert splits_for(263, 528) == 2  # 528 / 263 = 2.01 slices: the power of two within
+    assert splits_for(128, 528) == 4
+    assert splits_for(127, 528) == 4
+    assert splits_for(66, 528) == 8
     assert splits_for(1, 528) == MAX_SPLITS
 
 

@@ -49,6 +49,8 @@ HAS_CONFIDENCE, HAS_RAW, HAS_TARGET, HAS_BUDGET, GREEDY_DRAFT = 1, 2, 4, 8, 16
 _META = struct.Struct("<6q")
 #: request-id bytes per batch row a slot holds (SGLang's rids are 32 hex digits)
 RID_BYTES_PER_ROW = 64
+#: cudaHostRegisterMapped
+_REGISTER_MAPPED = 2
 
 
 def _align(n: int, to: int = 64) -> int:
@@ -146,13 +148,14 @@ class SharedRing:
         return True
 
     def register_with_cuda(self) -> None:
-        """Page-lock the segment so that device copies into it are asynchronous."""
+        """Page-lock the segment, so that device copies into it are asynchronous, and map it
+        into the device's address space, so that a kernel and the stream can write it."""
         import torch
 
         if self._registered:
             return
         ptr = self.header.ctypes.data
-        err = torch.cuda.cudart().cudaHostRegister(ptr, self.shm.size, 0)
+        err = torch.cuda.cudart().cudaHostRegister(ptr, self.shm.size, _REGISTER_MAPPED)
         if int(err) != 0:
             raise RuntimeError(f"cudaHostRegister of the hook ring failed (error {int(err)})")
         self._registered = True
