@@ -2,11 +2,12 @@
 
 The serving thread must never wait and must not share its GIL with our work, so
 the consumer runs in another process and the ring lives in a shared-memory
-segment both map. On a GPU the segment is page-locked (`cudaHostRegister`), so
-a step's packed block reaches it by one non-blocking copy, and a second one
-writes the slot's stamp: copies on one stream complete in order, so a consumer
-that sees the stamp sees the block. There is no event to wait on across
-processes and no thread in SGLang's process.
+segment both map. On a GPU the segment is page-locked and mapped into the device's
+address space (`cudaHostRegister`), so the hook's kernel writes a step's packed block
+straight into its slot and the stream then writes the slot's stamp behind a
+system-scope memory barrier (or, without that, two copies on one stream, which
+complete in order): a consumer that sees the stamp sees the block. There is no event
+to wait on across processes and no thread in SGLang's process.
 
 Only the producer writes a slot whose step the consumer has released
 (`consumed`); when the consumer lags that far, the step is dropped whole and
