@@ -46,15 +46,27 @@ def to_cuda(value, dtype=None):
     ids=["mixed", "greedy-draft", "no-confidence", "sampled-long-tails"],
 )
 @pytest.mark.parametrize("vocab", [6, 20_000])
-@pytest.mark.parametrize("programs_per_sm", [0, 1000], ids=["one-program-a-row", "split-rows"])
-def test_the_kernel_writes_what_the_torch_form_writes(options, vocab, programs_per_sm):
-    """Rows read whole by one program, and split over the most slices (empty ones included
-    where the vocabulary is small), must give the same blocks."""
+@pytest.mark.parametrize("slices", [1, 4, MAX_SPLITS], ids=["one-program-a-row", "4-slices",
+                                                           "most-slices"])  # fmt: skip
+def test_the_kernel_writes_what_the_torch_form_writes(options, vocab, slices):
+    """Rows read whole by one program, split over 4 slices (the split of a batch of 16 on
+    an H200), and over the most slices (empty ones included where the vocabulary is
+    small), must give the same blocks."""
     stream = StepStream(seed=7, vocab=vocab, requests=12, **options)
-    fused, gathered = same_blocks(stream, programs_per_sm, range(1, 81))
+    fused, gathered = same_blocks(stream, programs_per_sm_for(slices), range(1, 81))
     if options.get("greedy_every") == 0:
         assert gathered > 50
-    assert set(fused.splits.values()) == ({1} if programs_per_sm == 0 else {MAX_SPLITS})
+    if slices == 4:  # the steps' batches are 8 to 12 requests: most take 4 slices
+        assert 4 in set(fused.splits.values()) <= {4, 8}
+    else:
+        assert set(fused.splits.values()) == {slices}
+
+
+def programs_per_sm_for(slices: int) -> int:
+    """Programs per SM that split the rows of a batch of 8 to 12 requests (64 to 96 rows)
+    into `slices`: 1 (never split), 4 (about 448 programs) or the most."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return {1: 0, 4: max(1, round(448 / sms)), MAX_SPLITS: 1000}[slices]
 
 
 def test_step_numbers_past_int32_keep_the_blocks_and_the_stamp():
@@ -73,14 +85,14 @@ def same_blocks(stream, programs_per_sm: int, seqs) -> tuple[TritonPacker, int]:
     ref = TorchPacker(layout, 64, "cuda")
     out = torch.empty((64, layout.width), dtype=torch.float64, device="cuda")
     stamp = torch.zeros(1, dtype=torch.int64, device="cuda")
-    fused = TritonPacker(layout, 64, "cuda", out, stamp, programs_per_sm=programs_per_sm)
+    fused = TritonPacker(layout, 64, "cuda", 64, stamp, programs_per_sm=programs_per_sm)
     cuda_stream = torch.cuda.current_stream().cuda_stream
     gathered = 0
     for seq in seqs:
         step = ObservedStep.from_observer(to_cuda(stream.step()))
         want = torch.empty((step.bs, layout.width), dtype=torch.float64, device="cuda")
         ref.pack(step, want)
-        fused.pack(step, seq, cuda_stream)
+        fused.pack(step, seq, cuda_stream, out, out.data_ptr())
         got, want = out[: step.bs].cpu().numpy(), want.cpu().numpy()
         assert int(stamp) == seq
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
@@ -89,8 +101,15 @@ def same_blocks(stream, programs_per_sm: int, seqs) -> tuple[TritonPacker, int]:
     return fused, gathered
 
 
-def test_the_hook_on_a_gpu_publishes_what_the_reference_does():
-    """No request moves slot: the device keeps open tails by slot (docs/sglang.md)."""
+@pytest.mark.parametrize("direct", [True, False], ids=["kernel-into-ring", "copies"])
+def test_the_hook_on_a_gpu_publishes_what_the_reference_does(direct, monkeypatch):
+    """The kernel writing the ring slot and the stream its stamp, or (where the stream
+    cannot write values) a device buffer copied. No request moves slot: the device keeps
+    open tails by slot (docs/sglang.md)."""
+    if not direct:
+        from dspark_obs.hooks.device_copy import DeviceCopy
+
+        monkeypatch.setattr(DeviceCopy, "can_write_values", lambda self: False)
     stream = StepStream(seed=9, vocab=50_000, requests=16, greedy_every=3, agree=0.8, moves=False)
     worker = SimpleNamespace(_observers=Observers())
     hook = attach(worker, gamma=stream.g, consumer="inline", pool_slots=64)
@@ -103,7 +122,7 @@ def test_the_hook_on_a_gpu_publishes_what_the_reference_does():
         batch, gather = reference_batch(to_cuda(kw, torch.bfloat16), stream.g)
         reference.ingest(rows_the_hook_reads(batch), SOURCE, gather)
         hook.drain()
-    assert hook.submitter.fused
+    assert hook.submitter.fused and hook.submitter.direct == direct
     assert_close_metrics(metrics(hook.pipeline), metrics(reference))
     hook.close()
 

@@ -228,25 +228,27 @@ def test_a_request_retracted_and_readmitted_does_not_corrupt_a_walk():
     hook.close()
 
 
-def test_request_ids_follow_the_running_batch_as_sglang_keeps_it():
+@pytest.mark.parametrize("drain_every", [1, 3], ids=["every-step", "ring-full-drops"])
+def test_request_ids_follow_the_running_batch_as_sglang_keeps_it(drain_every):
     """SGLang passes its running batch's own `reqs` list step after step, the same Req
     objects for a request's lifetime; it replaces the list when requests leave and grows it
-    in place when they join. The hook takes the ids again only when that list changed;
-    every step's ids must still be that step's."""
+    when they join. The hook takes the ids again only when that list changed, and writes
+    them into a ring slot only when the slot holds others; every delivered step's ids must
+    still be that step's, steps dropped or not."""
     stream = StepStream(seed=5, vocab=40, requests=10)
     worker = SimpleNamespace(_observers=Observers())
-    hook = attach(worker, gamma=stream.g, consumer="inline", pool_slots=64)
-    got = []
+    hook = attach(worker, gamma=stream.g, consumer="inline", pool_slots=64, ring_slots=2)
+    got = {}
     ingest = hook.pipeline.ingest
 
     def capture(batch, source, gather):
-        got.append(list(batch.rid))
+        got[batch.forward_ct] = list(batch.rid)
         return ingest(batch, source, gather)
 
     hook.pipeline.ingest = capture
-    objects, running, want = {}, [], []
+    objects, running, want = {}, [], {}
     kinds = {"same": 0, "grown": 0, "replaced": 0}
-    for _ in range(120):
+    for i in range(150):
         kw = stream.step()
         reqs = [objects.setdefault(r.rid, r) for r in kw["reqs"]]
         n = len(running)
@@ -260,10 +262,15 @@ def test_request_ids_follow_the_running_batch_as_sglang_keeps_it():
             kinds["replaced"] += 1
         kw["reqs"] = running
         worker._observers.observe_verify_step(**kw)
-        want.append([r.rid for r in reqs])
-        hook.drain()
-    assert got == want
+        want[kw["forward_ct"]] = [r.rid for r in reqs]
+        if (i + 1) % drain_every == 0:
+            hook.drain()
+    hook.drain()
+    dropped = hook.ring.counters()["dropped_full"]
+    assert len(got) + dropped == 150 and (dropped > 20) == (drain_every > 1)
+    assert got == {fct: want[fct] for fct in got}
     assert min(kinds.values()) > 0, kinds
+    hook.close()
 
 
 def test_a_full_ring_drops_whole_steps_and_counts_them():
@@ -389,10 +396,29 @@ def test_the_kernel_writes_the_layout_the_consumer_reads(gamma):
 
 
 def test_kernel_rows_are_split_only_while_they_leave_programs_to_fill():
-    """Slices per logit row: a power of two bringing the rows to the programs asked for."""
+    """Slices per logit row: a power of two bringing the rows to the programs asked for,
+    without going over."""
     from dspark_obs.hooks.pack_triton import MAX_SPLITS, splits_for
 
     assert splits_for(2000, 528) == splits_for(264, 528) == 1
-    assert splits_for(263, 528) == 4  # 528 / 263 = 2.01 slices: the next power of two
-    assert splits_for(128, 528) == 8
+    assert splits_for(263, 528) == 2  # 528 / 263 = 2.01 slices: the power of two within
+    assert splits_for(128, 528) == 4
+    assert splits_for(127, 528) == 4
+    assert splits_for(66, 528) == 8
     assert splits_for(1, 528) == MAX_SPLITS
+
+
+def test_request_ids_that_are_not_strings_are_taken_as_text():
+    stream = StepStream(seed=4, requests=6)
+    worker = SimpleNamespace(_observers=Observers())
+    hook = attach(worker, gamma=stream.g, consumer="inline", pool_slots=64)
+    got = []
+    ingest = hook.pipeline.ingest
+    hook.pipeline.ingest = lambda b, s, g: (got.append(list(b.rid)), ingest(b, s, g))[1]
+    kw = stream.step()
+    kw["reqs"] = [SimpleNamespace(rid=1000 + i) for i in range(kw["bs"])]
+    worker._observers.observe_verify_step(**kw)
+    hook.drain()
+    assert got == [[str(1000 + i) for i in range(kw["bs"])]]
+    assert hook.failures == 0
+    hook.close()

@@ -63,7 +63,7 @@ class TritonPacker:
     launch, and no program waits on a load of them before reading its request's scalars.
     """
 
-    def __init__(self, layout: StepLayout, pool_slots: int, device, out, stamp, *,
+    def __init__(self, layout: StepLayout, pool_slots: int, device, max_bs: int, stamp, *,
                  block: int = BLOCK, num_warps: int = NUM_WARPS,
                  programs_per_sm: int = PROGRAMS_PER_SM) -> None:  # fmt: skip
         import torch
@@ -87,22 +87,26 @@ class TritonPacker:
         self.dummy = torch.zeros(8, dtype=torch.float32, device=device)
         # a split row's partial (maximum, sum) per slice, and its ticket counter (kept at 0
         # between launches: the last program of a row resets it)
-        rows_max = out.shape[0] * (2 * g + 1)
+        rows_max = max_bs * (2 * g + 1)
         part = torch.zeros((rows_max, MAX_SPLITS, 2), dtype=torch.float32, device=device)
         tick = torch.zeros(rows_max, dtype=torch.int32, device=device)
         if layout.columns != kernel_columns(g, e):
             raise ValueError("the packed step's layout is not the one the kernel writes")
         self.gp2 = max(2, 1 << (g - 1).bit_length())
         self.ep2 = max(2, 1 << e.bit_length())  # entries + 1 (the new tail) fit
-        #: the buffers every launch takes, after the inputs: tensors for the first launch
-        #: of a specialisation, their addresses for the direct calls
-        self.fixed = (out, stamp, t_live, t_start, t_next, t_expect, t_born, t_tail, t_stamp,
-                      part, tick)  # fmt: skip
+        #: the buffers every launch takes, after the inputs and the output: tensors for the
+        #: first launch of a specialisation, their addresses for the direct calls
+        self.fixed = (stamp, t_live, t_start, t_next, t_expect, t_born, t_tail, t_stamp, part,
+                      tick)  # fmt: skip
         self.fixed_at = tuple(t.data_ptr() for t in self.fixed)
         self.compiled: dict[tuple, object] = {}
 
-    def pack(self, step: ObservedStep, seq: int, stream: int) -> None:
-        """Enqueue the pass on `stream`: `out[:bs]` filled, the table advanced, `stamp = seq`."""
+    def pack(self, step: ObservedStep, seq: int, stream: int, out, out_at: int) -> None:
+        """Enqueue the pass on `stream`: `out[:bs]` filled, the table advanced, `stamp = seq`.
+
+        `out` is a `[max_bs, width]` float64 tensor (on the device, or over registered host
+        memory, which the first launch of a specialisation maps) and `out_at` its device
+        address, which the direct calls take."""
         d = self.dummy
         vlen, conf, raw = step.verify_lens, step.confidence, step.confidence_raw
         target, dlog = step.target_logits, step.draft_logits
@@ -136,8 +140,8 @@ class TritonPacker:
         hit = self.compiled.get(key)
         if hit is not None:
             launch, head, constants = hit
-            launch(*grid, stream, *head, tp, dp, seq, *map(_ADDRESS, inputs), *self.fixed_at,
-                   *constants)  # fmt: skip
+            launch(*grid, stream, *head, tp, dp, seq, *map(_ADDRESS, inputs), out_at,
+                   *self.fixed_at, *constants)  # fmt: skip
             return
         lay = self.layout
         constants = dict(G=lay.gamma, GP2=self.gp2, E=lay.entries, EP2=self.ep2,
@@ -145,19 +149,20 @@ class TritonPacker:
                          S_T=st, V=v, S_D0=sd0, S_D1=sd1, VD=vd, SPLIT=split,
                          CH_T=_slice(v, split, self.block), CH_D=_slice(vd, split, self.block),
                          S_DR=strides[0], S_CF=strides[1], S_RW=strides[2])  # fmt: skip
-        kernel = self.kernel[grid](target, dlog, seq, *inputs, *self.fixed, **constants,
+        kernel = self.kernel[grid](target, dlog, seq, *inputs, out, *self.fixed, **constants,
                                    num_warps=self.num_warps)  # fmt: skip
         if _no_launch_hooks():
             self.compiled[key] = (*_launcher(kernel), tuple(constants.values()))
 
 
 def splits_for(rows: int, programs: int) -> int:
-    """Slices per row: the power of two that brings `rows` (the most a step can read) to
-    `programs` or just over, at most MAX_SPLITS; 1 once the rows reach half of it (on an
-    H200 at B = 64, 512 rows: two slices were slower than one)."""
+    """Slices per row: the largest power of two that keeps `rows` (the most a step can read)
+    times it within `programs`, at most MAX_SPLITS; 1 once the rows reach half of it. On an
+    H200 (528 programs): 4 slices at B = 16 (8 were about 1 us slower), 2 at B = 32 (4 were
+    slower), 1 at B = 64 (2 were slower)."""
     if 2 * rows >= programs:
         return 1
-    return min(MAX_SPLITS, 1 << (-(-programs // rows) - 1).bit_length())
+    return min(MAX_SPLITS, 1 << ((programs // rows).bit_length() - 1))
 
 
 def _slice(n: int, split: int, block: int) -> int:

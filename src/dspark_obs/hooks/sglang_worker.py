@@ -152,7 +152,11 @@ class SGLangHook:
         held, shape = self._held, (len(reqs), bs)
         if reqs is not held[0] or shape != held[1] or first is not held[2] or last is not held[3]:
             self._held = (reqs, shape, first, last)
-            self._rid_bytes = "\n".join(map(str, map(_RID, reqs[:n]))).encode()
+            try:  # SGLang's rids are str; anything else is taken through str()
+                joined = "\n".join(map(_RID, reqs[:n]))
+            except TypeError:
+                joined = "\n".join(map(str, map(_RID, reqs[:n])))
+            self._rid_bytes = joined.encode()
         return self._rid_bytes
 
     def drain(self) -> int:

@@ -2,11 +2,12 @@
 
 The serving thread must never wait and must not share its GIL with our work, so
 the consumer runs in another process and the ring lives in a shared-memory
-segment both map. On a GPU the segment is page-locked (`cudaHostRegister`), so
-a step's packed block reaches it by one non-blocking copy, and a second one
-writes the slot's stamp: copies on one stream complete in order, so a consumer
-that sees the stamp sees the block. There is no event to wait on across
-processes and no thread in SGLang's process.
+segment both map. On a GPU the segment is page-locked and mapped into the device's
+address space (`cudaHostRegister`), so the hook's kernel writes a step's packed block
+straight into its slot and the stream then writes the slot's stamp behind a
+system-scope memory barrier (or, without that, two copies on one stream, which
+complete in order): a consumer that sees the stamp sees the block. There is no event
+to wait on across processes and no thread in SGLang's process.
 
 Only the producer writes a slot whose step the consumer has released
 (`consumed`); when the consumer lags that far, the step is dropped whole and
@@ -49,6 +50,8 @@ HAS_CONFIDENCE, HAS_RAW, HAS_TARGET, HAS_BUDGET, GREEDY_DRAFT = 1, 2, 4, 8, 16
 _META = struct.Struct("<6q")
 #: request-id bytes per batch row a slot holds (SGLang's rids are 32 hex digits)
 RID_BYTES_PER_ROW = 64
+#: cudaHostRegisterMapped
+_REGISTER_MAPPED = 2
 
 
 def _align(n: int, to: int = 64) -> int:
@@ -95,6 +98,7 @@ class SharedRing:
         self._slot_bytes = self._slot_size(self.max_bs, self.width, self.rid_bytes)
         self.stamps, self.metas, self.rids, self.blocks = [], [], [], []
         self._meta_at: list[int] = []
+        self._rids_at: list[int] = []
         # the request-id bytes each slot holds, kept so that the same ids are not copied again
         self._rids_in: list[bytes | None] = [None] * self.slots
         for s in range(self.slots):
@@ -104,6 +108,7 @@ class SharedRing:
             self._meta_at.append(at + 64)
             at += 64 + _align(META * 8)
             self.rids.append(np.ndarray((self.rid_bytes,), np.uint8, self.shm.buf, at))
+            self._rids_at.append(at)
             at += _align(self.rid_bytes)
             self.blocks.append(np.ndarray((self.max_bs, self.width), np.float64, self.shm.buf, at))
         self._registered = False
@@ -137,19 +142,21 @@ class SharedRing:
             self.header[H_DROPPED_OTHER] += 1
             return False
         if self._rids_in[slot] is not rids:  # the same batch's ids: the slot has them
-            self.rids[slot][:n] = np.frombuffer(rids, np.uint8)
+            at = self._rids_at[slot]
+            self.shm.buf[at : at + n] = rids
             self._rids_in[slot] = rids
         _META.pack_into(self.shm.buf, self._meta_at[slot], *values, n)
         return True
 
     def register_with_cuda(self) -> None:
-        """Page-lock the segment so that device copies into it are asynchronous."""
+        """Page-lock the segment, so that device copies into it are asynchronous, and map it
+        into the device's address space, so that a kernel and the stream can write it."""
         import torch
 
         if self._registered:
             return
         ptr = self.header.ctypes.data
-        err = torch.cuda.cudart().cudaHostRegister(ptr, self.shm.size, 0)
+        err = torch.cuda.cudart().cudaHostRegister(ptr, self.shm.size, _REGISTER_MAPPED)
         if int(err) != 0:
             raise RuntimeError(f"cudaHostRegister of the hook ring failed (error {int(err)})")
         self._registered = True
