@@ -36,6 +36,7 @@ from dspark_obs.telemetry.block_accept_log import BlockAcceptLog, default_worklo
 from .interval import (
     Extrapolate,
     acceptance_log_ratio,
+    aggregate_interval,
     block_interval,
     extrapolated_parts,
     point_range,
@@ -318,7 +319,7 @@ def walk_blocks(
     }
 
 
-def _interval(cols: dict[str, np.ndarray], z: float) -> dict[str, Any]:
+def _interval(cols: dict[str, np.ndarray], level: float) -> dict[str, Any]:
     """Means of a set of steps' `lo`, `point`, `hi` (and the interval), and what the point
     is made of: `observed` (verified windows and exact ceilings), `walked` (exact products
     along the walks), `extrapolated` (modelled), which sum to `mean_point`.
@@ -326,12 +327,23 @@ def _interval(cols: dict[str, np.ndarray], z: float) -> dict[str, Any]:
     Each end of the interval has its own spread: the lower end that of the walked
     positions' outcome (`se`), which the realised ceiling never falls short of, the upper
     end that of the outcome with every unreached position accepted (`se_hi`), which it
-    never exceeds (`interval.reach_all_variance`)."""
+    never exceeds (`interval.reach_all_variance`); each is widened by Bennett's bound on
+    that outcome (`interval.aggregate_interval`), which holds for few blocks as for many."""
     lo, point, hi = cols["lo"], cols["point"], cols["hi"]
     n = len(lo)
     se = math.sqrt(float(cols["var"].sum())) / n
     se_hi = math.sqrt(float(cols["var_hi"].sum())) / n
     mean_lo, mean_hi, mean_point = float(lo.mean()), float(hi.mean()), float(point.mean())
+    walked, reach_all = cols["var"] > 0, cols["var_hi"] > 0
+    ci_lo, ci_hi = aggregate_interval(
+        n,
+        **{k: float(cols[k].sum()) for k in ("lo", "hi", "var", "var_hi")},
+        bound_lo=float(np.max(lo[walked] - cols["observed"][walked], initial=0.0)),
+        bound_hi=float(np.max(cols["most"][reach_all] - hi[reach_all], initial=0.0)),
+        least=float(cols["observed"].sum()),
+        most=float(cols["most"].sum()),
+        level=level,
+    )
     parts = {
         "observed": float(cols["observed"].mean()),
         "walked": float((lo - cols["observed"]).mean()),
@@ -343,8 +355,8 @@ def _interval(cols: dict[str, np.ndarray], z: float) -> dict[str, Any]:
         "mean_hi": mean_hi,
         "se": se,
         "se_hi": se_hi,
-        "ci_lo": mean_lo - z * se,
-        "ci_hi": mean_hi + z * se_hi,
+        "ci_lo": ci_lo,
+        "ci_hi": ci_hi,
         "parts": parts,
         "shares": {k: v / mean_point if mean_point else None for k, v in parts.items()},
         "unidentified": float(cols["unidentified"].mean()),
@@ -359,6 +371,9 @@ _SUMMED = ("lo", "point", "hi", "var", "var_hi", "point_lo", "point_hi", "uniden
 def _block_cols(blocks: dict[str, np.ndarray], sel: np.ndarray) -> dict[str, np.ndarray]:
     cols = {k: blocks[k][sel] for k in _SUMMED}
     cols["observed"] = blocks["window"][sel].astype(np.float64)
+    # the largest ceiling a block could have: its window, walked and unreached positions
+    reach = blocks["window"][sel] + blocks["walked"][sel] + blocks["unreached"][sel]
+    cols["most"] = reach.astype(np.float64)
     return cols
 
 
@@ -384,13 +399,14 @@ def summarize_by_workload(
     workload_of: Callable[[str], str] | None = None,
     *,
     log: BlockAcceptLog | None = None,
-    z: float = 1.96,
+    level: float = 0.95,
 ) -> dict[str, dict[str, Any]]:
     """Per-workload means with an interval meant to cover the realized mean ceiling.
 
-    The interval [mean lo - z*se, mean hi + z*se_hi], se = sqrt(sum var) / n and
-    se_hi = sqrt(sum var_hi) / n, widens the lo/hi bracket (what the unreached positions
-    could add) by the sampling noise of the realised outcome at either end, so it covers
+    The interval [`ci_lo`, `ci_hi`] widens the lo/hi bracket (what the unreached positions
+    could add) by the sampling noise of the realised outcome at either end (spread `se`
+    and `se_hi` per step; Bennett's bound at `level`, `interval.aggregate_interval`,
+    which holds for a few blocks as for many), so it covers
     the mean of cap-accept's `correct_drafts + cap_trim` over the same censored steps
     whatever the unreached positions' acceptance. With `log`, an
     `all_steps` entry adds the rows that opened no block, whose ceiling is exact
@@ -418,7 +434,7 @@ def summarize_by_workload(
             "open": int((status[sel] == OPEN).sum()),
             "mean_window": float(blocks["window"][sel].mean()),
         }
-        stats.update(_interval(_block_cols(blocks, sel), z))
+        stats.update(_interval(_block_cols(blocks, sel), level))
         out[wl] = stats
     if log is None:
         return out
@@ -432,11 +448,13 @@ def summarize_by_workload(
         sel_b = workload == wl
         sel_r = exact & (row_wl == wl)
         ceil = exact_ceiling[sel_r]
-        exact_cols = {k: ceil for k in ("lo", "point", "hi", "point_lo", "point_hi", "observed")}
+        exact_cols = {
+            k: ceil for k in ("lo", "point", "hi", "point_lo", "point_hi", "observed", "most")
+        }
         zeros = np.zeros(len(ceil))
         exact_cols.update(var=zeros, var_hi=zeros, unidentified=zeros)
         cols = _block_cols(blocks, sel_b)
-        steps = _interval({k: np.concatenate([v, exact_cols[k]]) for k, v in cols.items()}, z)
+        steps = _interval({k: np.concatenate([v, exact_cols[k]]) for k, v in cols.items()}, level)
         steps = {"steps": int(sel_b.sum() + sel_r.sum()), "exact_steps": int(sel_r.sum()), **steps}
         out.setdefault(wl, {"blocks": 0, "resolved": 0, "eos": 0, "open": 0})["all_steps"] = steps
     return out

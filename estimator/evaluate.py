@@ -8,8 +8,9 @@ request-step is the truth; the population model is fitted on the run's
 (window, accepted, confidence) rows and compared with the truth's survival.
 
 Per method the aggregate interval is the one for a realised mean: the mean of
-`lo` and `hi` widened by 1.96 standard errors of the realised ceilings around
-their expectations (`var`); the truth mean should fall inside it.
+`lo` and `hi` widened by the realised ceilings' spread around their expectations
+(`interval.aggregate_interval`: Bennett's bound, which holds for few blocks as for
+many); the truth mean should fall inside it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dspark_obs.analysis.workload_codes import workload_code
 from dspark_obs.store import Run
 
 from .extrapolation_check import ExtrapolationCheck
+from .interval import aggregate_interval
 from .online import POPULATION_BATCH_STEPS, CeilingEstimator
 from .population import HazardModel, population_estimates
 
@@ -50,9 +52,15 @@ def walked_blocks(run: Run) -> pl.LazyFrame:
     return pl.concat(frames).lazy()
 
 
-def method_aggs(columns: list[str]) -> list[pl.Expr]:
+#: `method_aggs`' columns that runs merge by their largest value (the rest add up).
+MAX_AGGS = ("bound_lo", "bound_hi")
+
+
+def method_aggs(columns: list[str], gamma: int) -> list[pl.Expr]:
     """Sums over walked blocks (with a `truth` column, null where unknown) that every
-    figure of a method's entry is a ratio of: mergeable across runs."""
+    figure of a method's entry is a ratio of, and the ranges its interval needs (the most
+    one block's outcome falls short of, or exceeds, its mean: `MAX_AGGS`): mergeable
+    across runs."""
     truth, lo, hi = pl.col("truth"), pl.col("lo"), pl.col("hi")
     exact, censored = pl.col("status") == "exact", pl.col("status") == "censored"
     var_hi = "var_hi" if "var_hi" in columns else "var"  # runs recorded before it: var
@@ -61,6 +69,12 @@ def method_aggs(columns: list[str]) -> list[pl.Expr]:
         pl.len().alias("blocks"),
         *(pl.col(c).sum().alias(c) for c in ("lo", "point", "hi", "var", "window", *ranged)),
         pl.col(var_hi).sum().alias("var_hi"),
+        pl.when(pl.col("var") > 0)
+        .then(lo - pl.col("window"))
+        .max()
+        .fill_null(0.0)
+        .alias("bound_lo"),
+        pl.when(pl.col(var_hi) > 0).then(gamma - hi).max().fill_null(0.0).alias("bound_hi"),
         censored.sum().alias("censored"),
         exact.sum().alias("exact"),
         truth.sum().alias("truth_sum"),
@@ -72,7 +86,7 @@ def method_aggs(columns: list[str]) -> list[pl.Expr]:
     ]
 
 
-def method_entry_from_sums(s: dict, method: str) -> dict:
+def method_entry_from_sums(s: dict, method: str, gamma: int) -> dict:
     """A method's entry (`estimate --json`'s `greedy` or `sampled`) from `method_aggs`' sums."""
     n = s["blocks"]
     if not n:
@@ -94,9 +108,14 @@ def method_entry_from_sums(s: dict, method: str) -> dict:
     if "unidentified" in s:  # runs recorded before the point range have none
         entry["unidentified"] = s["unidentified"] / n
         entry["point_range"] = [s["point_lo"] / n, s["point_hi"] / n]
-    se = float(np.sqrt(s["var"])) / n
-    se_hi = float(np.sqrt(s["var_hi"])) / n  # the upper end's spread: every unreached accepted
-    entry["interval"] = [entry["lo"] - Z95 * se, entry["hi"] + Z95 * se_hi]
+    entry["interval"] = list(
+        aggregate_interval(
+            n,
+            **{k: s[k] for k in ("lo", "hi", "var", "var_hi", "bound_lo", "bound_hi")},
+            least=s["window"],
+            most=gamma * n,
+        )
+    )
     if method == "greedy":
         entry["mean"] = entry["point"]
         entry["exact_rate"] = s["exact"] / n
@@ -113,10 +132,10 @@ def method_entry_from_sums(s: dict, method: str) -> dict:
     return entry
 
 
-def _method_entry(df: pl.DataFrame, method: str) -> dict:
+def _method_entry(df: pl.DataFrame, method: str, gamma: int) -> dict:
     part = df.filter(pl.col("method") == method)
-    sums = part.select(method_aggs(part.columns)).row(0, named=True)
-    return method_entry_from_sums(sums, method)
+    sums = part.select(method_aggs(part.columns, gamma)).row(0, named=True)
+    return method_entry_from_sums(sums, method, gamma)
 
 
 def _trimmed(gamma: int) -> pl.Expr:
@@ -221,8 +240,8 @@ def evaluate(run: Run) -> dict:
             "workloads": {
                 name: {
                     "truth": None,
-                    "greedy": _method_entry(part, "greedy"),
-                    "sampled": _method_entry(part, "sampled"),
+                    "greedy": _method_entry(part, "greedy", gamma),
+                    "sampled": _method_entry(part, "sampled", gamma),
                     "counts": {
                         "walked": part.height,
                         "censored": int((part["status"] == "censored").sum()),
@@ -291,8 +310,8 @@ def evaluate(run: Run) -> dict:
         has_truth = st["truth_nulls"] == 0
         entry = {
             "truth": st["truth_mean"] if has_truth else None,
-            "greedy": _method_entry(walked, "greedy") if walked.height else {"blocks": 0},
-            "sampled": _method_entry(walked, "sampled") if walked.height else {"blocks": 0},
+            "greedy": _method_entry(walked, "greedy", gamma) if walked.height else {"blocks": 0},
+            "sampled": _method_entry(walked, "sampled", gamma) if walked.height else {"blocks": 0},
             "population": {k: pop[k] for k in ("mean", "survival", "identifiable", "naive_km")},
             "all_steps": all_steps(st, _walk_sums(walked), gamma),
             "extrapolation_check": check,

@@ -18,7 +18,7 @@ import polars as pl
 from dspark_obs.store.errors import reading
 from dspark_obs.store.fleet import Fleet
 
-from .evaluate import all_steps, method_aggs, method_entry_from_sums, walked_blocks
+from .evaluate import MAX_AGGS, all_steps, method_aggs, method_entry_from_sums, walked_blocks
 
 _JOIN = ["rank", "forward_ct", "rid"]
 _STAT_SUMS = (
@@ -75,7 +75,7 @@ def _fold(fleet: Fleet, by: tuple[str, ...]) -> tuple[pl.DataFrame | None, pl.Da
             walked = walked.with_columns(pl.lit(None, pl.Float64).alias("truth"))
         else:
             walked = walked.join(truth, on=_JOIN, how="left")
-        blocks.append(walked.group_by([*keys, "method"]).agg(method_aggs(columns)).collect())
+        blocks.append(walked.group_by([*keys, "method"]).agg(method_aggs(columns, gamma)).collect())
     return _added(stats, keys), _added(blocks, [*keys, "method"])
 
 
@@ -84,14 +84,16 @@ def _added(frames: list[pl.DataFrame], keys: list[str]) -> pl.DataFrame | None:
         return None
     both = pl.concat(frames, how="diagonal_relaxed")
     sums = [c for c in both.columns if c not in keys]
-    return both.group_by(keys).agg(pl.col(c).sum() for c in sums)
+    return both.group_by(keys).agg(
+        pl.col(c).max() if c in MAX_AGGS else pl.col(c).sum() for c in sums
+    )
 
 
 def _entry(stats: dict | None, methods: dict[str, dict], gamma: int) -> dict:
     entry: dict = {
         "truth": None,
         **{
-            m: method_entry_from_sums(methods[m], m) if m in methods else {"blocks": 0}
+            m: method_entry_from_sums(methods[m], m, gamma) if m in methods else {"blocks": 0}
             for m in ("greedy", "sampled")
         },
     }

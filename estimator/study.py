@@ -19,7 +19,8 @@ import polars as pl
 
 from dspark_obs.store import Run
 
-from .evaluate import Z95, walked_blocks
+from .evaluate import walked_blocks
+from .interval import aggregate_interval
 
 
 def all_step_means(run: Run) -> dict[tuple[str, str], dict]:
@@ -51,14 +52,24 @@ def all_step_means(run: Run) -> dict[tuple[str, str], dict]:
         pl.when(trimmed).then(pl.coalesce("hi", pl.lit(float(gamma)))).otherwise(exact).alias("hi"),
         pl.when(trimmed).then(pl.col("var").fill_null(0.0)).otherwise(0.0).alias("var"),
         pl.when(trimmed).then(pl.col("var_hi").fill_null(0.0)).otherwise(0.0).alias("var_hi"),
+        # the most a step's ceiling could be: gamma where trimmed, else the exact one
+        pl.when(trimmed).then(pl.lit(float(gamma))).otherwise(exact).alias("most"),
+        pl.when(trimmed).then(pl.col("window").cast(pl.Float64)).otherwise(exact).alias("least"),
     )  # fmt: skip
+    walked = pl.col("var") > 0
     out = {}
     for (workload, method), part in rows.group_by("workload", "method"):
         n = part.height
         truth = float(part["truth"].mean())
         point = None if part["point"].null_count() else float(part["point"].mean())
-        se, se_hi = (float(np.sqrt(part[v].sum())) / n for v in ("var", "var_hi"))
-        lo, hi = float(part["lo"].mean()) - Z95 * se, float(part["hi"].mean()) + Z95 * se_hi
+        sums = part.select(
+            *(pl.col(c).sum() for c in ("lo", "hi", "var", "var_hi", "least", "most")),
+            pl.when(walked).then(pl.col("lo") - pl.col("least")).max().fill_null(0.0)
+            .alias("bound_lo"),
+            pl.when(pl.col("var_hi") > 0).then(gamma - pl.col("hi")).max().fill_null(0.0)
+            .alias("bound_hi"),
+        ).row(0, named=True)  # fmt: skip
+        lo, hi = aggregate_interval(n, **sums)
         out[(workload, method)] = {
             "steps": n,
             "truth": truth,

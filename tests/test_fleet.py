@@ -21,6 +21,7 @@ from dspark_obs.store.fleet import expand_run_dirs, run_labels
 
 from .conftest import cli
 from .fleet_reference import blended_estimate, labelled, posthoc_calibration, summary_entry, union
+from .interval_reference import reference_interval
 
 NODES = ["node-a", "west-7"]
 
@@ -125,8 +126,9 @@ def test_estimate_of_two_runs_equals_their_union(fleet) -> None:
             assert m["truth"] == pytest.approx(w["t"].mean(), abs=1e-9)
             inside = ((w["lo"] <= w["t"]) & (w["t"] <= w["hi"])).mean()
             assert m["block_coverage"] == pytest.approx(inside, abs=1e-12)
-            se = np.sqrt(w["var"].sum()) / w.height
-            assert m["interval"][0] == pytest.approx(w["lo"].mean() - 1.959963984540054 * se)
+            most = np.full(w.height, float(gamma))
+            cols = (w[c].to_numpy() for c in ("lo", "hi", "var", "var_hi", "window"))
+            assert m["interval"] == pytest.approx(reference_interval(*cols, most), rel=1e-9)
         ref = blended[(name,)]
         est = entry["estimate"]
         assert (est["observed_blocks"], est["walked_blocks"]) == (ref["blocks"], ref["walked"])

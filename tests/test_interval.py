@@ -22,6 +22,7 @@ from hypothesis.extra import numpy as hnp
 
 from dspark_obs.telemetry.block_accept_log import read_block_accept_jsonl
 
+from .interval_reference import chernoff_margin
 from .test_tails import make_batch, sampled
 
 PASSES = [False] + ([True] if tails._tailwalk is not None else [])
@@ -158,3 +159,44 @@ def test_an_extrapolation_of_the_wrong_shape_is_refused():
     none = interval.extrapolated_extra(wrong, np.zeros(2, np.int64), np.ones(2, np.int64), None,
                                        np.zeros(2, np.int64))  # fmt: skip
     assert none.tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "var, bound", [(10.0, 7.0), (3452.0, 7.0), (0.5, 7.0), (1e-6, 7.0), (100.0, 0.3)]
+)
+def test_bennett_margin_is_the_chernoff_bound(var, bound):
+    """Newton on Bennett's equation against the Chernoff bound minimised over s directly."""
+    assert interval.bennett_margin(var, bound) == pytest.approx(
+        chernoff_margin(var, bound), rel=1e-9
+    )
+
+
+def test_bennett_margin_limits():
+    assert interval.bennett_margin(0.0, 7.0) == 0.0
+    # no block above its mean by anything: the sub-Gaussian bound sqrt(2 var log 40)
+    assert interval.bennett_margin(10.0, 0.0) == pytest.approx(math.sqrt(20 * math.log(40)))
+    # many blocks: the margin in standard errors falls towards sqrt(2 log 40) = 2.72
+    per_se = [interval.bennett_margin(v, 6.0) / math.sqrt(v) for v in (1e2, 1e4, 1e6)]
+    assert per_se[0] > per_se[1] > per_se[2] > math.sqrt(2 * math.log(40))
+    assert per_se[2] == pytest.approx(math.sqrt(2 * math.log(40)), rel=0.01)
+
+
+@pytest.mark.parametrize("n, p, jump", [(20, 0.1, 6), (5, 0.02, 6), (40, 0.3, 3), (200, 0.05, 5)])
+def test_bennett_margin_holds_for_a_skewed_sum(n, p, jump):
+    """n blocks, each `jump` with chance p, else 0 (a walk that diverged at once, its tail
+    running on to gamma once reached): the sum passes its mean plus the margin with chance
+    at most 2.5 %, exactly (binomial law)."""
+    mean, var = n * p * jump, n * p * (1 - p) * jump**2
+    t = interval.bennett_margin(var, jump * (1 - p))
+    x = np.arange(n + 1)
+    law = np.array([math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in x])
+    assert law[x * jump > mean + t].sum() <= 0.025
+
+
+def test_aggregate_interval_stays_within_what_ceilings_can_be():
+    """Two blocks of window 1 and gamma 3: the realised mean lies in [1, 3] whatever
+    happens, and the interval does not reach past it."""
+    lo, hi = interval.aggregate_interval(
+        2, lo=2.2, hi=2.8, var=0.3, var_hi=1.5, bound_lo=0.2, bound_hi=1.6, least=2.0, most=6.0
+    )
+    assert (lo, hi) == (1.0, 3.0)

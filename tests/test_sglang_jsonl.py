@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 
 from dspark_obs.telemetry.block_accept_log import default_workload_of, read_block_accept_jsonl
 
+from .interval_reference import reference_interval
+
 SAMPLES = Path(__file__).parent / "data" / "sglang"
 SAMPLE_JSONL = SAMPLES / "block_accept.sampled.jsonl"
 SAMPLE_DUMP = SAMPLES / "server_info.compact.sampled.json"
@@ -113,11 +115,12 @@ def test_hand_blocks_bounds_point_and_variance():
     assert wa["mean_point"] == pytest.approx((2.25 + 2.75) / 2)
     se = math.sqrt(1.0 + 0.6875) / 2
     assert wa["se"] == pytest.approx(se)
-    assert wa["ci_lo"] == pytest.approx(2.375 - 1.96 * se)
     # the upper end: the spread of the outcome with every unreached position accepted
     se_hi = math.sqrt(2.25 + 0.6875) / 2
     assert wa["se_hi"] == pytest.approx(se_hi)
-    assert wa["ci_hi"] == pytest.approx(2.625 + 1.96 * se_hi)
+    # both blocks could reach gamma 4 at most, and never fall below their windows 1 and 2
+    want = reference_interval([2, 2.75], [2.5, 2.75], [1.0, 0.6875], [2.25, 0.6875], [1, 2], [4, 4])
+    assert (wa["ci_lo"], wa["ci_hi"]) == pytest.approx(want, rel=1e-9)
     # All steps: wa adds the exact rows (cl + ct) 0 and 2; wb adds 1.
     steps = wa["all_steps"]
     assert (steps["steps"], steps["exact_steps"]) == (4, 2)
@@ -442,6 +445,28 @@ def test_reach_all_variance_equals_brute_force(a, unreached):
         np.array([walked]), np.array([unreached]),
     )  # fmt: skip
     assert got[0] == pytest.approx(second - mean**2, abs=1e-9)
+
+
+def test_upper_end_holds_its_level_with_few_blocks():
+    """Twenty blocks of window 1 (gamma 7) whose walk diverges at once with a = 0.1, and
+    whose tail would then run to gamma: the realised mean is 1 + 6 X / 20, X ~ Binomial(20,
+    0.1), exactly. Its upper tail is far heavier than the normal one (1.96 standard errors
+    above the mean of `hi` it passes with chance 0.043); the interval's upper end must be
+    passed with chance 0.025 at most."""
+    gamma, w, a1, n = 7, 1, 0.1, 20
+    tail = list(range(gamma - w))
+    lines = [
+        _row(f"copy-{k}", k, w, w, tail=tail, q=[1.0] * len(tail), pg=[[k, w + 1, _lp(a1), 0, 1]])
+        for k in range(n)
+    ]
+    s = summarize_by_workload(walk_blocks(read_block_accept_jsonl(lines), gamma, np.ones(gamma)))
+    s = s["copy"]
+    assert s["mean_hi"] == pytest.approx(w + (gamma - w) * a1)
+    x = np.arange(n + 1)
+    law = np.array([math.comb(n, k) * a1**k * (1 - a1) ** (n - k) for k in x])
+    realised = w + (gamma - w) * x / n
+    assert law[realised > s["ci_hi"]].sum() <= 0.025
+    assert law[realised < s["ci_lo"]].sum() <= 0.025
 
 
 def test_upper_end_covers_tails_that_run_to_gamma_once_reached():

@@ -212,7 +212,7 @@ def print_estimates(report: dict) -> None:
     console.print(
         "[dim]walk rows: trimmed blocks only (truth = shadow ceiling of the same blocks); "
         "population: all request-steps; covered: the truth mean lies in the aggregate "
-        "interval (mean lo, mean hi widened by 1.96 standard errors); extrapolated: the "
+        "interval (mean lo, mean hi widened by Bennett's bound on their spread); extrapolated: the "
         "share of the point that the population model filled in past the walks; unident.: "
         "the share it filled in from cells no data identifies; calibrated: the "
         "population model's held-out check on known positions (--json for its bins)[/dim]"
