@@ -79,23 +79,20 @@ def test_step_numbers_past_int32_keep_the_blocks_and_the_stamp():
 
 
 def same_blocks(stream, programs_per_sm: int, seqs) -> tuple[TritonPacker, int]:
-    """Pack the stream's steps with both passes, numbered `seqs`; the blocks must agree, and
-    the stamp must be the step's, written by the launch's last program (so its ticket
-    counter is back at 0 after every launch; the hook's test below holds program 0's stamp).
+    """Pack the stream's steps with both passes, numbered `seqs`; the blocks must agree.
     Returns the packer and how many tail gathers the blocks held."""
     layout = StepLayout(stream.g)
     ref = TorchPacker(layout, 64, "cuda")
     out = torch.empty((64, layout.width), dtype=torch.float64, device="cuda")
     stamp = torch.zeros(1, dtype=torch.int64, device="cuda")
-    fused = TritonPacker(layout, 64, "cuda", 64, programs_per_sm=programs_per_sm)
+    fused = TritonPacker(layout, 64, "cuda", 64, stamp, programs_per_sm=programs_per_sm)
     cuda_stream = torch.cuda.current_stream().cuda_stream
     gathered = 0
     for seq in seqs:
         step = ObservedStep.from_observer(to_cuda(stream.step()))
         want = torch.empty((step.bs, layout.width), dtype=torch.float64, device="cuda")
         ref.pack(step, want)
-        fused.pack(step, seq, cuda_stream, out, out.data_ptr(), stamp, stamp.data_ptr(),
-                   stamp_last=True)  # fmt: skip
+        fused.pack(step, seq, cuda_stream, out, out.data_ptr())
         got, want = out[: step.bs].cpu().numpy(), want.cpu().numpy()
         assert int(stamp) == seq
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
@@ -104,18 +101,14 @@ def same_blocks(stream, programs_per_sm: int, seqs) -> tuple[TritonPacker, int]:
     return fused, gathered
 
 
-@pytest.mark.parametrize("path", ["kernel-stamps", "stream-stamps", "copies"])
-def test_the_hook_on_a_gpu_publishes_what_the_reference_does(path, monkeypatch):
-    """The kernel writing the ring slot and its last program the stamp; the stream writing
-    the stamp (before compute capability 7.0); or (where the stream cannot write values
-    either) a device buffer copied. No request moves slot: the device keeps open tails by
-    slot (docs/sglang.md)."""
-    from dspark_obs.hooks import submit
-    from dspark_obs.hooks.device_copy import DeviceCopy
+@pytest.mark.parametrize("direct", [True, False], ids=["kernel-into-ring", "copies"])
+def test_the_hook_on_a_gpu_publishes_what_the_reference_does(direct, monkeypatch):
+    """The kernel writing the ring slot and the stream its stamp, or (where the stream
+    cannot write values) a device buffer copied. No request moves slot: the device keeps
+    open tails by slot (docs/sglang.md)."""
+    if not direct:
+        from dspark_obs.hooks.device_copy import DeviceCopy
 
-    if path != "kernel-stamps":
-        monkeypatch.setattr(submit, "_kernel_stamps", lambda device: False)
-    if path == "copies":
         monkeypatch.setattr(DeviceCopy, "can_write_values", lambda self: False)
     stream = StepStream(seed=9, vocab=50_000, requests=16, greedy_every=3, agree=0.8, moves=False)
     worker = SimpleNamespace(_observers=Observers())
@@ -129,9 +122,7 @@ def test_the_hook_on_a_gpu_publishes_what_the_reference_does(path, monkeypatch):
         batch, gather = reference_batch(to_cuda(kw, torch.bfloat16), stream.g)
         reference.ingest(rows_the_hook_reads(batch), SOURCE, gather)
         hook.drain()
-    sub = hook.submitter
-    assert sub.fused and sub.direct == (path != "copies")
-    assert sub.kernel_stamps == (path == "kernel-stamps")
+    assert hook.submitter.fused and hook.submitter.direct == direct
     assert_close_metrics(metrics(hook.pipeline), metrics(reference))
     hook.close()
 

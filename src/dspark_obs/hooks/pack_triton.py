@@ -18,14 +18,6 @@ the program that takes the last ticket combines the S pairs, writes the row's
 numbers and resets the counter. S is chosen from the batch (`splits_for`), 1 at
 large batches, where the rows alone fill the GPU and the ticket would only cost.
 
-The step's stamp is written last: where the output is the ring slot itself (page-locked
-host memory mapped into the device), by the launch's last program. Every program takes a
-ticket from a launch-wide counter with a system-scope release, after its stores and a
-barrier; the one that takes the last ticket acquires them all, resets the counter and
-stores the stamp with a system-scope release, so that a host that reads the stamp reads
-the whole block (the ring's contract, `shared_ring.py`). Elsewhere (a device buffer the
-stream copies out) program (0, 2 gamma + 1) stores it and stream order does the rest.
-
 The tail table is double-buffered per slot, with the step that wrote each half:
 every program of a request reads the half written last before this step, and
 the columns' program writes the other one, so no program of the launch sees a
@@ -51,7 +43,7 @@ INPUTS = ("draft", "verify_lens", "accepted", "committed", "cap_trim", "bonus", 
           "pool", "greedy", "temperature", "draft_temperature", "confidence",
           "confidence_raw")  # fmt: skip
 # has-flags, bits of the kernel's `FL` constant
-F_VLEN, F_CONF, F_RAW, F_TARGET, F_DRAFT, F_GREEDY_DRAFT, F_STAMP_LAST = 1, 2, 4, 8, 16, 32, 64
+F_VLEN, F_CONF, F_RAW, F_TARGET, F_DRAFT, F_GREEDY_DRAFT = 1, 2, 4, 8, 16, 32
 #: The largest step number an int32 launch argument holds; past it the kernel is compiled
 #: again with an int64 one.
 I32_MAX = 2**31 - 1
@@ -71,7 +63,7 @@ class TritonPacker:
     launch, and no program waits on a load of them before reading its request's scalars.
     """
 
-    def __init__(self, layout: StepLayout, pool_slots: int, device, max_bs: int, *,
+    def __init__(self, layout: StepLayout, pool_slots: int, device, max_bs: int, stamp, *,
                  block: int = BLOCK, num_warps: int = NUM_WARPS,
                  programs_per_sm: int = PROGRAMS_PER_SM) -> None:  # fmt: skip
         import torch
@@ -98,29 +90,23 @@ class TritonPacker:
         rows_max = max_bs * (2 * g + 1)
         part = torch.zeros((rows_max, MAX_SPLITS, 2), dtype=torch.float32, device=device)
         tick = torch.zeros(rows_max, dtype=torch.int32, device=device)
-        # the launch's ticket counter where the last program stamps the step (kept at 0 too)
-        launch = torch.zeros(1, dtype=torch.int32, device=device)
         if layout.columns != kernel_columns(g, e):
             raise ValueError("the packed step's layout is not the one the kernel writes")
         self.gp2 = max(2, 1 << (g - 1).bit_length())
         self.ep2 = max(2, 1 << e.bit_length())  # entries + 1 (the new tail) fit
         #: the buffers every launch takes, after the inputs and the output: tensors for the
         #: first launch of a specialisation, their addresses for the direct calls
-        self.fixed = (t_live, t_start, t_next, t_expect, t_born, t_tail, t_stamp, part, tick,
-                      launch)  # fmt: skip
+        self.fixed = (stamp, t_live, t_start, t_next, t_expect, t_born, t_tail, t_stamp, part,
+                      tick)  # fmt: skip
         self.fixed_at = tuple(t.data_ptr() for t in self.fixed)
         self.compiled: dict[tuple, object] = {}
 
-    def pack(self, step: ObservedStep, seq: int, stream: int, out, out_at: int, stamp,
-             stamp_at: int, *, stamp_last: bool = False) -> None:  # fmt: skip
+    def pack(self, step: ObservedStep, seq: int, stream: int, out, out_at: int) -> None:
         """Enqueue the pass on `stream`: `out[:bs]` filled, the table advanced, `stamp = seq`.
 
-        `out` is a `[max_bs, width]` float64 tensor and `stamp` a one-element int64 one (on
-        the device, or over registered host memory, which the first launch of a
-        specialisation maps); `out_at` and `stamp_at` are their device addresses, which the
-        direct calls take. `stamp_last`: the launch's last program writes the stamp behind
-        every other program's stores, at system scope (for a host reading `out` directly;
-        needs compute capability 7.0)."""
+        `out` is a `[max_bs, width]` float64 tensor (on the device, or over registered host
+        memory, which the first launch of a specialisation maps) and `out_at` its device
+        address, which the direct calls take."""
         d = self.dummy
         vlen, conf, raw = step.verify_lens, step.confidence, step.confidence_raw
         target, dlog = step.target_logits, step.draft_logits
@@ -132,7 +118,6 @@ class TritonPacker:
             (F_VLEN if vlen is not None else 0) | (F_CONF if conf is not None else 0)
             | (F_RAW if raw is not None else 0) | (F_TARGET if target is not None else 0)
             | (F_DRAFT if dlog is not None else 0) | (F_GREEDY_DRAFT if step.greedy_draft else 0)
-            | (F_STAMP_LAST if stamp_last else 0)
         )  # fmt: skip
         if target is None:
             target, st, v = d, 0, 0
@@ -155,7 +140,7 @@ class TritonPacker:
         hit = self.compiled.get(key)
         if hit is not None:
             launch, head, constants = hit
-            launch(*grid, stream, *head, tp, dp, seq, *map(_ADDRESS, inputs), out_at, stamp_at,
+            launch(*grid, stream, *head, tp, dp, seq, *map(_ADDRESS, inputs), out_at,
                    *self.fixed_at, *constants)  # fmt: skip
             return
         lay = self.layout
@@ -164,7 +149,7 @@ class TritonPacker:
                          S_T=st, V=v, S_D0=sd0, S_D1=sd1, VD=vd, SPLIT=split,
                          CH_T=_slice(v, split, self.block), CH_D=_slice(vd, split, self.block),
                          S_DR=strides[0], S_CF=strides[1], S_RW=strides[2])  # fmt: skip
-        kernel = self.kernel[grid](target, dlog, seq, *inputs, out, stamp, *self.fixed, **constants,
+        kernel = self.kernel[grid](target, dlog, seq, *inputs, out, *self.fixed, **constants,
                                    num_warps=self.num_warps)  # fmt: skip
         if _no_launch_hooks():
             self.compiled[key] = (*_launcher(kernel), tuple(constants.values()))
@@ -227,7 +212,7 @@ _KERNEL = None
 #: The kernel's arguments compiled for any value and alignment: the step number and the
 #: inputs, whose addresses change from step to step.
 _UNSPECIALISED = ("seq", "draft", "vlen", "acc", "com", "cap", "bonus", "prefix", "pool",
-                  "greedy", "temps", "dtemps", "conf", "raw", "stamp")  # fmt: skip
+                  "greedy", "temps", "dtemps", "conf", "raw")  # fmt: skip
 
 
 def _kernel():
@@ -237,19 +222,6 @@ def _kernel():
         return _KERNEL
     import triton
     import triton.language as tl
-
-    @triton.jit
-    def store_release_sys(at, value):
-        # `*at = value` (int64) ordered after every write this thread has seen, at system
-        # scope: a host that reads the value reads those writes too
-        tl.inline_asm_elementwise(
-            "st.global.release.sys.b64 [$1], $2;\n mov.u32 $0, 0;",
-            "=r,l,l",
-            [at, value],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
 
     @triton.jit
     def row_slice(base, lo, n: tl.constexpr, scale, CH: tl.constexpr, BLOCK: tl.constexpr):
@@ -364,7 +336,7 @@ def _kernel():
     def pack(
         target, dlog, seq, draft, vlen, acc, com, cap, bonus, prefix, pool, greedy, temps,
         dtemps, conf, raw, out, stamp, t_live, t_start, t_next, t_expect, t_born, t_tail,
-        t_stamp, part, tick, launch,
+        t_stamp, part, tick,
         G: tl.constexpr, GP2: tl.constexpr, E: tl.constexpr, EP2: tl.constexpr,
         P: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, FL: tl.constexpr,
         S_T: tl.constexpr, V: tl.constexpr, S_D0: tl.constexpr, S_D1: tl.constexpr,
@@ -378,7 +350,6 @@ def _kernel():
         HAS_TARGET: tl.constexpr = (FL & 8) != 0
         HAS_DRAFT: tl.constexpr = (FL & 16) != 0
         GREEDY_DRAFT: tl.constexpr = (FL & 32) != 0
-        STAMP_LAST: tl.constexpr = (FL & 64) != 0
         # the columns, as kernel_columns() has them
         C_WIN, C_ACC, C_COM, C_CAP, C_BON, C_PRE = 0, 1, 2, 3, 4, 5
         C_POOL, C_GRD, C_TMP, C_BLP, C_EVI, C_DRF = 6, 7, 8, 9, 10, 11
@@ -538,18 +509,8 @@ def _kernel():
                 tl.store(t_tail + at_w[:, None] * G + jj[None, :], new_tail,
                          mask=old[:, None] & jm[None, :])  # fmt: skip
                 tl.store(t_stamp + pc * 2 + hw, seq)
-            if not STAMP_LAST:
-                if b == 0:
-                    tl.store(stamp, seq)
-
-        if STAMP_LAST:
-            # every program's stores released at system scope with its ticket; the last
-            # ticket's program has acquired them all and releases the stamp after them
-            tl.debug_barrier()
-            n = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-            if tl.atomic_add(launch, 1, sem="acq_rel", scope="sys") == n - 1:
-                tl.store(launch, 0)
-                store_release_sys(stamp, seq.to(tl.int64))
+            if b == 0:
+                tl.store(stamp, seq)
 
     _KERNEL = pack
     return _KERNEL
