@@ -56,6 +56,24 @@ def walked_blocks(run: Run) -> pl.LazyFrame:
 MAX_AGGS = ("bound_lo", "bound_hi")
 
 
+def bound_aggs(var_hi: str, gamma: int) -> list[pl.Expr]:
+    """`MAX_AGGS` over blocks with a `window`, `lo`, `hi`, `var` and `var_hi`: the most one
+    block's lower outcome falls short of its mean (`lo - window`) and its upper one exceeds
+    it (`gamma - hi`), over blocks whose end is uncertain (`interval.aggregate_interval`)."""
+    return [
+        pl.when(pl.col("var") > 0)
+        .then(pl.col("lo") - pl.col("window"))
+        .max()
+        .fill_null(0.0)
+        .alias("bound_lo"),
+        pl.when(pl.col(var_hi) > 0)
+        .then(gamma - pl.col("hi"))
+        .max()
+        .fill_null(0.0)
+        .alias("bound_hi"),
+    ]
+
+
 def method_aggs(columns: list[str], gamma: int) -> list[pl.Expr]:
     """Sums over walked blocks (with a `truth` column, null where unknown) that every
     figure of a method's entry is a ratio of, and the ranges its interval needs (the most
@@ -69,12 +87,7 @@ def method_aggs(columns: list[str], gamma: int) -> list[pl.Expr]:
         pl.len().alias("blocks"),
         *(pl.col(c).sum().alias(c) for c in ("lo", "point", "hi", "var", "window", *ranged)),
         pl.col(var_hi).sum().alias("var_hi"),
-        pl.when(pl.col("var") > 0)
-        .then(lo - pl.col("window"))
-        .max()
-        .fill_null(0.0)
-        .alias("bound_lo"),
-        pl.when(pl.col(var_hi) > 0).then(gamma - hi).max().fill_null(0.0).alias("bound_hi"),
+        *bound_aggs(var_hi, gamma),
         censored.sum().alias("censored"),
         exact.sum().alias("exact"),
         truth.sum().alias("truth_sum"),

@@ -19,7 +19,7 @@ import polars as pl
 
 from dspark_obs.store import Run
 
-from .evaluate import walked_blocks
+from .evaluate import bound_aggs, walked_blocks
 from .interval import aggregate_interval
 
 
@@ -56,7 +56,6 @@ def all_step_means(run: Run) -> dict[tuple[str, str], dict]:
         pl.when(trimmed).then(pl.lit(float(gamma))).otherwise(exact).alias("most"),
         pl.when(trimmed).then(pl.col("window").cast(pl.Float64)).otherwise(exact).alias("least"),
     )  # fmt: skip
-    walked = pl.col("var") > 0
     out = {}
     for (workload, method), part in rows.group_by("workload", "method"):
         n = part.height
@@ -64,11 +63,8 @@ def all_step_means(run: Run) -> dict[tuple[str, str], dict]:
         point = None if part["point"].null_count() else float(part["point"].mean())
         sums = part.select(
             *(pl.col(c).sum() for c in ("lo", "hi", "var", "var_hi", "least", "most")),
-            pl.when(walked).then(pl.col("lo") - pl.col("least")).max().fill_null(0.0)
-            .alias("bound_lo"),
-            pl.when(pl.col("var_hi") > 0).then(gamma - pl.col("hi")).max().fill_null(0.0)
-            .alias("bound_hi"),
-        ).row(0, named=True)  # fmt: skip
+            *bound_aggs("var_hi", gamma),
+        ).row(0, named=True)
         lo, hi = aggregate_interval(n, **sums)
         out[(workload, method)] = {
             "steps": n,
