@@ -18,8 +18,9 @@ expressions, never row by row in Python.
 sees it. Its peak RSS is the `ru_maxrss` that `os.wait4` returns for that one
 child, so the generator's child (or an earlier repeat) cannot leak into it.
 There is no untimed warm-up: the run was just written, so its files are in the
-page cache already. Generated runs and reports live in a temporary directory
-removed when the benchmark ends.
+page cache already. Generated runs and reports live in temporary directories
+removed when the process ends; the large run is built once per process and size
+(`large_run`), so `whatif_large` in the same `python -m bench` times the same run.
 
 Baseline: the per-workload summary (mean window, accepted and ceiling,
 utilisation) computed the SGLang way, a Python loop over the request rows
@@ -43,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import cache
 from pathlib import Path
 
 import polars as pl
@@ -186,26 +188,42 @@ def check_summary(df: pl.DataFrame) -> dict:
     return {"workloads": len(loop), "rows": df.height}
 
 
+@cache
+def large_run(wanted: int) -> tuple[Path, dict]:
+    """The tiled run of at least `wanted` request-steps, its manifest extended with how it
+    was made (`copies`, `base_request_steps`, `generate_seconds`, `bytes`). Built once
+    per process: its temporary directory lives as long as the cache holds it."""
+    tmp = tempfile.TemporaryDirectory(prefix="bench-large-run-")
+    root = Path(tmp.name)
+    base = root / "base"
+    run_dspark("run", *BASE_ARGS, "--out", base)
+    base_rs = int(json.loads((base / MANIFEST).read_text(encoding="utf-8"))["request_steps"])
+    copies = math.ceil(wanted / base_rs)
+    start = time.perf_counter()
+    manifest = tile_run(base, root / "large", copies)
+    made = {
+        "copies": copies,
+        "base_request_steps": base_rs,
+        "generate_seconds": time.perf_counter() - start,
+        "bytes": sum(f.stat().st_size for f in (root / "large").rglob("*") if f.is_file()),
+        "keep": tmp,
+    }
+    return root / "large", {**manifest, **made}
+
+
 def run(quick: bool) -> list[dict]:
-    wanted = QUICK_REQUEST_STEPS if quick else FULL_REQUEST_STEPS
     repeats = 1 if quick else 3
+    large, manifest = large_run(QUICK_REQUEST_STEPS if quick else FULL_REQUEST_STEPS)
+    copies, base_rs = manifest["copies"], manifest["base_request_steps"]
     with tempfile.TemporaryDirectory(prefix="bench-report-") as tmp:
         root = Path(tmp)
-        base = root / "base"
-        run_dspark("run", *BASE_ARGS, "--out", base)
-        base_rs = int(json.loads((base / MANIFEST).read_text(encoding="utf-8"))["request_steps"])
-        copies = math.ceil(wanted / base_rs)
-        start = time.perf_counter()
-        manifest = tile_run(base, root / "large", copies)
-        generate_s = time.perf_counter() - start
-        size = sum(f.stat().st_size for f in (root / "large").rglob("*") if f.is_file())
         seconds, rss = [], []
         for i in range(repeats):
-            s, r = time_report(root / "large", root / f"report-{i}")
+            s, r = time_report(large, root / f"report-{i}")
             seconds.append(s)
             rss.append(r)
             shutil.rmtree(root / f"report-{i}")
-        rows = baseline_slice(root / "large", BASELINE_ROWS)
+    rows = baseline_slice(large, BASELINE_ROWS)
     checked = check_summary(rows)
     n = 3 if quick else 5
     base_times, polars_times = repeat_pair(
@@ -233,8 +251,8 @@ def run(quick: bool) -> list[dict]:
         peak_rss_mb_repeats=rss,
         rss_target_mb=TARGET_RSS_MB,
         meets_rss_target=peak <= TARGET_RSS_MB,
-        run_bytes=size,
-        generate_seconds=generate_s,
+        run_bytes=manifest["bytes"],
+        generate_seconds=manifest["generate_seconds"],
     )
     request_steps = int(manifest["request_steps"])
     base_rate = rows.height / statistics.median(base_times)

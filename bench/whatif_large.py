@@ -17,23 +17,16 @@ budget's own reference on this machine: above 1, `whatif` is the faster.
 
 from __future__ import annotations
 
-import json
-import math
 import tempfile
-import time
 from pathlib import Path
-
-from dspark_obs.store.reader import MANIFEST
 
 from .common import record, run_alone, with_baseline
 from .report_large import (
-    BASE_ARGS,
     FULL_REQUEST_STEPS,
     QUICK_REQUEST_STEPS,
     TARGET_RSS_MB,
     TARGET_S,
-    run_dspark,
-    tile_run,
+    large_run,
     time_dspark,
 )
 
@@ -48,23 +41,16 @@ def _timed(repeats: int, *args: str | Path) -> tuple[list[float], list[float]]:
 
 
 def run(quick: bool) -> list[dict]:
-    wanted = QUICK_REQUEST_STEPS if quick else FULL_REQUEST_STEPS
     repeats = 1 if quick else 3
+    large, manifest = large_run(QUICK_REQUEST_STEPS if quick else FULL_REQUEST_STEPS)
+    copies, base_rs = manifest["copies"], manifest["base_request_steps"]
+    generate_s = manifest["generate_seconds"]
+    timed = {
+        "whatif": _timed(repeats, "whatif", large, "--json"),
+        "summary": _timed(repeats, "summary", large, "--json"),
+    }
     with tempfile.TemporaryDirectory(prefix="bench-whatif-") as tmp:
-        root = Path(tmp)
-        base = root / "base"
-        run_dspark("run", *BASE_ARGS, "--out", base)
-        base_rs = int(json.loads((base / MANIFEST).read_text(encoding="utf-8"))["request_steps"])
-        copies = math.ceil(wanted / base_rs)
-        start = time.perf_counter()
-        manifest = tile_run(base, root / "large", copies)
-        generate_s = time.perf_counter() - start
-        large = root / "large"
-        timed = {
-            "whatif": _timed(repeats, "whatif", large, "--json"),
-            "summary": _timed(repeats, "summary", large, "--json"),
-        }
-        report_s, report_rss = _timed(1, "report", large, "--out", root / "report", "--quiet")
+        report_s, report_rss = _timed(1, "report", large, "--out", Path(tmp) / "report", "--quiet")
     parameters = {
         "request_steps": manifest["request_steps"],
         "steps": manifest["steps"],

@@ -16,6 +16,12 @@ POS = ("workload", "mode", "rank", "position")
 STEP = ("mode", "rank")
 REL = ("workload", "mode", "position")
 SRC = ("source",)
+CTX = (*STEP, "context")
+CONTEXT_BUCKET = (
+    " Per context bucket: steps by their mean context tokens per request (SGLang prefix_len), "
+    "`context` the bucket's lower bound (0, 64, 128, ... 131072; each up to the next, the last "
+    "open); steps without request rows are left out."
+)
 POS_BIN = (*POS, "bin")
 NOT_AGGREGABLE = (
     " A per-process convenience: not aggregable across series (a mean of ratios is not the "
@@ -388,6 +394,53 @@ CATALOG: tuple[Metric, ...] = (
         STEP,
         "Measured steps behind that refit (it is refreshed every 1,024 measured steps).",
         source=("cost", "refit_steps"),
+    ),
+    # the cost model's error by context length
+    Metric(
+        "dspark_cost_model_context_steps_total",
+        "counter",
+        CTX,
+        "Steps with both a cost-table prediction and a measured step time." + CONTEXT_BUCKET,
+        source=("cost", "context_steps"),
+    ),
+    Metric(
+        "dspark_cost_model_context_predicted_seconds_total",
+        "counter",
+        CTX,
+        "Sum of the cost table's predicted step times T(bs, K) of those steps.",
+        source=("cost", "context_predicted_seconds"),
+    ),
+    Metric(
+        "dspark_cost_model_context_measured_seconds_total",
+        "counter",
+        CTX,
+        "Sum of their measured step times; measured / predicted - 1 per bucket is how far "
+        "the table drifts as conversations grow (the additive table has no context term).",
+        source=("cost", "context_measured_seconds"),
+    ),
+    Metric(
+        "dspark_cost_model_context_squared_error_total",
+        "counter",
+        CTX,
+        "Sum of (measured - predicted)^2 of those steps, in seconds squared (RMS error per "
+        "bucket: sqrt of this over the steps).",
+        source=("cost", "context_squared_error"),
+    ),
+    Metric(
+        "dspark_cost_model_context_relative_error_total",
+        "counter",
+        CTX,
+        "Sum of |measured - predicted| / measured of those steps (mean relative error per "
+        "bucket: this over the steps).",
+        source=("cost", "context_relative_error"),
+    ),
+    Metric(
+        "dspark_cost_model_context_tokens_total",
+        "counter",
+        CTX,
+        "Sum of those steps' mean context tokens per request (mean context of a bucket: this "
+        "over the steps).",
+        source=("cost", "context_tokens"),
     ),
     # ceiling estimator
     Metric(

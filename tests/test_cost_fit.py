@@ -19,13 +19,8 @@ import polars as pl
 import pytest
 
 from dspark_obs.aggregates.cost_model import M_BIN
-from dspark_obs.analysis.cost_fit import (
-    BIAS_FLOOR,
-    CostFitError,
-    canonical_table,
-    fit_cost_table,
-    interp_expr,
-)
+from dspark_obs.analysis.cost_canonical import BIAS_FLOOR, canonical_table
+from dspark_obs.analysis.cost_fit import CostFitError, fit_cost_table, interp_expr
 from dspark_obs.report.figures.cost import cost_figures, sample_steps
 from dspark_obs.runtime.cost_table import AdditiveCostTable, load_cost_table
 from dspark_obs.store import RunWriter, open_run

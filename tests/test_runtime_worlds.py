@@ -21,7 +21,7 @@ from dspark_obs.runtime.engine import DSparkRuntime
 from dspark_obs.runtime.hashing import uniform
 from dspark_obs.runtime.language import SyntheticTarget
 from dspark_obs.runtime.traffic import Traffic
-from dspark_obs.runtime.worlds import WORLDS
+from dspark_obs.runtime.worlds import SYNTHETIC_WORLDS, WORLDS
 from dspark_obs.store import open_run
 
 GOLDEN_RUN = Path(__file__).parent / "data" / "golden" / "run"
@@ -37,7 +37,7 @@ def _config(world, **kw):
 def runs():
     """Per world: a compact run with its cap-accept shadow, a cap-accept twin, the engine."""
     out = {}
-    for world in WORLDS:
+    for world in SYNTHETIC_WORLDS:
         compact = DSparkRuntime(_config(world, mode="compact", shadow="cap-accept"))
         out[world] = {
             "config": compact.config,
@@ -108,7 +108,7 @@ def test_reference_world_reproduces_the_golden_run():
         np.testing.assert_allclose(a.confidence, b.confidence, atol=1e-4)
 
 
-@pytest.mark.parametrize("world", list(WORLDS))
+@pytest.mark.parametrize("world", SYNTHETIC_WORLDS)
 def test_shadow_ceiling_equals_the_cap_accept_twins_ceiling(runs, world):
     shadow = _rows(runs[world]["compact"], "shadow_ceiling")
     cap = {
@@ -119,7 +119,7 @@ def test_shadow_ceiling_equals_the_cap_accept_twins_ceiling(runs, world):
     assert shadow == cap
 
 
-@pytest.mark.parametrize("world", list(WORLDS))
+@pytest.mark.parametrize("world", SYNTHETIC_WORLDS)
 def test_greedy_ceiling_is_the_targets_argmax_run(runs, world):
     """Walk every greedy block on the target alone: drafts kept while each is its argmax.
 
@@ -174,7 +174,7 @@ def _appearances(batches):
     return seen
 
 
-@pytest.mark.parametrize("world", list(WORLDS))
+@pytest.mark.parametrize("world", SYNTHETIC_WORLDS)
 def test_committed_streams_are_continuous(runs, world):
     for rid, steps in _appearances(runs[world]["compact"]).items():
         for (_, _, p0, n0), (_, _, p1, _) in pairwise(steps):

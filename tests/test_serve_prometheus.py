@@ -318,6 +318,34 @@ def test_cost_model_mean_absolute_error(prom, expected):
     assert mae == pytest.approx(expected.cost_abs_error_mean_s, rel=1e-9)
 
 
+def test_cost_model_error_by_context_bucket(prom, compact_run):
+    """Per context bucket (mean prefix_len per request, power-of-two lower bounds from 64),
+    the counters' sums from the Parquet files, after Prometheus' round trip."""
+    run_dir, _ = compact_run
+    steps = pl.read_parquet(str(run_dir / "steps" / "part-*.parquet"))
+    reqs = pl.read_parquet(str(run_dir / "requests" / "part-*.parquet"))
+    mean = reqs.group_by("forward_ct").agg(mean=pl.col("prefix_len").mean())
+    joined = steps.join(mean, on="forward_ct").sort("forward_ct")
+    ctx = joined["mean"].to_numpy()
+    p = joined["predicted_step_ms"].to_numpy() / 1e3
+    y = joined["step_gpu_ms"].to_numpy() / 1e3
+    lower = np.where(ctx < 64, 0, 2 ** np.floor(np.log2(np.maximum(ctx, 1)))).astype(int)
+    columns = {
+        "steps": np.ones_like(p),
+        "predicted_seconds": p,
+        "measured_seconds": y,
+        "squared_error": (y - p) ** 2,
+        "relative_error": np.abs(y - p) / y,
+        "tokens": ctx,
+    }
+    for name, values in columns.items():
+        result = prom.query(f'dspark_cost_model_context_{name}_total{{job="{JOB}"}}')
+        got = {int(r["metric"]["context"]): float(r["value"][1]) for r in result}
+        want = {int(k): float(values[lower == k].sum()) for k in np.unique(lower)}
+        assert got.keys() == want.keys(), name
+        assert_close(got, want, rel=1e-9)
+
+
 def test_step_counters(prom, expected):
     sel = f'job="{JOB}"'
     assert prom.query_value(f"dspark_steps_total{{{sel}}}") == expected.steps

@@ -71,7 +71,9 @@ def _posthoc(cells: list[dict]) -> pl.DataFrame:
 
 
 def _check(metrics: dict, run) -> int:
-    post = _posthoc(whatif(run, ["own", "static"], use_shadow=False)["cells"])
+    # on the request-steps as recorded, as the cost of trimming is defined (whatif.trim_cost)
+    cells = whatif(run, ["own", "static"], use_shadow=False, closed_loop=False)["cells"]
+    post = _posthoc(cells)
     for r in post.iter_rows(named=True):
         wl = r["workload"]
 

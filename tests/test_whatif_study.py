@@ -18,12 +18,16 @@ import pytest
 
 from dspark_obs.analysis.load import load_curve
 from dspark_obs.whatif.study import (
+    PAIR_FILE,
     TARGET_ERROR,
     Z95_2,
     format_summary,
     format_totals,
+    kept_pairs,
     level_steps,
     measured_cells,
+    read_records,
+    repredict,
     study_noise,
     study_totals,
     summarize_whatif_study,
@@ -32,15 +36,50 @@ from dspark_obs.whatif.study import (
 
 
 @pytest.fixture(scope="module")
-def study():
+def study(tmp_path_factory):
     parts = []
+    keep = tmp_path_factory.mktemp("kept")
     records = whatif_study(["reference"], [0, 1], policies=("static",), concurrency=(2, 8),
-                           steps=30, request_steps=120, jobs=2, sink=parts.append)  # fmt: skip
-    return records, parts
+                           steps=30, request_steps=120, jobs=2, sink=parts.append,
+                           keep=str(keep))  # fmt: skip
+    return records, parts, keep
+
+
+def test_kept_runs_predict_again_to_the_same_records(study, tmp_path):
+    records, _, keep = study
+    assert sorted(p.name for p in kept_pairs(keep)) == ["reference-seed0", "reference-seed1"]
+    pair = json.loads((keep / "reference-seed1" / PAIR_FILE).read_text())
+    assert pair["level_steps"] == [60, 30] and pair["policies"] == ["static"]
+    _same_records(repredict(keep), records)
+    cmd = [sys.executable, "-m", "dspark_obs.whatif.study"]
+    out = tmp_path / "again.jsonl"
+    proc = subprocess.run([*cmd, "--repredict", str(keep), "--out", str(out), "--json"],
+                          capture_output=True, text=True, check=True, timeout=300)  # fmt: skip
+    assert len(json.loads(proc.stdout)["cells"]) == len(summarize_whatif_study(records))
+    _same_records(sorted(read_records([str(out)]), key=_order), records)
+    for args, says in ((["--repredict", str(tmp_path)], "no kept pairs"),
+                       (["--keep", str(keep), "--seeds", "1", "--steps", "5",
+                         "--concurrency", "2"], "exists")):  # fmt: skip
+        bad = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=300)
+        assert bad.returncode == 2 and says in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _order(r: dict) -> tuple:
+    return (r["world"], r["seed"], r["policy"], r["level"], r["workload"])
+
+
+def _same_records(got: list[dict], want: list[dict]) -> None:
+    """The same records in the same order, figures to the last digits (polars may sum a
+    cell's rows in another order in another process)."""
+    assert [_order(r) for r in got] == [_order(r) for r in want]
+    for g, w in zip(got, want, strict=True):
+        assert g.keys() == w.keys()
+        for k, v in w.items():
+            assert g[k] == (pytest.approx(v, rel=1e-12) if isinstance(v, float) else v), k
 
 
 def test_pairs_run_in_workers_and_reach_the_sink(study):
-    records, parts = study
+    records, parts, _ = study
     assert len(parts) == 2  # one call per (world, seed), as each finished
     assert sorted(r["seed"] for part in parts for r in part) == sorted(r["seed"] for r in records)
     cells = {(r["seed"], r["policy"], r["level"], r["workload"]) for r in records}
@@ -189,5 +228,21 @@ def test_totals_before_and_after_and_the_noise_floor(study):
             assert t[key] == pytest.approx(hand)
         noise = [r["tokens_per_s_real_se"] / r["tokens_per_s_real"] for r in part]
         assert t["decidable"] == pytest.approx(mean(Z95_2 * x < TARGET_ERROR for x in noise))
+        errors: dict[tuple, list[float]] = {}
+        for r in part:
+            key = (r["policy"], r["level"], r["workload"])
+            errors.setdefault(key, []).append(
+                r["tokens_per_s_predicted"] / r["tokens_per_s_real"] - 1
+            )
+        means = [abs(mean(v)) for v in errors.values()]
+        assert t["seeds"] == 2 and t["mean_within"] == pytest.approx(
+            mean(m <= TARGET_ERROR for m in means)
+        )
+        assert t["worst_mean"] == pytest.approx(max(means))
+        own = [r for r in study[0] if r["policy"] == "own"]
+        assert t["own_max"] == pytest.approx(
+            max(abs(r["tokens_per_s_predicted"] / r["tokens_per_s_real"] - 1) for r in own)
+        )
+        assert t["own_max"] < 1e-9 and t["target_met"] is False  # two seeds, not ten
     text = format_totals(study_totals(study[0]), study_noise(study[0]))
     assert "| reference | all |" in text and "| reference | 2 | 60 | all |" in text

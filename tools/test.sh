@@ -5,11 +5,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # A real Prometheus server (and promtool) for the integration tests: Debian's own package.
-if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+# Installed in the background while the Python environment is built; the tests wait for it.
+install_prometheus() {
+    if command -v prometheus >/dev/null && command -v promtool >/dev/null; then
+        return 0
+    fi
     # Keep the package's maintainer scripts from starting a service: there is no init system
     # here, and a background server would hold port 9090. policy-rc.d exit 101 tells
     # invoke-rc.d "not allowed"; any policy-rc.d already present is put back afterwards.
-    policy=/usr/sbin/policy-rc.d
+    local policy=/usr/sbin/policy-rc.d
     saved=""
     if [ -e "$policy" ]; then
         saved="$(mktemp)"
@@ -18,7 +22,7 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
     printf '#!/bin/sh\nexit 101\n' >"$policy"
     chmod 755 "$policy"
     restore_policy() {
-        if [ -n "$saved" ]; then mv -f "$saved" "$policy"; else rm -f "$policy"; fi
+        if [ -n "$saved" ]; then mv -f "$saved" /usr/sbin/policy-rc.d; else rm -f /usr/sbin/policy-rc.d; fi
     }
     trap restore_policy EXIT
     apt-get update -qq
@@ -32,7 +36,10 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
         start-stop-daemon --stop --quiet --oknodo --retry=TERM/10/KILL/5 \
             --pidfile /run/prometheus/prometheus.pid --remove-pidfile || true
     fi
-fi
+}
+prometheus_log="$(mktemp)"
+install_prometheus >"$prometheus_log" 2>&1 &
+prometheus_install=$!
 
 python3 -m venv .venv
 PY=.venv/bin/python
@@ -43,15 +50,20 @@ $PY -m pip install --quiet -e '.[dev,torch]'
 
 # SGLang's own DSpark observer and draft-block types, on CPU (tests/test_sglang_real_types.py;
 # tests/test_sglang_block_accept_writer.py holds our block-accept JSONL against its recorder),
-# in a second environment: sglang 0.5.23 pins a torch other than the one above, so it goes
-# in without its dependencies, beside exactly what its observer modules import. Built in the
-# background while the main tests run (about 100 s of mostly unpacking); our own package goes
-# in afterwards, since installing it rebuilds the compiled extensions the tests have loaded.
+# in a second environment: sglang 0.5.23 pins versions of its own (torch 2.14.1 among them),
+# so it goes in without its dependencies, beside exactly what its observer modules import.
+# That environment sees the first one's packages after its own (a site hook, not a copy):
+# torch 2.13.0 and our package, compiled extensions included, come from there instead of
+# being unpacked and built a second time, and what it pins itself comes first. Built in the
+# background while the main tests run (about 60 s, most of it unpacking).
 build_sglang_env() {
     python3 -m venv .venv-sglang
     SG=.venv-sglang/bin/python
+    local own base
+    own="$($SG -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    base="$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    printf 'import site; site.addsitedir(%s)\n' "'$base'" >"$own/zz-main-environment.pth"
     $SG -m pip install --quiet --upgrade pip
-    $SG -m pip install --quiet torch==2.13.0
     $SG -m pip install --quiet --no-deps sglang==0.5.23
     # pip then reports sglang's own pins (torch 2.14.1 and a few others) as unmet; expected.
     $SG -m pip install --quiet -r tools/sglang-requirements.txt pytest
@@ -70,11 +82,21 @@ $PY tools/audit.py
 # tests of tests/test_extensions.py fail where one is missing instead of skipping.
 # Two workers, a test file each at a time: a file's fixtures are built once, and a test that
 # waits on a subprocess or a server leaves the core to the other worker.
+if ! wait "$prometheus_install"; then
+    cat "$prometheus_log"
+    echo "tools/test.sh: installing Prometheus failed" >&2
+    exit 1
+fi
 DSPARK_OBS_REQUIRE_EXTENSIONS=1 $PY -m pytest -n 2 --dist loadfile "$@"
-# Their Python fallbacks, with every extension switched off: the switch itself, the parser's
+# The quick benchmarks are a crash check (they fail on a crash, never on a timing: bench/),
+# so they run beside the last test runs below: they keep about one core busy, those the other.
+$PY -m bench --quick --json > bench-quick.jsonl &
+bench=$!
+trap 'kill "$bench" 2>/dev/null || true' EXIT
+# The compiled extensions' Python fallbacks, with every extension switched off: the switch itself, the parser's
 # tests and the end-to-end golden outputs. (The row fold's and the tail walk's tests run both
 # passes above already, the numpy one and the compiled one, so they are not repeated here.)
-DSPARK_OBS_NO_EXTENSIONS=1 $PY -m pytest -n 2 --dist loadfile -p no:cacheprovider \
+DSPARK_OBS_NO_EXTENSIONS=1 $PY -m pytest -p no:cacheprovider \
     tests/test_extensions.py tests/test_sglang_json.py tests/test_sglang_columnar.py \
     tests/test_sglang_compiled.py tests/test_golden_outputs.py -k "not across_seeds"
 if ! wait "$sglang_build"; then
@@ -82,6 +104,9 @@ if ! wait "$sglang_build"; then
     echo "tools/test.sh: building the SGLang test environment failed" >&2
     exit 1
 fi
-.venv-sglang/bin/python -m pip install --quiet -e .
 .venv-sglang/bin/python -m pytest -p no:cacheprovider tests/test_sglang_real_types.py tests/test_sglang_block_accept_writer.py
-$PY -m bench --quick --json > bench-quick.jsonl
+if ! wait "$bench"; then
+    echo "tools/test.sh: the quick benchmarks failed (bench-quick.jsonl has what they printed)" >&2
+    exit 1
+fi
+trap - EXIT

@@ -32,6 +32,20 @@ REL_BUCKETS = np.logspace(-4, 1, 81)  # relative-error bucket upper bounds, 15% 
 MIN_STEP_S = 1e-9
 MAX_STEP_S = 86_400.0
 _ERR_COLUMNS = ("n", "predicted", "measured", "abs_error", "error", "sq_error", "rel_error")
+#: Sums per (step group, context bucket), since start: steps, predicted and measured
+#: seconds, squared error, relative error, and mean context tokens per request.
+CONTEXT_COLUMNS = ("n", "predicted", "measured", "sq_error", "rel_error", "context")
+
+#: Context-length buckets, by the step's mean context tokens per request: lower bounds,
+#: each bucket up to the next (the last open). Powers of two, as conversations grow by
+#: factors; the exporter's `context` label and `cost fit`'s residual view share them.
+CONTEXT_BUCKETS = (0, *(2**k for k in range(6, 18)))
+
+
+def context_bucket(mean_context: np.ndarray) -> np.ndarray:
+    """Index into `CONTEXT_BUCKETS` of each mean context (tokens per request, >= 0)."""
+    return np.searchsorted(CONTEXT_BUCKETS, mean_context, side="right") - 1
+
 
 DEFAULT_BS_PROBES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 DEFAULT_M_PROBES = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -155,12 +169,17 @@ class CostModelAggregate:
         self.bs_probes = np.asarray(bs_probes, dtype=np.float64)
         self.m_probes = np.asarray(m_probes, dtype=np.float64)
         self.refit_every = REFIT_EVERY if refit_every is None else refit_every
+        self.by_context = np.zeros((0, len(CONTEXT_BUCKETS), len(CONTEXT_COLUMNS)))
         self.cells: list[dict[tuple[int, int], np.ndarray]] = []
         self.refits: list[Refit | None] = []
         self._since_refit: list[int] = []
 
     def ensure_groups(self, n: int) -> None:
         self.errors.ensure_groups(n)
+        if len(self.by_context) < n:
+            grown = np.zeros((n, *self.by_context.shape[1:]))
+            grown[: len(self.by_context)] = self.by_context
+            self.by_context = grown
         while len(self.cells) < n:
             self.cells.append({})
             self.refits.append(None)
@@ -173,10 +192,14 @@ class CostModelAggregate:
         tokens: np.ndarray,
         predicted_s: np.ndarray,
         measured_s: np.ndarray,
+        mean_context: np.ndarray | None = None,
     ) -> None:
-        """Per step: group, batch size, verify tokens, predicted, measured seconds (NaN: absent)."""
+        """Per step: group, batch size, verify tokens, predicted, measured seconds and mean
+        context tokens per request (NaN: absent)."""
         measured_ok = (measured_s >= MIN_STEP_S) & (measured_s <= MAX_STEP_S)
         both = measured_ok & (np.abs(predicted_s) <= MAX_STEP_S)
+        if mean_context is not None:
+            self._fold_context(group, predicted_s, measured_s, mean_context, both)
         if both.any():
             g, p, m = group[both], predicted_s[both], measured_s[both]
             err = m - p
@@ -217,6 +240,21 @@ class CostModelAggregate:
             if self._since_refit[gi] >= self.refit_every or self.refits[gi] is None:
                 self.refits[gi] = self.refit(gi)
                 self._since_refit[gi] = 0
+
+    def _fold_context(self, group, predicted_s, measured_s, mean_context, both) -> None:
+        """The table's errors by context bucket: as conversations grow, attention costs more
+        at the same (bs, K), and an additive table drifts; these sums show where."""
+        keep = both & (mean_context >= 0)
+        if not keep.any():
+            return
+        p, m, ctx = predicted_s[keep], measured_s[keep], mean_context[keep]
+        nb, nc = self.by_context.shape[1:]
+        cell = group[keep] * nb + context_bucket(ctx)
+        err = m - p
+        values = (np.ones_like(p), p, m, err * err, np.abs(err) / m, ctx)
+        size = len(self.by_context) * nb
+        sums = np.stack([np.bincount(cell, weights=v, minlength=size) for v in values], axis=1)
+        self.by_context += sums.reshape(-1, nb, nc)
 
     def refit(self, gi: int) -> Refit | None:
         return fit_cell_map(self.cells[gi], self.bs_probes, self.m_probes)

@@ -24,6 +24,7 @@ from .published import (
     StepSeries,
     TokenSeries,
     WorkloadSeries,
+    context_labels,
     request_labels,
     step_labels,
 )
@@ -50,6 +51,8 @@ class Snapshot:
     reliability: dict[str, np.ndarray]
     cost: dict[str, dict[str, np.ndarray]]
     refits: list[Refit | None]
+    #: `[step group, CONTEXT_BUCKETS, CONTEXT_COLUMNS]` sums since start
+    cost_by_context: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
     ingest: dict[str, int] = field(default_factory=dict)
     overflow_rows: int = 0
 
@@ -74,10 +77,23 @@ class Snapshot:
             step = step_labels(tuple(self.step_groups))
             out["steps"] = StepSeries(step, self.window_steps, self.steps["total"])
             out["cost"] = CostSeries(
-                step, self.window_steps, self.cost["total"], self.cost["window"], self.refits
+                step,
+                self.window_steps,
+                self.cost["total"],
+                self.cost["window"],
+                self.refits,
+                context_labels(tuple(self.step_groups)),
+                self.cost_by_context,
             )
         out["workloads"] = WorkloadSeries(self.overflow_rows)
         return out
+
+
+def _mean_context(batches: list[StepBatch]) -> np.ndarray:
+    """Per step: mean context tokens per request (`prefix_len`), NaN for a step without rows."""
+    return np.array(
+        [b.prefix_len.mean() if b.num_reqs else np.nan for b in batches], dtype=np.float64
+    )
 
 
 class Aggregates:
@@ -193,7 +209,7 @@ class Aggregates:
             },
         )
         predicted, measured = floats[:, 1] / 1e3, floats[:, 2] / 1e3
-        self.cost.update(sgroup, bs, tokens, predicted, measured)
+        self.cost.update(sgroup, bs, tokens, predicted, measured, _mean_context(batches))
         for sums in (self.tokens.sums, self.steps.sums, self.cost.errors):
             sums.advance(len(batches))
         self.confidence.advance(len(batches))
@@ -238,5 +254,6 @@ class Aggregates:
                     "window": self.cost.error_metrics(self.cost.errors.window()),
                 },
                 refits=list(self.cost.refits),
+                cost_by_context=self.cost.by_context.copy(),
                 overflow_rows=self.index.overflow_rows,
             )

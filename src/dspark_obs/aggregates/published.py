@@ -16,13 +16,14 @@ import numpy as np
 
 from ..series import Buckets, Labels, Samples, ratio
 from .confidence import ECE_BINS
-from .cost_model import Refit
+from .cost_model import CONTEXT_BUCKETS, CONTEXT_COLUMNS, Refit
 from .steps import COUNT_BUCKETS, quantity_histogram
 from .tokens import histogram_slices
 
 REQUEST = ("workload", "mode", "rank")
 POSITION = (*REQUEST, "position")
 STEP = ("mode", "rank")
+STEP_CONTEXT = (*STEP, "context")
 RELIABILITY = ("workload", "mode", "position")
 
 
@@ -82,6 +83,12 @@ class RequestLabels:
 def request_labels(groups: tuple[tuple[str, str, int], ...], gamma: int) -> RequestLabels:
     """Shared per list of groups: the groups only grow, so a steady scrape reuses one."""
     return RequestLabels(groups, gamma)
+
+
+@lru_cache(maxsize=16)
+def context_labels(step_groups: tuple[tuple[str, int], ...]) -> Labels:
+    """Every (mode, rank, context bucket), buckets by their lower bound in tokens."""
+    return Labels(STEP_CONTEXT, [(*g, lo) for g in step_groups for lo in CONTEXT_BUCKETS])
 
 
 @lru_cache(maxsize=16)
@@ -398,6 +405,40 @@ class CostSeries:
     total: dict[str, np.ndarray]  # `CostModelAggregate.error_metrics` since start
     window: dict[str, np.ndarray]  # and over the window
     refits: list[Refit | None]  # per step group (those not yet seen: none)
+    context_labels: Labels  # (mode, rank, context) per step group and context bucket
+    by_context: np.ndarray  # `CostModelAggregate.by_context`: [group, bucket, column] sums
+
+    def _context_sum(self, column: str) -> Samples:
+        """One column of the by-context sums per (mode, rank, context); buckets no step
+        reached publish no sample."""
+        table = self.by_context[: len(self.labels)].reshape(-1, len(CONTEXT_COLUMNS))
+        steps = table[:, 0]
+        value = table[:, CONTEXT_COLUMNS.index(column)]
+        return Samples(self.context_labels, np.where(steps > 0, value, np.nan))
+
+    @property
+    def context_steps(self) -> Samples:
+        return self._context_sum("n")
+
+    @property
+    def context_predicted_seconds(self) -> Samples:
+        return self._context_sum("predicted")
+
+    @property
+    def context_measured_seconds(self) -> Samples:
+        return self._context_sum("measured")
+
+    @property
+    def context_squared_error(self) -> Samples:
+        return self._context_sum("sq_error")
+
+    @property
+    def context_relative_error(self) -> Samples:
+        return self._context_sum("rel_error")
+
+    @property
+    def context_tokens(self) -> Samples:
+        return self._context_sum("context")
 
     @property
     def steps(self) -> Samples:

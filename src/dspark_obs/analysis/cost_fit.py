@@ -11,8 +11,8 @@ The least-squares coefficients are not a table yet: the additive model is
 identified only up to constants moved between bias, alpha and theta, and a
 probe few or no cells reach is pinned loosely or not at all (the solver's
 minimum-norm answer drops such probes towards 0, which would tell the
-scheduler that huge verify batches are free). `canonical_table` fixes one
-documented choice, so the written table is valid (bias > 0, alpha and
+scheduler that huge verify batches are free). `cost_canonical.canonical_table`
+fixes one documented choice, so the written table is valid (bias > 0, alpha and
 theta >= 0) and the same data always give the same JSON:
 
 1. among all least-squares solutions (every one predicts every cell exactly
@@ -24,13 +24,16 @@ theta >= 0) and the same data always give the same JSON:
 2. move min(alpha) and min(theta) into bias, so both curves start at 0 and
    bias is the cheapest step the table can predict;
 3. should that bias still be <= 0 (a noisy fit whose minimum lies at a
-   (bs, M) pair no run reaches, since M >= bs), raise it to `BIAS_FLOOR`
+   (bs, M) pair no run reaches, since M >= bs), raise it to `cost_canonical.BIAS_FLOOR`
    seconds and report by how much; the error figures are always those of the
    table as written.
 
 Only step 3 ever changes a prediction at a cell (its bs, M at its bin's
 middle). Step 1 does choose the curves elsewhere, so per-step errors at each
 step's own M may differ slightly from another least-squares solution's.
+
+Beside that table, `cost_context` fits one with a term in the steps' context
+tokens, and shows the additive table's errors by context length.
 """
 
 from __future__ import annotations
@@ -55,13 +58,9 @@ from ..aggregates.cost_model import (
 )
 from ..runtime.cost_table import AdditiveCostTable
 from ..store import Run, RunStoreError
+from .cost_canonical import canonical_table
+from .cost_context import ContextFit, fit_context
 from .step_time import TIME_COLUMNS, measured_step_ms
-
-#: Smallest bias a written table gets, seconds (the table format requires bias > 0).
-BIAS_FLOOR = 1e-6
-
-#: Curve values below this many seconds (rounding dust of the solve) are written as 0.
-SNAP_SECONDS = 1e-15
 
 NO_TIMES = (
     "this run has no measured step times (step_gpu_ms or step_cpu_ms); SGLang records "
@@ -111,6 +110,8 @@ class CostFit:
     bias_raised_seconds: float
     cell_frame: pl.DataFrame = field(repr=False)
     per_step: pl.LazyFrame = field(repr=False)
+    context: ContextFit | None = None  # the context-extended table and its comparison
+    context_missing: str | None = None  # why `context` is None
 
     def to_dict(self) -> dict[str, Any]:
         """The fit figures for `--json` (the table itself is `table.to_json()`)."""
@@ -123,6 +124,8 @@ class CostFit:
             "own": None if self.own is None else self.own.to_dict(),
             "ols": {"r2": self.ols.r2, "rms_seconds": self.ols.rms_seconds},
             "bias_raised_seconds": self.bias_raised_seconds,
+            "context": None if self.context is None else self.context.to_dict(),
+            "context_missing": self.context_missing,
         }
 
 
@@ -170,8 +173,10 @@ def table_seconds_expr(table: AdditiveCostTable, bs: pl.Expr, m: pl.Expr) -> pl.
 def timed_steps(steps: pl.LazyFrame, time_column: str = "auto") -> pl.LazyFrame:
     """Steps a fit can use: bs > 0, tokens > 0, a measured time within the step-time bounds.
 
-    Columns: bs, m (verify tokens), measured_s and predicted_s (the run's own
-    table, null where the step has none); `time_column` as `measured_step_ms`.
+    Columns: bs, m (verify tokens), measured_s, predicted_s (the run's own
+    table, null where the step has none) and context_tokens where the steps table
+    has it (runs written before it existed lack it); `time_column` as
+    `measured_step_ms`.
     """
     if time_column not in TIME_COLUMNS:
         raise CostFitError(f"time column must be one of {', '.join(TIME_COLUMNS)}")
@@ -190,6 +195,7 @@ def timed_steps(steps: pl.LazyFrame, time_column: str = "auto") -> pl.LazyFrame:
         pl.col("num_verify_tokens").cast(pl.Int64).alias("m"),
         (measured_step_ms(time_column) / 1e3).alias("measured_s"),
         predicted.alias("predicted_s"),
+        *([pl.col("context_tokens").cast(pl.Int64)] if "context_tokens" in schema else []),
     ).filter((pl.col("bs") > 0) & (pl.col("m") > 0) & y.is_between(MIN_STEP_S, MAX_STEP_S))
 
 
@@ -217,69 +223,6 @@ def manifest_probes(manifest: dict, key: str) -> tuple[int, ...] | None:
     if isinstance(probes, list) and probes and all(isinstance(p, (int, float)) for p in probes):
         return tuple(int(p) for p in probes)
     return None
-
-
-def flattest(coef: np.ndarray, weighted_design: np.ndarray, n_bs: int) -> np.ndarray:
-    """The least-squares solution whose alpha and theta vary least from probe to probe.
-
-    `coef` is any solution (the minimum-norm one); the others differ from it by
-    the null space of the (count-weighted) design, so predictions at the cells
-    are the same for all of them.
-    """
-    p = weighted_design.shape[1]
-    _, sv, vt = np.linalg.svd(weighted_design)
-    tol = sv.max(initial=0.0) * max(weighted_design.shape) * np.finfo(np.float64).eps
-    null = vt[int((sv > tol).sum()) :].T
-    if null.shape[1] == 0:
-        return coef
-    rows = [(k, k + 1) for k in range(1, n_bs)] + [(k, k + 1) for k in range(n_bs + 1, p - 1)]
-    diff = np.zeros((len(rows), p))
-    for i, (a, b) in enumerate(rows):
-        diff[i, a], diff[i, b] = -1.0, 1.0
-    # Directions `diff` cannot see (constants moved between bias, alpha and
-    # theta) have singular values at rounding level here; they are left to
-    # `canonical_table`, not inverted. `diff` has unit entries and `null` is
-    # orthonormal, so an absolute cut is scale-free.
-    u, s, wt = np.linalg.svd(diff @ null, full_matrices=False)
-    keep = s > 1e-9
-    z = wt[keep].T @ ((u[:, keep].T @ -(diff @ coef)) / s[keep])
-    return coef + null @ z
-
-
-def _snap(values: np.ndarray) -> list[float]:
-    """Floats for JSON, with rounding dust below `SNAP_SECONDS` written as 0."""
-    return [0.0 if v < SNAP_SECONDS else float(v) for v in values]
-
-
-def canonical_table(
-    coef: np.ndarray,
-    bs_probes,
-    m_probes,
-    weighted_design: np.ndarray,
-) -> tuple[AdditiveCostTable, float]:
-    """The module docstring's choice of table among the least-squares solutions.
-
-    `coef` is `[bias, alpha at bs probes..., theta at M probes...]`, any
-    least-squares solution over `weighted_design` (rows of `cost_design`
-    times sqrt(count)). Returns the table and how far bias had to be raised to
-    `BIAS_FLOOR` (0.0 normally).
-    """
-    nb = len(bs_probes)
-    coef = flattest(np.asarray(coef, dtype=np.float64), weighted_design, nb)
-    alpha, theta = coef[1 : 1 + nb], coef[1 + nb :]
-    a0, t0 = float(alpha.min()), float(theta.min())
-    bias = float(coef[0]) + a0 + t0
-    raised = 0.0
-    if not bias > BIAS_FLOOR:
-        raised, bias = BIAS_FLOOR - bias, BIAS_FLOOR
-    table = AdditiveCostTable(
-        bias_seconds=bias,
-        bs_probes=[int(p) for p in bs_probes],
-        alpha_seconds=_snap(alpha - a0),
-        m_probes=[int(p) for p in m_probes],
-        theta_seconds=_snap(theta - t0),
-    )
-    return table, raised
 
 
 def table_errors(frame: pl.LazyFrame, column: str) -> pl.LazyFrame:
@@ -405,6 +348,7 @@ def fit_cost_steps(
         mean_ms=pl.col("s") / pl.col("n") * 1e3,
         fitted_ms=pl.Series(table.step_seconds(bs, m - bs) * 1e3),
     )
+    context, context_missing = fit_context(timed, table, bs_p, m_p)
     return CostFit(
         table=table,
         steps=int(n.sum()),
@@ -418,4 +362,6 @@ def fit_cost_steps(
         bias_raised_seconds=raised,
         cell_frame=cell_frame,
         per_step=per_step,
+        context=context,
+        context_missing=context_missing,
     )

@@ -13,6 +13,7 @@ they are pooled into power-of-two bands labelled by their mean batch size.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from ..store import Run
@@ -49,6 +50,38 @@ def load_level(steps: pl.LazyFrame) -> pl.Expr:
     """The load level of a step: its batch size, or its power-of-two band when `steps`
     has more than `MAX_EXACT_LEVELS` distinct batch sizes."""
     return _level(steps.select(pl.col("bs").n_unique()).collect().item())
+
+
+def sweep_level(run: Run) -> pl.Expr | None:
+    """Each step's configured concurrency where the run is the reference runtime's sweep
+    (`forward_ct` through `config.concurrency`'s levels in order, repeated), else None.
+
+    Where the server retracts requests, a step's batch size is the concurrency less the
+    requests parked at that moment, and which steps dip into a lower band depends on the
+    verify policy (it moves requests through the stream points where they are retracted
+    at another pace): bands of batch size then compare different steps of two runs. The
+    configured concurrency is the load an operator set, the same steps under every policy.
+    """
+    if run.manifest.get("source") != "runtime":
+        return None
+    config = run.manifest.get("config") or {}
+    levels = config.get("concurrency")
+    steps = config.get("level_steps") or [config.get("steps_per_level")] * len(levels or [])
+    if not levels or not all(isinstance(v, int) and v > 0 for v in [*levels, *steps]):
+        return None
+    ends = np.cumsum(steps)
+    at = pl.col("forward_ct") % int(ends[-1])
+    expr = pl.lit(int(levels[-1]), pl.Int64)
+    for end, level in zip(ends[-2::-1].tolist(), levels[-2::-1], strict=True):
+        expr = pl.when(at < end).then(pl.lit(int(level), pl.Int64)).otherwise(expr)
+    return expr
+
+
+def run_load_level(run: Run, steps: pl.LazyFrame) -> pl.Expr:
+    """The load level of a step of `run` as `whatif` reads it: the configured concurrency
+    where the run records its sweep (`sweep_level`), else `load_level`."""
+    level = sweep_level(run)
+    return load_level(steps) if level is None else level
 
 
 def _busy_steps(run: Run) -> pl.LazyFrame:

@@ -5,7 +5,9 @@ table is off, budgets are off. This fits the table again from the step times
 the run measured (SGLang's own least squares, see `analysis.cost_fit`), writes
 it in SGLang's JSON form so it can go straight back to the server or to
 `dspark-obs run --cost-table`, and shows whether it predicts the run better
-than the table the run used.
+than the table the run used. Where the steps record their context, it also fits
+the table with a context term and writes it to a file of its own (SGLang's file
+stays exactly SGLang's form), and shows both tables' errors by context length.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from .. import strict_json
 from ..analysis.cost_fit import TIME_COLUMNS, CostFit, CostFitError, check_probes, fit_cost_table
-from ..report import cost_quality_table
+from ..report import context_tables, cost_quality_table
 from ..report.document import print_table
 from ..report.figures.cost import write_cost_plots
 from ..store import open_run
@@ -36,11 +38,20 @@ def parse_probes(text: str | None, option: str, name: str) -> tuple[int, ...] | 
         raise CliError(f"{option}: expected comma-separated integers, got {text!r}") from exc
 
 
-def render(fit: CostFit, out: Path, plots: list[str]) -> None:
+def context_out(args: argparse.Namespace) -> Path:
+    """Where the context-extended table goes: `--context-out`, else beside `--out`."""
+    if args.context_out is not None:
+        return args.context_out
+    return args.out.with_name(f"{args.out.stem}.context.json")
+
+
+def render(fit: CostFit, out: Path, context_path: Path | None, plots: list[str]) -> None:
     console = make_console()
     print_table(
         console, cost_quality_table(fit, f"Cost table fit over {fit.steps:,} timed steps -> {out}")
     )
+    for table in context_tables(fit, f"context table -> {context_path}"):
+        print_table(console, table)
     t = fit.table
     console.print(f"bias {1e3 * t.bias_seconds:.4f} ms")
     for name, probes, values in (
@@ -60,6 +71,8 @@ def render(fit: CostFit, out: Path, plots: list[str]) -> None:
         f"{fit.bs_probes_source}, M from {fit.m_probes_source}; times: {fit.time_column}; "
         f"rel. error = |measured - predicted| / measured[/dim]"
     )
+    if fit.context is None:
+        console.print(f"[dim]no context term: {fit.context_missing}[/dim]")
     for path in plots:
         console.print(f"[dim]wrote {path}[/dim]")
 
@@ -77,18 +90,26 @@ def handle_fit(args: argparse.Namespace) -> int:
     except CostFitError as exc:
         raise CliError(f"{args.run_dir}: {exc}") from exc
     args.out.write_text(fit.table.to_json(), encoding="utf-8")
+    context_path = None
+    if fit.context is not None:
+        context_path = context_out(args)
+        context_path.write_text(fit.context.table.to_json(), encoding="utf-8")
     plots = write_cost_plots(fit, args.plot, args.plot_dir)
     if args.json:
         report = {
             "run": str(args.run_dir),
             "out": str(args.out),
             "table": json.loads(fit.table.to_json()),
+            "context_out": None if context_path is None else str(context_path),
+            "context_table": None
+            if fit.context is None
+            else json.loads(fit.context.table.to_json()),
             "fit": fit.to_dict(),
             "plots": plots,
         }
         print(strict_json.dumps(report, indent=2))
     else:
-        render(fit, args.out, plots)
+        render(fit, args.out, context_path, plots)
     return 0
 
 
@@ -99,10 +120,19 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="fit SGLang's additive step-cost table from a run's measured step times",
         description="Least squares of T = bias + alpha(bs) + theta(M) over (bs, M/64) cells "
         "of measured step times, as SGLang fits it; writes SGLang's JSON table and compares "
-        "it with the table the run used.",
+        "it with the table the run used. Where the steps record their context tokens, also "
+        "fits T + c * context tokens, compares the two on held-out steps and shows both by "
+        "context length.",
     )
     fit.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     fit.add_argument("--out", type=Path, required=True, help="cost table JSON to write")
+    fit.add_argument(
+        "--context-out",
+        type=Path,
+        default=None,
+        help="the table with a context term, T(bs, K) + c * context tokens, written where the "
+        "steps record their context (default: beside --out, NAME.context.json)",
+    )
     plots = fit.add_mutually_exclusive_group()
     plots.add_argument("--plot", type=Path, default=None, help="one PNG with all three views")
     plots.add_argument(

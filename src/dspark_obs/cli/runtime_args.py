@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..runtime.config import STS_WARMUP_STEPS, RuntimeConfig
 from ..runtime.cost_table import load_cost_table
-from ..runtime.language import parse_workload
+from ..runtime.language import WorkloadProfile, parse_workload
 from ..runtime.worlds import WORLDS
 from ..store.writer import FLUSH_SECONDS, FLUSH_STEPS
 
@@ -40,7 +40,12 @@ def add_runtime_arguments(
         "--seed", type=int, default=0, help="one seed fixes traffic and tokens (default 0)"
     )
     g.add_argument("--gamma", type=int, default=7, help="drafted tokens per block (default 7)")
-    g.add_argument("--vocab-size", type=int, default=128, help="synthetic vocabulary (default 128)")
+    g.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="synthetic vocabulary (default 128; the real world's is its 256 bytes)",
+    )
     g.add_argument(
         "--mode",
         choices=("static", "compact", "cap-accept"),
@@ -67,14 +72,15 @@ def add_runtime_arguments(
         "was not designed: adversarial-confidence (head reads the draft's own probability; "
         "hidden per-request difficulty; token-dependent acceptance), unstable-slots (budget on "
         "2-step-old confidence; requests retracted and re-admitted in another slot; workloads "
-        "with windows near 1 and near gamma) (default reference)",
+        "with windows near 1 and near gamma), real (real text: trained byte-level target, block "
+        "drafter and confidence head; workloads code, docs, changelog) (default reference)",
     )
     g.add_argument(
         "--workloads",
         default=None,
         help="comma list of NAME, NAME=PRESET or NAME=PEAK; presets gsm8k, arena, "
-        "poetry (easy to hard) (default: the world's own; gsm8k,arena,poetry in the "
-        "reference world)",
+        "poetry (easy to hard); in the real world, some of code, docs, changelog (default: "
+        "the world's own; gsm8k,arena,poetry in the reference world)",
     )
     g.add_argument(
         "--mix",
@@ -125,15 +131,34 @@ def add_runtime_arguments(
         help="log-normal noise of simulated step times (default 0.03)",
     )
     g.add_argument(
+        "--context-cost",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="simulated attention seconds per context token of each request's verify block, "
+        "added to the cost table's step time (default: the world's; 0 but in the real world, "
+        "2.7e-8; 0: step time ignores context)",
+    )
+    g.add_argument(
         "--target",
         choices=("synthetic", "torch"),
-        default="synthetic",
-        help="target model: the hash-defined synthetic language, or a torch network whose "
-        "verify forward is timed each step (measured timing; needs the torch extra)",
+        default=None,
+        help="target model of the synthetic worlds: the hash-defined synthetic language, or "
+        "a torch network whose verify forward is timed each step (measured timing; needs "
+        "the torch extra) (default synthetic; the real world runs its trained target)",
     )
     g.add_argument("--torch-hidden", type=int, default=512, help="torch target width (default 512)")
     g.add_argument(
-        "--device", default=None, help="torch device (default cuda if present, else cpu)"
+        "--device",
+        default=None,
+        help="torch device (default cuda if present, else cpu; in the real world: cpu with "
+        "simulated step times, while a named device, cpu included, times each verify forward)",
+    )
+    g.add_argument(
+        "--real-weights",
+        default=None,
+        metavar="NPZ",
+        help="the real world's networks (default: the weights shipped with the package)",
     )
     g.add_argument(
         "--sts",
@@ -177,11 +202,22 @@ def store_options(args: argparse.Namespace) -> dict:
     return {"flush_steps": args.flush_steps, "flush_seconds": args.flush_seconds}
 
 
+def _world_workload(world: str, spec: str) -> WorkloadProfile:
+    """A `--workloads` entry: the real world's are its own texts, named; any other world's
+    are parsed as presets or peaks."""
+    if WORLDS[world].target != "real":
+        return parse_workload(spec)
+    own = {w.name: w for w in WORLDS[world].workloads}
+    if spec.strip() not in own:
+        raise ValueError(f"workload {spec!r}: the real world's are {', '.join(own)}")
+    return own[spec.strip()]
+
+
 def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
     """The runtime configuration `add_runtime_arguments` describes, validated."""
     workloads = None
     if args.workloads is not None:
-        workloads = [parse_workload(s) for s in args.workloads.split(",") if s.strip()]
+        workloads = [_world_workload(args.world, s) for s in args.workloads.split(",") if s.strip()]
     config = RuntimeConfig(
         world=args.world,
         seed=args.seed,
@@ -198,9 +234,11 @@ def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
         temperature=args.temperature,
         max_new_tokens=args.max_new_tokens,
         step_noise=args.step_noise,
+        context_cost=args.context_cost,
         target=args.target,
         torch_hidden=args.torch_hidden,
         device=args.device,
+        real_weights=args.real_weights,
     )
     if args.cost_table is not None:
         config.cost_table = load_cost_table(args.cost_table)

@@ -5,6 +5,12 @@
 """
 
 from .build import TERMINAL_SECTIONS, build_report, overlay_figures
-from .sections import cost_quality_table
+from .sections import context_tables, cost_quality_table
 
-__all__ = ["TERMINAL_SECTIONS", "build_report", "cost_quality_table", "overlay_figures"]
+__all__ = [
+    "TERMINAL_SECTIONS",
+    "build_report",
+    "context_tables",
+    "cost_quality_table",
+    "overlay_figures",
+]

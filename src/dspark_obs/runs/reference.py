@@ -17,7 +17,7 @@ from pathlib import Path
 from ..calibration import StsCalibration, save_sts
 from ..pipeline import Pipeline, build_pipeline
 from ..runtime.config import RuntimeConfig
-from ..runtime.engine import DSparkRuntime
+from ..runtime.factory import make_runtime
 from ..store import RunWriter
 from ..store.provenance import versions
 from ..telemetry import StepBatch
@@ -79,7 +79,7 @@ def record_reference_run(
     """
     if sts is not None:
         config.sts_temperatures = list(sts.temperatures)
-    runtime = DSparkRuntime(config)
+    runtime = make_runtime(config)
     start = time.perf_counter()
     # opened first: a file that cannot be created is refused before a run directory exists
     jsonl = None if sglang_jsonl is None else BlockAcceptWriter(sglang_jsonl, config.gamma)

@@ -10,7 +10,7 @@ from ..telemetry.batch import MODES
 from .cost_table import DEFAULT_CAPTURE_TIERS, AdditiveCostTable, default_cost_table
 from .drafter import DrafterConfig
 from .language import WorkloadProfile
-from .worlds import REFERENCE, WORLDS, World, get_world
+from .worlds import REAL_WORKLOADS, REFERENCE, WORLDS, World, get_world
 
 #: steps of the warm-up run that `--sts auto` fits STS on, unless told otherwise
 STS_WARMUP_STEPS = 150
@@ -20,7 +20,8 @@ STS_WARMUP_STEPS = 150
 class RuntimeConfig:
     seed: int = 0
     gamma: int = 7
-    vocab_size: int = 128
+    #: None: the world's own (the real world's 256 bytes), else 128
+    vocab_size: int | None = None
     mode: str = "compact"
     shadow: str | None = None
     shadow_fraction: float = 1.0
@@ -37,15 +38,22 @@ class RuntimeConfig:
     temperature: float = 0.8
     max_new_tokens: int = 1024
     step_noise: float = 0.03
+    #: seconds of simulated attention per context token a verify block reads (`engine.
+    #: attention_seconds`); 0 keeps the cost table's step times, which ignore context;
+    #: None: the world's own (0 but in the real world)
+    context_cost: float | None = None
     cost_table: AdditiveCostTable = field(default_factory=default_cost_table)
     sts_temperatures: list[float] | None = None
     #: the compact scheduler's budget times this (1: SGLang's rule; `whatif`'s ground truth)
     budget_scale: float = 1.0
     capture_tiers: tuple[int, ...] = DEFAULT_CAPTURE_TIERS
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
-    target: str = "synthetic"
+    #: None: the world's own (`real` in the real world), else `synthetic`
+    target: str | None = None
     torch_hidden: int = 512
     device: str | None = None
+    #: the real world's networks (None: the weights committed with the package)
+    real_weights: str | None = None
 
     def __post_init__(self) -> None:
         if self.workloads is None:
@@ -53,6 +61,13 @@ class RuntimeConfig:
             self.workloads = list((WORLDS[self.world] if known else REFERENCE).workloads)
         if self.mix is None:
             self.mix = [1.0] * len(self.workloads)
+        world = WORLDS.get(self.world, REFERENCE) if isinstance(self.world, str) else REFERENCE
+        if self.vocab_size is None:
+            self.vocab_size = world.vocab_size or 128
+        if self.target is None:
+            self.target = world.target
+        if self.context_cost is None:
+            self.context_cost = world.context_cost
 
     @property
     def world_spec(self) -> World:
@@ -61,8 +76,11 @@ class RuntimeConfig:
 
     @property
     def timing(self) -> str:
-        """How step times are obtained, as recorded in the run manifest."""
-        return "measured" if self.target == "torch" else "simulated"
+        """How step times are obtained, as recorded in the run manifest: measured on a torch
+        target, and in the real world when a device is named; simulated otherwise."""
+        if self.target == "torch" or (self.target == "real" and self.device is not None):
+            return "measured"
+        return "simulated"
 
     def steps_at(self) -> list[int]:
         """Verify steps at each concurrency level."""
@@ -74,9 +92,28 @@ class RuntimeConfig:
         return sum(self.steps_at())
 
     def validate(self) -> None:
-        get_world(self.world)
-        if self.target not in ("synthetic", "torch"):
+        world = get_world(self.world)
+        if self.target not in ("synthetic", "torch", "real"):
             raise ValueError(f"target must be synthetic or torch, got {self.target!r}")
+        if (self.target == "real") != (world.target == "real"):
+            raise ValueError(
+                "the real world runs its own trained target (and only it does): "
+                f"world {self.world!r} with target {self.target!r}"
+            )
+        if world.vocab_size is not None and self.vocab_size != world.vocab_size:
+            raise ValueError(
+                f"the {self.world} world's vocabulary is its {world.vocab_size} tokens, "
+                f"not {self.vocab_size}"
+            )
+        if self.real_weights is not None and world.target != "real":
+            raise ValueError(f"real weights name the real world's networks, not the {self.world}'s")
+        if world.target == "real":
+            unknown = sorted({w.name for w in self.workloads} - set(REAL_WORKLOADS))
+            if unknown:
+                raise ValueError(
+                    f"the real world's workloads are {', '.join(REAL_WORKLOADS)}; "
+                    f"not {', '.join(unknown)}"
+                )
         if self.torch_hidden < 8:
             raise ValueError("torch hidden size must be >= 8")
         if self.mode not in MODES:
@@ -115,6 +152,8 @@ class RuntimeConfig:
             raise ValueError("budget scale must be finite and >= 0")
         if self.step_noise < 0:
             raise ValueError("step noise must be >= 0")
+        if not (np.isfinite(self.context_cost) and self.context_cost >= 0):
+            raise ValueError("context cost must be finite and >= 0")
         if self.sts_temperatures is not None and (
             len(self.sts_temperatures) != self.gamma or min(self.sts_temperatures) <= 0
         ):

@@ -63,6 +63,59 @@ class AdditiveCostTable(msgspec.Struct, frozen=True):
         return msgspec.json.encode(self).decode()
 
 
+#: Query rows one attention tile holds; a verify block (anchor plus window) fits in one.
+ATTENTION_QUERY_TILE = 64
+
+
+def attention_seconds(context_cost: float, prefix_len: np.ndarray, verify_len: np.ndarray) -> float:
+    """Simulated attention time of a verify step over its requests' contexts, seconds.
+
+    `T_attn = context_cost * sum_i prefix_i * (1 + verify_len_i / ATTENTION_QUERY_TILE)`.
+    Verify attends each request's verify block (anchor plus window) to that request's
+    whole KV cache, and a block of a few tokens shares one query tile, so the cache is
+    read once per request per step: memory-bound, the time follows the context tokens
+    summed over the batch, not bs times its longest context (paged kernels walk each
+    request's own pages). The window's tokens add the arithmetic of their query rows,
+    a fraction `verify_len / ATTENTION_QUERY_TILE` of the read: a mild growth, so the
+    cost is nearly, not exactly, linear in the step's context tokens, as on a GPU. The
+    additive table T(bs, K) cannot express it: at one (bs, K) the time still grows
+    as conversations do.
+    """
+    if context_cost == 0.0:
+        return 0.0
+    prefix = np.asarray(prefix_len, dtype=np.float64)
+    tile = 1.0 + np.asarray(verify_len, dtype=np.float64) / ATTENTION_QUERY_TILE
+    return context_cost * float(prefix @ tile)
+
+
+class ContextCostTable(msgspec.Struct, frozen=True):
+    """SGLang's additive table plus a term linear in the step's context tokens (ours).
+
+    `T(bs, K, C) = additive.step_seconds(bs, K) + context_seconds_per_token * C`, with C
+    the context tokens the step's requests attend to (the steps table's
+    `context_tokens`). SGLang reads only the additive form, so this is written to a
+    file of its own; the coefficient is the least-squares value and may come out
+    slightly negative where context costs nothing.
+    """
+
+    additive: AdditiveCostTable
+    context_seconds_per_token: float
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.context_seconds_per_token):
+            raise ValueError("context cost table: context_seconds_per_token must be finite")
+
+    def step_seconds(self, bs, extra_tokens, context_tokens) -> np.ndarray:
+        """Predicted step time; vectorised like `AdditiveCostTable.step_seconds`."""
+        context = np.asarray(context_tokens, dtype=np.float64)
+        return self.additive.step_seconds(bs, extra_tokens) + (
+            self.context_seconds_per_token * context
+        )
+
+    def to_json(self) -> str:
+        return msgspec.json.encode(self).decode()
+
+
 def load_cost_table(path: str | Path) -> AdditiveCostTable:
     """The table in `path`; any problem is a ValueError that names the file."""
     return load_json_file(path, AdditiveCostTable, "cost table")

@@ -40,7 +40,7 @@ import numpy as np
 from ..telemetry.batch import StepBatch
 from .acceptance import accept_probability, leading_run, log_softmax, residual, sample
 from .config import RuntimeConfig
-from .cost_table import round_to_tier
+from .cost_table import attention_seconds, round_to_tier
 from .drafter import BlockDrafter
 from .external import (
     MAX_NEW_TOKENS,
@@ -105,12 +105,23 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 class DSparkRuntime:
+    #: the world target this class runs (the real world's is `real.runtime.RealRuntime`)
+    world_target = "synthetic"
+    #: whether token ids are bytes of text (a front then answers with the text they spell)
+    byte_vocabulary = False
+
     def __init__(self, config: RuntimeConfig) -> None:
         config.validate()
         self.config = c = config
         self.world: World = c.world_spec
+        if self.world.target != self.world_target:
+            raise ValueError(
+                f"the {c.world} world runs on its own engine: build it with "
+                "runtime.factory.make_runtime"
+            )
         self.gamma = c.gamma
         self.target = make_target(c)
+        self.measured = getattr(self.target, "measured", False)
         self.drafter = BlockDrafter(
             c.drafter,
             c.gamma,
@@ -185,11 +196,12 @@ class DSparkRuntime:
         while True:
             yield from self.run()
 
-    def _admit(self, level: int) -> None:
+    def _admit(self, level: int) -> np.ndarray:
+        """Fill free slots up to `level` requests from the traffic; the slots filled."""
         free = np.flatnonzero(~self.active)
         n = min(level - int(self.active.sum()) - len(self.parked), len(free))
         if n <= 0:
-            return
+            return free[:0]
         slots = free[:n]
         new = self.traffic.arrivals(self.arrived, n)
         self.arrived += n
@@ -211,9 +223,15 @@ class DSparkRuntime:
         self.shadowed[slots] = uniform(new.salt, _TAG_SHADOW) < self.config.shadow_fraction
         names = self.names[new.workload]
         self.rid[slots] = [f"{w}-{i}" for w, i in zip(names, new.index.tolist(), strict=True)]
+        return slots
 
-    def _draft_and_verify(self, salt, wl, prefix, prev2, prev1, greedy, temp, block):
-        """Draft one block per row and run the full accept chain against the target.
+    def _block_uniforms(self, block: np.ndarray) -> np.ndarray:
+        """`[2, rows, gamma]`: the keyed uniforms that draw each drafted token (sampled rows)
+        and decide its acceptance, from the block's hash prefix."""
+        return unit(extend(block[:, None], self._positions, _DRAW_TAGS))
+
+    def _draft_and_verify(self, slots, salt, wl, prefix, prev2, prev1, greedy, temp, block):
+        """Draft one block per row, score it, and run the full accept chain against the target.
 
         The draws that depend only on the request and block position (`block`
         is their shared hash prefix) are made for the whole block up front, and
@@ -224,7 +242,7 @@ class DSparkRuntime:
         b, g = len(salt), self.gamma
         rows = np.arange(b)
         sampled = np.flatnonzero(~greedy)
-        u_draft, u_accept = unit(extend(block[:, None], self._positions, _DRAW_TAGS))
+        u_draft, u_accept = self._block_uniforms(block)
         draft_keys = self.drafter.block_keys(salt, prefix, prev1)
         fidelity = self.drafter.fidelity_factor(salt, wl)
         # [g + 1, b]: row j is position j of every block, contiguous for the per-position hashes
@@ -255,7 +273,11 @@ class DSparkRuntime:
         ctx[:, :, g] = c2, c1
         lt = self.target.logits_at(pos_keys[g], c2, c1, wl)
         np.exp(log_softmax(lt, temp), out=p_all[:, g])
-        return draft, q_lp, p_lp, accepted, accept_prob, p_all, q_all, (pos_keys.T, *ctx)
+        if self.world.confidence == "draft-probability":
+            conf_logits = self.drafter.draft_probability_logits(q_lp)
+        else:
+            conf_logits = self.drafter.confidence_logits(accept_prob, salt, prefix)
+        return draft, q_lp, p_lp, accepted, conf_logits, p_all, q_all, (pos_keys.T, *ctx)
 
     def step(self, level: int) -> StepBatch:
         self._retract()
@@ -396,11 +418,12 @@ class DSparkRuntime:
     def has_external_work(self) -> bool:
         return bool(self.pending) or bool(self.active.any()) or bool(self.parked)
 
-    def _admit_external(self) -> None:
+    def _admit_external(self) -> tuple[np.ndarray, list[ExternalRequest]]:
+        """Queued requests into free slots: the slots filled and the requests, in order."""
         free = np.flatnonzero(~self.active)
         n = min(len(free), len(self.pending))
         if n <= 0:
-            return
+            return free[:0], []
         slots = free[:n]
         new = [self.pending.popleft() for _ in range(n)]
 
@@ -426,6 +449,7 @@ class DSparkRuntime:
         for s in slots.tolist():
             self.outputs[s] = []
         self.arrived += n
+        return slots, new
 
     def step_external(self) -> ExternalStep | None:
         """One step over externally submitted requests only (None when there are none).
@@ -479,14 +503,10 @@ class DSparkRuntime:
         greedy, temp = self.greedy[slots], self.temperature[slots]
         start = time.perf_counter()
         block = mix(self.seed, salt, prefix)
-        draft, q_lp, p_lp, acc, acc_prob, p_all, q_all, ctx = self._draft_and_verify(
-            salt, wl, prefix, self.prev2[slots], self.prev1[slots], greedy, temp, block
+        draft, q_lp, p_lp, acc, conf_logits, p_all, q_all, ctx = self._draft_and_verify(
+            slots, salt, wl, prefix, self.prev2[slots], self.prev1[slots], greedy, temp, block
         )
         self._verified = p_all
-        if self.world.confidence == "draft-probability":
-            conf_logits = self.drafter.draft_probability_logits(q_lp)
-        else:
-            conf_logits = self.drafter.confidence_logits(acc_prob, salt, prefix)
         confidence = _sigmoid(conf_logits / self.sts[None, :])
         survival = np.cumprod(confidence, axis=1)
         budget_survival = self._relay(slots, confidence)
@@ -601,7 +621,9 @@ class DSparkRuntime:
         return self._finished_rows, self._natural_stop
 
     def _time(self, batch, ctx, verified, draft_seconds, start) -> None:
-        """Step timings: measured on a torch target, else the cost table with noise.
+        """Step timings: measured where the engine times its verify forward (a torch target,
+        the real world on a named device), else the cost table (plus the context's attention,
+        `cost_table.attention_seconds`) with noise.
 
         Either way the verify size is the packed tokens (anchor plus window per
         request) rounded up to the captured tier.
@@ -614,20 +636,27 @@ class DSparkRuntime:
         batch.num_verify_tokens = tier
         batch.verify_tokens_graph_key = tier
         table = c.cost_table
-        if getattr(self.target, "measured", False):
-            keep = self._block[None, :] <= verified[:, None]
-            verify_s = self.target.timed_verify(ctx[0][keep], ctx[1][keep], ctx[2][keep], tier)
+        if self.measured:
+            draft_seconds, verify_s = self._measured_seconds(ctx, verified, tier, draft_seconds)
             batch.draft_gpu_ms = draft_seconds * 1e3
             batch.target_verify_gpu_ms = verify_s * 1e3
             batch.step_gpu_ms = (draft_seconds + verify_s) * 1e3
             batch.step_cpu_ms = (time.perf_counter() - start) * 1e3
             return
         n = np.exp(c.step_noise * self.timing_rng.standard_normal(3))
-        gpu_s = (table.bias_seconds + table.alpha(bs) + table.theta(tier)) * n[2]
+        attn = attention_seconds(c.context_cost, batch.prefix_len, verified + 1)
+        gpu_s = (table.bias_seconds + table.alpha(bs) + table.theta(tier) + attn) * n[2]
         batch.draft_gpu_ms = table.alpha(bs) * n[0] * 1e3
-        batch.target_verify_gpu_ms = table.theta(tier) * n[1] * 1e3
+        batch.target_verify_gpu_ms = (table.theta(tier) + attn) * n[1] * 1e3
         batch.step_gpu_ms = gpu_s * 1e3
         batch.step_cpu_ms = gpu_s * 1e3 + 0.05
+
+    def _measured_seconds(self, ctx, verified: np.ndarray, tier: int, draft_seconds: float):
+        """`(draft, verify)` seconds of a measured step: the step's work until its batch was
+        built, and a verify forward over each row's anchor and verified drafts."""
+        keep = self._block[None, :] <= verified[:, None]
+        verify = self.target.timed_verify(ctx[0][keep], ctx[1][keep], ctx[2][keep], tier)
+        return draft_seconds, verify
 
     def _commit(self, slots, draft, accepted, bonus) -> None:
         b, g = draft.shape

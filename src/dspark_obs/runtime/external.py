@@ -38,6 +38,8 @@ class ExternalRequest:
     prompt_len: int
     prev2: int
     prev1: int
+    #: the prompt itself, where the engine reads it (the real world's bytes)
+    prompt: bytes = b""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..calibration import StsCalibration, fit_sts, load_sts, prefix_labels
 from .config import RuntimeConfig
-from .engine import DSparkRuntime
+from .factory import make_runtime
 
 WARMUP_SEED_OFFSET = 1_000_003
 
@@ -32,7 +32,7 @@ def warmup_sts(config: RuntimeConfig, steps: int, concurrency: int = 32) -> StsC
         sts_temperatures=None,
     )
     logits, ceilings, accepted, windows = [], [], [], []
-    for batch in DSparkRuntime(warm).run():
+    for batch in make_runtime(warm).run():
         logits.append(batch.confidence_logits)
         ceilings.append(batch.ceiling)
         accepted.append(batch.correct_drafts)

@@ -15,6 +15,10 @@ from dataclasses import dataclass
 
 from .language import PRESETS, WorkloadProfile
 
+#: the real world's workloads, as `runtime/real/corpus.WORKLOADS` names them (kept here so
+#: that naming a world imports no torch)
+REAL_WORKLOADS = ("code", "docs", "changelog")
+
 CONFIDENCE_SOURCES = ("acceptance", "draft-probability")
 
 
@@ -38,8 +42,15 @@ class World:
     #: per decoding request-step chance of retraction, and the most steps it stays out
     retract_rate: float = 0.0
     max_gap_steps: int = 0
+    #: simulated attention seconds per context token (`RuntimeConfig.context_cost`)
+    context_cost: float = 0.0
     #: the workloads a run gets when it names none
     workloads: tuple[WorkloadProfile, ...] = tuple(PRESETS.values())
+    #: whose language the requests speak: the hash-defined one (`synthetic`, or its `torch`
+    #: twin) or the trained byte-level networks of `runtime/real/` (`real`)
+    target: str = "synthetic"
+    #: the vocabulary a world fixes (None: the run's `vocab_size`)
+    vocab_size: int | None = None
 
 
 REFERENCE = World("reference")
@@ -69,7 +80,26 @@ UNSTABLE_SLOTS = World(
     ),
 )
 
-WORLDS: dict[str, World] = {w.name: w for w in (REFERENCE, ADVERSARIAL_CONFIDENCE, UNSTABLE_SLOTS)}
+#: Real text: prompts cut from the held-out samples of the standard library's code, its
+#: reference documentation and IDLE's changelog, continued by the trained target and drafted
+#: by the trained block drafter, scored by the trained confidence head (runtime/real/). Its
+#: profiles keep only what the traffic reads (name, prompt length): the networks make the rest.
+REAL = World(
+    "real",
+    target="real",
+    vocab_size=256,
+    workloads=tuple(WorkloadProfile(w, peak=0.0, prompt_len=128) for w in REAL_WORKLOADS),
+    # an 8B-class target's KV cache (32 layers x 8 heads x 128 x K and V in bf16: 128 KiB a
+    # token) read at an H200's ~4.8 TB/s: its requests' contexts grow, so its simulated step
+    # time does too, as a real one's does
+    context_cost=2.7e-8,
+)
+
+WORLDS: dict[str, World] = {
+    w.name: w for w in (REFERENCE, ADVERSARIAL_CONFIDENCE, UNSTABLE_SLOTS, REAL)
+}
+#: the worlds of the hash-defined language, whose truth a test can recompute from hashes
+SYNTHETIC_WORLDS = tuple(name for name, w in WORLDS.items() if w.target == "synthetic")
 
 
 def get_world(name: str) -> World:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import uuid
 from http import HTTPStatus
 
+from ..runtime.language import EOS_TOKEN
+
 #: SGLang's default when `sampling_params` gives none.
 DEFAULT_MAX_NEW_TOKENS = 128
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?'-()\n"
@@ -31,6 +33,13 @@ class ClientGone(Exception):
 def detokenize(ids: list[int]) -> str:
     """A stand-in for the tokenizer: synthetic tokens have no text, only a stable spelling."""
     return "".join(_ALPHABET[t % len(_ALPHABET)] for t in ids)
+
+
+def byte_text(ids: list[int]) -> str:
+    """Byte tokens as the text they spell, without the EOS that stopped them (as SGLang skips
+    special tokens); a cut inside a character becomes U+FFFD."""
+    end = len(ids) - (bool(ids) and ids[-1] == EOS_TOKEN)
+    return bytes(ids[:end]).decode("utf-8", errors="replace")
 
 
 def _as_list(value, n: int, what: str) -> list:

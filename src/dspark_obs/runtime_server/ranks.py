@@ -13,8 +13,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..runtime.config import RuntimeConfig
-from ..runtime.engine import DSparkRuntime
 from ..runtime.external import ExternalRequest, FinishedRequest
+from ..runtime.factory import make_runtime
 from ..telemetry.server_info import batch_to_record, batches_to_info_record
 from .protocol import RequestError
 
@@ -39,7 +39,7 @@ class Rank:
         self, index: int, config: RuntimeConfig, speed: float, max_records: int = MAX_RECORDS
     ) -> None:
         self.index = index
-        self.engine = DSparkRuntime(config)
+        self.engine = make_runtime(config)
         self.speed = speed
         self.records: deque = deque(maxlen=max_records)
         self.steps = 0

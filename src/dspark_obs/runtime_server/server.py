@@ -28,7 +28,7 @@ from .. import __version__
 from ..runtime.config import RuntimeConfig
 from ..telemetry.server_info import MAX_DP_RANKS
 from .handler import make_handler
-from .protocol import ClientGone, RequestError, detokenize, parse_generate
+from .protocol import ClientGone, RequestError, byte_text, detokenize, parse_generate
 from .ranks import MAX_RECORDS, Rank
 from .rate_limit import DEFAULT_RATE_LIMIT, RateLimiter
 
@@ -126,6 +126,7 @@ class RuntimeFrontend:
             submitted.append((rank.submit(req), start))
             used.append(rank)
         answers = []
+        text_of = byte_text if ranks[0].engine.byte_vocabulary else detokenize
         for waiter, start in submitted:
             while not waiter.done.wait(_GONE_POLL_S):
                 if gone is not None and gone():
@@ -137,7 +138,7 @@ class RuntimeFrontend:
             f = waiter.result
             answers.append(
                 {
-                    "text": detokenize(f.output_ids),
+                    "text": text_of(f.output_ids),
                     "output_ids": f.output_ids,
                     "meta_info": {
                         "id": f.rid,

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterator
 
 from ..runtime.config import RuntimeConfig
-from ..runtime.engine import DSparkRuntime
+from ..runtime.factory import make_runtime
 from ..telemetry import StepBatch
 from .pacing import Pacer
 
@@ -15,7 +15,7 @@ class RuntimeSource:
     name = "runtime"
 
     def __init__(self, config: RuntimeConfig, speed: float = 1.0) -> None:
-        self.runtime = DSparkRuntime(config)
+        self.runtime = make_runtime(config)
         self.config = config
         self.gamma = config.gamma
         self.speed = speed

@@ -41,7 +41,7 @@ from .inventory import (
     take_inventory,
 )
 from .manifest import read_manifest
-from .tables import frames_to_batches, requests_schema, steps_schema
+from .tables import OPTIONAL_STEP_COLUMNS, frames_to_batches, requests_schema, steps_schema
 
 __all__ = ["MANIFEST", "Run", "check_table_name", "list_parts", "open_run", "part_name"]
 
@@ -165,7 +165,7 @@ class Run:
             for name, dtype in expected.items():
                 if name in schema and schema[name] != dtype:
                     raise RunStoreError(f"{f}: column {name} is {schema[name]}, expected {dtype}")
-            missing = [name for name in expected if name not in schema]
+            missing = [n for n in expected if n not in schema and n not in OPTIONAL_STEP_COLUMNS]
             if missing:
                 raise RunStoreError(f"{f}: not a {table!r} part, lacks columns {missing[:5]}")
             if first is None:

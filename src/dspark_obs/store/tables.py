@@ -51,6 +51,13 @@ _NULL_IF_MINUS_ONE = ("shadow_ceiling",)
 #: Derived request columns: written for readers' convenience, dropped on read.
 DERIVED_REQUEST_COLUMNS = ("window", "ceiling")
 
+#: Derived step column: the context tokens the step's requests attend to (the sum of
+#: their `prefix_len`), null for a step recorded without request rows. What attention
+#: costs grows with it, and the cost fit reads it from the steps alone; it is dropped on
+#: read, and runs written before it existed lack it (`OPTIONAL_STEP_COLUMNS`).
+CONTEXT_TOKENS = "context_tokens"
+OPTIONAL_STEP_COLUMNS = (CONTEXT_TOKENS,)
+
 
 def _step_scalars() -> list[str]:
     """Step scalars after the lead columns, in `StepBatch` declaration order."""
@@ -74,6 +81,7 @@ def steps_schema() -> pl.Schema:
     }
     for name in _step_scalars():
         cols[name] = _scalar_dtype(name)
+    cols[CONTEXT_TOKENS] = pl.Int64()
     return pl.Schema(cols)
 
 
@@ -123,7 +131,12 @@ def common_gamma(batches: Sequence[StepBatch]) -> int:
 def steps_frame(batches: Sequence[StepBatch]) -> pl.DataFrame:
     """One row per batch; optional scalars that are `None` become nulls."""
     schema = steps_schema()
-    data = {name: [getattr(b, name) for b in batches] for name in schema.names()}
+    data = {
+        name: [getattr(b, name) for b in batches]
+        for name in schema.names()
+        if name != CONTEXT_TOKENS
+    }
+    data[CONTEXT_TOKENS] = [int(b.prefix_len.sum()) if b.has_reqs else None for b in batches]
     return pl.DataFrame(data, schema=schema)
 
 

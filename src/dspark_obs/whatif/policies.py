@@ -3,7 +3,10 @@
 A what-if prediction is only as good as its replay of the policy, so the SPS policies run
 the runtime's own rule (`runtime/scheduler.schedule`: the budget K maximising
 `(bs + sum of the K largest survivals) / T(bs, K)`, the K slots to the highest
-survivals, ties to earlier positions) on the survivals the run recorded. It is
+survivals, ties to earlier positions) on the survivals the run recorded; under a
+confidence relay (a run whose steps record `lag_steps`, SGLang's default 2) the budget is
+planned, as there, on the survivals of the same request `lag_steps` steps before (1 for a
+request that was not in its slot then: new, or back from a retraction). It is
 vectorised over every step of one batch size at once: one sort and one cumulative sum
 per `[steps, bs * gamma]` chunk, the same operations in the same order as the scheduler
 applies to one step, so the windows agree with the scheduler's bit for bit.
@@ -109,9 +112,11 @@ def sps_windows(
     step_bs: np.ndarray,
     table: AdditiveCostTable,
     rules: list[tuple[float, int | None]],
+    budget_survival: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """`[rows]` windows of the SPS scheduler over every step (rows grouped by step), one
-    array per budget rule `(scale, per_request)` of `rules`.
+    array per budget rule `(scale, per_request)` of `rules`; the budget is planned on
+    `budget_survival` where given (the relayed survivals), the slots go by `survival`.
 
     `survival` is `[rows, gamma]` with each step's rows contiguous from `step_start`;
     a step's budget is the argmax of the scheduler's objective (times `scale`), or
@@ -141,8 +146,12 @@ def sps_windows(
                     k = np.full(n, min(per_request * bs, width))
                 else:
                     if best is None:
+                        planned = ranked
+                        if budget_survival is not None:
+                            flat = budget_survival[idx].reshape(n, width)
+                            planned = np.sort(flat, axis=1)[:, ::-1]
                         gains = np.zeros((n, width + 1))
-                        np.cumsum(ranked, axis=1, out=gains[:, 1:])
+                        np.cumsum(planned, axis=1, out=gains[:, 1:])
                         gains += bs
                         gains /= seconds
                         best = np.argmax(gains, axis=1)
@@ -191,10 +200,13 @@ def policies_windows(
     step_start: np.ndarray,
     step_bs: np.ndarray,
     table: AdditiveCostTable,
+    relayed: tuple[np.ndarray | None, np.ndarray | None] | None = None,
 ) -> list[np.ndarray]:
     """`[rows]` drafts each policy verifies per request-step of the run; SPS policies
     that plan on the same survivals and table (differing in their budget rule) are
-    scheduled together (`sps_windows`)."""
+    scheduled together (`sps_windows`). `relayed`: the (survival, logits) rows each
+    request-step's budget is planned on under a confidence relay (`predict.relayed`),
+    None without one."""
     out: list[np.ndarray | None] = [None] * len(policies)
     planned: dict = {}
     for i, policy in enumerate(policies):
@@ -221,6 +233,7 @@ def policies_windows(
             step_bs,
             first.table or table,
             rules,
+            None if relayed is None else policy_survival(first, *relayed),
         )
         for i, w in zip(members, windows, strict=True):
             out[i] = w

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from ..analysis.load import load_level
+from ..analysis.load import run_load_level
 from ..analysis.request_codes import dense_codes, positions, request_codes
 from ..analysis.step_time import measured_step_ms
 from ..analysis.workload_codes import workload_code
@@ -48,10 +48,11 @@ from .policies import Policy, parse_policy, policies_windows, policy_windows
 #: Policies `whatif` predicts when none are named.
 DEFAULT_POLICIES = ("own", "static", "sps", "window=3", "sps:scale=0.5")
 
-#: Request-steps at most that an SPS policy's batches are drawn again from (`_recomposed`).
-RECOMPOSED_ROWS = 1 << 20
+#: Request-steps at most that an SPS policy's batches are drawn again from (`_recomposed`,
+#: twice per policy: the two passes cost what one over 1M did).
+RECOMPOSED_ROWS = 1 << 19
 
-#: Steps before a step whose largest level decides its stretch of a level (`_steady`).
+#: Steps before a step whose largest level decides its stretch of a level (`_inside`).
 STRETCH_SLACK = 32
 
 #: Keys of every cell; documented in docs/whatif.md.
@@ -101,7 +102,8 @@ class CellCodes:
     part_cell: np.ndarray  # [parts] the part's (level, workload) code
     part_rows: np.ndarray  # [parts] its request-steps, as float64
     level_steps: np.ndarray  # [levels] steps
-    steady: np.ndarray  # [levels] share of request-steps of requests begun and ended in it
+    pair_rows: np.ndarray  # [pairs] request-steps, as float64
+    pair_inside: np.ndarray  # [pairs] the request began and ended in the level's stretch
 
 
 @dataclass
@@ -122,7 +124,10 @@ class RunFrame:
     table_source: str
     tiers: tuple[int, ...]
     ceiling_sources: dict
-    own_committed: np.ndarray | None = None  # [cells] the run's committed tokens
+    own_committed: np.ndarray | None = None  # [pairs] the run's committed tokens
+    #: [rows] under a confidence relay, the row whose survival each row's budget is planned
+    #: on (-1: survival 1); None without a relay (`relay_rows`)
+    relay_row: np.ndarray | None = None
 
 
 def _matrix(req: pl.LazyFrame, name: str, gamma: int, order: np.ndarray | None, wanted: bool):
@@ -190,9 +195,19 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame
     sps = policies is None or any(p.kind == "sps" for p in policies)
     recalibrated = policies is None or any(p.sts is not None for p in policies)
     shadow = pl.col("shadow_ceiling") if use_shadow else pl.lit(None, pl.Int64)
+    steps = run.steps().filter(pl.col("bs") > 0)
+    lagged = "lag_steps" in steps.collect_schema().names()
+    lagged = lagged and (steps.select(pl.col("lag_steps").max()).collect().item() or 0) > 0
+    # the slots are read only where a relay needs them (80 MB on 10M request-steps)
+    pool = (
+        pl.col("req_pool_index")
+        if "req_pool_index" in req.collect_schema().names()
+        else pl.lit(-1, pl.Int64).alias("req_pool_index")
+    )
     df = req.select(
         "rank",
         "forward_ct",
+        *([pool] if lagged else []),
         workload_code(known),
         "window",
         "correct_drafts",
@@ -207,14 +222,14 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame
     order = np.argsort(key, kind="stable") if (np.diff(key) < 0).any() else None
     if order is not None:
         key = key[order]
-    steps = run.steps().filter(pl.col("bs") > 0)
     step_cols = steps.select(
         "rank",
         "forward_ct",
-        load_level(steps).alias("level"),
+        run_load_level(run, steps).alias("level"),
         measured_step_ms(),
         pl.coalesce("num_verify_tokens", "verify_tokens_local").alias("tier"),
-    ).collect()
+        pl.col("lag_steps").fill_null(0) if lagged else pl.lit(0).alias("lag_steps"),
+    ).collect()  # fmt: skip
     step_keys = (step_cols["rank"].to_numpy() << 40) + step_cols["forward_ct"].to_numpy()
     by_key = np.argsort(step_keys, kind="stable")
     start = _starts(key)
@@ -264,7 +279,83 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame
         table_source=source,
         tiers=_tiers(run),
         ceiling_sources=sources,
+        relay_row=None
+        if not lagged
+        else relay_rows(
+            key[start],
+            _step_keys(run.steps()),
+            step,
+            rid,
+            df["req_pool_index"].to_numpy(),
+            step_cols["lag_steps"].to_numpy()[step_row],
+        ),
     )
+
+
+def relay_rows(
+    step_keys: np.ndarray,
+    recorded: np.ndarray,
+    step: np.ndarray,
+    rid: np.ndarray,
+    pool: np.ndarray,
+    lag: np.ndarray,
+) -> np.ndarray | None:
+    """`[rows]` under a confidence relay, the row whose survival each request-step's budget
+    was planned on: the same request's row `lag` steps before (`step_keys`: each step's
+    `(rank << 40) + forward_ct`, ascending) where it held the same slot (`pool`, its
+    `req_pool_index`; -1 where not recorded) in every step since, -1 where it did not (the
+    relay hands a slot that changed hands survival 1: a new request, or one back from a
+    retraction, or any request of the rank's first steps), and the row itself where a step
+    in between is not among the `recorded` keys (every step the run holds, empty ones too:
+    no better guess there). None where no step has a lag (`lag`, per step)."""
+    if not (lag > 0).any():
+        return None
+    n = len(step)
+    span = int(rid.max()) + 1
+    by_row = np.argsort(step * span + rid, kind="stable")
+    sorted_rows = (step * span + rid)[by_row]
+    row_lag = lag[step]
+    out = np.arange(n)
+    stale = np.zeros(n, bool)
+    unknown = np.zeros(n, bool)
+    for d in range(1, int(lag.max()) + 1):
+        due = row_lag >= d
+        before = positions(step_keys, step_keys - d)[step]  # the step d before, -1 if absent
+        hit = positions(sorted_rows, np.where(before >= 0, before * span + rid, -1))
+        prev = np.where(hit >= 0, by_row[np.maximum(hit, 0)], -1)
+        moved = (prev < 0) | ((pool >= 0) & (pool[np.maximum(prev, 0)] != pool))
+        # a step before the rank's first (forward_ct < 0) relayed nothing: held, and empty
+        none = (step_keys & ((1 << 40) - 1)) < d
+        held = ((positions(recorded, step_keys - d) >= 0) | none)[step]
+        stale |= due & held & moved
+        unknown |= due & ~held
+        at_lag = row_lag == d
+        out[at_lag] = prev[at_lag]
+    out[unknown] = np.arange(n)[unknown]
+    out[stale & ~unknown] = -1
+    return out
+
+
+def _step_keys(steps: pl.LazyFrame) -> np.ndarray:
+    """Every recorded step's `(rank << 40) + forward_ct`, ascending and unique."""
+    keys = steps.select("rank", "forward_ct").collect()
+    return np.unique((keys["rank"].to_numpy() << 40) + keys["forward_ct"].to_numpy())
+
+
+def relayed(frame: RunFrame, rows: np.ndarray | None = None):
+    """`(survival, logits)` each row's budget is planned on under the run's confidence relay
+    (`relay_row`; rows `rows` of the run, all by default), a row planned on survival 1
+    holding 1 (and logits of +inf, 1 under any STS); None without a relay."""
+    if frame.relay_row is None:
+        return None
+    source = frame.relay_row if rows is None else frame.relay_row[rows]
+    fresh = (source >= 0)[:, None]
+    take = np.maximum(source, 0)
+
+    def gather(m: np.ndarray | None, fill: float):
+        return None if m is None else np.where(fresh, m[take], fill)
+
+    return gather(frame.survival, 1.0), gather(frame.logits, np.inf)
 
 
 def _starts(key: np.ndarray) -> np.ndarray:
@@ -340,14 +431,15 @@ def _cell_codes(
         part_cell=part_cell,
         part_rows=np.bincount(part, minlength=len(held)).astype(np.float64),
         level_steps=np.bincount(step_level, minlength=len(levels)),
-        steady=_steady(step_level, level, rid, step),
+        pair_rows=np.bincount(pair, minlength=n_pairs).astype(np.float64),
+        pair_inside=np.bincount(pair, _inside(step_level, rid, step), minlength=n_pairs) > 0,
     )
 
 
-def _steady(step_level: np.ndarray, level: np.ndarray, rid: np.ndarray, step: np.ndarray):
-    """`[levels]` the share of a level's request-steps whose request began and ended within
-    the level's stretch of steps (a request cut by the stretch's end, or carried in from
-    before it, is not): the part of the level the closed loop's steady state describes.
+def _inside(step_level: np.ndarray, rid: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """`[rows]` whether the row's request began and ended within its level's stretch of
+    steps (a request cut by the stretch's end, or carried in from before it, is not): the
+    requests the closed loop's steady state describes.
     Where levels are bands of batch sizes, a stretch is that of the band the batch holds
     when it is full, so the requests of a batch that dips into the band below are the
     stretch's too."""
@@ -363,22 +455,19 @@ def _steady(step_level: np.ndarray, level: np.ndarray, rid: np.ndarray, step: np
     bounds = np.concatenate(([0], edge, [len(step_level)]))
     stretch = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
     begin, end = bounds[:-1][stretch], bounds[1:][stretch] - 1
-    inside = (first[rid] >= begin[step]) & (last[rid] < end[step])
-    n = len(np.unique(step_level)) if len(step_level) else 0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.bincount(level, inside, minlength=n) / np.bincount(level, minlength=n)
+    return (first[rid] >= begin[step]) & (last[rid] < end[step])
 
 
 def step_tokens(frame: RunFrame, windows: np.ndarray, weight: np.ndarray | None = None):
-    """`[steps]` packed verify tokens (`bs` + the windows). With `weight` (per cell, from
+    """`[steps]` packed verify tokens (`bs` + the windows). With `weight` (per row, from
     `closed_loop_weights`) each step holds its batch size of the reweighted mix: `bs` times
     its rows' weighted mean window (rounded to 1e-9, so that a step of one workload keeps
     its own tokens and tier)."""
     bs = frame.step_bs.astype(np.float64)
     if weight is None:
         return bs + np.add.reduceat(windows, frame.step_start)
-    w = weight[frame.cells.cell]
-    mean = np.add.reduceat(w * windows, frame.step_start) / np.add.reduceat(w, frame.step_start)
+    mean = np.add.reduceat(weight * windows, frame.step_start)
+    mean /= np.add.reduceat(weight, frame.step_start)
     return bs + np.round(bs * mean, 9)
 
 
@@ -392,30 +481,32 @@ def step_seconds(frame: RunFrame, tokens: np.ndarray) -> np.ndarray:
 
 
 def closed_loop_weights(frame: RunFrame, committed: np.ndarray) -> np.ndarray:
-    """`[cells]` how much more (or less) of a level's request-steps each workload holds
-    under the policy than in the run: `c_own / c_policy`, its committed tokens per
-    request-step in the run over the policy's, scaled so that a level keeps its
-    request-steps.
+    """`[pairs]` how much more (or less) of a level's request-steps each request holds under
+    the policy than in the run: `c_own / c_policy`, its committed tokens per request-step
+    in the run over the policy's (`committed`: its sum per (level, request) pair), scaled so
+    that a level keeps its request-steps.
 
     Fixed concurrency (the reference runtime, a benchmark) or a queue that serves every
-    request: a slot, or the server, takes a workload's requests in the traffic's mix, and
-    each holds its place for its tokens over its committed tokens per request-step. So a
-    workload's share of request-steps is proportional to its requests times tokens per
-    request over `c`; the first two do not depend on the policy, the last does. That holds
-    for the requests a level's stretch of steps holds from beginning to end (`steady`); the
-    rest (carried in, or cut by the stretch's end) keep their recorded share."""
+    request: a slot, or the server, takes the traffic's requests in turn, and each holds
+    its place for its tokens over its committed tokens per request-step. Its tokens do not
+    depend on the policy, `c` does, and by how much differs from request to request within
+    a workload (a policy that trims harder slows down most the requests whose drafts it
+    trims), so the move is per request, not per workload. That holds for the requests a
+    level's stretch of steps holds from beginning to end (`CellCodes.pair_inside`); the
+    rest (carried in, or cut by the stretch's end) keep their recorded request-steps."""
     c = frame.cells
-    n_levels, n_wl = len(c.levels), len(c.workloads)
-    n = n_levels * n_wl
+    n_levels = len(c.levels)
     if frame.own_committed is None:
-        frame.own_committed = np.bincount(c.cell, frame.inputs.accepted + 1.0, minlength=n)
-    count = c.cell_rows
+        frame.own_committed = np.bincount(
+            c.pair, frame.inputs.accepted + 1.0, minlength=len(c.pair_rows)
+        )
+    ratio = frame.own_committed / committed
+    moved = c.pair_rows * c.pair_inside
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(count > 0, frame.own_committed / committed, 0.0)
-        level = (ratio * count).reshape(n_levels, n_wl).sum(axis=1)
-        level /= count.reshape(n_levels, n_wl).sum(axis=1)
-    steady = np.repeat(np.nan_to_num(c.steady), n_wl)
-    return 1.0 + steady * (ratio / np.repeat(level, n_wl) - 1.0)
+        scale = np.bincount(c.pair_level, moved, minlength=n_levels) / np.bincount(
+            c.pair_level, moved * ratio, minlength=n_levels
+        )
+    return np.where(c.pair_inside, ratio * np.nan_to_num(scale)[c.pair_level], 1.0)
 
 
 def _recomposed(frame: RunFrame, policy: Policy, shapes, exact, weight, same) -> tuple:
@@ -424,8 +515,8 @@ def _recomposed(frame: RunFrame, policy: Policy, shapes, exact, weight, same) ->
 
     The scheduler splits one budget over a batch, so a request's window depends on who
     else is in it. Each step's batch (at most `RECOMPOSED_ROWS` rows, from every k-th step
-    beyond) is moved to the policy's mix (`weight`, per cell, `closed_loop_weights`) by as
-    few changes as it takes: a row of a workload the policy holds less of leaves with
+    beyond) is moved to the policy's mix (`weight`, per row, `closed_loop_weights`) by as
+    few changes as it takes: a row of a request the policy holds less of leaves with
     probability `1 - weight`, and a row of one it holds more of, from the same level, takes
     its slot. The batches are scheduled again; per cell, the rows' windows and accepted
     drafts over what the same rows had in their recorded batches (`same`) scale the
@@ -439,17 +530,17 @@ def _recomposed(frame: RunFrame, policy: Policy, shapes, exact, weight, same) ->
     rows = np.repeat(frame.step_start[steps] - np.cumsum(np.append(0, bs[:-1])), bs)
     rows += np.arange(len(rows))  # the sampled steps' own rows
     rng = np.random.default_rng(0)
-    # a row stays with probability min(1, weight); its slot goes to a row of a workload
+    # a row stays with probability min(1, weight); its slot goes to a row of a request
     # the policy holds more of, drawn in proportion to that excess within the level
-    leave = rng.random(len(rows)) >= weight[c.cell[rows]]
+    leave = rng.random(len(rows)) >= weight[rows]
     excess = np.maximum(weight - 1.0, 0.0)
     row_level = c.cell[rows] // len(c.workloads)
     for i in range(len(c.levels)):
         free = np.flatnonzero(leave & (row_level == i))
         if len(free) == 0:
             continue
-        pool = rows[row_level == i]  # the drawn steps' rows of the level: all, up to 1M rows
-        cdf = np.cumsum(excess[c.cell[pool]])
+        pool = rows[row_level == i]  # the drawn steps' rows of the level: all, up to 0.5M rows
+        cdf = np.cumsum(excess[pool])
         if cdf[-1] <= 0:  # a level has rows leaving only with some excess
             continue
         pick = np.searchsorted(cdf, rng.random(len(free)) * cdf[-1], side="right")
@@ -463,6 +554,7 @@ def _recomposed(frame: RunFrame, policy: Policy, shapes, exact, weight, same) ->
         step_start=np.concatenate(([0], np.cumsum(bs)[:-1])),
         step_bs=bs,
         table=frame.table,
+        relayed=relayed(frame, rows),
     )
     drawn = accepted_under(inp, exact, shapes, windows, rows)
     cell, n = c.cell[rows], len(c.levels) * len(c.workloads)
@@ -572,34 +664,41 @@ def _spread_parts(frame: RunFrame, com: np.ndarray, part_den: dict) -> dict:
 def _cell_figures(frame: RunFrame, windows, accepted, seconds, weight=None) -> tuple[dict, dict]:
     """Every (level, workload) cell's figures and every level's (`all`): one `np.bincount`
     per sum over the rows (over the parts for the spread's squares), the levels' sums those of
-    their workloads (each weighted by `weight`, per cell, where given: a workload's figures
-    are ratios within it, which one weight for all its rows leaves as they are)."""
+    their workloads; each request-step weighted by its (level, request) pair's `weight`
+    where given (`closed_loop_weights`), the cell's request-steps still the recorded ones."""
     point, lo, hi = accepted
     c = frame.cells
     com = point + 1.0
     n_levels, n_wl = len(c.levels), len(c.workloads)
     n = n_levels * n_wl
-    per_wl = _per_array(
-        lambda v: np.bincount(c.cell, v, minlength=n),
-        {"window": windows, "acc": point, "lo": lo, "hi": hi},
-    )
+    row_weight = None if weight is None else weight[c.pair]
+
+    def cell_sum(v: np.ndarray) -> np.ndarray:
+        return np.bincount(c.cell, v if row_weight is None else v * row_weight, minlength=n)
+
+    per_wl = _per_array(cell_sum, {"window": windows, "acc": point, "lo": lo, "hi": hi})
     n_pairs = len(c.pair_cell)
-    pair_sums = {"com": np.bincount(c.pair, com, minlength=n_pairs)}
+    pair_weight = 1.0 if weight is None else weight
+    pair_sums = {"com": np.bincount(c.pair, com, minlength=n_pairs) * pair_weight}
     for k, v in _row_seconds(frame, seconds).items():
-        per_wl[k] = np.bincount(c.cell, v, minlength=n)
-        pair_sums[k] = np.bincount(c.pair, v, minlength=n_pairs)
-    per_wl["count"] = c.cell_rows
+        per_wl[k] = cell_sum(v)
+        pair_sums[k] = np.bincount(c.pair, v, minlength=n_pairs) * pair_weight
+    per_wl["count"] = c.cell_rows if row_weight is None else cell_sum(np.ones(len(c.cell)))
     parts = _spread_parts(frame, com, _part_seconds(frame, seconds))
-    cell_parts = {**parts, "scope": c.part_cell, "weight2": 1.0}
-    figures = _figures(per_wl, c.pair_cell, pair_sums, cell_parts)
+    # a part's rows share a step and a workload, not a request: their mean weight stands
+    # for each (the spread is an estimate of the sampling error, not a figure)
     part_weight = 1.0
-    if weight is not None:
-        per_wl = {k: v * weight for k, v in per_wl.items()}
-        pair_sums = {k: v * weight[c.pair_cell] for k, v in pair_sums.items()}
-        part_weight = weight[c.part_cell] ** 2
+    if row_weight is not None:
+        part_weight = np.bincount(c.part, row_weight, minlength=len(c.part_rows))
+        part_weight = (part_weight / c.part_rows) ** 2
+    cell_parts = {**parts, "scope": c.part_cell, "weight2": part_weight}
+    figures = _figures(per_wl, c.pair_cell, pair_sums, cell_parts)
+    figures["request_steps"] = c.cell_rows
     whole = {k: v.reshape(n_levels, n_wl).sum(axis=1) for k, v in per_wl.items()}
     level_parts = {**parts, "scope": c.part_cell // n_wl, "weight2": part_weight}
-    return figures, _figures(whole, c.pair_level, pair_sums, level_parts)
+    out = _figures(whole, c.pair_level, pair_sums, level_parts)
+    out["request_steps"] = c.cell_rows.reshape(n_levels, n_wl).sum(axis=1)
+    return figures, out
 
 
 def _rates(frame: RunFrame, com: np.ndarray, seconds: np.ndarray) -> tuple[dict, dict]:
@@ -630,6 +729,7 @@ def _windows(frame: RunFrame, policies: list[Policy]) -> list[np.ndarray]:
         step_start=frame.step_start,
         step_bs=frame.step_bs,
         table=frame.table,
+        relayed=relayed(frame),
     )
 
 
@@ -666,22 +766,31 @@ def predict_policy(
         windows = _windows(frame, [policy])[0]
     accepted = accepted_under(inp, exact, shapes, windows)
     c = frame.cells
-    weight, same = None, (windows, accepted)
+    weight = row_weight = None
+    same = (windows, accepted)
     if closed_loop and policy.kind != "own":
-        committed = np.bincount(c.cell, accepted[0] + 1.0, minlength=len(c.cell_rows))
+        committed = np.bincount(c.pair, accepted[0] + 1.0, minlength=len(c.pair_rows))
         weight = closed_loop_weights(frame, committed)
+        row_weight = weight[c.pair]
         if policy.kind == "sps":
-            windows, accepted = _recomposed(frame, policy, shapes, exact, weight, same)
-    tokens = step_tokens(frame, windows, weight)
+            windows, accepted = _recomposed(frame, policy, shapes, exact, row_weight, same)
+            # the mix and the budget split over it move together: the mix again from what
+            # the recomposed batches commit, and the batches again over that mix
+            committed = np.bincount(c.pair, accepted[0] + 1.0, minlength=len(c.pair_rows))
+            weight = closed_loop_weights(frame, committed)
+            row_weight = weight[c.pair]
+            windows, accepted = _recomposed(frame, policy, shapes, exact, row_weight, same)
+    tokens = step_tokens(frame, windows, row_weight)
     seconds = step_seconds(frame, tokens)
     n_levels, n_wl = len(c.levels), len(c.workloads)
     per_wl, whole = _cell_figures(frame, windows, accepted, seconds, weight)
-    whole["request_steps"] = per_wl["request_steps"].reshape(n_levels, n_wl).sum(axis=1)
     if weight is not None:
         # the correction rests on the steady state of a level that its first requests (the
         # previous level's) have left, and on batches drawn at random: half its size is
         # taken as its uncertainty, on both sides
-        recorded = _rates(frame, committed, step_seconds(frame, step_tokens(frame, same[0])))
+        cell_committed = np.bincount(c.cell, same[1][0] + 1.0, minlength=len(c.cell_rows))
+        recorded_seconds = step_seconds(frame, step_tokens(frame, same[0]))
+        recorded = _rates(frame, cell_committed, recorded_seconds)
         for fig, same in zip((per_wl, whole), recorded, strict=True):
             for key, value in same.items():
                 half = 0.5 * np.abs(fig[key] - value)

@@ -46,6 +46,7 @@ Z95_2 = 1.96 * 2**0.5
 TARGET_ERROR = 0.02
 TARGET_COVERAGE = 0.95
 TARGET_OWN = 0.005
+TARGET_SEEDS = 10
 
 
 def measured_cells(run) -> dict:
@@ -55,10 +56,11 @@ def measured_cells(run) -> dict:
     (`T / bs` each; for `all` the level's throughput), per-request tokens/s committed
     tokens over the step time its requests sat through: the definitions `whatif` predicts.
     """
-    from ..analysis.load import load_level, step_tokens
+    from ..analysis.load import run_load_level, step_tokens
 
     steps = step_tokens(run).filter(pl.col("bs") > 0)
-    steps = steps.select("rank", "forward_ct", "bs", "seconds", load_level(steps).alias("level"))
+    level = run_load_level(run, steps).alias("level")
+    steps = steps.select("rank", "forward_ct", "bs", "seconds", level)
     rows = run.requests().join(steps, on=["rank", "forward_ct"]).collect()
     rows = rows.select(
         "level",
@@ -113,48 +115,71 @@ def level_steps(concurrency, steps: int, request_steps: int | None) -> list[int]
     return [max(steps, -(-(request_steps or 0) // c)) for c in concurrency]
 
 
-def _pair(
-    world: str, seed: int, policies: tuple[str, ...], concurrency, steps: int, request_steps=None
-) -> list:
-    """The records of one (world, seed): the predictions and the real runs they are held to."""
+#: The file of a kept pair's directory that names what it holds (`--keep`, `--repredict`).
+PAIR_FILE = "pair.json"
+
+
+def _run_name(policy: str) -> str:
+    """A real run's directory name in a pair's directory."""
+    return policy.replace(":", "_").replace("=", "_")
+
+
+def _record_pair(
+    world: str, seed: int, policies: tuple[str, ...], concurrency, steps: int, request_steps,
+    root: Path,
+) -> None:  # fmt: skip
+    """Run one (world, seed) into `root`: the compact run (with its shadow), each policy's
+    real run, and `PAIR_FILE` naming them, written last (a directory without it is a pair
+    that did not finish)."""
     from ..runs import record_reference_run
     from ..runtime.config import STS_WARMUP_STEPS, RuntimeConfig
     from ..runtime.sts_warmup import resolve_sts
-    from ..store import open_run
-    from .predict import whatif
 
     per_level = level_steps(concurrency, steps, request_steps)
     base = RuntimeConfig(seed=seed, world=world, shadow="cap-accept", concurrency=list(concurrency),
                          steps_per_level=steps, level_steps=per_level)  # fmt: skip
     sts = resolve_sts("auto", base, STS_WARMUP_STEPS)
-    with tempfile.TemporaryDirectory() as tmp:
-        record_reference_run(base, Path(tmp) / "compact", sts)
-        compact = open_run(Path(tmp) / "compact")
-        report = whatif(compact, ["own", *policies], use_shadow=False, same_steps=policies)
-        predicted = {(c["policy"], c["level"], c["workload"]): c for c in report["cells"]}
-        # the same without the closed-loop correction: the prediction before it
-        same = {(c["policy"], c["level"], c["workload"]): c for c in report["same_steps_cells"]}
-        # the same with the shadow's ceilings: what is left of an error is not the estimator's
-        exact = {
-            (c["policy"], c["level"], c["workload"]): c["tokens_per_s"]
-            for c in whatif(compact, list(policies), use_shadow=True)["cells"]
-        }
-        truth = {"own": measured_cells(compact)}
-        for name in policies:
-            change = dict(RUNNABLE[name])
-            config = dataclasses.replace(base, shadow=None, **change)
-            keep = sts if "sts_temperatures" not in change else None
-            out = Path(tmp) / name.replace(":", "_").replace("=", "_")
-            record_reference_run(config, out, keep)
-            truth[name] = measured_cells(open_run(out))
+    record_reference_run(base, root / "compact", sts)
+    for name in policies:
+        change = dict(RUNNABLE[name])
+        config = dataclasses.replace(base, shadow=None, **change)
+        keep = sts if "sts_temperatures" not in change else None
+        record_reference_run(config, root / _run_name(name), keep)
+    meta = {"world": world, "seed": seed, "policies": list(policies),
+            "concurrency": list(concurrency), "steps": steps, "level_steps": per_level}  # fmt: skip
+    (root / PAIR_FILE).write_text(json.dumps(meta), encoding="utf-8")
+
+
+def _pair_records(root: Path) -> list:
+    """The records of one recorded (world, seed) in `root` (`_record_pair`): the
+    predictions from its compact run held to the real runs it holds."""
+    from ..store import open_run
+    from .predict import whatif
+
+    meta = json.loads((root / PAIR_FILE).read_text(encoding="utf-8"))
+    world, seed, policies = meta["world"], meta["seed"], tuple(meta["policies"])
+    concurrency, per_level = meta["concurrency"], meta["level_steps"]
+    compact = open_run(root / "compact")
+    report = whatif(compact, ["own", *policies], use_shadow=False, same_steps=policies)
+    predicted = {(c["policy"], c["level"], c["workload"]): c for c in report["cells"]}
+    # the same without the closed-loop correction: the prediction before it
+    same = {(c["policy"], c["level"], c["workload"]): c for c in report["same_steps_cells"]}
+    # the same with the shadow's ceilings: what is left of an error is not the estimator's
+    exact = {
+        (c["policy"], c["level"], c["workload"]): c["tokens_per_s"]
+        for c in whatif(compact, list(policies), use_shadow=True)["cells"]
+    }
+    truth = {"own": measured_cells(compact)}
+    for name in policies:
+        truth[name] = measured_cells(open_run(root / _run_name(name)))
     records = []
     for (policy, level, workload), p in predicted.items():
         real = truth[policy].get((level, workload))
         if real is None:
             continue
         rec = {"world": world, "seed": seed, "policy": policy, "level": level,
-               "steps_per_level": per_level[list(concurrency).index(level)]
-               if level in concurrency else steps,
+               "steps_per_level": per_level[concurrency.index(level)]
+               if level in concurrency else meta["steps"],
                "workload": workload, "request_steps": p["request_steps"]}  # fmt: skip
         for key in COMPARED:
             rec[f"{key}_predicted"] = p[key]
@@ -169,6 +194,38 @@ def _pair(
             rec[f"{key}_same_steps"] = before[key]
         records.append(rec)
     return records
+
+
+def pair_directory(keep: str | Path, world: str, seed: int) -> Path:
+    """Where `--keep DIR` keeps one (world, seed)."""
+    return Path(keep) / f"{world}-seed{seed}"
+
+
+def _pair(
+    world: str, seed: int, policies: tuple[str, ...], concurrency, steps: int, request_steps=None,
+    keep: str | None = None,
+) -> list:  # fmt: skip
+    """The records of one (world, seed): the predictions and the real runs they are held to;
+    the runs are kept under `keep` (`pair_directory`) where given, else thrown away."""
+    if keep is not None:
+        root = pair_directory(keep, world, seed)
+        if root.exists():
+            raise ValueError(f"{root} exists: --keep needs a directory without this pair")
+        root.mkdir(parents=True)
+        _record_pair(world, seed, policies, concurrency, steps, request_steps, root)
+        return _pair_records(root)
+    with tempfile.TemporaryDirectory() as tmp:
+        _record_pair(world, seed, policies, concurrency, steps, request_steps, Path(tmp))
+        return _pair_records(Path(tmp))
+
+
+def kept_pairs(keep: str | Path) -> list[Path]:
+    """The finished pairs under a `--keep` directory (those with their `PAIR_FILE`), sorted;
+    ValueError where there are none."""
+    found = sorted(p.parent for p in Path(keep).glob(f"*/{PAIR_FILE}"))
+    if not found:
+        raise ValueError(f"{keep}: no kept pairs (directories holding {PAIR_FILE})")
+    return found
 
 
 def _single_threaded() -> None:
@@ -187,13 +244,27 @@ def whatif_study(
     request_steps: int | None = None,
     jobs: int = 1,
     sink=None,
+    keep: str | None = None,
 ) -> list[dict]:
     """One record per (world, seed, policy, level, workload): predicted figures with their
     intervals beside the real run's (`policy` `own`: the compact run's own prediction
     beside its measured figures). `sink(records)` is called as each pair finishes;
-    `request_steps` lengthens the levels of small batches (`level_steps`)."""
-    pairs = [(w, s, tuple(policies), tuple(concurrency), steps, request_steps)
+    `request_steps` lengthens the levels of small batches (`level_steps`); `keep` keeps
+    every pair's runs there (`pair_directory`), for `repredict`."""
+    pairs = [(w, s, tuple(policies), tuple(concurrency), steps, request_steps, keep)
              for w in worlds for s in seeds]  # fmt: skip
+    return _in_workers(_pair, pairs, jobs, sink)
+
+
+def repredict(keep: str | Path, *, jobs: int = 1, sink=None) -> list[dict]:
+    """The study's records again from the runs a `keep` directory holds, with the code as it
+    is now: a change to the prediction is held to the same real runs without running them."""
+    return _in_workers(_pair_records, [(p,) for p in kept_pairs(keep)], jobs, sink)
+
+
+def _in_workers(fn, calls: list[tuple], jobs: int, sink) -> list[dict]:
+    """`fn(*call)` for every call, in `jobs` worker processes (in this one for 1), each
+    one's records passed to `sink` as it finishes; all of them sorted."""
     records = []
 
     def take(part: list[dict]) -> None:
@@ -202,14 +273,14 @@ def whatif_study(
             sink(part)
 
     if jobs <= 1:
-        for pair in pairs:
-            take(_pair(*pair))
+        for call in calls:
+            take(fn(*call))
     else:
         # spawned, not forked: a fork of a process whose polars threads have started can
         # hang in the child
         spawn = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=_single_threaded) as pool:
-            for done in as_completed([pool.submit(_pair, *pair) for pair in pairs]):
+            for done in as_completed([pool.submit(fn, *call) for call in calls]):
                 take(done.result())
     records.sort(key=lambda r: (r["world"], r["seed"], r["policy"], r["level"], r["workload"]))
     return records
@@ -301,11 +372,21 @@ def study_totals(records: list[dict]) -> list[dict]:
     as recorded (`*_same_steps`, the prediction before it), and the noise floor: the
     median over cells of the real run's own standard error (`tokens_per_s_real_se`) over
     its value, and the share of cells where `1.96 * sqrt(2)` of it is under 2 % (where a
-    prediction as good as a second run could be told within 2 % from one that is not)."""
+    prediction as good as a second run could be told within 2 % from one that is not).
+
+    The issue's verdict on the same scope: `seeds` (the fewest any cell has), `mean_within`
+    (the share of cells, a (policy, level, workload) each, whose error averaged over the
+    seeds is within 2 %: sampling averages out over seeds, a bias does not), `worst_mean`
+    (the largest such |error|), `own_max` (the largest |error| of the run's own policy over
+    every cell and seed of the world) and `target_met`: at least `TARGET_SEEDS` seeds, every
+    cell's seed mean within 2 %, at least 95 % of (seed, cell) covered, own within 0.5 %."""
     # records of a study recorded before these keys have neither
     rows = [r for r in records if r["policy"] != "own" and "tokens_per_s_real_se" in r]
     if not rows:
         return []
+    own = [r for r in records if r["policy"] == "own"]
+    own_max = pl.DataFrame({"world": [r["world"] for r in own],
+                            "e": np.abs(relative_errors(own))}) if own else None  # fmt: skip
     df = pl.DataFrame(rows).with_columns(
         pl.Series("err", relative_errors(rows)),
         pl.Series("err_same", relative_errors(rows, "tokens_per_s_same_steps")),
@@ -325,6 +406,28 @@ def study_totals(records: list[dict]) -> list[dict]:
         pl.col("noise").median().alias("noise_median"),
         (Z95_2 * pl.col("noise") < TARGET_ERROR).mean().alias("decidable"),
     )  # fmt: skip
+    cells = df.group_by("world", "scope", "policy", "level", "workload").agg(
+        pl.col("err").mean().alias("mean"), pl.col("seed").n_unique().alias("seeds")
+    )
+    verdict = cells.group_by("world", "scope").agg(
+        pl.col("seeds").min(),
+        (pl.col("mean").abs() <= TARGET_ERROR).mean().alias("mean_within"),
+        pl.col("mean").abs().max().alias("worst_mean"),
+    )
+    out = out.join(verdict, on=["world", "scope"])
+    if own_max is None:
+        out = out.with_columns(pl.lit(None, pl.Float64).alias("own_max"))
+    else:
+        out = out.join(own_max.group_by("world").agg(pl.col("e").max().alias("own_max")),
+                       on="world", how="left")  # fmt: skip
+    out = out.with_columns(
+        (
+            (pl.col("seeds") >= TARGET_SEEDS)
+            & (pl.col("mean_within") == 1.0)
+            & (pl.col("coverage") >= TARGET_COVERAGE)
+            & (pl.col("own_max").fill_null(1.0) <= TARGET_OWN)
+        ).alias("target_met")
+    )
     return out.sort("world", "scope").to_dicts()
 
 
@@ -380,15 +483,18 @@ def format_totals(totals: list[dict], noise: list[dict]) -> str:
 
     lines = [
         "| world | scope | cells | within 2 % (recorded steps) | covered (recorded steps) | "
-        "noise: median SE % | decidable % |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "noise: median SE % | decidable % | seeds | seed means within 2 % | worst seed mean % "
+        "| own max % | target met |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in totals:
         lines.append(
             f"| {r['world']} | {r['scope']} | {r['cells']} | {pct(r['within'])} "
             f"({pct(r['within_same_steps'])}) | {pct(r['coverage'])} "
             f"({pct(r['coverage_same_steps'])}) | {pct(r['noise_median'])} | "
-            f"{pct(r['decidable'])} |"
+            f"{pct(r['decidable'])} | {r['seeds']} | {pct(r['mean_within'])} | "
+            f"{pct(r['worst_mean'])} | {pct(r['own_max'])} | "
+            f"{'yes' if r['target_met'] else 'no'} |"
         )
     lines += [
         "",
@@ -428,6 +534,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default="1,8,32,128")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes, one (world, seed) each")
     ap.add_argument("--out", help="append each pair's records here (JSON Lines)")
+    ap.add_argument("--keep", metavar="DIR", help="keep every pair's runs under DIR")
+    ap.add_argument(
+        "--repredict", metavar="DIR", help="predict again from the runs --keep kept in DIR"
+    )
     ap.add_argument("--summarize", nargs="+", metavar="FILE", help="summarise recorded records")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = ap.parse_args(argv)
@@ -446,7 +556,11 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        out = open(args.out, "a", encoding="utf-8") if args.out else None
+        try:
+            out = open(args.out, "a", encoding="utf-8") if args.out else None
+        except OSError as exc:
+            print(f"error: --out: {exc}", file=sys.stderr)
+            return 2
 
         def sink(part: list[dict]) -> None:
             if out is not None:
@@ -455,9 +569,15 @@ def main(argv: list[str] | None = None) -> int:
 
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
         try:
-            records = whatif_study(args.worlds, seeds, concurrency=concurrency, steps=args.steps,
-                                   request_steps=args.request_steps, jobs=args.jobs,
-                                   sink=sink)  # fmt: skip
+            if args.repredict:
+                records = repredict(args.repredict, jobs=args.jobs, sink=sink)
+            else:
+                records = whatif_study(args.worlds, seeds, concurrency=concurrency,
+                                       steps=args.steps, request_steps=args.request_steps,
+                                       jobs=args.jobs, sink=sink, keep=args.keep)  # fmt: skip
+        except (OSError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         finally:
             if out is not None:
                 out.close()

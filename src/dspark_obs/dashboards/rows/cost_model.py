@@ -1,7 +1,8 @@
 """The cost-model row: does the step-cost table the scheduler plans with predict the steps?
 
 Prediction and measurement are compared per mode and rank, since each rank runs its own
-table; the online refit says whether the table's shape can fit at all.
+table; the online refit says whether the table's shape can fit at all; the error by
+context length whether the table drifts as conversations grow.
 """
 
 from __future__ import annotations
@@ -11,6 +12,13 @@ from ..promql import RI, STEP
 
 #: Each exporter's ranks run their own table: never sum two exporters' rank 0 together.
 BY_LABELS = "by (instance, mode, rank)"
+#: By context bucket, a ratio of sums over every table: where the tables drift together as
+#: conversations grow, the additive form itself is short of a context term.
+BY_CONTEXT = "by (mode, context)"
+
+
+def _context_rate(counter: str) -> str:
+    return f"sum {BY_CONTEXT} (rate(dspark_cost_model_context_{counter}{{{STEP}}}{RI}))"
 
 
 def panels() -> list:
@@ -89,5 +97,37 @@ def panels() -> list:
             w=3,
             h=8,
             decimals=None,
+        ),
+        timeseries(
+            "Cost-table drift by context length",
+            "Measured / predicted step time - 1 per context bucket (steps by mean context tokens "
+            "per request, labelled by the bucket's lower bound): positive where the table is "
+            "optimistic. SGLang's additive table T(bs, K) has no context term, so as "
+            "conversations grow attention costs more than it predicts: a line that climbs with "
+            "the bucket says the table drifts with context (`dspark-obs cost fit` fits one "
+            "with a context term).",
+            "percentunit",
+            [
+                (
+                    f"{_context_rate('measured_seconds_total')} / "
+                    f"{_context_rate('predicted_seconds_total')} - 1",
+                    "{{mode}} context {{context}}+",
+                )
+            ],
+            w=12,
+        ),
+        timeseries(
+            "Relative error by context length",
+            "Mean |measured - predicted| / measured of the cost table per context bucket.",
+            "percentunit",
+            [
+                (
+                    f"{_context_rate('relative_error_total')} / {_context_rate('steps_total')}",
+                    "{{mode}} context {{context}}+",
+                )
+            ],
+            thresholds=REL_ERROR,
+            w=12,
+            min_val=0,
         ),
     ]

@@ -2,7 +2,7 @@
 `missing` lines; the report orders them and decides when each can be built."""
 
 from .calibration import calibration_section
-from .cost import cost_quality_table, cost_section
+from .cost import context_tables, cost_quality_table, cost_section
 from .estimator import estimator_section
 from .load import load_section
 from .policies import policies_section
@@ -11,6 +11,7 @@ from .workloads import workloads_section
 
 __all__ = [
     "calibration_section",
+    "context_tables",
     "cost_quality_table",
     "cost_section",
     "estimator_section",

@@ -40,6 +40,55 @@ def cost_quality_table(fit: CostFit, title: str) -> Table:
     )
 
 
+def context_tables(fit: CostFit, label: str) -> list[Table]:
+    """The context-extended table against the additive one (held out), and both by context."""
+    c = fit.context
+    if c is None:
+        return []
+    held = [
+        [name, fmt(e.steps), fmt(e.r2, 4), fmt(e.rms_seconds * 1e3, 3), fmt(e.rel_error_mean, 4)]
+        for name, e in (("additive T(bs, K)", c.additive), ("with context", c.extended))
+    ]
+    per_token = c.table.context_seconds_per_token * 1e9
+    buckets = [
+        [
+            f"{b.context:,}+",
+            fmt(b.steps),
+            fmt(b.mean_context, 0),
+            fmt(b.additive_rel_bias, 4),
+            fmt(b.additive_rel_error, 4),
+            fmt(b.extended_rel_bias, 4),
+            fmt(b.extended_rel_error, 4),
+        ]
+        for b in c.buckets
+    ]
+    return [
+        Table(
+            f"{label}: step cost with a context term, held out",
+            ["table", "steps", "R²", "RMS ms", "mean rel. error"],
+            held,
+            f"T(bs, K, C) = T(bs, K) + c * C, C the step's context tokens: c = "
+            f"{per_token:.4g} ns per token; both fitted on every other step of the "
+            f"{c.steps:,} with a context, scored on the rest",
+        ),
+        Table(
+            f"{label}: step-cost error by context length",
+            [
+                "context/request",
+                "steps",
+                "mean",
+                "additive rel. bias",
+                "additive rel. error",
+                "with context rel. bias",
+                "with context rel. error",
+            ],
+            buckets,
+            "buckets of mean context tokens per request (powers of two); rel. bias = mean "
+            "(measured - predicted) / measured, positive: the table is optimistic",
+        ),
+    ]
+
+
 def cost_section(arms: list[Arm], w: FigureQueue) -> Section:
     s = Section(
         "cost",
@@ -54,6 +103,7 @@ def cost_section(arms: list[Arm], w: FigureQueue) -> Section:
             s.missing.append(f"{arm.label}: {arm.cost_missing}")
             continue
         s.tables.append(cost_quality_table(fit, f"{arm.label}: predicted vs measured step time"))
+        s.tables += context_tables(fit, arm.label)
         s.figures += arm_figures(
             w,
             4,

@@ -1,0 +1,47 @@
+"""A verify forward over each row's verified window, timed, and undone afterwards.
+
+The accept chain comes from one forward over the whole block (every mode reads it, and the
+shadow reads it to the end), but a server's verify runs over the window the scheduler
+chose: that is the forward whose time a measured run records. It runs into the slots' KV
+cache rows past the committed tokens and is undone (keys, values, lengths), so what the
+request commits is the whole-block forward's, bit for bit, whether steps are timed or not.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from .session import RealSession
+
+
+@torch.inference_mode()
+def timed_verify(
+    session: RealSession, slots: np.ndarray, start: np.ndarray, tokens: np.ndarray, verified
+) -> float:
+    """Seconds of the target's forward over `tokens [rows, gamma + 1]` (the anchor, then the
+    drafts) up to each row's `verified` drafts, from the cache lengths `start`; the session's
+    cache is left as it was."""
+    device = session.device
+    s = torch.as_tensor(slots, device=device)
+    first = torch.as_tensor(start, device=device)
+    cache = session.cache
+    where = (s[:, None], first[:, None] + torch.arange(tokens.shape[1], device=device))
+    keys, values = cache.k[:, where[0], :, where[1]].clone(), cache.v[:, where[0], :, where[1]]
+    values = values.clone()
+    length = cache.length[s].clone()
+    cache.length[s] = first
+    batch = torch.as_tensor(tokens[:, : int(verified.max()) + 1], device=device)
+    counts = torch.as_tensor(verified + 1, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    begin = time.perf_counter()
+    session.models.target.extend(cache, s, batch, counts)
+    sync()
+    seconds = time.perf_counter() - begin
+    cache.k[:, where[0], :, where[1]] = keys
+    cache.v[:, where[0], :, where[1]] = values
+    cache.length[s] = length
+    return seconds

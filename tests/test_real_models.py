@@ -1,0 +1,229 @@
+"""The real world's committed models: their recorded figures hold, the incremental forward is
+the full one, a row's numbers do not depend on its batch, and the training script runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dspark_obs.runtime.real import corpus  # noqa: E402
+from dspark_obs.runtime.real.evaluate import anchor_contexts, draft_and_verify  # noqa: E402
+from dspark_obs.runtime.real.model import KVCache  # noqa: E402
+from dspark_obs.runtime.real.session import RealSession  # noqa: E402
+from dspark_obs.runtime.real.train import CHECK_WINDOWS, METRICS_NAME, WEIGHTS_NAME  # noqa: E402
+from dspark_obs.runtime.real.train import main as train_main  # noqa: E402
+from dspark_obs.runtime.real.weights import DEFAULT_WEIGHTS, load  # noqa: E402
+
+RECORDED = json.loads((DEFAULT_WEIGHTS.parent / METRICS_NAME).read_text(encoding="utf-8"))
+#: the networks are small: one thread each, here and in the training subprocess, is faster
+#: than threads that spin against other processes on a shared machine's few cores
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def models64():
+    return load(dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def models32():
+    return load(dtype=torch.float32)
+
+
+def _bits(models, data: bytes, context: int, windows: int) -> float:
+    """Next-byte loss in bits, by a plain forward per window and a numpy log-softmax."""
+    nats, count = 0.0, 0
+    for i in range(windows):
+        w = np.frombuffer(data[i * context : (i + 1) * context], dtype=np.uint8).astype(np.int64)
+        with torch.no_grad():
+            logits, _ = models.target(torch.from_numpy(w[None, :-1]))
+        z = logits[0].double().numpy()
+        z = z - z.max(axis=1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        nats -= logp[np.arange(len(w) - 1), w[1:]].sum()
+        count += len(w) - 1
+    return nats / count / np.log(2)
+
+
+def test_weights_are_small_and_were_cut_from_the_committed_heldout():
+    assert DEFAULT_WEIGHTS.stat().st_size == RECORDED["weights_bytes"] <= 8 * 2**20
+    assert all(RECORDED["heldout_cut_matches"].values())
+    for w in corpus.WORKLOADS:
+        assert RECORDED["workloads"][w]["heldout_bytes"] == len(corpus.committed_heldout(w))
+
+
+@pytest.mark.parametrize("workload", corpus.WORKLOADS)
+def test_committed_weights_give_their_recorded_heldout_loss(models32, workload):
+    """Recorded in float64 on the training device; recomputed here in float32 by another
+    route. The two agree to about 1e-7 bits; 1e-5 still catches any change of the weights
+    (one more training step moves the figure by far more than that)."""
+    data = corpus.committed_heldout(workload)
+    got = _bits(models32, data, models32.config.context, CHECK_WINDOWS)
+    assert got == pytest.approx(RECORDED["workloads"][workload]["check_bits_per_byte"], abs=1e-5)
+    assert 0.3 < got < 4.0
+
+
+def test_incremental_forward_with_truncation_equals_the_full_forward(models64):
+    x = torch.from_numpy(
+        np.frombuffer(corpus.committed_heldout("docs")[:90], dtype=np.uint8).astype(np.int64)
+    )[None]
+    full, full_hidden = models64.target(x)
+    cache = KVCache(models64.target, slots=3, capacity=16)
+    slot = torch.tensor([1])
+    with torch.no_grad():
+        a, ha = models64.target.extend(cache, slot, x[:, :40], torch.tensor([40]))
+        b, _ = models64.target.extend(cache, slot, x[:, 40:52], torch.tensor([12]))
+        cache.truncate(slot, torch.tensor([45]))  # 7 rejected positions dropped
+        c, hc = models64.target.extend(cache, slot, x[:, 45:], torch.tensor([45]))
+    got = torch.cat([a, b[:, :5], c], dim=1)
+    assert torch.allclose(got, full, rtol=0, atol=1e-10)
+    assert torch.allclose(torch.cat([ha, hc], 1)[:, -1], full_hidden[:, -1], rtol=0, atol=1e-10)
+    with pytest.raises(ValueError, match="beyond"):
+        cache.truncate(slot, torch.tensor([91]))
+
+
+def _step(models, slots, prompts, temperature, uniforms, window):
+    session = RealSession(models, slots=8)
+    session.prefill(slots, prompts)
+    drafted = session.draft(slots, temperature, uniforms)
+    return drafted, session.verify(slots, drafted.tokens, window)
+
+
+def test_a_requests_numbers_do_not_depend_on_its_batch(models64):
+    """The same request alone, and in a batch with others of other lengths and temperatures,
+    verifying a shorter or the whole window: identical drafts, draft and target logits."""
+    text = corpus.committed_heldout("code")
+    prompts = [text[1000:1200], text[50:90], text[3000:3333], text[7000:7060]]
+    temp = np.array([0.8, 0.0, 0.0, 1.0])
+    u = np.random.default_rng(0).random((4, 7))
+    alone_d, alone_v = _step(models64, np.array([5]), prompts[:1], temp[:1], u[:1], np.array([3]))
+    slots = np.array([2, 5, 0, 7])
+    batch_d, batch_v = _step(models64, slots, prompts, temp, u, np.array([7, 2, 5, 0]))
+    assert np.array_equal(alone_d.tokens[0], batch_d.tokens[0])
+    assert np.array_equal(alone_d.logprobs[0], batch_d.logprobs[0])
+    assert np.array_equal(alone_d.confidence_logits[0], batch_d.confidence_logits[0])
+    assert np.array_equal(alone_v[0, :4], batch_v[0, :4])
+    assert batch_v.shape == (4, 8, 256)
+
+
+def test_commit_keeps_the_accepted_prefix_and_drafts_from_the_bonus(models64):
+    text = corpus.committed_heldout("docs")
+    session = RealSession(models64, slots=2)
+    slots = np.array([0, 1])
+    session.prefill(slots, [text[:64], text[200:230]])
+    assert session.lengths(slots).tolist() == [63, 29]
+    drafted = session.draft(slots, np.zeros(2), np.zeros((2, 7)))
+    logits = session.verify(slots, drafted.tokens, np.array([7, 4]))
+    greedy_hit = logits[:, :-1].argmax(-1) == drafted.tokens
+    accepted = np.cumprod(greedy_hit, axis=1).sum(axis=1).clip(max=[7, 4])
+    bonus = logits[np.arange(2), accepted].argmax(-1)
+    session.commit(slots, accepted, bonus)
+    assert session.lengths(slots).tolist() == (np.array([64, 30]) + accepted).tolist()
+    # the committed stream, run from scratch, gives the same next draft
+    streams = [
+        prompt + bytes([*drafted.tokens[row, : accepted[row]].tolist(), bonus[row]])
+        for row, prompt in enumerate((text[:64], text[200:230]))
+    ]
+    fresh = RealSession(models64, slots=2)
+    fresh.prefill(slots, streams)
+    nxt = session.draft(slots, np.zeros(2), np.zeros((2, 7)))
+    assert np.array_equal(nxt.tokens, fresh.draft(slots, np.zeros(2), np.zeros((2, 7))).tokens)
+    with pytest.raises(ValueError, match="verify"):
+        session.commit(slots, accepted, bonus)
+
+
+def test_drafter_survival_has_the_recorded_shape(models32):
+    """A 47-anchor sample of the code workload against the recorded 383: each position
+    within four standard errors of the recorded figure, and decreasing along the block."""
+    contexts = anchor_contexts(corpus.committed_heldout("code"), 128, 512, "cpu")
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        acc, _ = draft_and_verify(models32, contexts, torch.zeros(len(contexts)), gen)
+    survival = np.cumprod(acc.numpy(), axis=1).mean(axis=0)
+    recorded = np.array(RECORDED["workloads"]["code"]["greedy"]["survival"])
+    se = np.sqrt(recorded * (1 - recorded) / len(contexts))
+    assert (np.abs(survival - recorded) <= 4 * se + 0.02).all(), (survival, recorded)
+    assert (np.diff(survival) <= 0).all()
+    assert survival[0] > 0.5 and survival[-1] < survival[0] * 0.8
+
+
+def _train(tmp_path, *extra):
+    return subprocess.run(
+        [sys.executable, "-m", "dspark_obs.runtime.real.train", "--out", str(tmp_path), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ONE_THREAD,
+    )
+
+
+def _fake_stdlib(root):
+    """A library of the three kinds of file, made of the committed held-out text (so the test
+    does not depend on what the interpreter ships)."""
+    code, docs, news = (corpus.committed_heldout(w) for w in corpus.WORKLOADS)
+    (root / "pkg").mkdir(parents=True)
+    for i, text in enumerate(code.split(b"\0")):
+        (root / "pkg" / f"m{i}.py").write_bytes(text)
+    (root / "pydoc_data").mkdir()
+    topics = {f"topic{i}": text.decode() for i, text in enumerate(docs.split(b"\0"))}
+    (root / "pydoc_data" / "topics.py").write_text(f"topics = {topics!r}\n", encoding="utf-8")
+    (root / "idlelib").mkdir()
+    for i, name in enumerate(("NEWS.txt", "NEWS2x.txt", "HISTORY.txt")):
+        (root / "idlelib" / name).write_bytes(news[i * 7000 : (i + 1) * 7000])
+    return root
+
+
+def test_a_tiny_training_run_on_cpu_writes_loadable_weights(tmp_path):
+    done = _train(
+        tmp_path,
+        "--stdlib",
+        str(_fake_stdlib(tmp_path / "lib")),
+        "--tiny",
+        "--batch",
+        "4",
+        "--target-steps",
+        "4",
+        "--drafter-steps",
+        "2",
+        "--confidence-steps",
+        "2",
+    )
+    assert done.returncode == 0, done.stderr
+    metrics = json.loads((tmp_path / METRICS_NAME).read_text(encoding="utf-8"))
+    assert metrics["steps"] == {"target": 4, "drafter": 2, "confidence": 2}
+    assert not any(metrics["heldout_cut_matches"].values())
+    assert "held-out cut differs" in done.stdout
+    tiny = load(tmp_path / WEIGHTS_NAME, dtype=torch.float32)
+    assert tiny.config.layers == 1
+    for w in corpus.WORKLOADS:
+        got = _bits(tiny, corpus.committed_heldout(w), tiny.config.context, CHECK_WINDOWS)
+        assert got == pytest.approx(metrics["workloads"][w]["check_bits_per_byte"], abs=1e-5)
+        assert len(metrics["workloads"][w]["greedy"]["survival"]) == 7
+
+
+def test_training_names_what_is_wrong_with_its_input(tmp_path, capsys):
+    done = _train(tmp_path, "--stdlib", str(tmp_path / "nowhere"))
+    assert done.returncode == 2
+    assert "nowhere" in done.stderr and "Traceback" not in done.stderr
+    with pytest.raises(SystemExit) as stop:
+        train_main(["--out", str(tmp_path), "--device", "toaster"])
+    assert stop.value.code == 2 and "toaster" in capsys.readouterr().err
+    bad = tmp_path / "weights.npz"
+    bad.write_bytes(b"not a weights file")
+    with pytest.raises(ValueError, match="not a real-models weights file"):
+        load(bad)
