@@ -24,6 +24,7 @@ from . import (
     fleet_posthoc,
     gpu_gather,
     hook_step,
+    real_cost,
     render_scrape,
     report_large,
     serve_throughput,
@@ -49,6 +50,7 @@ BENCHMARKS = {
     "sglang_load": sglang_load,
     "answer_memory": answer_memory,
     "whatif_large": whatif_large,
+    "real_cost": real_cost,
 }
 
 

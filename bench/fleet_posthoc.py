@@ -28,7 +28,7 @@ from pathlib import Path
 from dspark_obs.store.reader import MANIFEST
 
 from .common import record, time_child
-from .report_large import BASE_ARGS, TARGET_RSS_MB, TARGET_S, run_dspark, tile_run
+from .report_large import TARGET_RSS_MB, TARGET_S, base_run, tile_run
 
 NODES = 8
 FULL_REQUEST_STEPS = 10_000_000
@@ -53,8 +53,7 @@ WHAT = {
 
 
 def make_fleet(root: Path, wanted: int) -> tuple[Path, dict]:
-    base = root / "base"
-    run_dspark("run", *BASE_ARGS, "--out", base)
+    base, _ = base_run()
     base_rs = int(json.loads((base / MANIFEST).read_text(encoding="utf-8"))["request_steps"])
     copies = math.ceil(wanted / NODES / base_rs)
     fleet = root / "fleet"

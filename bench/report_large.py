@@ -189,14 +189,23 @@ def check_summary(df: pl.DataFrame) -> dict:
 
 
 @cache
+def base_run() -> tuple[Path, tempfile.TemporaryDirectory]:
+    """The reference run the large runs are tiled from (`BASE_ARGS`), recorded once per
+    process; the directory lives as long as the cache holds it."""
+    tmp = tempfile.TemporaryDirectory(prefix="bench-base-run-")
+    base = Path(tmp.name) / "base"
+    run_dspark("run", *BASE_ARGS, "--out", base)
+    return base, tmp
+
+
+@cache
 def large_run(wanted: int) -> tuple[Path, dict]:
     """The tiled run of at least `wanted` request-steps, its manifest extended with how it
     was made (`copies`, `base_request_steps`, `generate_seconds`, `bytes`). Built once
     per process: its temporary directory lives as long as the cache holds it."""
     tmp = tempfile.TemporaryDirectory(prefix="bench-large-run-")
     root = Path(tmp.name)
-    base = root / "base"
-    run_dspark("run", *BASE_ARGS, "--out", base)
+    base, _ = base_run()
     base_rs = int(json.loads((base / MANIFEST).read_text(encoding="utf-8"))["request_steps"])
     copies = math.ceil(wanted / base_rs)
     start = time.perf_counter()

@@ -206,7 +206,7 @@ def _baseline_main(run_dir: str) -> int:
 
 def run(quick: bool) -> list[dict]:
     wanted = QUICK_REQUEST_STEPS if quick else FULL_REQUEST_STEPS
-    repeats = 2 if quick else 3
+    repeats = 1 if quick else 3
     core = _core()
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         root = Path(tmp)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from operator import itemgetter
+
 import numpy as np
 import pytest
-from dspark_obs.estimator.study import all_step_means
+from dspark_obs.estimator.study import all_step_means, summarize_study
 
 from dspark_obs.runs import record_reference_run
 from dspark_obs.runs.study import world_study
+from dspark_obs.runs.workers import read_records
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.store import open_run
 
@@ -43,10 +49,12 @@ def test_all_step_means_by_hand(run):
         assert lo <= entry["point"] <= hi
 
 
-def test_a_study_has_one_record_per_world_seed_path_workload_and_method():
-    records = world_study(
-        ["reference", "unstable-slots"], [0, 1], concurrency=8, steps=30, sts="none"
-    )
+@pytest.fixture(scope="module")
+def records():
+    return world_study(["reference", "unstable-slots"], [0, 1], concurrency=8, steps=30, sts="none")
+
+
+def test_a_study_has_one_record_per_world_seed_path_workload_and_method(records):
     keys = {(r["world"], r["seed"], r["path"], r["workload"], r["method"]) for r in records}
     assert len(keys) == len(records)
     assert {r["path"] for r in records} == {"in-band", "jsonl"}
@@ -55,3 +63,21 @@ def test_a_study_has_one_record_per_world_seed_path_workload_and_method():
     assert {r["workload"] for r in records if r["world"] == "unstable-slots"} == {
         "copy", "arena", "noise",
     }  # fmt: skip
+
+
+def test_the_study_from_its_command_line(records, tmp_path):
+    """Run in a worker process, appended to --out, summarised from the file."""
+    out = tmp_path / "study.jsonl"
+    study = [sys.executable, "-m", "dspark_obs.runs.study"]
+    args = ["--worlds", "reference", "--seeds", "1", "--first-seed", "1", "--concurrency", "8",
+            "--steps", "30", "--sts", "none", "--jobs", "2", "--out", str(out)]  # fmt: skip
+    subprocess.run([*study, *args], check=True, capture_output=True, timeout=300)
+    expected = [r for r in records if r["world"] == "reference" and r["seed"] == 1]
+    key = itemgetter("path", "workload", "method")
+    assert sorted(read_records([str(out)]), key=key) == sorted(expected, key=key)
+    summary = subprocess.run([*study, "--summarize", str(out), "--json"], check=True,
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert json.loads(summary.stdout) == summarize_study(expected)
+    bad = subprocess.run([*study, "--summarize", str(tmp_path / "none.jsonl")],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert bad.returncode == 2 and "none.jsonl" in bad.stderr

@@ -120,16 +120,6 @@ class DSparkRuntime:
                 "runtime.factory.make_runtime"
             )
         self.gamma = c.gamma
-        self.target = make_target(c)
-        self.measured = getattr(self.target, "measured", False)
-        self.drafter = BlockDrafter(
-            c.drafter,
-            c.gamma,
-            c.vocab_size,
-            c.seed ^ 0x5EED,
-            self.world,
-            np.array([w.draft_fidelity for w in c.workloads]),
-        )
         self.traffic = Traffic(
             seed=c.seed,
             mix_weights=c.mix,
@@ -148,6 +138,7 @@ class DSparkRuntime:
         # a spare slot lets every returning request find one other than the slot it left
         cap = max(c.concurrency) + (self.world.retract_rate > 0)
         self.active = np.zeros(cap, dtype=bool)
+        self._build_models(c, cap)
         self.salt = np.zeros(cap, dtype=np.uint64)
         self.workload = np.zeros(cap, dtype=np.int64)
         self.greedy = np.zeros(cap, dtype=bool)
@@ -229,6 +220,20 @@ class DSparkRuntime:
         """`[2, rows, gamma]`: the keyed uniforms that draw each drafted token (sampled rows)
         and decide its acceptance, from the block's hash prefix."""
         return unit(extend(block[:, None], self._positions, _DRAW_TAGS))
+
+    def _build_models(self, c: RuntimeConfig, slots: int) -> None:
+        """The target and drafter this world's blocks come from (the real world overrides it
+        with its trained networks, so the synthetic ones are never built there)."""
+        self.target = make_target(c)
+        self.measured = getattr(self.target, "measured", False)
+        self.drafter = BlockDrafter(
+            c.drafter,
+            c.gamma,
+            c.vocab_size,
+            c.seed ^ 0x5EED,
+            self.world,
+            np.array([w.draft_fidelity for w in c.workloads]),
+        )
 
     def _draft_and_verify(self, slots, salt, wl, prefix, prev2, prev1, greedy, temp, block):
         """Draft one block per row, score it, and run the full accept chain against the target.

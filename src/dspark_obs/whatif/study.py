@@ -18,15 +18,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import multiprocessing
-import os
 import sys
 import tempfile
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+
+from ..runs.workers import in_workers, jsonl_sink, read_records
 
 #: Policies the runtime can run for real, and the configuration change that runs each.
 RUNNABLE = {
@@ -228,12 +227,6 @@ def kept_pairs(keep: str | Path) -> list[Path]:
     return found
 
 
-def _single_threaded() -> None:
-    """Each worker owns one core: numpy's and polars' pools would fight over the rest."""
-    for name in ("POLARS_MAX_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[name] = "1"
-
-
 def whatif_study(
     worlds: list[str],
     seeds: list[int],
@@ -263,25 +256,7 @@ def repredict(keep: str | Path, *, jobs: int = 1, sink=None) -> list[dict]:
 
 
 def _in_workers(fn, calls: list[tuple], jobs: int, sink) -> list[dict]:
-    """`fn(*call)` for every call, in `jobs` worker processes (in this one for 1), each
-    one's records passed to `sink` as it finishes; all of them sorted."""
-    records = []
-
-    def take(part: list[dict]) -> None:
-        records.extend(part)
-        if sink is not None:
-            sink(part)
-
-    if jobs <= 1:
-        for call in calls:
-            take(fn(*call))
-    else:
-        # spawned, not forked: a fork of a process whose polars threads have started can
-        # hang in the child
-        spawn = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(jobs, mp_context=spawn, initializer=_single_threaded) as pool:
-            for done in as_completed([pool.submit(fn, *call) for call in calls]):
-                take(done.result())
+    records = in_workers(fn, calls, jobs, sink)
     records.sort(key=lambda r: (r["world"], r["seed"], r["policy"], r["level"], r["workload"]))
     return records
 
@@ -509,16 +484,6 @@ def format_totals(totals: list[dict], noise: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def read_records(paths: list[str]) -> list[dict]:
-    """Records from JSON Lines files (one pair's list of records per line) as `--out` writes."""
-    records = []
-    for path in paths:
-        for line in Path(path).read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                records.extend(json.loads(line))
-    return records
-
-
 def main(argv: list[str] | None = None) -> int:
     """`python -m dspark_obs.whatif.study --worlds reference --seeds 10 [--steps N] [--jobs N]`."""
     ap = argparse.ArgumentParser(description=main.__doc__)
@@ -556,31 +521,18 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        try:
-            out = open(args.out, "a", encoding="utf-8") if args.out else None
-        except OSError as exc:
-            print(f"error: --out: {exc}", file=sys.stderr)
-            return 2
-
-        def sink(part: list[dict]) -> None:
-            if out is not None:
-                out.write(json.dumps(part) + "\n")
-                out.flush()
-
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
         try:
-            if args.repredict:
-                records = repredict(args.repredict, jobs=args.jobs, sink=sink)
-            else:
-                records = whatif_study(args.worlds, seeds, concurrency=concurrency,
-                                       steps=args.steps, request_steps=args.request_steps,
-                                       jobs=args.jobs, sink=sink, keep=args.keep)  # fmt: skip
+            with jsonl_sink(args.out) as sink:
+                if args.repredict:
+                    records = repredict(args.repredict, jobs=args.jobs, sink=sink)
+                else:
+                    records = whatif_study(args.worlds, seeds, concurrency=concurrency,
+                                           steps=args.steps, request_steps=args.request_steps,
+                                           jobs=args.jobs, sink=sink, keep=args.keep)  # fmt: skip
         except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        finally:
-            if out is not None:
-                out.close()
     rows = summarize_whatif_study(records)
     totals, noise = study_totals(records), study_noise(records)
     if args.json:

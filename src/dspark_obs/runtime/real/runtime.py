@@ -78,9 +78,11 @@ class RealRuntime(DSparkRuntime):
 
     def __init__(self, config: RuntimeConfig) -> None:
         super().__init__(config)
-        self.session = RealSession(load_models(config), len(self.active))
-        self.measured = config.timing == "measured"
         self._texts = [committed_heldout(w.name) for w in config.workloads]
+
+    def _build_models(self, c: RuntimeConfig, slots: int) -> None:
+        self.session = RealSession(load_models(c), slots)
+        self.measured = c.timing == "measured"
 
     def _start(self, slots: np.ndarray, prompts: list[bytes]) -> None:
         """Set the slots' context to their prompts and prefill their cache rows."""
