@@ -97,6 +97,36 @@ def test_incremental_forward_with_truncation_equals_the_full_forward(models64):
         cache.truncate(slot, torch.tensor([91]))
 
 
+def test_the_packed_forward_is_the_rectangle_forward_in_packed_order(models64):
+    """Rows of other cache lengths and counts (one of a single token), padded past their
+    total: the same outputs at every valid token, and the same cache afterwards."""
+    text = corpus.committed_heldout("code")
+    ids = torch.from_numpy(np.frombuffer(text[:400], dtype=np.uint8).astype(np.int64))
+    slots, counts = torch.tensor([2, 0, 3]), torch.tensor([5, 1, 8])
+    caches = []
+    for _ in range(2):
+        cache = KVCache(models64.target, slots=4, capacity=16)
+        for slot, length in zip(slots.tolist(), (30, 61, 7), strict=True):
+            prompt = ids[slot * 100 : slot * 100 + length][None]
+            models64.target.extend(cache, torch.tensor([slot]), prompt, torch.tensor([length]))
+        caches.append(cache)
+    block = ids[300:324].view(3, 8)
+    with torch.no_grad():
+        rect, rect_hidden = models64.target.extend(caches[0], slots, block, counts)
+        packed, packed_hidden = models64.target.extend_packed(caches[1], slots, block, counts, 32)
+    row, col = torch.nonzero(torch.arange(8)[None] < counts[:, None], as_tuple=True)
+    n = len(row)
+    assert packed.shape[0] == 32 and n == 14
+    assert torch.allclose(packed[:n], rect[row, col], rtol=0, atol=1e-10)
+    assert torch.allclose(packed_hidden[:n], rect_hidden[row, col], rtol=0, atol=1e-10)
+    assert torch.equal(caches[0].length, caches[1].length)
+    for a, b in ((caches[0].k, caches[1].k), (caches[0].v, caches[1].v)):
+        for slot, end in zip(slots.tolist(), caches[0].length[slots].tolist(), strict=True):
+            assert torch.allclose(a[:, slot, :, :end], b[:, slot, :, :end], rtol=0, atol=1e-10)
+    with pytest.raises(ValueError, match="do not fit"):
+        models64.target.extend_packed(caches[1], slots, block, counts, 13)
+
+
 def _step(models, slots, prompts, temperature, uniforms, window):
     session = RealSession(models, slots=8)
     session.prefill(slots, prompts)

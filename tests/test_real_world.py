@@ -314,7 +314,7 @@ def test_timed_verify_leaves_the_cache_as_it_was(weights):
     cache = session.cache
     before = [t.clone() for t in (cache.k, cache.v, cache.length)]
     other = np.concatenate([session.last[slots][:, None], drafted.tokens[:, ::-1]], axis=1)
-    seconds = timed_verify(session, slots, start, (other + 1) % 256, np.array([2, 7, 0]))
+    seconds = timed_verify(session, slots, start, (other + 1) % 256, np.array([2, 7, 0]), 16)
     assert seconds > 0
     after = (cache.k, cache.v, cache.length)
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))

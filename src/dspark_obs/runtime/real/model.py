@@ -180,6 +180,54 @@ class TargetLM(nn.Module):
         h = self.ln_f(x)
         return self.head(h), h
 
+    def extend_packed(
+        self,
+        cache: KVCache,
+        slots: torch.Tensor,
+        tokens: torch.Tensor,
+        counts: torch.Tensor,
+        padded: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`extend` as a server's verify runs it: the rows' tokens packed one after another
+        and padded to `padded` (a captured CUDA-graph tier), so the projections, the MLPs
+        and the head cost what the packed count rounded up to its tier costs, and each
+        row's attention reads its own cache. Returns `(logits, hidden)` `[padded, ...]` in
+        packed order (row by row, each row's first `counts[b]` tokens); past them, padding.
+        """
+        b, t = tokens.shape
+        start = cache.length[slots]
+        steps = torch.arange(t, device=tokens.device)
+        pos = start[:, None] + steps
+        total = start + counts
+        width = int(total.max())
+        cache.ensure(width)
+        row, col = torch.nonzero(steps[None, :] < counts[:, None], as_tuple=True)
+        n = len(row)
+        if padded < n:
+            raise ValueError(f"extend_packed: {n} tokens do not fit in {padded}")
+        where = (slots[row], pos[row, col])
+        mask = torch.arange(width, device=tokens.device)[None, None, :] <= pos[:, :, None]
+        flat = tokens.new_zeros(padded)
+        flat[:n] = tokens[row, col]
+        flat_pos = pos.new_zeros((1, padded))
+        flat_pos[0, :n] = pos[row, col]
+        x = self.embed(flat)[None]
+        for layer, blk in enumerate(self.blocks):
+            q, k, v = blk.qkv_heads(x, flat_pos)
+            cache.k[layer][where[0], :, where[1]] = k[0].transpose(0, 1)[:n]
+            cache.v[layer][where[0], :, where[1]] = v[0].transpose(0, 1)[:n]
+            rect = q.new_zeros((b, q.shape[1], t, q.shape[3]))
+            rect[row, :, col] = q[0].transpose(0, 1)[:n]
+            keys = cache.k[layer][slots, :, :width]
+            values = cache.v[layer][slots, :, :width]
+            att = F.scaled_dot_product_attention(rect, keys, values, attn_mask=mask[:, None])
+            out = q.new_zeros((padded, q.shape[1], q.shape[3]))
+            out[:n] = att[row, :, col]
+            x = blk.finish(x, out.transpose(0, 1)[None])
+        cache.length[slots] = total
+        h = self.ln_f(x[0])
+        return self.head(h), h
+
 
 class _Residual(nn.Module):
     def __init__(self, width: int) -> None:

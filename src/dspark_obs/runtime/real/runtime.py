@@ -154,8 +154,8 @@ class RealRuntime(DSparkRuntime):
 
     def _measured_seconds(self, ctx, verified: np.ndarray, tier: int, draft_seconds: float):
         """The drafter's and confidence head's forwards as timed, and a verify forward over
-        each row's verified window (`timed_verify`)."""
-        return ctx[0], timed_verify(self.session, *ctx[1:], verified)
+        each row's verified window, packed to the step's tier (`timed_verify`)."""
+        return ctx[0], timed_verify(self.session, *ctx[1:], verified, tier)
 
     def _commit(self, slots, draft, accepted, bonus) -> None:
         super()._commit(slots, draft, accepted, bonus)

@@ -2,9 +2,10 @@
 
 The accept chain comes from one forward over the whole block (every mode reads it, and the
 shadow reads it to the end), but a server's verify runs over the window the scheduler
-chose: that is the forward whose time a measured run records. It runs into the slots' KV
-cache rows past the committed tokens and is undone (keys, values, lengths), so what the
-request commits is the whole-block forward's, bit for bit, whether steps are timed or not.
+chose, its tokens packed and padded to a captured tier: that is the forward whose time a
+measured run records (`TargetLM.extend_packed`). It runs into the slots' KV cache rows past
+the committed tokens and is undone (keys, values, lengths), so what the request commits is
+the whole-block forward's, bit for bit, whether steps are timed or not.
 """
 
 from __future__ import annotations
@@ -19,11 +20,16 @@ from .session import RealSession
 
 @torch.inference_mode()
 def timed_verify(
-    session: RealSession, slots: np.ndarray, start: np.ndarray, tokens: np.ndarray, verified
+    session: RealSession,
+    slots: np.ndarray,
+    start: np.ndarray,
+    tokens: np.ndarray,
+    verified: np.ndarray,
+    tier: int,
 ) -> float:
     """Seconds of the target's forward over `tokens [rows, gamma + 1]` (the anchor, then the
-    drafts) up to each row's `verified` drafts, from the cache lengths `start`; the session's
-    cache is left as it was."""
+    drafts) up to each row's `verified` drafts, packed and padded to `tier` tokens, from the
+    cache lengths `start`; the session's cache is left as it was."""
     device = session.device
     s = torch.as_tensor(slots, device=device)
     first = torch.as_tensor(start, device=device)
@@ -38,7 +44,7 @@ def timed_verify(
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
     begin = time.perf_counter()
-    session.models.target.extend(cache, s, batch, counts)
+    session.models.target.extend_packed(cache, s, batch, counts, tier)
     sync()
     seconds = time.perf_counter() - begin
     cache.k[:, where[0], :, where[1]] = keys
