@@ -48,14 +48,6 @@ $PY -m pip install --quiet --upgrade pip
 $PY -m pip install --quiet torch==2.13.0
 $PY -m pip install --quiet -e '.[dev,torch]'
 
-# The quick benchmarks are a crash check (they fail on a crash, never on a timing: bench/).
-# They start now, at the lowest priority: they take the cycles the steps below leave idle
-# (a single-threaded install, a test worker waiting on a subprocess, the last test file)
-# and give the rest back, then finish beside the last test runs.
-nice -n 19 $PY -m bench --quick --json > bench-quick.jsonl &
-bench=$!
-trap 'kill "$bench" 2>/dev/null || true' EXIT
-
 # SGLang's own DSpark observer and draft-block types, on CPU (tests/test_sglang_real_types.py;
 # tests/test_sglang_block_accept_writer.py holds our block-accept JSONL against its recorder),
 # in a second environment: sglang 0.5.23 pins versions of its own (torch 2.14.1 among them),
@@ -96,6 +88,13 @@ if ! wait "$prometheus_install"; then
     exit 1
 fi
 DSPARK_OBS_REQUIRE_EXTENSIONS=1 $PY -m pytest -n 2 --dist loadfile "$@"
+# The quick benchmarks are a crash check (they fail on a crash, never on a timing: bench/),
+# so they run beside the last test runs below: they keep about one core busy, those the other.
+# (Started earlier at the lowest priority, beside the main run, they slowed it by more than
+# they gained: the whole command took 17 minutes instead of 14.)
+$PY -m bench --quick --json > bench-quick.jsonl &
+bench=$!
+trap 'kill "$bench" 2>/dev/null || true' EXIT
 # The compiled extensions' Python fallbacks, with every extension switched off: the switch itself, the parser's
 # tests and the end-to-end golden outputs. (The row fold's and the tail walk's tests run both
 # passes above already, the numpy one and the compiled one, so they are not repeated here.)
