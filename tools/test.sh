@@ -90,8 +90,6 @@ fi
 DSPARK_OBS_REQUIRE_EXTENSIONS=1 $PY -m pytest -n 2 --dist loadfile "$@"
 # The quick benchmarks are a crash check (they fail on a crash, never on a timing: bench/),
 # so they run beside the last test runs below: they keep about one core busy, those the other.
-# (Started earlier at the lowest priority, beside the main run, they slowed it by more than
-# they gained: the whole command took 17 minutes instead of 14.)
 $PY -m bench --quick --json > bench-quick.jsonl &
 bench=$!
 trap 'kill "$bench" 2>/dev/null || true' EXIT
