@@ -127,6 +127,22 @@ class KVCache:
         self.length[slots] = lengths
 
 
+def _placement(cache: KVCache, slots: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor):
+    """Where a forward appending `counts[b]` of `tokens [B, T]` to each slot puts them: their
+    positions `[B, T]`, the slots' new lengths, the longest, the valid tokens' (row, column),
+    their cache addresses, and the causal mask over the cache; the cache grown to fit."""
+    start = cache.length[slots]
+    steps = torch.arange(tokens.shape[1], device=tokens.device)
+    pos = start[:, None] + steps
+    total = start + counts
+    width = int(total.max())
+    cache.ensure(width)
+    row, col = torch.nonzero(steps[None, :] < counts[:, None], as_tuple=True)
+    where = (slots[row], pos[row, col])
+    mask = torch.arange(width, device=tokens.device)[None, None, :] <= pos[:, :, None]
+    return pos, total, width, row, col, where, mask
+
+
 class TargetLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -157,16 +173,7 @@ class TargetLM(nn.Module):
         Returns `(logits, hidden)` `[B, T, ...]`; columns at or past a row's count are padding
         whose outputs mean nothing. The slots' lengths grow by their counts.
         """
-        t = tokens.shape[1]
-        start = cache.length[slots]
-        steps = torch.arange(t, device=tokens.device)
-        pos = start[:, None] + steps
-        total = start + counts
-        width = int(total.max())
-        cache.ensure(width)
-        row, col = torch.nonzero(steps[None, :] < counts[:, None], as_tuple=True)
-        where = (slots[row], pos[row, col])
-        mask = torch.arange(width, device=tokens.device)[None, None, :] <= pos[:, :, None]
+        pos, total, width, row, col, where, mask = _placement(cache, slots, tokens, counts)
         x = self.embed(tokens)
         for layer, blk in enumerate(self.blocks):
             q, k, v = blk.qkv_heads(x, pos)
@@ -195,18 +202,10 @@ class TargetLM(nn.Module):
         packed order (row by row, each row's first `counts[b]` tokens); past them, padding.
         """
         b, t = tokens.shape
-        start = cache.length[slots]
-        steps = torch.arange(t, device=tokens.device)
-        pos = start[:, None] + steps
-        total = start + counts
-        width = int(total.max())
-        cache.ensure(width)
-        row, col = torch.nonzero(steps[None, :] < counts[:, None], as_tuple=True)
-        n = len(row)
+        n = int(counts.sum())
         if padded < n:
             raise ValueError(f"extend_packed: {n} tokens do not fit in {padded}")
-        where = (slots[row], pos[row, col])
-        mask = torch.arange(width, device=tokens.device)[None, None, :] <= pos[:, :, None]
+        pos, total, width, row, col, where, mask = _placement(cache, slots, tokens, counts)
         flat = tokens.new_zeros(padded)
         flat[:n] = tokens[row, col]
         flat_pos = pos.new_zeros((1, padded))
