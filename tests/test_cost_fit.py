@@ -19,7 +19,7 @@ import polars as pl
 import pytest
 
 from dspark_obs.aggregates.cost_model import M_BIN
-from dspark_obs.analysis.cost_canonical import BIAS_FLOOR, canonical_table
+from dspark_obs.analysis.cost_canonical import BIAS_FLOOR, canonical_table, nonnegative_lstsq
 from dspark_obs.analysis.cost_fit import CostFitError, fit_cost_table, interp_expr
 from dspark_obs.report.figures.cost import cost_figures, sample_steps
 from dspark_obs.runtime.cost_table import AdditiveCostTable, load_cost_table
@@ -103,7 +103,7 @@ def test_exact_recovery(exact_run):
     assert fit.fitted.r2 == pytest.approx(1.0, abs=1e-9)
     assert fit.ols.r2 == pytest.approx(1.0, abs=1e-9)
     assert fit.fitted.rms_seconds < 1e-12 and fit.fitted.rel_error_median < 1e-9
-    assert fit.bias_raised_seconds == 0.0
+    assert not fit.constrained
     # the canonical split of the known table: both curves start at 0
     t = fit.table
     assert t.bs_probes == KNOWN.bs_probes and t.m_probes == KNOWN.m_probes
@@ -142,7 +142,8 @@ def test_interp_expr_matches_np_interp():
 
 
 def test_canonical_table_flat_past_the_data_and_bias_floor():
-    """Probes no step reaches stay flat at the last fitted value; a bias <= 0 is raised."""
+    """Probes no step reaches stay flat at the last fitted value; where no least-squares
+    solution is valid, the table is the nearest valid one."""
     bs_p, m_p = [1, 8, 32, 64], [64, 128, 256, 512]
     # cells at bs 8 and 32, M 96 and 160 only: alpha(1), alpha(64), theta(512) are free
     bs = np.array([8.0, 8, 32, 32])
@@ -150,17 +151,69 @@ def test_canonical_table_flat_past_the_data_and_bias_floor():
     x = np.hstack([np.ones((4, 1)), hat(bs, bs_p), hat(m, m_p)])
     y = np.array([0.010, 0.011, 0.012, 0.013])
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    table, raised = canonical_table(coef, bs_p, m_p, x)
-    assert raised == 0.0
+    table, constrained = canonical_table(coef, bs_p, m_p, x)
+    assert not constrained
     np.testing.assert_allclose(table.step_seconds(bs, m - bs), x @ coef, rtol=1e-12)
     assert table.alpha_seconds[0] == pytest.approx(table.alpha_seconds[1], abs=1e-15)
     assert table.alpha_seconds[3] == pytest.approx(table.alpha_seconds[2], abs=1e-15)
     assert table.theta_seconds[3] == pytest.approx(table.theta_seconds[2], abs=1e-15)
     assert min(table.alpha_seconds) == 0.0 and min(table.theta_seconds) == 0.0
-    # a table whose cheapest corner would be negative gets bias = BIAS_FLOOR
-    low, raised = canonical_table(np.array([-0.02, *[0.0] * 4, *[0.001] * 4]), bs_p, m_p, x)
-    assert low.bias_seconds == BIAS_FLOOR
-    assert raised == pytest.approx(BIAS_FLOOR + 0.02 - 0.001)
+    # cells that a negative time fits best: the nearest valid table is the cheapest one
+    low, constrained = canonical_table(np.array([-0.02, *[0.0] * 4, *[0.001] * 4]), bs_p, m_p, x)
+    assert constrained
+    assert low.bias_seconds == pytest.approx(BIAS_FLOOR, abs=1e-15)
+    assert max(low.alpha_seconds) < 1e-15 and max(low.theta_seconds) < 1e-15
+
+
+def test_nonnegative_lstsq_is_scipys():
+    """Lawson and Hanson's active set against scipy's, on designs with free columns."""
+    from scipy.optimize import nnls
+
+    rng = np.random.default_rng(4)
+    for trial in range(40):
+        rows, cols = int(rng.integers(3, 30)), int(rng.integers(1, 15))
+        a = rng.normal(size=(rows, cols)) * rng.uniform(0.1, 30.0)
+        a[:, rng.random(cols) < 0.2] = 0.0
+        b = rng.normal(size=rows)
+        ours = nonnegative_lstsq(a, b)
+        theirs, _ = nnls(a, b)
+        assert (ours >= 0).all(), trial
+        np.testing.assert_allclose(
+            np.linalg.norm(a @ ours - b), np.linalg.norm(a @ theirs - b), rtol=1e-9, atol=1e-12
+        )
+
+
+def test_a_loosely_pinned_probe_does_not_shift_every_prediction():
+    """An H200 run's shape: each batch size at one verify size, the largest batch's last
+    few steps in a cell that reaches just past the next-to-last M probe, and a step time
+    that dips there. The least squares send that probe far below 0; the table written is
+    the valid one nearest to the cells (checked against scipy's bounded least squares),
+    not the least squares lifted as a whole."""
+    from scipy.optimize import lsq_linear
+
+    bs_p, m_p = [1, 8, 32, 64, 128, 256], [1, 64, 128, 256, 512, 1024, 2048]
+    # the run's (bs, M-bin) cells: batch size, the bin's middle M, steps, mean ms
+    bs = np.array([1.0, 8, 8, 32, 32, 64, 64, 128, 128, 256, 256])
+    m = np.array([32.0, 32, 96, 160, 224, 352, 416, 544, 672, 928, 1056])
+    n = np.array([400.0, 29, 371, 16, 384, 398, 2, 368, 32, 388, 12])
+    y = np.array([9.34, 9.54, 9.06, 9.84, 10.15, 9.97, 9.68, 16.21, 16.37, 29.4, 28.18]) * 1e-3
+    weighted = np.hstack([np.ones((11, 1)), hat(bs, bs_p), hat(m, m_p)]) * np.sqrt(n)[:, None]
+    coef, *_ = np.linalg.lstsq(weighted, y * np.sqrt(n), rcond=None)
+    assert coef[-1] < -0.02  # the least squares' theta(2048)
+    table, constrained = canonical_table(coef, bs_p, m_p, weighted)
+    assert constrained
+    assert table.bias_seconds >= BIAS_FLOOR
+    assert min(table.alpha_seconds) >= 0 and min(table.theta_seconds) >= 0
+    predicted = table.step_seconds(bs, m - bs)
+    lower = np.r_[BIAS_FLOOR, np.zeros(weighted.shape[1] - 1)]
+    best = lsq_linear(weighted, y * np.sqrt(n), bounds=(lower, np.inf), tol=1e-14).x
+    sse = (((predicted - y) * np.sqrt(n)) ** 2).sum()
+    best_sse = ((weighted @ best - y * np.sqrt(n)) ** 2).sum()
+    assert sse == pytest.approx(best_sse, rel=1e-4)
+    # the cells of hundreds of steps within 0.05 ms, the dip within 1 ms (lifting bias
+    # would put every cell about 35 ms high)
+    assert np.abs(predicted - y)[n > 300].max() < 0.05e-3
+    assert np.abs(predicted - y).max() < 1e-3
 
 
 # ------------------------------------------------------ (b) a real simulated run

@@ -23,9 +23,11 @@ theta >= 0) and the same data always give the same JSON:
    between data follow the neighbours;
 2. move min(alpha) and min(theta) into bias, so both curves start at 0 and
    bias is the cheapest step the table can predict;
-3. should that bias still be <= 0 (a noisy fit whose minimum lies at a
-   (bs, M) pair no run reaches, since M >= bs), raise it to `cost_canonical.BIAS_FLOOR`
-   seconds and report by how much; the error figures are always those of the
+3. should that bias still be <= 0 (no least-squares solution is a valid table:
+   a noisy fit whose minimum lies at a (bs, M) pair no run reaches, since M >= bs,
+   or a probe that a few steps pin loosely), take instead the valid table (bias >=
+   `cost_canonical.BIAS_FLOOR`, alpha and theta >= 0) nearest to the cells in squared
+   error, and say so (`constrained`); the error figures are always those of the
    table as written.
 
 Only step 3 ever changes a prediction at a cell (its bs, M at its bin's
@@ -107,7 +109,7 @@ class CostFit:
     bs_probes_source: str  # "option", "manifest" or "default"
     m_probes_source: str
     time_column: str
-    bias_raised_seconds: float
+    constrained: bool  # no least-squares solution was a valid table (step 3)
     cell_frame: pl.DataFrame = field(repr=False)
     per_step: pl.LazyFrame = field(repr=False)
     context: ContextFit | None = None  # the context-extended table and its comparison
@@ -123,7 +125,7 @@ class CostFit:
             "fitted": self.fitted.to_dict(),
             "own": None if self.own is None else self.own.to_dict(),
             "ols": {"r2": self.ols.r2, "rms_seconds": self.ols.rms_seconds},
-            "bias_raised_seconds": self.bias_raised_seconds,
+            "constrained": self.constrained,
             "context": None if self.context is None else self.context.to_dict(),
             "context_missing": self.context_missing,
         }
@@ -334,7 +336,7 @@ def fit_cost_steps(
     n = cells["n"].to_numpy().astype(np.float64)
     ols = fit_cells(bs, m, n, cells["s"].to_numpy(), cells["ss"].to_numpy(), bs_p, m_p)
     weighted = cost_design(bs, m, bs_p, m_p) * np.sqrt(n)[:, None]
-    table, raised = canonical_table(ols.coef, bs_p, m_p, weighted)
+    table, constrained = canonical_table(ols.coef, bs_p, m_p, weighted)
     per_step = fitted_frame(timed, table)
     with_fit = timed.with_columns(fitted_s=table_seconds_expr(table, pl.col("bs"), pl.col("m")))
     fitted_row, own_row = (
@@ -359,7 +361,7 @@ def fit_cost_steps(
         bs_probes_source=bs_src,
         m_probes_source=m_src,
         time_column=time_column,
-        bias_raised_seconds=raised,
+        constrained=constrained,
         cell_frame=cell_frame,
         per_step=per_step,
         context=context,

@@ -60,10 +60,11 @@ def render(fit: CostFit, out: Path, context_path: Path | None, plots: list[str])
     ):
         pairs = ", ".join(f"{p}: {1e3 * v:.4f}" for p, v in zip(probes, values, strict=True))
         console.print(f"{name} ms at {pairs}")
-    if fit.bias_raised_seconds > 0:
+    if fit.constrained:
         console.print(
-            f"[yellow]bias raised by {1e3 * fit.bias_raised_seconds:.4f} ms to stay > 0; "
-            "the figures above include that shift[/yellow]"
+            "[yellow]no least-squares solution is a valid table (bias > 0, alpha and theta "
+            f">= 0); written: the valid table nearest to the data, R² {fit.fitted.r2:.4f} "
+            "per step (the least squares' below)[/yellow]"
         )
     console.print(
         f"[dim]errors per step at each step's own (bs, M); SGLang's fit at cell middles: "
