@@ -187,6 +187,18 @@ def test_measured_steps_on_a_named_device_commit_what_simulated_ones_do(weights,
     assert _streams(batches) == _streams(twins["compact"])
 
 
+def test_a_study_on_a_named_device_keeps_the_cost_tables_times(weights, twins):
+    """What the studies' `--device` asks for: the networks on the device, the step times
+    simulated as without one (the same noise draws, so the same times), the same tokens."""
+    engine, batches = _run(
+        weights, mode="compact", shadow="cap-accept", device="cpu", simulated_times=True
+    )
+    assert not engine.measured and engine.config.timing == "simulated"
+    plain = twins["compact"]
+    assert [b.step_gpu_ms for b in batches] == [b.step_gpu_ms for b in plain]
+    assert _streams(batches) == _streams(plain)
+
+
 def _cli(*args, timeout=300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     return subprocess.run(

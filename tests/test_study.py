@@ -66,11 +66,13 @@ def test_a_study_has_one_record_per_world_seed_path_workload_and_method(records)
 
 
 def test_the_study_from_its_command_line(records, tmp_path):
-    """Run in a worker process, appended to --out, summarised from the file."""
+    """Run in a worker process (`--device` reaches the run, which a synthetic world runs
+    as before), appended to --out, summarised from the file."""
     out = tmp_path / "study.jsonl"
     study = [sys.executable, "-m", "dspark_obs.runs.study"]
     args = ["--worlds", "reference", "--seeds", "1", "--first-seed", "1", "--concurrency", "8",
-            "--steps", "30", "--sts", "none", "--jobs", "2", "--out", str(out)]  # fmt: skip
+            "--steps", "30", "--sts", "none", "--jobs", "2", "--device", "cpu",
+            "--out", str(out)]  # fmt: skip
     subprocess.run([*study, *args], check=True, capture_output=True, timeout=300)
     expected = [r for r in records if r["world"] == "reference" and r["seed"] == 1]
     key = itemgetter("path", "workload", "method")

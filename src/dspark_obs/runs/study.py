@@ -19,13 +19,15 @@ from ..runtime.config import STS_WARMUP_STEPS, RuntimeConfig
 from ..runtime.sts_warmup import resolve_sts
 from ..store import open_run
 from .reference import record_reference_run
-from .workers import in_workers, jsonl_sink, read_records
+from .workers import add_device_argument, in_workers, jsonl_sink, read_records
 
 
-def _world_seed(world: str, seed: int, concurrency: int, steps: int, sts: str) -> list[dict]:
+def _world_seed(
+    world: str, seed: int, concurrency: int, steps: int, sts: str, device: str | None
+) -> list[dict]:
     """The records of one world and seed (`world_study`)."""
-    config = RuntimeConfig(seed=seed, world=world, shadow="cap-accept",
-                           concurrency=[concurrency], steps_per_level=steps)  # fmt: skip
+    config = RuntimeConfig(seed=seed, world=world, shadow="cap-accept", concurrency=[concurrency],
+                           steps_per_level=steps, device=device, simulated_times=True)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         out, jsonl = Path(tmp) / "run", Path(tmp) / "block_accept.jsonl"
         calibration = resolve_sts(sts, config, STS_WARMUP_STEPS)
@@ -40,13 +42,15 @@ def _world_seed(world: str, seed: int, concurrency: int, steps: int, sts: str) -
 
 
 def world_study(worlds: list[str], seeds: list[int], *, concurrency: int = 64, steps: int = 200,
-                sts: str = "auto", jobs: int = 1, sink=None) -> list[dict]:  # fmt: skip
+                sts: str = "auto", jobs: int = 1, sink=None,
+                device: str | None = None) -> list[dict]:  # fmt: skip
     """One record per (world, seed, path, workload, method) of a compact run with a shadow
     twin: `path` is `in-band` (the run's own walks) or `jsonl` (the walk over the
     block-accept JSONL the run wrote, as SGLang's recorder writes it; sampled requests).
     `sts` as `dspark-obs run --sts` takes it (the default fits STS on a warm-up run, as
-    a run does); `jobs` worker processes, `sink(records)` called as each seed finishes."""
-    calls = [(w, s, concurrency, steps, sts) for w in worlds for s in seeds]
+    a run does); `jobs` worker processes, `sink(records)` called as each seed finishes;
+    `device` runs the real world's networks there (`add_device_argument`)."""
+    calls = [(w, s, concurrency, steps, sts, device) for w in worlds for s in seeds]
     records = in_workers(_world_seed, calls, jobs, sink)
     records.sort(key=lambda r: (r["world"], r["seed"], r["path"], r["workload"], r["method"]))
     return records
@@ -76,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=200, help="verify steps of each run")
     ap.add_argument("--sts", default="auto", help="auto (a warm-up run), none, or an STS file")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes, one (world, seed) each")
+    add_device_argument(ap)
     ap.add_argument("--out", help="append each seed's records here (JSON Lines)")
     ap.add_argument("--summarize", nargs="+", metavar="FILE", help="summarise recorded records")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -88,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             with jsonl_sink(args.out) as sink:
                 records = world_study(args.worlds, seeds, concurrency=args.concurrency,
                                       steps=args.steps, sts=args.sts, jobs=args.jobs,
-                                      sink=sink)  # fmt: skip
+                                      sink=sink, device=args.device)  # fmt: skip
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -52,6 +52,9 @@ class RuntimeConfig:
     target: str | None = None
     torch_hidden: int = 512
     device: str | None = None
+    #: True: the real world's step times come from the cost table even on a named device
+    #: (a study of acceptance runs its networks on a GPU for speed, not for their timings)
+    simulated_times: bool = False
     #: the real world's networks (None: the weights committed with the package)
     real_weights: str | None = None
 
@@ -77,8 +80,10 @@ class RuntimeConfig:
     @property
     def timing(self) -> str:
         """How step times are obtained, as recorded in the run manifest: measured on a torch
-        target, and in the real world when a device is named; simulated otherwise."""
-        if self.target == "torch" or (self.target == "real" and self.device is not None):
+        target, and in the real world when a device is named (unless `simulated_times`);
+        simulated otherwise."""
+        on_device = self.target == "real" and self.device is not None
+        if self.target == "torch" or (on_device and not self.simulated_times):
             return "measured"
         return "simulated"
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ..runs.workers import in_workers, jsonl_sink, read_records
+from ..runs.workers import add_device_argument, in_workers, jsonl_sink, read_records
 
 #: Policies the runtime can run for real, and the configuration change that runs each.
 RUNNABLE = {
@@ -125,7 +125,7 @@ def _run_name(policy: str) -> str:
 
 def _record_pair(
     world: str, seed: int, policies: tuple[str, ...], concurrency, steps: int, request_steps,
-    root: Path,
+    root: Path, device: str | None = None,
 ) -> None:  # fmt: skip
     """Run one (world, seed) into `root`: the compact run (with its shadow), each policy's
     real run, and `PAIR_FILE` naming them, written last (a directory without it is a pair
@@ -136,7 +136,8 @@ def _record_pair(
 
     per_level = level_steps(concurrency, steps, request_steps)
     base = RuntimeConfig(seed=seed, world=world, shadow="cap-accept", concurrency=list(concurrency),
-                         steps_per_level=steps, level_steps=per_level)  # fmt: skip
+                         steps_per_level=steps, level_steps=per_level, device=device,
+                         simulated_times=True)  # fmt: skip
     sts = resolve_sts("auto", base, STS_WARMUP_STEPS)
     record_reference_run(base, root / "compact", sts)
     for name in policies:
@@ -202,7 +203,7 @@ def pair_directory(keep: str | Path, world: str, seed: int) -> Path:
 
 def _pair(
     world: str, seed: int, policies: tuple[str, ...], concurrency, steps: int, request_steps=None,
-    keep: str | None = None,
+    keep: str | None = None, device: str | None = None,
 ) -> list:  # fmt: skip
     """The records of one (world, seed): the predictions and the real runs they are held to;
     the runs are kept under `keep` (`pair_directory`) where given, else thrown away."""
@@ -211,10 +212,10 @@ def _pair(
         if root.exists():
             raise ValueError(f"{root} exists: --keep needs a directory without this pair")
         root.mkdir(parents=True)
-        _record_pair(world, seed, policies, concurrency, steps, request_steps, root)
+        _record_pair(world, seed, policies, concurrency, steps, request_steps, root, device)
         return _pair_records(root)
     with tempfile.TemporaryDirectory() as tmp:
-        _record_pair(world, seed, policies, concurrency, steps, request_steps, Path(tmp))
+        _record_pair(world, seed, policies, concurrency, steps, request_steps, Path(tmp), device)
         return _pair_records(Path(tmp))
 
 
@@ -238,13 +239,15 @@ def whatif_study(
     jobs: int = 1,
     sink=None,
     keep: str | None = None,
+    device: str | None = None,
 ) -> list[dict]:
     """One record per (world, seed, policy, level, workload): predicted figures with their
     intervals beside the real run's (`policy` `own`: the compact run's own prediction
     beside its measured figures). `sink(records)` is called as each pair finishes;
     `request_steps` lengthens the levels of small batches (`level_steps`); `keep` keeps
-    every pair's runs there (`pair_directory`), for `repredict`."""
-    pairs = [(w, s, tuple(policies), tuple(concurrency), steps, request_steps, keep)
+    every pair's runs there (`pair_directory`), for `repredict`; `device` runs the real
+    world's networks there (`runs.workers.add_device_argument`)."""
+    pairs = [(w, s, tuple(policies), tuple(concurrency), steps, request_steps, keep, device)
              for w in worlds for s in seeds]  # fmt: skip
     return _in_workers(_pair, pairs, jobs, sink)
 
@@ -498,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--concurrency", default="1,8,32,128")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes, one (world, seed) each")
+    add_device_argument(ap)
     ap.add_argument("--out", help="append each pair's records here (JSON Lines)")
     ap.add_argument("--keep", metavar="DIR", help="keep every pair's runs under DIR")
     ap.add_argument(
@@ -529,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     records = whatif_study(args.worlds, seeds, concurrency=concurrency,
                                            steps=args.steps, request_steps=args.request_steps,
-                                           jobs=args.jobs, sink=sink, keep=args.keep)  # fmt: skip
+                                           jobs=args.jobs, sink=sink, keep=args.keep,
+                                           device=args.device)  # fmt: skip
         except (OSError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
