@@ -36,8 +36,8 @@ def run(quick: bool) -> list[dict]:
         "world": "real",
         "device": device,
         "concurrency": [1, 4] if small else [1, 8, 32, 64, 128, 256],
-        "steps_per_level": 12 if small else 400,
-        "max_new_tokens": 256 if small else 4096,
+        "steps_per_level": 12 if small else 800,
+        "max_new_tokens": 256 if small else 8192,
     }
     config = RuntimeConfig(seed=0, mode="compact", **params)
     with tempfile.TemporaryDirectory() as tmp:
@@ -51,6 +51,7 @@ def run(quick: bool) -> list[dict]:
         meets_r2_target=fit.fitted.r2 >= R2_TARGET,
         timed_steps=fit.steps,
         fitted=fit.fitted.to_dict(),
+        constrained=fit.constrained,
         context=context,
         context_missing=fit.context_missing,
     )
