@@ -270,3 +270,25 @@ def test_known_ratios_against_a_per_position_loop():
             assert known[i, j] == want
             if want:
                 assert a[i, j] == pytest.approx(min(1.0, np.exp(target[i, j] - draft[i, j])))
+
+
+def test_the_post_hoc_replay_reads_the_run_in_windows_of_whole_batches(compact_run, monkeypatch):
+    """`evaluate` replays the check over windows of about CHECK_WINDOW_ROWS request-steps
+    (a 10M-row run held its three gamma-wide columns at once before); windows of 100 rows,
+    and parts whose steps come out of order (several ranks), give what one window gives."""
+    from dspark_obs.estimator import evaluate as evaluate_module
+
+    run = open_run(compact_run[0])
+    req = run.requests()
+    df = req.collect()
+    names = sorted(df["workload"].unique().to_list(), key=lambda w: (w is None, w))
+    monkeypatch.setattr(evaluate_module, "CHECK_WINDOW_ROWS", 10**12)
+    whole = evaluate_module.extrapolation_checks(req, names, run.gamma)
+    monkeypatch.setattr(evaluate_module, "CHECK_WINDOW_ROWS", 100)
+    assert len(evaluate_module._step_windows(req)[1]) >= 3
+    assert evaluate_module.extrapolation_checks(req, names, run.gamma) == whole
+    # the later half of the steps first, each step's rows kept together and in order
+    fct = df["forward_ct"].to_numpy()
+    cut = int(np.searchsorted(fct, fct[len(fct) // 2], side="left"))
+    swapped = pl.concat([df[cut:], df[:cut]]).lazy()
+    assert evaluate_module.extrapolation_checks(swapped, names, run.gamma) == whole
