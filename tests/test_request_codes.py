@@ -36,3 +36,22 @@ def test_positions_finds_present_keys_only():
     keys = np.array([2, 5, 9])
     np.testing.assert_array_equal(positions(keys, np.array([9, 1, 5, 10, 2])), [2, -1, 1, -1, 0])
     np.testing.assert_array_equal(positions(keys[:0], np.array([1])), [-1])
+
+
+def test_codes_follow_first_rows_on_every_call_of_a_many_part_scan(tmp_path):
+    """The categorical cast numbers ids in the order its threads meet them, which differs
+    between calls on a scan of several files: the codes must not, or sums in code order
+    would round differently from one call to the next."""
+    rng = np.random.default_rng(5)
+    for i in range(6):
+        ids = [f"r{k}" if k % 97 else None for k in rng.integers(0, 20_000, 100_000)]
+        pl.DataFrame({"rid": ids}).write_parquet(tmp_path / f"part{i}.parquet")
+    scan = pl.scan_parquet(tmp_path / "*.parquet")
+    (codes,) = request_codes(scan)
+    ids = scan.collect()["rid"].to_list()
+    # the expected numbering, in plain Python: 1, 2, ... as each id first appears
+    seen: dict = {None: 0}
+    expected = [seen.setdefault(x, len(seen)) for x in ids]
+    np.testing.assert_array_equal(codes, expected)
+    for _ in range(3):
+        np.testing.assert_array_equal(request_codes(scan)[0], codes)
