@@ -74,6 +74,11 @@ class ConfidenceRates:
         self._mean, self._scale = grow(self._mean), grow(self._scale, 1.0)
         self._fitted_on = np.concatenate([self._fitted_on, np.zeros(extra)])
 
+    @property
+    def groups(self) -> int:
+        """The groups the model holds sums for."""
+        return len(self._sums)
+
     def fitted(self, groups: np.ndarray) -> np.ndarray:
         """`[k]` whether each group has any known position to rest on."""
         groups = np.asarray(groups, dtype=np.int64)
@@ -102,11 +107,66 @@ class ConfidenceRates:
         self._cumulative_counts = None
         total = self._sums[:, 0].sum(axis=(1, 2))
         for k in np.flatnonzero(total > (1.0 + REFIT_GROWTH) * self._fitted_on).tolist():
-            self._refit(k)
+            self._refit(k, self._sums[k])
             self._fitted_on[k] = total[k]
 
-    def _refit(self, k: int) -> None:
-        count, total = self._sums[k]
+    def learn_in_batches(
+        self,
+        batch: np.ndarray,
+        group: np.ndarray,
+        known: np.ndarray,
+        a: np.ndarray,
+        confidence: np.ndarray,
+        groups: int = 0,
+    ) -> ConfidenceRates:
+        """`update` with each batch's rows in turn (`batch` per row, from 0, never
+        decreasing), in one pass; returns the model as it stood before each batch, as one
+        whose group `b * n + g` is group `g` before batch `b` (for `rates`), n the groups
+        (at least `groups`).
+
+        The sums before each batch are the running sums of the batches' own, and the
+        groups are refitted after the batches where `update` would refit them, from the
+        same sums: the same coefficients to the last bit (`population.HazardModel.
+        learn_in_batches` says why)."""
+        group = np.asarray(group, dtype=np.int64)
+        batch = np.asarray(batch, dtype=np.int64)
+        nb = int(batch[-1]) + 1 if len(batch) else 0
+        self._grow(max(groups, int(group.max()) + 1 if len(group) else 0))
+        n_groups, g = len(self._sums), self.gamma
+        flat = np.flatnonzero(known & ~np.isnan(confidence))
+        rows, cols = np.divmod(flat, g)
+        b = np.minimum((confidence.take(flat) * BINS).astype(np.int64), BINS - 1)
+        cell = ((batch.take(rows) * n_groups + group.take(rows)) * g + cols) * BINS + b
+        per_batch = np.zeros((nb, n_groups, 2, g, BINS))
+        for i, w in enumerate((None, a.take(flat))):
+            counts = np.bincount(cell, w, nb * n_groups * g * BINS)
+            per_batch[:, :, i] = counts.reshape(nb, n_groups, g, BINS)
+        running = np.cumsum(np.concatenate([self._sums[None], per_batch]), axis=0)
+        del per_batch
+        totals = running[1:, :, 0].sum(axis=(2, 3))
+        taught = np.bincount(batch.take(rows), minlength=nb) > 0
+        coef, mean, scale = (np.empty((nb, n_groups, _FEATURES)) for _ in range(3))
+        for k in range(nb):
+            coef[k], mean[k], scale[k] = self._coef, self._mean, self._scale
+            if not taught[k]:  # `update` returns before its refits on a batch of nothing
+                continue
+            grown = totals[k] > (1.0 + REFIT_GROWTH) * self._fitted_on
+            for j in np.flatnonzero(grown).tolist():
+                self._refit(j, running[k + 1, j])
+                self._fitted_on[j] = totals[k, j]
+        self._sums = running[-1].copy()
+        self._cumulative_counts = None
+        before = ConfidenceRates(g)
+        before._sums = running[:-1].reshape(nb * n_groups, 2, g, BINS)
+        before._coef, before._mean, before._scale = (
+            x.reshape(nb * n_groups, _FEATURES) for x in (coef, mean, scale)
+        )
+        before._fitted_on = np.zeros(nb * n_groups)
+        return before
+
+    def _refit(self, k: int, sums: np.ndarray) -> None:
+        """Group `k`'s coefficients on its `sums` (`[2, gamma, BINS]`)."""
+        count, total = sums
         pos, b = np.nonzero(count)
         n = count[pos, b]
         x = features(pos, (b + 0.5) / BINS)

@@ -26,7 +26,7 @@ from dspark_obs.store import Run
 from .extrapolation_check import ExtrapolationCheck
 from .interval import aggregate_interval
 from .online import POPULATION_BATCH_STEPS, CeilingEstimator
-from .population import HazardModel, population_estimates
+from .population import HazardModel
 
 Z95 = 1.959963984540054
 
@@ -184,27 +184,10 @@ def _walk_sums(walked: pl.DataFrame) -> dict:
     }
 
 
-def _population_rows(req: pl.LazyFrame, names: list, gamma: int) -> tuple:
-    """`population_estimates`' arguments: group, window, accepted and the confidence matrix.
-
-    A row without confidence (a source with no confidence head) falls into the
-    pooled stratum, as NaN confidence does in `HazardModel`. The polars frame
-    is dropped here, so only the numpy copies stay in memory during the fit.
-    """
-    known = [n for n in names if n is not None]  # sorted with None last, so None is len(known)
-    # a null confidence row becomes a NaN row in to_numpy, the pooled stratum
-    rows = req.select(workload_code(known), "window", "correct_drafts", "confidence").collect()
-    confidence = rows["confidence"].to_numpy().reshape(-1, gamma)
-    return (
-        rows["group"].to_numpy(),
-        rows["window"].to_numpy(),
-        rows["correct_drafts"].to_numpy(),
-        None if np.isnan(confidence).all() else confidence,
-    )
-
-
-#: Request-steps `extrapolation_checks` reads at a time (see there).
+#: Request-steps `population_replay` reads at a time (see there).
 CHECK_WINDOW_ROWS = 1_000_000
+#: Batches of steps `population_replay` replays in one call.
+REPLAY_BATCHES = 256
 
 
 def _step_windows(req: pl.LazyFrame) -> tuple[int, list[pl.Expr]]:
@@ -232,48 +215,77 @@ def _step_windows(req: pl.LazyFrame) -> tuple[int, list[pl.Expr]]:
     ]
 
 
-def extrapolation_checks(req: pl.LazyFrame, names: list, gamma: int) -> list[dict]:
-    """Per workload, the in-band extrapolation's held-out check replayed over the run:
-    every `POPULATION_BATCH_STEPS` steps' known positions against the population model
-    learnt from the steps before them, as the estimator checked it in band.
+def population_replay(
+    req: pl.LazyFrame, names: list, gamma: int, reservoir: int
+) -> tuple[list[dict], list[dict]]:
+    """Per workload: the population model's estimates over every block
+    (`HazardModel.estimates`, `reservoir` at least the largest workload's request-steps),
+    and the in-band extrapolation's held-out check replayed over the run: every
+    `POPULATION_BATCH_STEPS` steps' known positions against the population model learnt
+    from the steps before them, as the estimator checked it in band. One pass serves both:
+    the model the check replays is, once it has learnt the last batch, the one fitted on
+    every block.
 
     The request-steps are read in windows of whole batches of steps, about
     `CHECK_WINDOW_ROWS` rows each, in step order: the check needs three gamma-wide float
     columns of every row, which for a 10M request-step run held at once (and sorted) were
     3.4 GB of a `report`'s peak.
     """
-    known = [n for n in names if n is not None]
-    cols = ("confidence", "target_logprobs", "draft_logprobs")
-    model, check = HazardModel(gamma), ExtrapolationCheck(gamma)
+    model = HazardModel(gamma, reservoir=max(1, reservoir))
+    check = ExtrapolationCheck(gamma)
     model.ensure_groups(len(names))
     first, windows = _step_windows(req)
-    for window in windows:
-        rows = (
-            req.filter(window)
-            .select(
-                "forward_ct",
-                workload_code(known),
-                "window",
-                "correct_drafts",
-                pl.col("greedy").cast(pl.Int8).fill_null(-1),
-                *cols,
-            )
-            .collect()
+    with ThreadPoolExecutor(1, thread_name_prefix="replay-read") as reader:
+        # the next window is read (polars, the GIL released) while this one is replayed
+        ahead = [reader.submit(_window_rows, req, w, names, gamma, first) for w in windows[:1]]
+        for i in range(len(windows)):
+            rows = ahead.pop().result()
+            if i + 1 < len(windows):
+                ahead.append(reader.submit(_window_rows, req, windows[i + 1], names, gamma, first))
+            batch = rows.pop("batch")
+            batch -= batch[0]
+            # up to REPLAY_BATCHES batches a call: the models' tables before each batch are
+            # held at once, which for thousands of batches of one request each would be large
+            bounds = np.searchsorted(batch, np.arange(0, int(batch[-1]) + 1, REPLAY_BATCHES))
+            for lo, hi in zip(bounds.tolist(), [*bounds[1:].tolist(), len(batch)], strict=True):
+                part = {k: None if v is None else v[lo:hi] for k, v in rows.items()}
+                check.observe_in_batches(model, batch[lo:hi] - batch[lo], **part)
+    return model.estimates(), [check.calibration(g) for g in range(len(names))]
+
+
+def _window_rows(req: pl.LazyFrame, window: pl.Expr, names: list, gamma: int, first: int) -> dict:
+    """One window's request-steps in step order, as `observe_in_batches`' arguments (the
+    gamma-wide columns None where all NaN), and each row's `batch` of steps from `first`."""
+    known = [n for n in names if n is not None]
+    cols = ("confidence", "target_logprobs", "draft_logprobs")
+    rows = (
+        req.filter(window)
+        .select(
+            "forward_ct",
+            workload_code(known),
+            "window",
+            "correct_drafts",
+            pl.col("greedy").cast(pl.Int8).fill_null(-1),
+            *cols,
         )
-        if not rows["forward_ct"].is_sorted():  # parts of several ranks interleave
-            rows = rows.sort("forward_ct", maintain_order=True)
-        batch = (rows["forward_ct"].to_numpy() - first) // POPULATION_BATCH_STEPS
-        bounds = np.flatnonzero(np.diff(batch)) + 1
-        for part in np.split(np.arange(rows.height), bounds):
-            sl = rows[int(part[0]) : int(part[-1]) + 1]
-            group, w, a = (sl[c].to_numpy() for c in ("group", "window", "correct_drafts"))
-            mats = [sl[c].to_numpy().reshape(-1, gamma) for c in cols]
-            conf, target_lp, draft_lp = (None if np.isnan(m).all() else m for m in mats)
-            greedy = sl["greedy"].to_numpy()
-            fct = sl["forward_ct"].to_numpy()
-            check.observe(model, group, w, greedy, conf, target_lp, draft_lp, fct)
-            model.update(group, w, a, conf)
-    return [check.calibration(g) for g in range(len(names))]
+        .collect()
+    )
+    if not rows["forward_ct"].is_sorted():  # parts of several ranks interleave
+        rows = rows.sort("forward_ct", maintain_order=True)
+    fct = rows["forward_ct"].to_numpy()
+    mats = [rows[c].to_numpy().reshape(-1, gamma) for c in cols]
+    conf, target, draft = (None if np.isnan(m).all() else m for m in mats)
+    return {
+        "batch": (fct - first) // POPULATION_BATCH_STEPS,
+        "group": rows["group"].to_numpy(),
+        "window": rows["window"].to_numpy(),
+        "accepted": rows["correct_drafts"].to_numpy(),
+        "greedy": rows["greedy"].to_numpy(),
+        "confidence": conf,
+        "target_logprobs": target,
+        "draft_logprobs": draft,
+        "forward_ct": fct,
+    }
 
 
 def evaluate(run: Run) -> dict:
@@ -323,13 +335,11 @@ def evaluate(run: Run) -> dict:
         .iter_rows(named=True)
     }
     names = sorted(stats, key=lambda w: (w is None, w))
-    rows = _population_rows(req, names, gamma)
     with ThreadPoolExecutor(1, thread_name_prefix="population") as pool:
         # the model is numpy on one core: it fits while polars joins the walks with
         # their truth, instead of leaving the other core idle
-        fit = pool.submit(population_estimates, *rows, gamma, groups=len(names))
-        checks = pool.submit(extrapolation_checks, req, names, gamma)
-        del rows
+        largest = max(st["n"] for st in stats.values())
+        fit = pool.submit(population_replay, req, names, gamma, largest)
         keys = ["rank", "forward_ct", "rid"]
         blocks = walked_blocks(run)
         if blocks.collect_schema().names():
@@ -353,10 +363,10 @@ def evaluate(run: Run) -> dict:
         else:
             blocks = pl.DataFrame()
         by_workload = blocks.partition_by("workload", as_dict=True) if blocks.height else {}
-    pops = fit.result()
+    pops, checks = fit.result()
     empty = blocks.clear() if blocks.width else blocks
     out = {"run": str(run.path), "gamma": gamma, "workloads": {}}
-    for name, pop, check in zip(names, pops, checks.result(), strict=True):
+    for name, pop, check in zip(names, pops, checks, strict=True):
         st = stats[name]
         walked = by_workload.get((name,), empty)
         has_truth = st["truth_nulls"] == 0

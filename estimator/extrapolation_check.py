@@ -97,6 +97,14 @@ def checked_steps(forward_ct: np.ndarray) -> np.ndarray:
     return (mixed >> np.uint64(40)) % np.uint64(CHECK_EVERY) == 0
 
 
+def _added_in_turn(total: np.ndarray, parts: np.ndarray) -> np.ndarray:
+    """`total` plus each of `parts` (along its first axis) in turn, one addition each, so
+    that sums over many batches round as one addition per batch does."""
+    if len(parts) == 1:
+        return total + parts[0]
+    return np.cumsum(np.concatenate([total[None], parts]), axis=0)[-1]
+
+
 class ExtrapolationCheck:
     """Per group: the population model's rates against known ratios, held out (prequential)."""
 
@@ -123,6 +131,52 @@ class ExtrapolationCheck:
         """Check the rows of the `checked_steps` (`forward_ct` per row) against `model`
         before it learns them (call before `model.update`); the smooth model learns every
         row's known positions."""
+        group = self._grow(group)
+        known, a = known_ratios(window, greedy, target_logprobs, draft_logprobs, self.gamma)
+        rows = np.flatnonzero(checked_steps(forward_ct) & known.any(axis=1))
+        if len(rows):
+            conf = None if confidence is None else confidence[rows]
+            self._check(model, self.smooth, group[rows], group[rows], known[rows], a[rows], conf)
+        if confidence is not None:
+            self.smooth.update(group, known, a, confidence)
+
+    def observe_in_batches(
+        self,
+        model: HazardModel,
+        batch: np.ndarray,
+        group: np.ndarray,
+        window: np.ndarray,
+        accepted: np.ndarray,
+        greedy: np.ndarray,
+        confidence: np.ndarray | None,
+        target_logprobs: np.ndarray | None,
+        draft_logprobs: np.ndarray | None,
+        forward_ct: np.ndarray,
+    ) -> None:
+        """`observe`, then `model.update`, for each batch in turn (`batch` per row, from 0,
+        never decreasing), in one pass: the in-band estimator's teaching of the population
+        model, replayed over a stored run. The figures are those of a call of each per
+        batch, to the last bit (`HazardModel.learn_in_batches`)."""
+        group = self._grow(group)
+        batch = np.asarray(batch, dtype=np.int64)
+        known, a = known_ratios(window, greedy, target_logprobs, draft_logprobs, self.gamma)
+        # both models stack their groups by the same count
+        n_groups = max(model.groups, len(self.sums), self.smooth.groups)
+        model.ensure_groups(n_groups)
+        before = model.learn_in_batches(batch, group, window, accepted, confidence)
+        smooth = self.smooth
+        if confidence is not None:
+            smooth = self.smooth.learn_in_batches(batch, group, known, a, confidence, n_groups)
+        rows = np.flatnonzero(checked_steps(forward_ct) & known.any(axis=1))
+        if len(rows):
+            conf = None if confidence is None else confidence[rows]
+            stacked = batch[rows] * n_groups + group[rows]
+            self._check(
+                before, smooth, stacked, group[rows], known[rows], a[rows], conf, batch[rows]
+            )
+
+    def _grow(self, group: np.ndarray) -> np.ndarray:
+        """`group` as int64, the sums grown to hold it."""
         group = np.asarray(group, dtype=np.int64)
         if len(group) and group.max() >= len(self.sums):
             grown = np.zeros((int(group.max()) + 1, 2, 5, CALIBRATION_BINS))
@@ -131,44 +185,52 @@ class ExtrapolationCheck:
             moments = np.zeros((len(grown), 2))
             moments[: len(self.blend_moments)] = self.blend_moments
             self.blend_moments = moments
-        known, a = known_ratios(window, greedy, target_logprobs, draft_logprobs, self.gamma)
-        rows = np.flatnonzero(checked_steps(forward_ct) & known.any(axis=1))
-        if len(rows):
-            conf = None if confidence is None else confidence[rows]
-            self._check(model, group[rows], known[rows], a[rows], conf)
-        if confidence is not None:
-            self.smooth.update(group, known, a, confidence)
+        return group
 
     def _check(
         self,
         model: HazardModel,
+        smooth_model: ConfidenceRates,
+        model_group: np.ndarray,
         group: np.ndarray,
         known: np.ndarray,
         a: np.ndarray,
         conf: np.ndarray | None,
+        batch: np.ndarray | None = None,
     ) -> None:
-        """Add checked rows to the calibration sums and the blend's moments."""
-        rates, ident, se = model.rates(group, conf)
+        """Add checked rows to the calibration sums and the blend's moments. The models
+        are asked for `model_group` (a group of the stacked models of `observe_in_batches`,
+        else the row's `group`); with `batch`, each batch's sums are added in turn."""
+        rates, ident, se = model.rates(model_group, conf)
         # the smooth model's rates, only on the rows with a known position in a silent cell
         silent = np.flatnonzero((known & ~ident).any(axis=1)) if conf is not None else []
         smooth = np.full(known.shape, np.nan)
         if len(silent):
-            smooth[silent] = self.smooth.rates(group[silent], conf[silent])
-        # every group's sums in one pass: key = group * 2 + (0 identified, 1 not); flat
-        # indices and `take`, where 2-D fancy indexing costs several times as much
+            smooth[silent] = smooth_model.rates(model_group[silent], conf[silent])
+        # every (batch, group)'s sums in one pass: key = group * 2 + (0 identified, 1 not);
+        # flat indices and `take`, where 2-D fancy indexing costs several times as much
         gamma = known.shape[1]
         flat = np.flatnonzero(known)
         groups = len(self.sums)
-        key = group.take(flat // gamma) * 2 + ~ident.take(flat)
-        sums = calibration_sums(rates.take(flat), a.take(flat), se.take(flat), key, 2 * groups)
-        self.sums += sums.reshape(5, groups, 2, CALIBRATION_BINS).transpose(1, 2, 0, 3)
+        batches = 1 if batch is None else int(batch[-1]) + 1
+        row_key = group if batch is None else batch * groups + group
+        key = row_key.take(flat // gamma) * 2 + ~ident.take(flat)
+        sums = calibration_sums(
+            rates.take(flat), a.take(flat), se.take(flat), key, 2 * groups * batches
+        )
+        per_batch = sums.reshape(5, batches, groups, 2, CALIBRATION_BINS).transpose(1, 2, 3, 0, 4)
+        self.sums = _added_in_turn(self.sums, per_batch)
         flat = np.flatnonzero(known & ~ident & ~np.isnan(smooth))
         if len(flat):
             fallback = rates.take(flat)
             d, e = smooth.take(flat) - fallback, a.take(flat) - fallback
-            g = group.take(flat // gamma)
-            self.blend_moments[:, 0] += np.bincount(g, d * e, groups)
-            self.blend_moments[:, 1] += np.bincount(g, d * d, groups)
+            k = row_key.take(flat // gamma)
+            moments = np.stack(
+                [np.bincount(k, v, groups * batches) for v in (d * e, d * d)], axis=1
+            )
+            self.blend_moments = _added_in_turn(
+                self.blend_moments, moments.reshape(batches, groups, 2)
+            )
 
     def calibration(self, g: int) -> dict:
         """The held-out check of group `g` on positions in identified cells

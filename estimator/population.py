@@ -71,6 +71,9 @@ IDENTIFIABLE_SHARE = 0.95
 #: Rows per internal slice of `HazardModel.update` and `survival`.
 UPDATE_CHUNK = 1 << 16
 
+#: `HazardModel`'s counts, in the order its `_counts` gives them.
+_STATE = ("_n0", "_d0", "_n", "_d", "_ccnt", "_csum")
+
 
 def tail_terms(rates: np.ndarray, window: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`([k, gamma], [k])`: per block trimmed at `window`, P(C > m | C >= window) at each m
@@ -168,6 +171,72 @@ class HazardModel:
         confidence: np.ndarray | None,
     ) -> None:
         """Add blocks: `group`, `window`, `accepted` `[n]` (group may be a scalar)."""
+        grp, w, a = self._checked(group, window, accepted, confidence)
+        if len(w) == 0:
+            return
+        # cache-sized slices: the [rows, gamma] temporaries of a large offline fit stay small
+        for lo in range(0, len(w), UPDATE_CHUNK):
+            sl = slice(lo, lo + UPDATE_CHUNK)
+            conf = None if confidence is None else confidence[sl]
+            codes = self._bin_codes(conf, len(w[sl]))
+            counts = self._counts(grp[sl], w[sl], a[sl], codes, conf, self.groups)
+            for total, part in zip(self._state(), counts, strict=True):
+                total += part
+            self._remember(grp[sl], codes)
+        self._cache = None
+
+    def learn_in_batches(
+        self,
+        batch: np.ndarray,
+        group: np.ndarray,
+        window: np.ndarray,
+        accepted: np.ndarray,
+        confidence: np.ndarray | None,
+    ) -> HazardModel:
+        """`update` with each batch's rows in turn (`batch`: each row's, from 0, never
+        decreasing in row order), in one pass; returns the model as it stood before each
+        batch, as one model whose group `b * groups + g` is group `g` before batch `b`, for
+        its `rates` and `acceptance` (it keeps no reservoir).
+
+        Why: the held-out check's replay over a stored run (`extrapolation_check`) asks the
+        model's rates before each of thousands of small batches; a call per batch cost
+        most of that replay in numpy's per-call overhead. The counts before each batch are
+        the running sums of the batches' counts, taken in the same order as one `update`
+        per batch takes them, so every table is the same to the last bit."""
+        grp, w, a = self._checked(group, window, accepted, confidence)
+        b = np.asarray(batch, dtype=np.int64).reshape(-1)
+        if b.shape != w.shape or (len(b) and (b[0] < 0 or (np.diff(b) < 0).any())):
+            raise ValueError("batch must be one per row, from 0 and never decreasing")
+        nb, n_groups = (int(b[-1]) + 1 if len(b) else 0), self.groups
+        stacked = [np.zeros((nb, *x.shape), x.dtype) for x in self._state()]
+        # slices of whole batches, about UPDATE_CHUNK rows each: a batch's sums are taken in
+        # one pass, as one `update` of the batch takes them
+        bounds = np.searchsorted(b, np.arange(nb + 1))
+        lo = 0
+        while lo < len(w):
+            first = int(b[lo])
+            last = max(first + 1, int(np.searchsorted(bounds, lo + UPDATE_CHUNK, "right")) - 1)
+            sl = slice(lo, int(bounds[last]))
+            conf = None if confidence is None else confidence[sl]
+            codes = self._bin_codes(conf, sl.stop - lo)
+            key = (b[sl] - first) * n_groups + grp[sl]
+            counts = self._counts(key, w[sl], a[sl], codes, conf, (last - first) * n_groups)
+            for out, part in zip(stacked, counts, strict=True):
+                out[first:last] = part.reshape(last - first, *out.shape[1:])
+            self._remember(grp[sl], codes)
+            lo = sl.stop
+        before = HazardModel(self.gamma, self.bins, self.min_at_risk, reservoir=1)
+        before.ensure_groups(nb * n_groups)
+        for total, per_batch, name in zip(self._state(), stacked, _STATE, strict=True):
+            # the running sums, the state first: exactly the additions of one update a batch
+            running = np.cumsum(np.concatenate([total[None], per_batch]), axis=0)
+            setattr(before, name, running[:-1].reshape(-1, *total.shape[1:]))
+            total[...] = running[-1]
+        self._cache = None
+        return before
+
+    def _checked(self, group, window, accepted, confidence) -> tuple:
+        """`update`'s arguments as int64 arrays, refused where they are not blocks."""
         w = np.asarray(window, dtype=np.int64).reshape(-1)
         a = np.asarray(accepted, dtype=np.int64).reshape(-1)
         n = len(w)
@@ -175,7 +244,7 @@ class HazardModel:
         if a.shape != (n,):
             raise ValueError(f"accepted has shape {a.shape}, expected ({n},)")
         if n == 0:
-            return
+            return grp, w, a
         gam = self.gamma
         if (w < 0).any() or (w > gam).any():
             raise ValueError(f"window outside 0..gamma={gam}")
@@ -186,34 +255,37 @@ class HazardModel:
         if confidence is not None and np.shape(confidence) != (n, gam):
             raise ValueError(f"confidence has shape {np.shape(confidence)}, expected ({n}, {gam})")
         self.ensure_groups(int(grp.max()) + 1)
-        # cache-sized slices: the [rows, gamma] temporaries of a large offline fit stay small
-        for lo in range(0, n, UPDATE_CHUNK):
-            sl = slice(lo, lo + UPDATE_CHUNK)
-            self._update(grp[sl], w[sl], a[sl], None if confidence is None else confidence[sl])
-        self._cache = None
+        return grp, w, a
 
-    def _update(
-        self, grp: np.ndarray, w: np.ndarray, a: np.ndarray, confidence: np.ndarray | None
-    ) -> None:
-        n, gam = len(w), self.gamma
-        codes = self._bin_codes(confidence, n)
-        G, B = self.groups, self.bins
+    def _state(self) -> tuple[np.ndarray, ...]:
+        """The counts, in `_STATE`'s order."""
+        return tuple(getattr(self, name) for name in _STATE)
 
+    def _counts(
+        self,
+        grp: np.ndarray,
+        w: np.ndarray,
+        a: np.ndarray,
+        codes: np.ndarray,
+        confidence: np.ndarray | None,
+        groups: int,
+    ) -> tuple[np.ndarray, ...]:
+        """The blocks' counts over `groups` groups (`grp` below it), in `_STATE`'s order."""
+        gam, B, G = self.gamma, self.bins, groups
         # a block is at risk at positions 0..reach-1 (verified, every earlier draft accepted)
         reach = np.minimum(a + 1, w)
         event = a < w
         # unstratified counts from per-block reach: a histogram, then a reverse cumulative sum
         hist = np.bincount(grp * (gam + 1) + reach, minlength=G * (gam + 1)).reshape(G, gam + 1)
-        self._n0 += np.cumsum(hist[:, ::-1], axis=1)[:, ::-1][:, 1:]
+        n0 = np.cumsum(hist[:, ::-1], axis=1)[:, ::-1][:, 1:]
         # events at a (< w); a block without one lands in a spare column that is dropped
         stop = np.where(event, a, gam)
-        self._d0 += np.bincount(grp * (gam + 1) + stop, minlength=G * (gam + 1)).reshape(
-            G, gam + 1
-        )[:, :gam]
-
+        d0 = np.bincount(grp * (gam + 1) + stop, minlength=G * (gam + 1)).reshape(G, gam + 1)
+        size = G * gam * B
+        n = np.zeros((G, gam, B), np.int64)
+        d, ccnt, csum = np.zeros_like(n), np.zeros_like(n), np.zeros((G, gam, B))
         pooled = codes == B
         if not pooled.all():
-            size = G * gam * B
             # one histogram counts both the cell's blocks and those at risk in it: key
             # 2 * (group, position, bin) cell + (at risk), so no masked copy of the cells is
             # made; int32 halves the memory traffic. The positions' part comes from a table
@@ -232,18 +304,24 @@ class HazardModel:
                 flat_pairs, flat_cells = pair.ravel(), cell.ravel()
                 flat_c = np.asarray(confidence, dtype=np.float64).ravel()
             both = np.bincount(flat_pairs, minlength=2 * size).reshape(G, gam, B, 2)
-            self._n += both[..., 1]
-            self._ccnt += both[..., 0] + both[..., 1]
-            self._d += np.bincount(cell[rows, a[rows]], minlength=size).reshape(G, gam, B)
-            self._csum += np.bincount(flat_cells, weights=flat_c, minlength=size).reshape(G, gam, B)
+            n = both[..., 1]
+            ccnt = both[..., 0] + both[..., 1]
+            d = np.bincount(cell[rows, a[rows]], minlength=size).reshape(G, gam, B)
+            csum = np.bincount(flat_cells, weights=flat_c, minlength=size).reshape(G, gam, B)
+        return n0, d0[:, :gam], n, d, ccnt, csum
 
-        # each group's newest blocks into its ring, in order: at most two slices (the
-        # ring wraps once), written by slice rather than by per-row fancy index
-        for g in np.flatnonzero(hist.any(axis=1)).tolist():
-            mine = (codes if len(hist) == 1 else np.compress(grp == g, codes, axis=0))[
+    def _remember(self, grp: np.ndarray, codes: np.ndarray) -> None:
+        """Each group's newest blocks into its ring, in order: at most two slices (the ring
+        wraps once), written by slice rather than by per-row fancy index."""
+        present = np.bincount(grp, minlength=self.groups)
+        for g in np.flatnonzero(present).tolist():
+            mine = (codes if present[g] == len(grp) else np.compress(grp == g, codes, axis=0))[
                 -self.reservoir :
             ]
-            k, head = len(mine), int(self._head[g])
+            # blocks older than the reservoir pass over it unwritten: each block lands where
+            # it would have, had the rows come one batch at a time
+            k = len(mine)
+            head = (int(self._head[g]) + int(present[g]) - k) % self.reservoir
             first = min(k, self.reservoir - head)
             self._ring[g, head : head + first] = mine[:first]
             self._ring[g, : k - first] = mine[first:]
@@ -331,6 +409,22 @@ class HazardModel:
         share = np.cumsum(data_sum / len(codes)) / np.arange(1, self.gamma + 1)
         # S_j rests on every S_i before it: once unidentified, it stays so
         return s, np.logical_and.accumulate(share >= IDENTIFIABLE_SHARE)
+
+    def estimates(self) -> list[dict]:
+        """Per group: `survival`, `identifiable`, `mean` (E[ceiling]) and `naive_km`, over
+        the group's reservoir (`population_estimates`)."""
+        out = []
+        for g in range(self.groups):
+            s, identifiable = self.survival(g)
+            out.append(
+                {
+                    "survival": s.tolist(),
+                    "identifiable": identifiable.tolist(),
+                    "mean": float(s.sum()),
+                    "naive_km": self.naive_km(g).tolist(),
+                }
+            )
+        return out
 
     def expected_ceiling(self, g: int) -> float:
         """E[ceiling] = sum_j S_j."""
@@ -431,18 +525,7 @@ def population_estimates(
     model = HazardModel(gamma, bins=bins, min_at_risk=min_at_risk, reservoir=reservoir)
     model.ensure_groups(len(sizes))
     model.update(grp, window, accepted, confidence)
-    out = []
-    for g in range(len(sizes)):
-        s, identifiable = model.survival(g)
-        out.append(
-            {
-                "survival": s.tolist(),
-                "identifiable": identifiable.tolist(),
-                "mean": float(s.sum()),
-                "naive_km": model.naive_km(g).tolist(),
-            }
-        )
-    return out
+    return model.estimates()
 
 
 def population_estimate(

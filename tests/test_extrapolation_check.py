@@ -272,23 +272,92 @@ def test_known_ratios_against_a_per_position_loop():
                 assert a[i, j] == pytest.approx(min(1.0, np.exp(target[i, j] - draft[i, j])))
 
 
-def test_the_post_hoc_replay_reads_the_run_in_windows_of_whole_batches(compact_run, monkeypatch):
-    """`evaluate` replays the check over windows of about CHECK_WINDOW_ROWS request-steps
-    (a 10M-row run held its three gamma-wide columns at once before); windows of 100 rows,
-    and parts whose steps come out of order (several ranks), give what one window gives."""
-    from dspark_obs.estimator import evaluate as evaluate_module
-
-    run = open_run(compact_run[0])
+def _replay_args(run):
     req = run.requests()
     df = req.collect()
     names = sorted(df["workload"].unique().to_list(), key=lambda w: (w is None, w))
+    largest = int(df["workload"].value_counts()["count"].max())
+    return req, df, names, largest
+
+
+def test_the_post_hoc_replay_reads_the_run_in_windows_of_whole_batches(compact_run, monkeypatch):
+    """`evaluate` replays the check over windows of about CHECK_WINDOW_ROWS request-steps
+    (a 10M-row run held its three gamma-wide columns at once before); windows of 100 rows,
+    calls of 3 batches, and parts whose steps come out of order (several ranks), give what
+    one window gives."""
+    from dspark_obs.estimator import evaluate as evaluate_module
+
+    run = open_run(compact_run[0])
+    req, df, names, largest = _replay_args(run)
     monkeypatch.setattr(evaluate_module, "CHECK_WINDOW_ROWS", 10**12)
-    whole = evaluate_module.extrapolation_checks(req, names, run.gamma)
+    whole = evaluate_module.population_replay(req, names, run.gamma, largest)
     monkeypatch.setattr(evaluate_module, "CHECK_WINDOW_ROWS", 100)
+    monkeypatch.setattr(evaluate_module, "REPLAY_BATCHES", 3)
     assert len(evaluate_module._step_windows(req)[1]) >= 3
-    assert evaluate_module.extrapolation_checks(req, names, run.gamma) == whole
+    assert evaluate_module.population_replay(req, names, run.gamma, largest) == whole
     # the later half of the steps first, each step's rows kept together and in order
     fct = df["forward_ct"].to_numpy()
     cut = int(np.searchsorted(fct, fct[len(fct) // 2], side="left"))
     swapped = pl.concat([df[cut:], df[:cut]]).lazy()
-    assert evaluate_module.extrapolation_checks(swapped, names, run.gamma) == whole
+    assert evaluate_module.population_replay(swapped, names, run.gamma, largest) == whole
+
+
+def test_the_replay_is_the_in_band_estimators_batch_by_batch(compact_run, monkeypatch):
+    """The replay learns and checks many batches a call; the in-band estimator calls
+    `observe` then `update` once a batch. Done here that way, over the run's batches (of 2
+    steps, so that there are many, and the smooth model is refitted between them), the
+    check and the population estimates over every block are the replay's to the last bit
+    (and the estimates are those of one fit on all the rows, within rounding)."""
+    from dspark_obs.estimator import evaluate as evaluate_module
+    from dspark_obs.estimator.population import population_estimates
+
+    steps = 2
+    monkeypatch.setattr(evaluate_module, "POPULATION_BATCH_STEPS", steps)
+    refits = []
+    monkeypatch.setattr(ConfidenceRates, "_refit", _counted(ConfidenceRates._refit, refits))
+
+    run = open_run(compact_run[0])
+    req, df, names, largest = _replay_args(run)
+    gamma = run.gamma
+    estimates, checks = evaluate_module.population_replay(req, names, gamma, largest)
+    replay_refits, refits[:] = len(refits), []
+    df = df.sort("forward_ct", maintain_order=True)
+    group = np.array([names.index(w) for w in df["workload"].to_list()])
+    cols = {c: df[c].to_numpy() for c in ("window", "correct_drafts", "forward_ct")}
+    mats = {c: df[c].to_numpy().reshape(-1, gamma) for c in CONFIDENCE_COLUMNS}
+    greedy = df["greedy"].cast(pl.Int8).fill_null(-1).to_numpy()
+    model = HazardModel(gamma, reservoir=largest)
+    model.ensure_groups(len(names))
+    check = ExtrapolationCheck(gamma)
+    batch = (cols["forward_ct"] - cols["forward_ct"][0]) // steps
+    starts = np.flatnonzero(np.diff(batch, prepend=-1))
+    assert len(starts) > 50
+    for lo, hi in zip(starts, [*starts[1:], len(batch)], strict=True):
+        conf, target, draft = (mats[c][lo:hi] for c in CONFIDENCE_COLUMNS)
+        w, a = cols["window"][lo:hi], cols["correct_drafts"][lo:hi]
+        check.observe(
+            model, group[lo:hi], w, greedy[lo:hi], conf, target, draft, cols["forward_ct"][lo:hi]
+        )
+        model.update(group[lo:hi], w, a, conf)
+    assert replay_refits == len(refits) > 3 * len(names)
+    assert checks == [check.calibration(g) for g in range(len(names))]
+    assert estimates == model.estimates()
+    fitted = population_estimates(
+        group, cols["window"], cols["correct_drafts"], mats["confidence"], gamma,
+        groups=len(names),
+    )  # fmt: skip
+    for got, want in zip(estimates, fitted, strict=True):
+        for key in ("survival", "naive_km", "mean"):
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-12)
+        assert got["identifiable"] == want["identifiable"]
+
+
+CONFIDENCE_COLUMNS = ("confidence", "target_logprobs", "draft_logprobs")
+
+
+def _counted(method, calls: list):
+    def wrapper(self, *args):
+        calls.append(args[0])
+        return method(self, *args)
+
+    return wrapper

@@ -352,3 +352,74 @@ def test_acceptance_is_rates_without_the_standard_errors():
     got_rates, got_ident = model.acceptance(groups, query)
     np.testing.assert_array_equal(got_rates, rates)
     np.testing.assert_array_equal(got_ident, ident)
+
+
+def _batched_blocks(seed: int, n: int = 3000, batches: int = 60):
+    """Blocks of 3 groups over `batches` batches, some empty, with NaN confidence (the
+    pooled stratum) on some rows and positions."""
+    rng = np.random.default_rng(seed)
+    batch = np.sort(rng.integers(0, batches, n))
+    batch[batch == 7] = 8  # an empty batch in the middle
+    group = rng.integers(0, 3, n)
+    window = rng.integers(0, GAMMA + 1, n)
+    accepted = (window * rng.uniform(size=n)).astype(np.int64)
+    conf = rng.uniform(size=(n, GAMMA))
+    conf[rng.uniform(size=n) < 0.1] = np.nan
+    conf[rng.uniform(size=(n, GAMMA)) < 0.02] = np.nan
+    return batch, group, window, accepted, conf
+
+
+def test_learning_in_batches_is_one_update_a_batch():
+    """The model before each batch, stacked, gives each batch's rows the rates that the
+    model updated one batch at a time gave them before their batch, to the last bit; after
+    the last batch both models hold the same counts and reservoir."""
+    batch, group, window, accepted, conf = _batched_blocks(3)
+    batched = HazardModel(GAMMA, min_at_risk=5, reservoir=500)
+    batched.update(group[:50], window[:50], accepted[:50], conf[:50])  # a state to start from
+    one_by_one = HazardModel(GAMMA, min_at_risk=5, reservoir=500)
+    one_by_one.update(group[:50], window[:50], accepted[:50], conf[:50])
+    rest = slice(50, None)
+    before = batched.learn_in_batches(
+        batch[rest], group[rest], window[rest], accepted[rest], conf[rest]
+    )
+    stacked = batch[rest] * batched.groups + group[rest]
+    got = before.rates(stacked, conf[rest])
+    for b in np.unique(batch[rest]).tolist():
+        rows = np.flatnonzero(batch[rest] == b) + 50
+        want = one_by_one.rates(group[rows], conf[rows])
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g[rows - 50], w)
+        one_by_one.update(group[rows], window[rows], accepted[rows], conf[rows])
+    for name in ("_n0", "_d0", "_n", "_d", "_ccnt", "_csum", "_ring", "_fill", "_head"):
+        np.testing.assert_array_equal(getattr(batched, name), getattr(one_by_one, name), name)
+    assert batched.estimates() == one_by_one.estimates()
+    with pytest.raises(ValueError, match="never decreasing"):
+        batched.learn_in_batches(batch[::-1], group, window, accepted, conf)
+
+
+def test_the_smooth_model_learnt_in_batches_is_one_update_a_batch():
+    """The same for the smooth model of known positions: its rates before each batch and
+    its refits (when a group's known positions grow by a tenth) are those of one `update`
+    a batch."""
+    from dspark_obs.estimator.confidence_rates import ConfidenceRates
+
+    batch, group, window, _, conf = _batched_blocks(4)
+    rng = np.random.default_rng(5)
+    known = (np.arange(GAMMA)[None, :] < window[:, None]) & (rng.uniform(size=window.shape) < 0.8)[
+        :, None
+    ]
+    ratio = np.clip(conf + rng.normal(0, 0.1, conf.shape), 0, 1)
+    batched, one_by_one = ConfidenceRates(GAMMA), ConfidenceRates(GAMMA)
+    before = batched.learn_in_batches(batch, group, known, ratio, conf, groups=4)
+    assert batched.groups == 4
+    got = before.rates(batch * 4 + group, conf)
+    refits = 0
+    for b in np.unique(batch).tolist():
+        rows = np.flatnonzero(batch == b)
+        np.testing.assert_array_equal(got[rows], one_by_one.rates(group[rows], conf[rows]))
+        fitted = one_by_one._fitted_on.copy()
+        one_by_one.update(group[rows], known[rows], ratio[rows], conf[rows])
+        refits += int((one_by_one._fitted_on[: len(fitted)] != fitted).sum())
+    assert refits > 10
+    np.testing.assert_array_equal(batched._sums[:3], one_by_one._sums[:3])
+    np.testing.assert_array_equal(batched._coef[:3], one_by_one._coef[:3])
