@@ -283,7 +283,7 @@ def _replay_args(run):
 def test_the_post_hoc_replay_reads_the_run_in_windows_of_whole_batches(compact_run, monkeypatch):
     """`evaluate` replays the check over windows of about CHECK_WINDOW_ROWS request-steps
     (a 10M-row run held its three gamma-wide columns at once before); windows of 100 rows,
-    calls of 3 batches, and parts whose steps come out of order (several ranks), give what
+    calls of 3 batches or of 20 rows, and parts whose steps come out of order (several ranks), give what
     one window gives."""
     from dspark_obs.estimator import evaluate as evaluate_module
 
@@ -294,6 +294,8 @@ def test_the_post_hoc_replay_reads_the_run_in_windows_of_whole_batches(compact_r
     monkeypatch.setattr(evaluate_module, "CHECK_WINDOW_ROWS", 100)
     monkeypatch.setattr(evaluate_module, "REPLAY_BATCHES", 3)
     assert len(evaluate_module._step_windows(req)[1]) >= 3
+    assert evaluate_module.population_replay(req, names, run.gamma, largest) == whole
+    monkeypatch.setattr(evaluate_module, "REPLAY_ROWS", 20)  # a call a batch, most often
     assert evaluate_module.population_replay(req, names, run.gamma, largest) == whole
     # the later half of the steps first, each step's rows kept together and in order
     fct = df["forward_ct"].to_numpy()
@@ -361,3 +363,14 @@ def _counted(method, calls: list):
         return method(self, *args)
 
     return wrapper
+
+
+def test_replay_calls_hold_whole_batches_within_both_bounds(monkeypatch):
+    from dspark_obs.estimator import evaluate as evaluate_module
+
+    monkeypatch.setattr(evaluate_module, "REPLAY_ROWS", 10)
+    monkeypatch.setattr(evaluate_module, "REPLAY_BATCHES", 3)
+    batch = np.array([0] * 12 + [1, 2, 2, 3, 4, 5, 5, 5, 9])
+    # batch 0 alone (12 rows, over the bound); then 1-3; 4-5; 9
+    assert evaluate_module._replay_calls(batch) == [(0, 12), (12, 16), (16, 20), (20, 21)]
+    assert evaluate_module._replay_calls(batch[:0]) == []
