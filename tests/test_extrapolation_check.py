@@ -283,8 +283,8 @@ def _replay_args(run):
 def test_the_post_hoc_replay_reads_the_run_in_windows_of_whole_batches(compact_run, monkeypatch):
     """`evaluate` replays the check over windows of about CHECK_WINDOW_ROWS request-steps
     (a 10M-row run held its three gamma-wide columns at once before); windows of 100 rows,
-    calls of 3 batches or of 20 rows, and parts whose steps come out of order (several ranks), give what
-    one window gives."""
+    calls of 3 batches or of 20 rows, and parts whose steps come out of order (several
+    ranks), give what one window gives."""
     from dspark_obs.estimator import evaluate as evaluate_module
 
     run = open_run(compact_run[0])
