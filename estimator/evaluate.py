@@ -239,12 +239,17 @@ def population_replay(
     model.ensure_groups(len(names))
     first, windows = _step_windows(req)
     with ThreadPoolExecutor(1, thread_name_prefix="replay-read") as reader:
+
+        def read(window: pl.Expr):
+            return reader.submit(_window_rows, req, window, names, gamma, first)
+
         # the next window is read (polars, the GIL released) while this one is replayed
-        ahead = [reader.submit(_window_rows, req, w, names, gamma, first) for w in windows[:1]]
-        for i in range(len(windows)):
-            rows = ahead.pop().result()
-            if i + 1 < len(windows):
-                ahead.append(reader.submit(_window_rows, req, windows[i + 1], names, gamma, first))
+        following = iter(windows[1:])
+        pending = read(windows[0]) if windows else None
+        while pending is not None:
+            rows = pending.result()
+            window = next(following, None)
+            pending = None if window is None else read(window)
             batch = rows.pop("batch")
             for lo, hi in _replay_calls(batch):
                 part = {k: None if v is None else v[lo:hi] for k, v in rows.items()}
@@ -308,8 +313,8 @@ def evaluate(run: Run) -> dict:
     """The `dspark-obs estimate --json` object.
 
     Lazy where it can be: the truth joins only trimmed request-steps, and the
-    population model reads its four columns once, as numpy arrays that it fits
-    in a worker thread while that join runs.
+    population model and the held-out check's replay read the run once, in windows,
+    in a worker thread while that join runs (`population_replay`).
     """
     gamma = run.gamma
     if "requests" not in run.tables():  # walks only (an ingested block-accept JSONL)
