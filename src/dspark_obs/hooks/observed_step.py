@@ -27,8 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass
+@dataclass(slots=True)
 class ObservedStep:
+    """Slotted and built positionally: on the serving thread, whose caches SGLang's own work
+    has cooled by the time its observers run, every object and dict the hook touches costs
+    a fetch (bench/RESULTS.md, H1)."""
+
     forward_ct: int
     bs: int
     budget: int | None
@@ -52,31 +56,32 @@ class ObservedStep:
 
     @classmethod
     def from_observer(cls, kw: dict[str, Any]) -> ObservedStep:
-        bs = int(kw["bs"])
         block = kw["draft_block"]
         info = kw["sampling_info"]
-        greedy_draft = bool(getattr(block, "greedy_draft", block.corrected_logits is None))
+        logits = block.corrected_logits
+        greedy_draft = bool(getattr(block, "greedy_draft", logits is None))
         layout = kw["layout"]
         budget = kw["verify_token_budget"]
+        temperatures = block.temperatures
         return cls(
-            forward_ct=int(kw["forward_ct"]),
-            bs=bs,
-            budget=None if budget is None else int(budget),
-            verify_tokens=int(kw["verify_tier_num_tokens"]),
-            draft=kw["draft_tokens"],
-            verify_lens=None if layout is None else layout.verify_lens,
-            accepted=kw["correct_len"],
-            committed=kw["commit_lens"],
-            cap_trim=kw["cap_trim_lens"],
-            bonus=kw["bonus"],
-            prefix=kw["prefix_lens"],
-            pool=kw["req_pool_indices"],
-            greedy=block.greedy_mask,
-            temperature=info.temperatures if info is not None else block.temperatures,
-            draft_temperature=block.temperatures,
-            confidence=kw["confidence"],
-            confidence_raw=kw["confidence_raw"],
-            target_logits=kw["target_logits"],
-            draft_logits=None if greedy_draft else block.corrected_logits,
-            greedy_draft=greedy_draft,
+            int(kw["forward_ct"]),
+            int(kw["bs"]),
+            None if budget is None else int(budget),
+            int(kw["verify_tier_num_tokens"]),
+            kw["draft_tokens"],
+            None if layout is None else layout.verify_lens,
+            kw["correct_len"],
+            kw["commit_lens"],
+            kw["cap_trim_lens"],
+            kw["bonus"],
+            kw["prefix_lens"],
+            kw["req_pool_indices"],
+            block.greedy_mask,
+            temperatures if info is None else info.temperatures,
+            temperatures,
+            kw["confidence"],
+            kw["confidence_raw"],
+            kw["target_logits"],
+            None if greedy_draft else logits,
+            greedy_draft,
         )

@@ -77,6 +77,8 @@ class TritonPacker:
         self.block, self.num_warps = block, num_warps
         self.programs = programs_per_sm * _sm_count(self.device)
         self.splits: dict[int, int] = {}
+        #: the grid's second axis: target rows 0..gamma, draft rows, the columns' program
+        self.rows = 2 * layout.gamma + 2
         g, e = layout.gamma, layout.entries
         i64 = dict(dtype=torch.int64, device=device)
         t_live = torch.zeros((pool_slots, 2, e), dtype=torch.int8, device=device)
@@ -108,41 +110,54 @@ class TritonPacker:
         memory, which the first launch of a specialisation maps) and `out_at` its device
         address, which the direct calls take."""
         d = self.dummy
+        flags = 0
         vlen, conf, raw = step.verify_lens, step.confidence, step.confidence_raw
+        if vlen is None:
+            vlen = d
+        else:
+            flags = F_VLEN
+        if conf is None:
+            conf, s_conf = d, 0
+        else:
+            flags |= F_CONF
+            s_conf = conf.stride(0)
+        if raw is None:
+            raw, s_raw = d, 0
+        else:
+            flags |= F_RAW
+            s_raw = raw.stride(0)
         target, dlog = step.target_logits, step.draft_logits
-        inputs = (step.draft, d if vlen is None else vlen, step.accepted, step.committed,
-                  step.cap_trim, step.bonus, step.prefix, step.pool, step.greedy,
-                  step.temperature, step.draft_temperature, d if conf is None else conf,
-                  d if raw is None else raw)  # fmt: skip
-        flags = (
-            (F_VLEN if vlen is not None else 0) | (F_CONF if conf is not None else 0)
-            | (F_RAW if raw is not None else 0) | (F_TARGET if target is not None else 0)
-            | (F_DRAFT if dlog is not None else 0) | (F_GREEDY_DRAFT if step.greedy_draft else 0)
-        )  # fmt: skip
         if target is None:
             target, st, v = d, 0, 0
         else:
+            flags |= F_TARGET
             st, v = target.stride(0), target.shape[-1]
         if dlog is None:
             dlog, sd0, sd1, vd = d, 0, 0, 0
         else:
+            flags |= F_DRAFT
             sd0, sd1, vd = dlog.stride(0), dlog.stride(1), dlog.shape[-1]
+        if step.greedy_draft:
+            flags |= F_GREEDY_DRAFT
+        draft = step.draft
+        inputs = (draft, vlen, step.accepted, step.committed, step.cap_trim, step.bonus,
+                  step.prefix, step.pool, step.greedy, step.temperature, step.draft_temperature,
+                  conf, raw)  # fmt: skip
         tp, dp = target.data_ptr(), dlog.data_ptr()
         bs = step.bs
         split = self.splits.get(bs)
         if split is None:
             split = self.splits[bs] = splits_for(bs * (self.layout.gamma + 1), self.programs)
-        strides = (step.draft.stride(0), 0 if conf is None else conf.stride(0),
-                   0 if raw is None else raw.stride(0))  # fmt: skip
-        key = (tuple(map(_DTYPE, inputs)), flags, strides, st, v, sd0, sd1, vd, target.dtype,
-               dlog.dtype, tp % 16, dp % 16, split, seq > I32_MAX)  # fmt: skip
-        grid = (bs, 2 * self.layout.gamma + 2, split)
+        strides = (draft.stride(0), s_conf, s_raw)
+        key = (*map(_DTYPE, inputs), flags, *strides, st, v, sd0, sd1, vd, target.dtype,
+               dlog.dtype, tp & 15, dp & 15, split, seq > I32_MAX)  # fmt: skip
         hit = self.compiled.get(key)
         if hit is not None:
             launch, head, constants = hit
-            launch(*grid, stream, *head, tp, dp, seq, *map(_ADDRESS, inputs), out_at,
-                   *self.fixed_at, *constants)  # fmt: skip
+            launch(bs, self.rows, split, stream, *head, tp, dp, seq, *map(_ADDRESS, inputs),
+                   out_at, *self.fixed_at, *constants)  # fmt: skip
             return
+        grid = (bs, self.rows, split)
         lay = self.layout
         constants = dict(G=lay.gamma, GP2=self.gp2, E=lay.entries, EP2=self.ep2,
                          P=self.pool_slots, WIDTH=lay.width, BLOCK=self.block, FL=flags,
