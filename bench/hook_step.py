@@ -4,7 +4,8 @@ A verify step stood in by its largest part, the LM head: one bf16 GEMM
 [B·8, 7168] × [7168, 129,280], then an accept (argmax against the drafts) and
 one synchronising copy of its result, as SGLang's worker does once a step. The
 hook is called between the accept and the sync, where SGLang calls its observers.
-Three arms, interleaved round by round, medians over every step of each:
+Three measured arms, interleaved round by round (with a fourth, below, that times the
+GPU), medians over every step of each:
 
 - `none`: no hook;
 - `old`: the synchronous hook this one replaced (every log-probability of every
@@ -22,8 +23,8 @@ operations of their own, and the `new` arm is the hook as users run it. The rows
 each sampled request's target rows inside its window (the bonus row included), and
 the draft rows of trimmed sampled requests' tails. Every request samples here
 (temperature 0.6 to 1.0), which maximises those rows; windows 2..7 and acceptance
-drawn as a compact server's. The floor is given at the read bandwidth measured in the same run
-(`amax` over 4 GiB of bf16) and at the H200's nominal 4.8e12 B/s.
+drawn as a compact server's. The floor is given at the read bandwidth measured in the
+same run (`amax` over 4 GiB of bf16) and at the H200's nominal 4.8e12 B/s.
 
 `consumer` measures the consumer process's work on one core: steps of B = 256
 packed by the torch form, drained from the ring into a pipeline; its figure is
