@@ -150,7 +150,7 @@ def consumer_record(quick: bool) -> dict:
     ring = SharedRing(slots=slots, max_bs=b, width=layout.width, gamma=GAMMA,
                       entries=layout.entries)  # fmt: skip
     packer = TorchPacker(layout, b, "cpu")
-    consumer = HookConsumer(ring, build_pipeline(GAMMA), mode="compact", rank=0)
+    consumer = HookConsumer(ring, build_pipeline(GAMMA))
     steps = _steps(b, "cpu", vocab)
     gen = torch.Generator().manual_seed(1)
     rounds = 2 if quick else 8
@@ -204,6 +204,7 @@ def _step_record(b: int, quick: bool) -> dict:
     from dspark_obs.kernels.token_logprobs import token_logprobs
     from dspark_obs.pipeline import build_pipeline
     from tests.hook_reference import reference_batch
+    from tests.prometheus_harness import free_port
 
     dev = "cuda"
     step = StandInStep(b)
@@ -221,7 +222,8 @@ def _step_record(b: int, quick: bool) -> dict:
     Observers.observe_verify_step.__signature__ = _sglang_signature()
     worker = SimpleNamespace(_observers=Observers())
     threads = threading.active_count()
-    hook = attach(worker, gamma=GAMMA, listen=None, pool_slots=max(b, 64), ring_slots=64)
+    listen = f"127.0.0.1:{free_port()}"
+    hook = attach(worker, gamma=GAMMA, listen=listen, pool_slots=max(b, 64), ring_slots=64)
     threads_added = threading.active_count() - threads
     hook_us, gpu_ms, floors = [], [], []
 

@@ -8,7 +8,9 @@ publishing a quantity is a catalog entry. Rules:
 
 - a family whose section is absent or None (no groups yet) is not written at all;
 - a present section writes every header, even of a family without series;
-- NaN samples, and histogram series `keep` leaves out, are not written.
+- NaN samples, and histogram series `keep` leaves out, are not written;
+- the exporter's own labels (`engine`, `model_name`: what it observes, as a scrape
+  target's labels) lead every sample's label set.
 
 The arithmetic was done by the producers on fixed-size arrays; a scrape is
 formatting, bounded by the number of series, with label strings built once
@@ -48,8 +50,12 @@ class Collector:
     """Writes the catalog's families from published snapshots; caches label strings,
     bucket bounds and headers, so a steady scrape formats numbers only."""
 
-    def __init__(self, catalog: Sequence[Metric] = CATALOG) -> None:
+    def __init__(
+        self, catalog: Sequence[Metric] = CATALOG, const_labels: Sequence[tuple[str, str]] = ()
+    ) -> None:
         self.catalog = tuple(catalog)
+        const = [(n, v) for n, v in const_labels if v]  # an empty value is no label
+        self._const = label_string(*zip(*const, strict=True)) if const else ""
         self._labels: dict[Labels, list[str]] = {}
         self._bounds: dict[tuple, list[str]] = {}
         self._helps: dict[tuple[str, object], str] = {}
@@ -94,8 +100,10 @@ class Collector:
         if strings is None:
             if len(self._labels) >= _CACHE_SIZE:
                 self._labels.clear()
+            const = self._const
             strings = self._labels[labels] = [
-                label_string(labels.names, row) for row in labels.rows
+                ",".join(filter(None, (const, label_string(labels.names, row))))
+                for row in labels.rows
             ]
         return strings
 

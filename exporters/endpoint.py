@@ -11,22 +11,15 @@ from .exposition import wsgi_app
 from .http_server import MetricsServer
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    """`HOST:PORT` or `[V6]:PORT`."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise ValueError(f"--listen {text!r}: expected HOST:PORT")
-    if not 0 <= int(port) <= 65535:
-        raise ValueError(f"--listen {text!r}: port outside 0..65535")
-    return host.strip("[]"), int(port)
-
-
 class Exporter:
     """Aggregates + collector + HTTP server around one pipeline."""
 
-    def __init__(self, pipeline: Pipeline, host: str, port: int, web_config=None) -> None:
+    def __init__(
+        self, pipeline: Pipeline, host: str, port: int, web_config=None, *,
+        const_labels: tuple[tuple[str, str], ...] = (),
+    ) -> None:  # fmt: skip
         self.pipeline = pipeline
-        self.collector = Collector()
+        self.collector = Collector(const_labels=const_labels)
         self._render_lock = threading.Lock()
         self.server = MetricsServer(
             host=host, port=port, web_config=web_config, metrics_app=wsgi_app(self.render)

@@ -247,15 +247,17 @@ def test_serve_says_polls_of_an_unreachable_server_failed(tmp_path, request):
 
 
 def test_hook_consumer_on_a_busy_port_fails_naming_it():
+    from dspark_obs.hooks.rendezvous import ring_name
     from dspark_obs.hooks.shared_ring import SharedRing
 
-    ring = SharedRing(slots=2, max_bs=4, gamma=7)
-    try:
-        with _listening_socket() as busy:
-            listen = f"127.0.0.1:{busy.getsockname()[1]}"
-            proc = cli("hook-consumer", "--ring", ring.name, "--listen", listen, check=False)
-    finally:
-        ring.close()
+    with _listening_socket() as busy:
+        port = busy.getsockname()[1]
+        listen = f"127.0.0.1:{port}"
+        ring = SharedRing(ring_name(port), slots=2, max_bs=4, gamma=7)
+        try:
+            proc = cli("hook-consumer", "--listen", listen, check=False)
+        finally:
+            ring.close()
     assert proc.returncode == 2
     assert f"error: cannot listen on {listen}: Address already in use" in proc.stderr
 

@@ -350,8 +350,11 @@ def test_the_consumer_process_serves_metrics():
     stream = StepStream(seed=6)
     worker = SimpleNamespace(_observers=Observers())
     port = free_port()
-    hook = attach(worker, gamma=stream.g, listen=f"127.0.0.1:{port}", pool_slots=64)
+    hook = attach(
+        worker, gamma=stream.g, listen=f"127.0.0.1:{port}", pool_slots=64, model_name="m-1"
+    )
     url = f"http://127.0.0.1:{port}/metrics"
+    labels = 'engine="sglang",model_name="m-1"'
 
     def scrape() -> str:
         try:
@@ -362,8 +365,8 @@ def test_the_consumer_process_serves_metrics():
 
     def counted(text: str) -> int:
         found = re.findall(
-            rf'^(?:dspark_ingest_records_total{{source="{SOURCE}"}}|'
-            r'dspark_dropped_steps_total{reason="hook_ring_full"}) (\d+)$',
+            rf'^(?:dspark_ingest_records_total{{{labels},source="{SOURCE}"}}|'
+            rf'dspark_dropped_steps_total{{{labels},reason="hook_ring_full"}}) (\d+)$',
             text,
             re.M,
         )
@@ -378,10 +381,11 @@ def test_the_consumer_process_serves_metrics():
         while counted(text := scrape()) < 25 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert counted(text) == 25  # every step aggregated, or dropped and counted
-        assert f'dspark_ingest_records_total{{source="{SOURCE}"}}' in text
+        assert f'dspark_ingest_records_total{{{labels},source="{SOURCE}"}}' in text
     finally:
         hook.close()
-    assert hook.process.returncode == 0
+    hook.process.terminate()  # shared by the node's ranks, it outlives a hook's close
+    assert hook.process.wait(180) == 0
 
 
 @pytest.mark.parametrize("gamma", [1, 4, 7, 16])

@@ -51,9 +51,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "shadow": ("shadow_cmd", "true ceilings for sampled traffic from a cap-accept twin server"),
     "dashboards": ("dashboards_cmd", "export, push or render the Grafana dashboard"),
+    "sglang-flag": (
+        "sglang_flag_cmd",
+        "print SGLang's --forward-hooks value that turns the in-process hook on",
+    ),
     "hook-consumer": (
         "hook_consumer_cmd",
-        "consume an attached SGLang hook's ring into a pipeline and serve /metrics",
+        "consume the in-process hooks' rings of this node and serve /metrics",
     ),
 }
 

@@ -1,16 +1,16 @@
-"""The hook's consumer: packed steps out of the shared ring, into the pipeline.
+"""One hook ring's packed steps, into the pipeline.
 
-It runs in its own process (`run_consumer`, started by `attach`), so that
-aggregating, walking tails and serving `/metrics` never take SGLang's GIL; in
-tests it runs in-process through `drain`. It can lag as it likes: every number it
-needs was computed on the device while the step's logits existed, including the
+It runs in the node's consumer process (`node_consumer`), so that aggregating,
+walking tails and serving `/metrics` never take the serving process's GIL; in tests
+it runs in-process through the hook's `drain`. It can lag as it likes: every number
+it needs was computed on the device while the step's logits existed, including the
 tail walk's gathers, which `gather` hands the estimator by (row, offset, token).
+The ring says which rank, engine and verify mode its steps are.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 
@@ -21,17 +21,15 @@ from .step_layout import StepLayout
 
 log = logging.getLogger(__name__)
 
-SOURCE = "sglang-hook"
-
 
 class HookConsumer:
-    def __init__(self, ring: sr.SharedRing, pipeline: Pipeline, *, mode: str, rank: int) -> None:
+    def __init__(self, ring: sr.SharedRing, pipeline: Pipeline) -> None:
         self.ring, self.pipeline = ring, pipeline
-        self.mode, self.rank = mode, rank
+        self.mode, self.rank = ring.mode, ring.rank
+        self.source = sr.source_name(ring.engine)
         self.layout = StepLayout(ring.gamma, ring.entries)
         self.seq = int(ring.header[sr.H_CONSUMED])
         self.evicted = 0
-        self._failed_seen = 0
 
     def drain(self, limit: int | None = None) -> int:
         """Feed every step that is ready (at most `limit`); how many were fed."""
@@ -46,24 +44,13 @@ class HookConsumer:
             self.ring.release(seq)
             self.seq = seq
             batch, gather = self.to_batch(meta, rids, block)
-            self.pipeline.ingest(batch, SOURCE, gather)
+            self.pipeline.ingest(batch, self.source, gather)
             n += 1
-        self._publish_counters()
         return n
 
-    def _publish_counters(self) -> None:
-        c = self.ring.counters()
-        stats = self.pipeline.stats
-        stats.set_dropped("hook_ring_full", c["dropped_full"])
-        stats.set_dropped("hook_slot_too_small", c["dropped_other"])
-        if c["failed"] > self._failed_seen:
-            stats.error(
-                SOURCE,
-                "hook_failed",
-                "the observer call raised inside the hook (SGLang's process logs it)",
-                count=c["failed"] - self._failed_seen,
-            )
-            self._failed_seen = c["failed"]
+    def pending(self) -> bool:
+        """Whether a step is ready that has not been fed."""
+        return self.ring.ready(self.seq + 1)
 
     def to_batch(self, meta: np.ndarray, rids: str, block: np.ndarray):
         lay, g = self.layout, self.layout.gamma
@@ -129,50 +116,3 @@ class HookConsumer:
             return np.where(found, picked, np.nan)
 
         return batch, gather
-
-    def run(self, stop, *, parent: int | None = None, idle_sleep: float = 2e-4) -> None:
-        """Drain until `stop` is set, the producer closes or its process (`parent`) is
-        gone, then once more."""
-        import os
-
-        while not stop.is_set():
-            if self.drain(limit=64) == 0:
-                if self.ring.counters()["closed"]:
-                    break
-                if parent is not None and os.getppid() != parent:
-                    log.warning("hook consumer: the serving process is gone; stopping")
-                    break
-                time.sleep(idle_sleep)
-        self.drain()
-
-
-def run_consumer(
-    ring_name: str,
-    *,
-    mode: str,
-    rank: int,
-    listen: tuple[str, int] | None,
-    stop,
-    parent: int | None = None,
-) -> None:
-    """The consumer process: map the ring, build the pipeline, serve `/metrics`, drain."""
-    from ..exporters.endpoint import Exporter
-    from ..pipeline import build_pipeline
-
-    ring = sr.SharedRing(ring_name, create=False)
-    pipeline = build_pipeline(ring.gamma)
-    exporter = None
-    try:
-        if listen is not None:
-            exporter = Exporter(pipeline, *listen)
-            try:
-                log.info("dspark-obs hook consumer: serving %s", exporter.start())
-            except OSError as exc:
-                exporter = None
-                host, port = listen
-                raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-        HookConsumer(ring, pipeline, mode=mode, rank=rank).run(stop, parent=parent)
-    finally:
-        if exporter is not None:
-            exporter.stop()
-        ring.close()

@@ -20,21 +20,23 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
-import subprocess  # nosec B404
-import sys
+import time
 import warnings
 from operator import attrgetter
 from typing import Any
 
-from ..pipeline import Pipeline, build_pipeline
+from ..listen import parse_listen
+from . import rendezvous
 from . import shared_ring as sr
-from .consumer import SOURCE, HookConsumer
 from .observed_step import ObservedStep
 from .step_layout import StepLayout
 from .submit import StepSubmitter
 
 log = logging.getLogger(__name__)
+
+SOURCE = sr.source_name("sglang")
+#: Seconds between two looks for a gone consumer, taken only when a step is dropped.
+CONSUMER_CHECK_SECONDS = 10.0
 
 #: Keyword parameters of SGLang 0.5.23's `DsparkStepObservers.observe_verify_step`.
 OBSERVER_PARAMETERS = frozenset(
@@ -73,27 +75,31 @@ class SGLangHook:
     """The serving-thread side: `observe` packs a step into the ring and returns.
 
     `consumer` is the in-process consumer (`drain()` feeds its pipeline) when the
-    hook was attached with `consumer="inline"`; `process` the consumer process
-    otherwise.
+    hook was attached with `consumer="inline"`; otherwise the node's consumer process
+    serving `listen` takes the ring, and `process` is that process where this hook
+    started it.
     """
 
     def __init__(self, layout: StepLayout, ring: sr.SharedRing, pool_slots: int, *,
-                 triton: bool | None = None) -> None:  # fmt: skip
+                 triton: bool | None = None, listen: str | None = None) -> None:  # fmt: skip
         self.gamma = layout.gamma
         self.layout = layout
         self.ring = ring
         self.pool_slots = pool_slots
         self.triton = triton
+        self.listen = listen
+        self.port = None if listen is None else int(listen.rpartition(":")[2])
         self.seq = 0
         self.submitter: StepSubmitter | None = None
-        self.consumer: HookConsumer | None = None
-        self.process: subprocess.Popen | None = None
+        self.consumer = None  # hooks.node_consumer.NodeConsumer, inline only
+        self.process = None
         self._warned = False
         self._held: tuple = (None, None, None, None)
         self._rid_bytes = b""
+        self._next_check = 0.0
 
     @property
-    def pipeline(self) -> Pipeline | None:
+    def pipeline(self):
         return None if self.consumer is None else self.consumer.pipeline
 
     @property
@@ -120,6 +126,7 @@ class SGLangHook:
         seq = self.seq + 1
         slot = ring.slot_for(seq)
         if slot is None:
+            self._look_for_consumer()
             return
         step = ObservedStep.from_observer(kw)
         flags = (
@@ -138,6 +145,22 @@ class SGLangHook:
             )
         self.submitter.submit(step, slot, seq)
         self.seq = seq
+
+    def _look_for_consumer(self) -> None:
+        """A step was dropped: the consumer lags, or it is gone. At most once every
+        `CONSUMER_CHECK_SECONDS`, see whether one holds the node's lock, and start one if
+        none does (one non-blocking lock attempt; starting a process does not wait for it)."""
+        if self.port is None or (now := time.monotonic()) < self._next_check:
+            return
+        self._next_check = now + CONSUMER_CHECK_SECONDS
+        if self.process is not None:
+            self.process.poll()  # reap the one this hook started, if it ended
+        if not rendezvous.consumer_running(self.port):
+            log.warning(
+                "dspark-obs hook: no consumer serves %s; starting one (dropped steps are counted)",
+                self.listen,
+            )
+            self.process = rendezvous.start_consumer(self.listen)
 
     def _rids(self, reqs, bs: int) -> bytes:
         """The batch's request ids, newline-joined; taken again only when the batch changed.
@@ -172,16 +195,21 @@ class SGLangHook:
             torch.cuda.current_stream(self.submitter.device).synchronize()
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop: the consumer drains what is left and exits; the ring is removed."""
+        """Stop: mark the ring closed and, while the node's consumer runs, give it up to
+        `timeout` seconds to take the steps still in it; the ring is then removed (the
+        consumer keeps its own mapping until it has drained it)."""
         if self.ring.header is None:
             return
         self._wait_for_device()
         self.ring.header[sr.H_CLOSED] = 1
-        if self.process is not None:
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        if self.port is not None:
+            deadline = time.monotonic() + timeout
+            while (
+                int(self.ring.header[sr.H_CONSUMED]) < self.seq
+                and time.monotonic() < deadline
+                and rendezvous.consumer_running(self.port)
+            ):
+                time.sleep(0.01)
         if self.submitter is not None:
             self.submitter.close()
         self.ring.close()
@@ -193,33 +221,26 @@ def _pool_slots(worker) -> int | None:
     return None if table is None else int(table.shape[0])
 
 
-def attach(
-    worker,
-    *,
-    gamma: int,
-    mode: str = "compact",
-    rank: int = 0,
-    listen: str | None = "127.0.0.1:9464",
-    consumer: str = "process",
-    pool_slots: int | None = None,
-    ring_slots: int = 16,
-    pipeline: Pipeline | None = None,
-    triton: bool | None = None,
-) -> SGLangHook | None:
+def knows_interface(observers) -> bool:
+    """Whether `observers` has SGLang 0.5.23's `observe_verify_step` keyword interface."""
+    method = getattr(observers, "observe_verify_step", None)
+    if method is None:
+        return False
+    try:
+        params = inspect.signature(method).parameters.items()
+    except (TypeError, ValueError):
+        return False
+    return {n for n, p in params if p.kind is p.KEYWORD_ONLY} == OBSERVER_PARAMETERS
+
+
+def attach(worker, *, gamma: int, pool_slots: int | None = None, **options) -> SGLangHook | None:
     """Wrap the worker's DSpark observers; None (one warning) where their interface differs.
 
-    `consumer="process"` starts `dspark-obs hook-consumer`, which serves `/metrics` on
-    `listen` (None: no endpoint); `"inline"` keeps the consumer in this process, fed by
-    `hook.drain()` (tests, notebooks), on `pipeline` or a new one.
+    The request slots come from the worker's `req_to_token_pool` when not given; the
+    other options are `attach_observers`'.
     """
     observers = getattr(worker, "_observers", None)
-    method = getattr(observers, "observe_verify_step", None)
-    params = None
-    if method is not None:
-        params = {
-            n for n, p in inspect.signature(method).parameters.items() if p.kind is p.KEYWORD_ONLY
-        }
-    if params != OBSERVER_PARAMETERS:
+    if not knows_interface(observers):
         warnings.warn(
             "dspark-obs: this SGLang worker's DSpark observer interface is not the one the hook "
             "knows (SGLang 0.5.23); the hook is not attached, poll /server_info instead",
@@ -227,22 +248,56 @@ def attach(
             stacklevel=2,
         )
         return None
+    slots = pool_slots or _pool_slots(worker) or DEFAULT_POOL_SLOTS
+    return attach_observers(observers, gamma=gamma, pool_slots=slots, **options)
+
+
+def attach_observers(
+    observers,
+    *,
+    gamma: int,
+    pool_slots: int = DEFAULT_POOL_SLOTS,
+    mode: str = "compact",
+    rank: int = 0,
+    model_name: str = "",
+    listen: str | None = "127.0.0.1:9464",
+    consumer: str = "process",
+    ring_slots: int = 16,
+    pipeline=None,
+    triton: bool | None = None,
+) -> SGLangHook:
+    """Wrap `observers.observe_verify_step` (SGLang's `DsparkStepObservers`, whose interface
+    the caller checked) so that each step also goes to the hook.
+
+    `consumer="process"`: the ring joins the node's consumer process serving `/metrics` on
+    `listen` (every rank of a node on one port, under `rank` labels), started here if none
+    runs. `"inline"`: the consumer lives in this process, fed by `hook.drain()` (tests,
+    notebooks), on `pipeline` or a new one.
+    """
     if consumer not in ("process", "inline"):
         raise ValueError(f"consumer must be 'process' or 'inline', not {consumer!r}")
-    slots = pool_slots or _pool_slots(worker) or DEFAULT_POOL_SLOTS
+    port = None
+    if consumer == "process":
+        if listen is None:
+            raise ValueError("a consumer process needs listen=HOST:PORT to serve /metrics on")
+        port = parse_listen(listen)[1]
     layout = StepLayout(gamma)
-    ring = sr.SharedRing(
-        slots=ring_slots, max_bs=slots, width=layout.width, gamma=gamma, entries=layout.entries
+    ring = _make_ring(
+        port, slots=ring_slots, max_bs=pool_slots, width=layout.width, gamma=gamma,
+        entries=layout.entries, rank=rank, mode=mode, model_name=model_name,
+    )  # fmt: skip
+    hook = SGLangHook(
+        layout, ring, pool_slots, triton=triton, listen=None if port is None else listen
     )
-    hook = SGLangHook(layout, ring, slots, triton=triton)
     if consumer == "inline":
-        hook.consumer = HookConsumer(ring, pipeline or build_pipeline(gamma), mode=mode, rank=rank)
-    else:
-        cmd = [sys.executable, "-m", "dspark_obs", "hook-consumer", "--ring", ring.name,
-               "--mode", mode, "--rank", str(rank), "--parent", str(os.getpid())]  # fmt: skip
-        if listen is not None:
-            cmd += ["--listen", listen]
-        hook.process = subprocess.Popen(cmd)  # nosec B603
+        from ..pipeline import build_pipeline
+        from .node_consumer import NodeConsumer
+
+        hook.consumer = NodeConsumer(pipeline or build_pipeline(gamma))
+        hook.consumer.add(ring)
+    elif not rendezvous.consumer_running(port):
+        hook.process = rendezvous.start_consumer(listen)
+    method = observers.observe_verify_step
 
     def observe_verify_step(**kw):
         method(**kw)
@@ -250,3 +305,17 @@ def attach(
 
     observers.observe_verify_step = observe_verify_step
     return hook
+
+
+def _make_ring(port: int | None, **spec) -> sr.SharedRing:
+    """This process's ring: named for the node consumer's port (a name the process used
+    before gets a suffix), or anonymous for an inline consumer."""
+    if port is None:
+        return sr.SharedRing(**spec)
+    name = rendezvous.ring_name(port)
+    for k in range(64):
+        try:
+            return sr.SharedRing(name if k == 0 else f"{name}.{k}", **spec)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"every hook ring name of this process for port {port} is taken")

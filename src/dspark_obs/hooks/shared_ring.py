@@ -13,8 +13,10 @@ Only the producer writes a slot whose step the consumer has released
 (`consumed`); when the consumer lags that far, the step is dropped whole and
 counted (`dropped`), and serving goes on.
 
-Segment: a header of int64 counters, then per slot a stamp, the step's scalars, its
-request ids (UTF-8, newline-separated) and the `[max_bs, width]` float64 block.
+Segment: a header of int64 counters and the producer's identity (its process, rank,
+engine, verify mode and model name, so that one consumer can serve every rank of a
+node), then per slot a stamp, the step's scalars, its request ids (UTF-8,
+newline-separated) and the `[max_bs, width]` float64 block.
 """
 
 from __future__ import annotations
@@ -39,8 +41,16 @@ MAGIC = 0x6473706B6F6273  # "dspkobs"
     H_DROPPED_OTHER,  # steps dropped for a batch or request ids larger than a slot
     H_FAILED,  # observer calls that raised inside the hook
     H_CLOSED,  # the producer has stopped
-) = range(12)
+    H_PID,  # the producer's process
+    H_RANK,  # the DP rank it observes
+    H_ENGINE,  # ENGINES index of the serving engine
+    H_MODE,  # MODES index of the server's verify mode
+) = range(16)
 HEADER = 16
+#: the serving engines a producer may name (H_ENGINE)
+ENGINES = ("sglang", "vllm")
+#: bytes after the header for the served model's name (UTF-8), the first 8 its length
+MODEL_BYTES = 256
 # per-slot scalars (int64)
 (M_FORWARD_CT, M_BS, M_BUDGET, M_VERIFY_TOKENS, M_FLAGS, M_RID_LEN) = range(6)
 META = 8
@@ -54,8 +64,17 @@ RID_BYTES_PER_ROW = 64
 _REGISTER_MAPPED = 2
 
 
+def source_name(engine: str) -> str:
+    """The ingest source a hook's steps are counted under (`dspark_ingest_records_total`)."""
+    return f"{engine}-hook"
+
+
 def _align(n: int, to: int = 64) -> int:
     return -(-n // to) * to
+
+
+class RingNotReady(ValueError):
+    """A segment without a finished ring header: not yet written, or not a ring at all."""
 
 
 class SharedRing:
@@ -71,8 +90,15 @@ class SharedRing:
         gamma: int = 0,
         entries: int = 0,
         create: bool = True,
+        rank: int = 0,
+        engine: str = "sglang",
+        mode: str = "compact",
+        model_name: str = "",
     ) -> None:
+        import os
         from multiprocessing import shared_memory
+
+        from ..telemetry.batch import MODES
 
         if create:
             rid_bytes = RID_BYTES_PER_ROW * max_bs
@@ -80,21 +106,46 @@ class SharedRing:
             self.shm = shared_memory.SharedMemory(name=name, create=True, size=size)
             self.header = np.ndarray((HEADER,), np.int64, self.shm.buf)
             self.header[:] = 0
-            self.header[[H_SLOTS, H_MAX_BS, H_WIDTH, H_RID_BYTES, H_GAMMA, H_ENTRIES]] = (
-                slots, max_bs, width, rid_bytes, gamma, entries,
+            model = model_name.encode("utf-8", "replace")[: MODEL_BYTES - 8]
+            self.header[[H_SLOTS, H_MAX_BS, H_WIDTH, H_RID_BYTES, H_GAMMA, H_ENTRIES, H_PID,
+                         H_RANK, H_ENGINE, H_MODE]] = (
+                slots, max_bs, width, rid_bytes, gamma, entries, os.getpid(),
+                rank, ENGINES.index(engine), MODES.index(mode),
             )  # fmt: skip
-            self.header[H_MAGIC] = MAGIC
+            at = _align(HEADER * 8)
+            struct.pack_into("<q", self.shm.buf, at, len(model))
+            self.shm.buf[at + 8 : at + 8 + len(model)] = model
+            self.header[H_MAGIC] = MAGIC  # last: a consumer maps only a finished header
         else:
-            self.shm = shared_memory.SharedMemory(name=name, create=False)
+            try:
+                self.shm = shared_memory.SharedMemory(name=name, create=False)
+            except ValueError:  # an empty segment: its producer has not sized it yet
+                raise RingNotReady(f"hook ring {name!r} is not written yet") from None
             _untrack(self.shm)
+            if self.shm.size < _align(HEADER * 8) + MODEL_BYTES:
+                self.shm.close()
+                raise RingNotReady(f"hook ring {name!r} is not written yet")
             self.header = np.ndarray((HEADER,), np.int64, self.shm.buf)
             if int(self.header[H_MAGIC]) != MAGIC:
-                raise ValueError(f"shared memory {name!r} is not a dspark-obs hook ring")
+                self.header = None
+                self.shm.close()
+                raise RingNotReady(f"shared memory {name!r} is not (yet) a dspark-obs hook ring")
+            try:
+                self._check_header(name)
+            except ValueError:
+                self.header = None
+                self.shm.close()
+                raise
         h = self.header
         self.owner = create
         self.slots, self.max_bs, self.width = int(h[H_SLOTS]), int(h[H_MAX_BS]), int(h[H_WIDTH])
         self.rid_bytes = int(h[H_RID_BYTES])
         self.gamma, self.entries = int(h[H_GAMMA]), int(h[H_ENTRIES])
+        self.pid, self.rank = int(h[H_PID]), int(h[H_RANK])
+        self.engine, self.mode = ENGINES[int(h[H_ENGINE])], MODES[int(h[H_MODE])]
+        at = _align(HEADER * 8)
+        (n,) = struct.unpack_from("<q", self.shm.buf, at)
+        self.model_name = bytes(self.shm.buf[at + 8 : at + 8 + n]).decode("utf-8", "replace")
         self._slot_bytes = self._slot_size(self.max_bs, self.width, self.rid_bytes)
         self.stamps, self.metas, self.rids, self.blocks = [], [], [], []
         self._meta_at: list[int] = []
@@ -102,7 +153,7 @@ class SharedRing:
         # the request-id bytes each slot holds, kept so that the same ids are not copied again
         self._rids_in: list[bytes | None] = [None] * self.slots
         for s in range(self.slots):
-            at = _align(HEADER * 8) + s * self._slot_bytes
+            at = _align(HEADER * 8) + MODEL_BYTES + s * self._slot_bytes
             self.stamps.append(np.ndarray((1,), np.int64, self.shm.buf, at))
             self.metas.append(np.ndarray((META,), np.int64, self.shm.buf, at + 64))
             self._meta_at.append(at + 64)
@@ -113,13 +164,36 @@ class SharedRing:
             self.blocks.append(np.ndarray((self.max_bs, self.width), np.float64, self.shm.buf, at))
         self._registered = False
 
+    def _check_header(self, name: str | None) -> None:
+        """A mapped segment's header describes a segment of its size, with known codes: the
+        consumer maps whatever carries the magic, and must refuse what would not fit."""
+        from ..telemetry.batch import MODES
+
+        h = [int(v) for v in self.header]
+        slots, max_bs, width, rid_bytes = h[H_SLOTS], h[H_MAX_BS], h[H_WIDTH], h[H_RID_BYTES]
+        sane = (
+            1 <= slots <= 1 << 16
+            and 1 <= max_bs <= 1 << 20
+            and 1 <= width <= 1 << 12
+            and 0 <= rid_bytes <= 1 << 30
+            and 1 <= h[H_GAMMA] <= 64
+            and 0 <= h[H_ENTRIES] <= 64
+            and 0 <= h[H_ENGINE] < len(ENGINES)
+            and 0 <= h[H_MODE] < len(MODES)
+        )
+        if sane:
+            (n,) = struct.unpack_from("<q", self.shm.buf, _align(HEADER * 8))
+            sane = 0 <= n <= MODEL_BYTES - 8
+        if not sane or self._size(slots, max_bs, width, rid_bytes) > self.shm.size:
+            raise ValueError(f"hook ring {name!r}: its header does not describe this segment")
+
     @staticmethod
     def _slot_size(max_bs: int, width: int, rid_bytes: int) -> int:
         return 64 + _align(META * 8) + _align(rid_bytes) + _align(max_bs * width * 8)
 
     @classmethod
     def _size(cls, slots: int, max_bs: int, width: int, rid_bytes: int) -> int:
-        return _align(HEADER * 8) + slots * cls._slot_size(max_bs, width, rid_bytes)
+        return _align(HEADER * 8) + MODEL_BYTES + slots * cls._slot_size(max_bs, width, rid_bytes)
 
     @property
     def name(self) -> str:

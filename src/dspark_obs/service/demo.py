@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..calibration import StsCalibration
-from ..exporters.endpoint import Exporter, parse_listen
+from ..exporters.endpoint import Exporter
+from ..listen import parse_listen
 from ..pipeline import Pipeline
 from ..runs import record_reference_run
 from ..runtime.config import RuntimeConfig

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..calibration import StsCalibration
-from ..exporters.endpoint import Exporter, parse_listen
+from ..exporters.endpoint import Exporter
+from ..listen import parse_listen
 from ..pipeline import SourceFailed, build_pipeline, run_sources
 from ..runs import runtime_manifest
 from ..runtime.config import RuntimeConfig

@@ -1,0 +1,74 @@
+"""`dspark-obs sglang-flag`: the value of SGLang's `--forward-hooks` that turns the hook on."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+
+from .errors import CliError
+
+#: the longest model name a ring carries (its label on every series)
+MAX_MODEL_NAME = 200
+
+
+def handle(args: argparse.Namespace) -> int:
+    from ..hooks.sglang_plugin import settings, spec
+
+    config: dict = {"listen": args.listen}
+    if args.model is not None:
+        if not args.model or len(args.model.encode()) > MAX_MODEL_NAME:
+            raise CliError(f"--model must be 1 to {MAX_MODEL_NAME} bytes")
+        if not args.model.isprintable():
+            raise CliError("--model must be printable text")
+        config["model_name"] = args.model
+    if args.ring_slots is not None:
+        config["ring_slots"] = args.ring_slots
+    if args.pool_slots is not None:
+        config["pool_slots"] = args.pool_slots
+    try:
+        settings(config)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    value = json.dumps(spec(config), separators=(",", ":"))
+    print(value if args.json else shlex.quote(value))
+    return 0
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Print the value to pass to SGLang's --forward-hooks: with it, every scheduler "
+        "process of `python -m sglang.launch_server` attaches the dspark-obs hook to its "
+        "DSpark worker (one per DP rank), and the ranks of a node share one consumer that "
+        "serves /metrics on --listen. Example: python -m sglang.launch_server ... "
+        "--forward-hooks \"$(dspark-obs sglang-flag --json)\""
+    )
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:9464",
+        help="HOST:PORT of the node's /metrics (default: 127.0.0.1:9464)",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="NAME",
+        help="model_name on every series (default: SGLang's served model name)",
+    )
+    p.add_argument(
+        "--ring-slots",
+        type=int,
+        default=None,
+        metavar="N",
+        help="steps a rank may be ahead of the consumer before it drops one (default: 16)",
+    )
+    p.add_argument(
+        "--pool-slots",
+        type=int,
+        default=None,
+        metavar="N",
+        help="request slots to keep open tails for (default: SGLang's request pool)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the JSON list alone, not shell-quoted"
+    )
+    p.set_defaults(handler=handle)
