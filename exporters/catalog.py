@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: The exporter's own labels, on every series it writes: the serving engine (`sglang`,
+#: `vllm`, or `reference` for the reference runtime) and the served model, as the engines
+#: label their own metrics. One exporter observes one of each.
+IDENTITY = ("engine", "model_name")
 REQ = ("workload", "mode", "rank")
 POS = ("workload", "mode", "rank", "position")
 STEP = ("mode", "rank")

@@ -6,20 +6,22 @@ from __future__ import annotations
 import threading
 
 from ..pipeline import Pipeline
+from .catalog import IDENTITY
 from .collector import Collector
 from .exposition import wsgi_app
 from .http_server import MetricsServer
 
 
 class Exporter:
-    """Aggregates + collector + HTTP server around one pipeline."""
+    """Aggregates + collector + HTTP server around one pipeline; `identity` is the
+    (engine, model_name) every series is labelled with."""
 
     def __init__(
         self, pipeline: Pipeline, host: str, port: int, web_config=None, *,
-        const_labels: tuple[tuple[str, str], ...] = (),
+        identity: tuple[str, str] = ("", ""),
     ) -> None:  # fmt: skip
         self.pipeline = pipeline
-        self.collector = Collector(const_labels=const_labels)
+        self.collector = Collector(const_labels=tuple(zip(IDENTITY, identity, strict=True)))
         self._render_lock = threading.Lock()
         self.server = MetricsServer(
             host=host, port=port, web_config=web_config, metrics_app=wsgi_app(self.render)

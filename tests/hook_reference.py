@@ -119,6 +119,22 @@ def reference_batch(
     return batch, gather
 
 
+class FakeObservers:
+    """An observer with SGLang 0.5.23's `observe_verify_step` keyword signature (held to
+    SGLang's own source by tests/test_sglang_real_types.py), doing nothing but count."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def observe_verify_step(
+        self, *, forward_ct, reqs, bs, proposal_folded, verify_ids_2d, target_logits, layout,
+        confidence, confidence_raw, prefix_lens, draft_tokens, draft_block, sampling_info,
+        correct_len, cap_trim_lens, bonus, commit_lens, verify_token_budget, req_pool_indices,
+        verify_tier_num_tokens, dp_tier_num_tokens,
+    ) -> None:  # fmt: skip
+        self.calls += 1
+
+
 class StepStream:
     """Observer keyword sets for a run of verify steps; see the module's docstring."""
 
@@ -135,8 +151,10 @@ class StepStream:
         folded: bool = False,
         agree: float = 0.75,
         moves: bool = True,
+        rid_prefix: str = "req",
     ) -> None:
         self.g, self.v = gamma, vocab
+        self.rid_prefix = rid_prefix
         self.rng = np.random.default_rng(seed)
         self.gen = torch.Generator().manual_seed(seed)
         self.greedy_draft, self.confidence, self.folded = greedy_draft, confidence, folded
@@ -152,7 +170,7 @@ class StepStream:
         rid = self.next_rid
         self.next_rid += 1
         return {
-            "rid": f"req-{rid}",
+            "rid": f"{self.rid_prefix}-{rid}",
             "slot": self.free_slots.pop() if slot is None else slot,
             "prefix": int(self.rng.integers(5, 40)) if prefix is None else prefix,
             "greedy": self.greedy_every > 0 and rid % self.greedy_every == 0,

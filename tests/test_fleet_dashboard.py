@@ -93,7 +93,9 @@ def test_layout_units_variables() -> None:
     fleet_stats = [p for p in data_panels(d) if p["gridPos"]["y"] < 10]
     assert {p["type"] for p in fleet_stats} == {"stat"} and len(fleet_stats) == 10
     variables = {v["name"]: v["query"] for v in d["templating"]["list"] if v["type"] == "query"}
-    assert list(variables) == ["cluster", "instance", "workload", "mode", "rank"]
+    assert list(variables) == [
+        "engine", "model_name", "cluster", "instance", "workload", "mode", "rank",
+    ]  # fmt: skip
     assert all(q.startswith("label_values(") for q in variables.values())
 
 

@@ -36,7 +36,7 @@ from dspark_obs.sources.stats import IngestStats
 from dspark_obs.telemetry.batch import MAX_FORWARD_CT, MAX_STEP_GAP
 
 from .hostile_sglang import HostileServer, wait_for
-from .test_serve_cli import Child
+from .test_serve_cli import Child, without_identity
 
 SAMPLE = Path(__file__).parent / "data" / "sglang" / "server_info.compact.greedy.json"
 KEY = "hostile-test-key"
@@ -171,7 +171,7 @@ def test_serve_goes_down_on_a_dripping_server_and_stops_within_10_s(hostile, tmp
 
     def down() -> bool:
         nonlocal text
-        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        text = without_identity(urllib.request.urlopen(url, timeout=10).read().decode())
         timeouts = re.search(
             rf'dspark_ingest_errors_total{{source="{name}",reason="timeout"}} (\d+)', text
         )

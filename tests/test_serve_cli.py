@@ -124,10 +124,21 @@ class Child:
         self.kill()
 
 
+#: the exporter's own labels, which lead every sample's label set (exporters/catalog.IDENTITY)
+_IDENTITY = re.compile(r'engine="[^"]*",model_name="[^"]*",?')
+
+
+def without_identity(text: str) -> str:
+    """An exposition without the exporter's `engine` and `model_name` labels, for tests
+    about the other labels (test_serve_labels_every_series_with_engine_and_model has them)."""
+    return _IDENTITY.sub("", text).replace("{}", "")
+
+
 def scrape(url: str, opener: urllib.request.OpenerDirector = OPENER) -> str:
+    """`/metrics` as text, without the exporter's identity labels."""
     with opener.open(url, timeout=10) as resp:
         assert resp.status == 200
-        return resp.read().decode()
+        return without_identity(resp.read().decode())
 
 
 def sample_sum(text: str, name: str) -> float:
@@ -292,3 +303,23 @@ def test_demo_no_serve_prints_no_url(tmp_path):
     assert "/metrics" not in proc.stdout
     assert "http://" not in proc.stdout
     assert json.loads((tmp_path / "demo" / "run.json").read_text())["complete"] is True
+
+
+def test_serve_labels_every_series_with_engine_and_model(compact_run, tmp_path):
+    """`engine` and `model_name` lead every sample's labels: the run's (a reference run:
+    `reference`, `dspark-obs/<world>`), or the model `--model-name` names."""
+    run_dir, _ = compact_run
+    for extra, model in (((), "dspark-obs/reference"), (("--model-name", "org/m 1"), "org/m 1")):
+        child = Child(*serve_args(f"run:{run_dir}", speed=0), *extra, workdir=tmp_path / model)
+        try:
+            url = child.url()
+            child.wait_for_line(r"ended after")  # the whole run is in
+            with OPENER.open(url, timeout=10) as resp:
+                text = resp.read().decode()
+        finally:
+            child.stop()
+        samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+        assert len(samples) > 100
+        lead = f'{{engine="reference",model_name="{model}"'
+        unlabelled = [s for s in samples if f"{lead}," not in s and f"{lead}}}" not in s]
+        assert not unlabelled, unlabelled[:3]

@@ -27,40 +27,9 @@ from dspark_obs.exporters.collector import Collector  # noqa: E402
 from dspark_obs.hooks.consumer import HookConsumer  # noqa: E402
 from dspark_obs.hooks.sglang_worker import SOURCE, attach  # noqa: E402
 from dspark_obs.pipeline import build_pipeline  # noqa: E402
+from tests.hook_reference import FakeObservers as Observers  # noqa: E402
 from tests.hook_reference import StepStream, reference_batch  # noqa: E402
 from tests.prometheus_harness import free_port  # noqa: E402
-
-
-class Observers:
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def observe_verify_step(
-        self,
-        *,
-        forward_ct,
-        reqs,
-        bs,
-        proposal_folded,
-        verify_ids_2d,
-        target_logits,
-        layout,
-        confidence,
-        confidence_raw,
-        prefix_lens,
-        draft_tokens,
-        draft_block,
-        sampling_info,
-        correct_len,
-        cap_trim_lens,
-        bonus,
-        commit_lens,
-        verify_token_budget,
-        req_pool_indices,
-        verify_tier_num_tokens,
-        dp_tier_num_tokens,
-    ) -> None:
-        self.calls += 1
 
 
 def metrics(pipeline) -> str:

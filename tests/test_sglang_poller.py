@@ -28,7 +28,7 @@ from dspark_obs.sources.workloads import workload_rule
 from dspark_obs.telemetry.server_info import decode_info_record
 
 from .prometheus_harness import free_port
-from .test_serve_cli import Child
+from .test_serve_cli import Child, without_identity
 from .test_sglang_columnar import assert_same
 
 #: Seconds to wait for a condition: generous, so that a loaded machine only makes a test slower.
@@ -283,7 +283,7 @@ def serve_polling(stub: Stub, n: int, out: Path, tmp_path: Path, request) -> tup
     deadline = time.monotonic() + WAIT
     text = ""
     while time.monotonic() < deadline:
-        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        text = without_identity(urllib.request.urlopen(url, timeout=5).read().decode())
         if want in text:
             break
         time.sleep(0.2)

@@ -49,7 +49,8 @@ $PY -m pip install --quiet torch==2.13.0
 $PY -m pip install --quiet -e '.[dev,torch]'
 
 # SGLang's own DSpark observer and draft-block types, on CPU (tests/test_sglang_real_types.py;
-# tests/test_sglang_block_accept_writer.py holds our block-accept JSONL against its recorder),
+# tests/test_sglang_block_accept_writer.py holds our block-accept JSONL against its recorder;
+# tests/test_node_consumer.py turns the hook on through its --forward-hooks plugin point),
 # in a second environment: sglang 0.5.23 pins versions of its own (torch 2.14.1 among them),
 # so it goes in without its dependencies, beside exactly what its observer modules import.
 # That environment sees the first one's packages after its own (a site hook, not a copy):
@@ -104,7 +105,11 @@ if ! wait "$sglang_build"; then
     echo "tools/test.sh: building the SGLang test environment failed" >&2
     exit 1
 fi
-.venv-sglang/bin/python -m pytest -p no:cacheprovider tests/test_sglang_real_types.py tests/test_sglang_block_accept_writer.py
+# the one-flag deployment: two DP ranks through SGLang's own register_forward_hooks and
+# DsparkStepObservers, one node consumer, a real Prometheus (tests/test_node_consumer.py)
+.venv-sglang/bin/python -m pytest -p no:cacheprovider tests/test_sglang_real_types.py \
+    tests/test_sglang_block_accept_writer.py \
+    "tests/test_node_consumer.py::test_every_rank_of_a_node_on_one_scrape_target[sglang]"
 if ! wait "$bench"; then
     echo "tools/test.sh: the quick benchmarks failed (bench-quick.jsonl has what they printed)" >&2
     exit 1

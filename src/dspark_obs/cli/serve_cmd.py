@@ -34,6 +34,13 @@ def add_exporter_arguments(p: argparse.ArgumentParser, listen: str = "127.0.0.1:
         help="TLS, mTLS and basic-auth settings (exporter-toolkit style; docs/security.md)",
     )
     g.add_argument(
+        "--model-name",
+        default=None,
+        metavar="NAME",
+        help="model_name label on every series (default: the run's or runtime world's; "
+        "'unknown' for SGLang servers)",
+    )
+    g.add_argument(
         "--workload-cap",
         type=int,
         default=16,
@@ -59,6 +66,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         listen=args.listen,
         web_config=args.web_config,
         workload_cap=args.workload_cap,
+        model_name=args.model_name,
         window_steps=args.window_steps,
         speed=args.speed,
         out=args.out,

@@ -1,6 +1,7 @@
 """The main dashboard, "DSpark — acceptance and ceiling", built with grafana-foundation-sdk.
 
-Every query filters on the template variables (`$instance`, `$workload`, `$mode`, `$rank`,
+Every query filters on the template variables (`$engine`, `$model_name`, `$instance`,
+`$workload`, `$mode`, `$rank`,
 all multi-value with `.*` as "All") by regex, so the same PromQL runs in Grafana and, with the
 variables replaced by `.*`, straight against Prometheus (which is how the tests check it).
 Metric names and labels are those of `exporters/catalog.py` (docs/metrics.md).
@@ -55,11 +56,14 @@ def query_variable(name: str, label: str, series: str):
 
 def _variables() -> list:
     out: list = [datasource_variable("Prometheus that scrapes the dspark-obs exporters.")]
+    model = 'engine=~"$engine", model_name=~"$model_name"'
     for name, label, parent in (
-        ("instance", "Instance", None),
-        ("workload", "Workload", 'instance=~"$instance"'),
-        ("mode", "Mode", 'instance=~"$instance"'),
-        ("rank", "Rank", 'instance=~"$instance"'),
+        ("engine", "Engine", None),
+        ("model_name", "Model", 'engine=~"$engine"'),
+        ("instance", "Instance", model),
+        ("workload", "Workload", f'{model}, instance=~"$instance"'),
+        ("mode", "Mode", f'{model}, instance=~"$instance"'),
+        ("rank", "Rank", f'{model}, instance=~"$instance"'),
     ):
         series = "dspark_request_steps_total" + (f"{{{parent}}}" if parent else "")
         out.append(query_variable(name, label, series))

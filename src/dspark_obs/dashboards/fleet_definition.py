@@ -30,16 +30,16 @@ def _variables() -> list:
             "server, or a node's own for its per-rank row."
         )
     ]
+    model = 'engine=~"$engine", model_name=~"$model_name"'
+    node = f'{model}, cluster=~"$cluster", instance=~"$instance"'
     for name, label, series in (
-        ("cluster", "Cluster", NODE_SERIES),
-        ("instance", "Node", f'{NODE_SERIES}{{cluster=~"$cluster"}}'),
-        ("workload", "Workload", f'{NODE_SERIES}{{cluster=~"$cluster", instance=~"$instance"}}'),
-        ("mode", "Mode", f'{NODE_SERIES}{{cluster=~"$cluster", instance=~"$instance"}}'),
-        (
-            "rank",
-            "Rank",
-            'dspark_request_steps_total{cluster=~"$cluster", instance=~"$instance"}',
-        ),
+        ("engine", "Engine", NODE_SERIES),
+        ("model_name", "Model", f'{NODE_SERIES}{{engine=~"$engine"}}'),
+        ("cluster", "Cluster", f"{NODE_SERIES}{{{model}}}"),
+        ("instance", "Node", f'{NODE_SERIES}{{{model}, cluster=~"$cluster"}}'),
+        ("workload", "Workload", f"{NODE_SERIES}{{{node}}}"),
+        ("mode", "Mode", f"{NODE_SERIES}{{{node}}}"),
+        ("rank", "Rank", f"dspark_request_steps_total{{{node}}}"),
     ):
         out.append(query_variable(name, label, series))
     return out

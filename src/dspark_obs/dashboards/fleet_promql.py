@@ -83,7 +83,10 @@ COUNTERS = {
     "window": ("instance:dspark_window_tokens_sum:sum", "dspark_window_tokens_sum"),
 }
 
-_NODE_SEL = 'cluster=~"$cluster", instance=~"$instance", workload=~"$workload", mode=~"$mode"'
+_NODE_SEL = (
+    'engine=~"$engine", model_name=~"$model_name", cluster=~"$cluster", instance=~"$instance", '
+    'workload=~"$workload", mode=~"$mode"'
+)
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,13 @@ replaced, straight against Prometheus.
 
 from __future__ import annotations
 
-# label selectors per label set of the catalog
-REQ = 'instance=~"$instance", workload=~"$workload", mode=~"$mode", rank=~"$rank"'
-STEP = 'instance=~"$instance", mode=~"$mode", rank=~"$rank"'
-REL = 'instance=~"$instance", workload=~"$workload", mode=~"$mode"'
-SRC = 'instance=~"$instance"'
+# label selectors per label set of the catalog; every series carries the exporter's engine and
+# model (catalog.IDENTITY)
+IDENTITY = 'engine=~"$engine", model_name=~"$model_name"'
+REQ = f'{IDENTITY}, instance=~"$instance", workload=~"$workload", mode=~"$mode", rank=~"$rank"'
+STEP = f'{IDENTITY}, instance=~"$instance", mode=~"$mode", rank=~"$rank"'
+REL = f'{IDENTITY}, instance=~"$instance", workload=~"$workload", mode=~"$mode"'
+SRC = f'{IDENTITY}, instance=~"$instance"'
 RI = "[$__rate_interval]"
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from ..http_origin import RedirectRefused, SameOriginRedirects
 
 # Grafana's built-in interval variables and the dashboard's query variables ("All" is `.*`).
-QUERY_VARIABLES = ("cluster", "instance", "workload", "mode", "rank")
+QUERY_VARIABLES = ("engine", "model_name", "cluster", "instance", "workload", "mode", "rank")
 DEFAULT_VARIABLES: dict[str, str] = {name: ".*" for name in QUERY_VARIABLES}
 RATE_INTERVAL = "1m"
 

@@ -143,7 +143,7 @@ class NodeConsumer:
             )
             self._failed_seen = totals["failed"]
 
-    def run(self, stop: threading.Event, *, idle_exit: float = 60.0, scan_every: float = 0.5,
+    def run(self, stop: threading.Event, *, idle_exit: float = 60.0, scan_every: float = 0.1,
             idle_sleep: float = 2e-4) -> None:  # fmt: skip
         """Feed until `stop` is set or no ring has been left for `idle_exit` seconds."""
         last_ring = time.monotonic()
@@ -225,8 +225,8 @@ def run_node_consumer(
         pipeline = build_pipeline(ring.gamma)
         node = NodeConsumer(pipeline, port=port)
         node.add(ring, ring.name)
-        labels = (("engine", ring.engine), ("model_name", ring.model_name))
-        exporter = Exporter(pipeline, host, port, web_config, const_labels=labels)
+        identity = (ring.engine, ring.model_name or "unknown")
+        exporter = Exporter(pipeline, host, port, web_config, identity=identity)
         try:
             log.info("dspark-obs hook consumer: serving %s", exporter.start())
         except OSError as exc:

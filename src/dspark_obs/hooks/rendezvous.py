@@ -73,5 +73,9 @@ def start_consumer(listen: str, args: list[str] | None = None) -> subprocess.Pop
     leaves by itself once no ring is left (`--idle-exit`)."""
     cmd = [sys.executable, "-m", "dspark_obs", "hook-consumer", "--listen", listen, *(args or [])]
     return subprocess.Popen(  # nosec B603
-        cmd, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,  # its log goes to stderr, beside the serving process's
+        start_new_session=True,
+        close_fds=True,
     )

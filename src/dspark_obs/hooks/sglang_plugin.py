@@ -40,6 +40,8 @@ OBSERVERS = "sglang.srt.speculative.dspark_components.dspark_observability"
 POOLS = "sglang.srt.mem_cache.memory_pool"
 
 _done = False
+#: the hook this process attached (None: none), for the tools that look at a running one
+attached = None
 
 
 def spec(config: dict) -> list[dict]:
@@ -155,8 +157,9 @@ def _attach(observers, rank: int, options: dict) -> None:
     if model is None:
         model = _read("get_serving", "served_model_name")
         model = "" if model is _UNKNOWN or model is None else str(model)
+    global attached
     mode = str(getattr(observers._planner, "mode_value", "compact"))
-    attach_observers(
+    attached = attach_observers(
         observers,
         gamma=int(observers._gamma),
         pool_slots=options["pool_slots"] or _pool_slots() or DEFAULT_POOL_SLOTS,

@@ -35,6 +35,8 @@ def runtime_manifest(config: RuntimeConfig, sts: StsCalibration | None) -> dict:
     return {
         "format": 1,
         "source": "runtime",
+        "engine": "reference",
+        "model_name": f"dspark-obs/{config.world}",
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "versions": versions(),
         "seed": config.seed,

@@ -17,8 +17,9 @@ from ..calibration import StsCalibration
 from ..exporters.endpoint import Exporter
 from ..listen import parse_listen
 from ..pipeline import Pipeline
-from ..runs import record_reference_run
+from ..runs import record_reference_run, runtime_manifest
 from ..runtime.config import RuntimeConfig
+from ..store.manifest import identity
 from ..telemetry import StepBatch
 
 
@@ -36,17 +37,21 @@ def check_can_listen(listen: str) -> None:
 
 
 def _start_exporter(
-    pipeline: Pipeline, listen: str, move_if_taken: bool, say: Callable[[str], object]
+    pipeline: Pipeline,
+    listen: str,
+    move_if_taken: bool,
+    say: Callable[[str], object],
+    identity: tuple[str, str],
 ) -> Exporter:
     host, port = parse_listen(listen)
-    exporter = Exporter(pipeline, host, port)
+    exporter = Exporter(pipeline, host, port, identity=identity)
     try:
         exporter.start()
     except OSError as exc:
         reason = exc.strerror or str(exc)
         if not move_if_taken:
             raise OSError(f"cannot listen on {listen}: {reason}") from None
-        exporter = Exporter(pipeline, host, 0)
+        exporter = Exporter(pipeline, host, 0, identity=identity)
         exporter.start()
         say(
             f"note: {listen} is taken ({reason}), so the demo serves on a free port instead "
@@ -78,7 +83,8 @@ def record_while_serving(
         nonlocal exporter
         if listen is None:
             return
-        exporter = _start_exporter(pipeline, listen, move_if_taken, say)
+        engine_model = identity(runtime_manifest(config, sts))
+        exporter = _start_exporter(pipeline, listen, move_if_taken, say, engine_model)
         say(f"serving live metrics at {exporter.server.url}/metrics while the demo runs")
 
     try:

@@ -28,6 +28,7 @@ from ..sources.sglang_http import DEFAULT_MAX_BYTES
 from ..sources.sglang_poller import SGLangPoller
 from ..sources.stats import IngestStats
 from ..store import RunWriter, check_new_run_dir
+from ..store.manifest import identity
 from ..telemetry.server_info import WorkloadOf
 
 
@@ -51,6 +52,8 @@ class ServeOptions:
     listen: str = "127.0.0.1:9464"
     web_config: Path | None = None
     workload_cap: int = 16
+    #: the model_name label (None: the run's, the runtime world's, or `unknown`)
+    model_name: str | None = None
     window_steps: int = 1024
     speed: float = 1.0
     out: Path | None = None
@@ -104,7 +107,11 @@ def _open_sources(
         return [RuntimeSource(config, speed=options.speed)], out, manifest
     if kind == "run":
         source = ReplaySource(arg, speed=options.speed)
-        return [source], options.out, dict(source.run.manifest) | {"source": f"serve:run:{arg}"}
+        engine, model = identity(source.run.manifest)
+        manifest = dict(source.run.manifest) | {
+            "source": f"serve:run:{arg}", "engine": engine, "model_name": model,
+        }  # fmt: skip
+        return [source], options.out, manifest
     poll = options.poll
     pollers = [
         SGLangPoller(
@@ -122,7 +129,10 @@ def _open_sources(
         )
         for i, url in enumerate(a for _, a in parsed)
     ]
-    manifest = {"source": "serve:sglang", "servers": [p.url for p in pollers], "gamma": poll.gamma}
+    manifest = {
+        "source": "serve:sglang", "engine": "sglang", "servers": [p.url for p in pollers],
+        "gamma": poll.gamma,
+    }  # fmt: skip
     return pollers, options.out, manifest
 
 
@@ -164,6 +174,10 @@ def serve(
     host, port = parse_listen(options.listen)
     stats = IngestStats()
     sources, out, manifest = _open_sources(options, parsed, stats)
+    if options.model_name:
+        manifest["model_name"] = options.model_name
+    engine, model = identity(manifest)
+    manifest |= {"engine": engine, "model_name": model}
     if out is not None:
         check_new_run_dir(out)
     pipeline = build_pipeline(
@@ -176,7 +190,7 @@ def serve(
         # online refit
         **_server_cost(sources),
     )
-    exporter = Exporter(pipeline, host, port, options.web_config)
+    exporter = Exporter(pipeline, host, port, options.web_config, identity=(engine, model))
     try:
         url = exporter.start()
     except OSError as exc:

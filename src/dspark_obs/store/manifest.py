@@ -21,7 +21,10 @@ from .files import read_regular
 MAX_MANIFEST_BYTES = 16 << 20
 _COUNTS = ("steps", "request_steps", "parts", "dropped_steps", "store_version")
 _FLAGS = ("complete", "interrupted")
-_TEXTS = ("mode", "source", "timing", "shadow", "created", "world", "target", "instance", "host")
+_TEXTS = (
+    "mode", "source", "timing", "shadow", "created", "world", "target", "instance", "host",
+    "engine", "model_name",
+)  # fmt: skip
 
 
 def _problem(manifest: dict[str, Any]) -> str | None:
@@ -51,6 +54,17 @@ def _problem(manifest: dict[str, Any]) -> str | None:
         if value is not None and not isinstance(value, dict):
             return f"{key} is {type(value).__name__}, expected an object"
     return None
+
+
+def identity(manifest: dict[str, Any]) -> tuple[str, str]:
+    """The engine and the model a run observed (what serves it labels every series with):
+    as `run.json` says, or, in runs written before it said, the reference runtime's world
+    or an SGLang server's unknown model."""
+    world = manifest.get("world")
+    runtime = world is not None or manifest.get("source") in ("runtime", "serve:runtime")
+    engine = manifest.get("engine") or ("reference" if runtime else "sglang")
+    default = f"dspark-obs/{world or 'reference'}" if engine == "reference" else "unknown"
+    return engine, manifest.get("model_name") or default
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from . import (
     load,
     overview,
     per_workload,
+    sglang_check,
     sources,
     trim_cost,
 )
@@ -24,4 +25,5 @@ ROWS = (
     ("Cost model", cost_model.panels),
     ("Estimator health", estimator.panels),
     ("Sources", sources.panels),
+    ("Held against SGLang", sglang_check.panels),
 )
