@@ -19,8 +19,10 @@ import subprocess  # nosec B404
 import sys
 import tempfile
 
-#: where POSIX shared memory lives on Linux, the one system SGLang and vLLM serve on
-SHM_DIR = "/dev/shm"
+#: where POSIX shared memory lives on Linux, the one system SGLang and vLLM serve on: the
+#: rings' own namespace, listed by name (the lock file beside them is opened without
+#: following a link)
+SHM_DIR = "/dev/shm"  # nosec B108
 
 
 def ring_prefix(port: int) -> str:
@@ -49,7 +51,8 @@ def lock_path(port: int) -> str:
 def take_lock(port: int) -> int | None:
     """The lock of `port`'s consumer, held through the returned descriptor (closing it
     releases it), or None when another process holds it."""
-    fd = os.open(lock_path(port), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = os.open(lock_path(port), flags, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
