@@ -27,6 +27,7 @@ CONTEXT_BUCKET = (
     "open); steps without request rows are left out."
 )
 POS_BIN = (*POS, "bin")
+REL_BIN = (*REL, "bin")
 NOT_AGGREGABLE = (
     " A per-process convenience: not aggregable across series (a mean of ratios is not the "
     "ratio of sums); fleet figures come from the counters (deploy/rules/fleet.yml)."
@@ -52,6 +53,9 @@ class Metric:
     labels: tuple[str, ...]
     help: str
     source: tuple[str, str]
+    #: fine detail, written only with `--detail-metrics`: outside the series budget, and
+    #: read by no dashboard panel, recording rule or alert (docs/metrics.md)
+    detail: bool = False
 
 
 CATALOG: tuple[Metric, ...] = (
@@ -212,6 +216,7 @@ CATALOG: tuple[Metric, ...] = (
         "Predicted survival since start, in the 15 equal-width ECE bins, summed over ranks "
         "(reliability denominator). " + CALIBRATION_ROWS,
         source=("confidence", "survival"),
+        detail=True,
     ),
     Metric(
         "dspark_confidence_accepted_survival",
@@ -220,29 +225,50 @@ CATALOG: tuple[Metric, ...] = (
         "Predicted survival of rows whose prefix was accepted, same bins (reliability "
         "numerator: observed rate per bin = this bucket / dspark_confidence_survival bucket).",
         source=("confidence", "accepted_survival"),
+        detail=True,
     ),
     # calibration's sufficient statistics: counters summed over any series give that set's
-    # ECE, reliability, Brier and AUROC exactly (deploy/rules/fleet.yml)
+    # ECE, reliability, Brier and AUROC exactly (deploy/rules/fleet.yml); the bins are summed
+    # over ranks (calibration is the model's), the Brier sums are per rank
     Metric(
         "dspark_confidence_bin_rows_total",
         "counter",
-        POS_BIN,
-        "Labelled rows per ECE bin (bin=0..14, equal-width on [0, 1]) since start.",
+        REL_BIN,
+        "Labelled rows per ECE bin (bin=0..14, equal-width on [0, 1]) since start, summed "
+        "over ranks.",
         source=("confidence", "bin_rows"),
     ),
     Metric(
         "dspark_confidence_bin_positives_total",
         "counter",
-        POS_BIN,
+        REL_BIN,
         "Rows per ECE bin whose prefix was accepted.",
         source=("confidence", "bin_positives"),
     ),
     Metric(
         "dspark_confidence_bin_predicted_total",
         "counter",
-        POS_BIN,
+        REL_BIN,
         "Sum of the predicted survival of the rows per ECE bin.",
         source=("confidence", "bin_predicted"),
+    ),
+    Metric(
+        "dspark_confidence_bin_negatives_below_total",
+        "counter",
+        REL_BIN,
+        "Rows whose prefix was rejected in lower ECE bins than this one: with the bin's "
+        "positives and negatives (rows - positives), AUROC = sum over bins of positives x "
+        "(negatives below + negatives / 2) / (positives x negatives), ties within a bin "
+        "counted half.",
+        source=("confidence", "bin_negatives_below"),
+    ),
+    Metric(
+        "dspark_confidence_positives_total",
+        "counter",
+        POS,
+        "Labelled rows whose prefix was accepted (with dspark_confidence_labelled_total and the "
+        "two sums below, Brier per rank).",
+        source=("confidence", "positives"),
     ),
     Metric(
         "dspark_confidence_positive_predicted_total",
@@ -262,8 +288,10 @@ CATALOG: tuple[Metric, ...] = (
         "dspark_confidence_auroc_positives_total",
         "counter",
         POS_BIN,
-        "Rows whose prefix was accepted per AUROC bin (bin=0..29, equal-width on [0, 1]).",
+        "Rows whose prefix was accepted per AUROC bin (bin=0..29, equal-width on [0, 1]), "
+        "per rank.",
         source=("confidence", "auroc_positives"),
+        detail=True,
     ),
     Metric(
         "dspark_confidence_auroc_negatives_total",
@@ -271,6 +299,7 @@ CATALOG: tuple[Metric, ...] = (
         POS_BIN,
         "Rows whose prefix was rejected per AUROC bin.",
         source=("confidence", "auroc_negatives"),
+        detail=True,
     ),
     Metric(
         "dspark_confidence_auroc_negatives_below_total",
@@ -279,6 +308,7 @@ CATALOG: tuple[Metric, ...] = (
         "Rows whose prefix was rejected in lower AUROC bins than this one (AUROC = sum over "
         "bins of positives x (negatives below + negatives / 2) / (positives x negatives)).",
         source=("confidence", "auroc_negatives_below"),
+        detail=True,
     ),
     # load per step
     Metric("dspark_steps_total", "counter", STEP, "Verify steps seen.", source=("steps", "steps")),

@@ -10,7 +10,9 @@ publishing a quantity is a catalog entry. Rules:
 - a present section writes every header, even of a family without series;
 - NaN samples, and histogram series `keep` leaves out, are not written;
 - the exporter's own labels (`engine`, `model_name`: what it observes, as a scrape
-  target's labels) lead every sample's label set.
+  target's labels) lead every sample's label set;
+- a family of fine detail (`Metric.detail`) is written only when the collector is asked
+  for detail (`--detail-metrics`).
 
 The arithmetic was done by the producers on fixed-size arrays; a scrape is
 formatting, bounded by the number of series, with label strings built once
@@ -51,9 +53,13 @@ class Collector:
     bucket bounds and headers, so a steady scrape formats numbers only."""
 
     def __init__(
-        self, catalog: Sequence[Metric] = CATALOG, const_labels: Sequence[tuple[str, str]] = ()
+        self,
+        catalog: Sequence[Metric] = CATALOG,
+        const_labels: Sequence[tuple[str, str]] = (),
+        *,
+        detail: bool = False,
     ) -> None:
-        self.catalog = tuple(catalog)
+        self.catalog = tuple(m for m in catalog if detail or not m.detail)
         const = [(n, v) for n, v in const_labels if v]  # an empty value is no label
         self._const = label_string(*zip(*const, strict=True)) if const else ""
         self._labels: dict[Labels, list[str]] = {}

@@ -14,14 +14,17 @@ from .http_server import MetricsServer
 
 class Exporter:
     """Aggregates + collector + HTTP server around one pipeline; `identity` is the
-    (engine, model_name) every series is labelled with."""
+    (engine, model_name) every series is labelled with, `detail` whether the families of
+    fine detail are written too."""
 
     def __init__(
         self, pipeline: Pipeline, host: str, port: int, web_config=None, *,
-        identity: tuple[str, str] = ("", ""),
+        identity: tuple[str, str] = ("", ""), detail: bool = False,
     ) -> None:  # fmt: skip
         self.pipeline = pipeline
-        self.collector = Collector(const_labels=tuple(zip(IDENTITY, identity, strict=True)))
+        self.collector = Collector(
+            const_labels=tuple(zip(IDENTITY, identity, strict=True)), detail=detail
+        )
         self._render_lock = threading.Lock()
         self.server = MetricsServer(
             host=host, port=port, web_config=web_config, metrics_app=wsgi_app(self.render)

@@ -90,7 +90,8 @@ def sample(samples, name: str, **labels) -> float | None:
 
 
 def render(snap, stats: IngestStats | None = None) -> str:
-    return Collector().collect(snap, (stats or IngestStats()).snapshot()).decode()
+    """Every family, those of fine detail included (`--detail-metrics`)."""
+    return Collector(detail=True).collect(snap, (stats or IngestStats()).snapshot()).decode()
 
 
 # ------------------------------------------------------- independent row tables
@@ -438,6 +439,17 @@ def test_confidence_matches_torchmetrics_and_sklearn(mixed):
                 assert sample(
                     s, "dspark_confidence_accepted_survival_bucket", **pos, le=le
                 ) == np.count_nonzero(y & (p < k / 15))
+            # the ECE-bin counters, summed over ranks, and AUROC's rejected rows below a bin
+            b = np.minimum((p * 15).astype(np.int64), 14)
+            for k in range(15):
+                rows_k, pos_k = np.count_nonzero(b == k), np.count_nonzero(y & (b == k))
+                if not len(p):
+                    break
+                assert sample(s, "dspark_confidence_bin_rows_total", **pos, bin=k) == rows_k
+                assert sample(s, "dspark_confidence_bin_positives_total", **pos, bin=k) == pos_k
+                below = np.count_nonzero(~y & (b < k))
+                name = "dspark_confidence_bin_negatives_below_total"
+                assert sample(s, name, **pos, bin=k) == below
     assert seen_censored
 
 

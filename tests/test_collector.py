@@ -165,9 +165,22 @@ def test_every_part_has_the_labels_and_type_of_its_entry(pipeline):
 
 
 def test_catalog_order_is_the_written_order(pipeline):
-    text = Collector().collect(*snapshots(pipeline)).decode()
+    text = Collector(detail=True).collect(*snapshots(pipeline)).decode()
     written = re.findall(r"^# TYPE (\S+) ", text, flags=re.M)
     assert written == [m.name for m in CATALOG]
+
+
+def test_fine_detail_is_written_only_when_asked_for(pipeline):
+    """The default exposition leaves out the families of fine detail, and only those."""
+    text = Collector().collect(*snapshots(pipeline)).decode()
+    written = re.findall(r"^# TYPE (\S+) ", text, flags=re.M)
+    detail = {m.name for m in CATALOG if m.detail}
+    assert written == [m.name for m in CATALOG if not m.detail]
+    assert detail == {
+        "dspark_confidence_survival", "dspark_confidence_accepted_survival",
+        "dspark_confidence_auroc_positives_total", "dspark_confidence_auroc_negatives_total",
+        "dspark_confidence_auroc_negatives_below_total",
+    }  # fmt: skip
 
 
 class Demo:

@@ -254,10 +254,10 @@ def _labelled(reqs: pl.DataFrame) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
 @np.errstate(invalid="ignore", divide="ignore")  # AUROC is NaN where one label is absent
 def _calibration(p: np.ndarray, y: np.ndarray) -> dict[str, float]:
     fine = (p * FINE).astype(np.int64)
-    ece_bin, auroc_bin = fine // 68, fine // 34
+    ece_bin = fine // 68  # the fleet's AUROC is binned as ECE is
     ece = sum(abs(p[ece_bin == b].sum() - y[ece_bin == b].sum()) for b in range(15)) / len(p)
-    pos = np.bincount(auroc_bin[y], minlength=30)
-    neg = np.bincount(auroc_bin[~y], minlength=30)
+    pos = np.bincount(ece_bin[y], minlength=15)
+    neg = np.bincount(ece_bin[~y], minlength=15)
     pairs = (pos * (np.cumsum(neg) - neg + 0.5 * neg)).sum() / (pos.sum() * neg.sum())
     # exact AUROC: Mann-Whitney with ties counted half, by sorting
     order = np.argsort(p, kind="stable")

@@ -286,9 +286,7 @@ def test_fleet_figures_equal_the_raw_counters(fleet) -> None:
     rows, pos, pred = (
         raw(f"dspark_confidence_bin_{k}_total", "bin") for k in ("rows", "positives", "predicted")
     )
-    p_auc, n_auc = (
-        raw(f"dspark_confidence_auroc_{k}_total", "bin") for k in ("positives", "negatives")
-    )
+    neg = rows - pos
     walked = raw("dspark_estimator_resolved_blocks_total") + raw(
         "dspark_estimator_censored_blocks_total"
     )
@@ -303,11 +301,11 @@ def test_fleet_figures_equal_the_raw_counters(fleet) -> None:
         "Brier": (
             raw("dspark_confidence_predicted_squared_total")
             - 2 * raw("dspark_confidence_positive_predicted_total")
-            + pos.sum()
+            + raw("dspark_confidence_positives_total")
         )
-        / rows.sum(),
+        / raw("dspark_confidence_labelled_total"),
         # pairs from the negatives' cumulative sum, not from the exported negatives_below
-        "AUROC": (p_auc * (np.cumsum(n_auc) - 0.5 * n_auc)).sum() / (p_auc.sum() * n_auc.sum()),
+        "AUROC": (pos * (np.cumsum(neg) - 0.5 * neg)).sum() / (pos.sum() * neg.sum()),
     }
     assert rows.sum() > 0 and walked > 0 and raw("dspark_ceiling_tokens_count") > 0
     for title, value in want.items():

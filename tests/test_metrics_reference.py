@@ -29,7 +29,7 @@ def test_rendered_families_are_exactly_the_catalog():
     for b in runtime.run():
         pipeline.ingest(b, gather=runtime.gather_target_logprobs)
     text = (
-        Collector()
+        Collector(detail=True)
         .collect(
             pipeline.aggregates.snapshot(),
             pipeline.stats.snapshot(),

@@ -25,8 +25,9 @@ from dspark_obs.hooks.pack_triton import MAX_SPLITS, TritonPacker  # noqa: E402
 from dspark_obs.hooks.sglang_worker import SOURCE, attach  # noqa: E402
 from dspark_obs.hooks.step_layout import StepLayout  # noqa: E402
 from dspark_obs.pipeline import build_pipeline  # noqa: E402
+from tests.hook_reference import FakeObservers as Observers  # noqa: E402
 from tests.hook_reference import StepStream, reference_batch  # noqa: E402
-from tests.test_sglang_hook import Observers, metrics, rows_the_hook_reads  # noqa: E402
+from tests.test_sglang_hook import metrics, rows_the_hook_reads  # noqa: E402
 
 
 def to_cuda(value, dtype=None):

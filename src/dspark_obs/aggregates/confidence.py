@@ -26,9 +26,9 @@ from .window import WindowedSums
 ECE_BINS = 15
 FINE_PER_ECE_BIN = 68
 FINE_BINS = ECE_BINS * FINE_PER_ECE_BIN
-#: Bins of the AUROC counters the exporter publishes (two to each ECE bin, 34 fine bins
-#: each): a merged AUROC is exact for these bins, within half their tied pairs of the
-#: exact value, at a series count a fleet can keep (docs/metrics.md).
+#: Bins of the finer AUROC counters the exporter publishes with `--detail-metrics` (two to
+#: each ECE bin, 34 fine bins each); by default a merged AUROC comes from the ECE bins,
+#: within half their tied pairs of the exact value (docs/metrics.md).
 AUROC_EXPORT_BINS = 2 * ECE_BINS
 
 
@@ -164,7 +164,7 @@ class ConfidenceAggregate:
         sums of all rows and of positive rows; the sum of squared predictions
         (`[groups, gamma]`); per AUROC export bin (`[groups, gamma, 30]`) positives,
         negatives and negatives in lower bins. Sums of these over any set of groups give
-        that set's ECE, Brier and AUROC exactly."""
+        that set's ECE, Brier and AUROC exactly (AUROC to the resolution of its bins)."""
         counts, preds, pred_sq = self._coarse(coarse)
         per = FINE_BINS // AUROC_EXPORT_BINS  # explicit: no group yet is an empty array
         f = fine.reshape(fine.shape[0], self.gamma, 2, AUROC_EXPORT_BINS, per).sum(axis=-1)

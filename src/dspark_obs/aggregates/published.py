@@ -78,6 +78,12 @@ class RequestLabels:
     def model_position(self) -> Labels:
         return Labels(RELIABILITY, [(*k, j) for k in self.model_keys for j in range(self.gamma)])
 
+    @cached_property
+    def model_binned(self) -> Labels:
+        """The (workload, mode, position) labels with `bin=0..14` (the ECE bins) last."""
+        rows = [(*k, j) for k in self.model_keys for j in range(self.gamma)]
+        return Labels((*RELIABILITY, "bin"), [(*r, b) for r in rows for b in range(ECE_BINS)])
+
 
 @lru_cache(maxsize=16)
 def request_labels(groups: tuple[tuple[str, str, int], ...], gamma: int) -> RequestLabels:
@@ -267,16 +273,20 @@ class ConfidenceSeries:
     @cached_property
     def _reliability(self) -> dict[str, np.ndarray]:
         """Summed over ranks, `[(workload, mode) x position, ECE_BINS]`: calibration is the
-        model's, not the rank's, and the bins are the bulk of the exposition (2 x 16 lines
-        per workload, mode and position)."""
+        model's, not the rank's, and the bins are the bulk of the exposition (the series
+        budget in docs/metrics.md). With them, the rows rejected in lower bins, which a
+        merged AUROC needs (PromQL cannot sum over bins below a label's value)."""
         of = self.labels.model_of
         n = len(self.labels.model_keys)
-        return {
+        out = {
             k: np.stack(
                 [self.reliability_by_group[k][of == i].sum(axis=0) for i in range(n)]
             ).reshape(-1, ECE_BINS)
             for k in ("rows", "positives", "pred_sum", "positive_pred_sum")
         }
+        negatives = out["rows"] - out["positives"]
+        out["negatives_below"] = np.cumsum(negatives, axis=1) - negatives
+        return out
 
     @cached_property
     def _labelled(self) -> np.ndarray:
@@ -302,9 +312,11 @@ class ConfidenceSeries:
     def accepted_survival(self) -> Buckets:
         return self._bins("positives", "positive_pred_sum")
 
-    # The sufficient statistics per (workload, mode, rank, position), since start: counters
-    # whose sums over any set of series give that set's ECE, Brier and AUROC exactly
-    # (deploy/rules/fleet.yml). Positions without a labelled row publish nothing.
+    # The sufficient statistics, since start: counters whose sums over any set of series give
+    # that set's ECE, Brier and AUROC exactly (deploy/rules/fleet.yml). The bins are per
+    # (workload, mode, position), summed over ranks; Brier's per (workload, mode, rank,
+    # position); the finer AUROC bins per rank too (`--detail-metrics`). Positions without
+    # a labelled row publish nothing.
 
     @cached_property
     def _labelled_positions(self) -> np.ndarray:
@@ -321,17 +333,26 @@ class ConfidenceSeries:
         values = np.where(keep, table.astype(np.float64).ravel(), np.nan)
         return Samples(self.labels.binned(bins), values)
 
+    def _per_model_bin(self, key: str) -> Samples:
+        keep = np.repeat(self._labelled, ECE_BINS)
+        values = np.where(keep, self._reliability[key].astype(np.float64).ravel(), np.nan)
+        return Samples(self.labels.model_binned, values)
+
     @property
     def bin_rows(self) -> Samples:
-        return self._per_bin("rows")
+        return self._per_model_bin("rows")
 
     @property
     def bin_positives(self) -> Samples:
-        return self._per_bin("positives")
+        return self._per_model_bin("positives")
 
     @property
     def bin_predicted(self) -> Samples:
-        return self._per_bin("pred_sum")
+        return self._per_model_bin("pred_sum")
+
+    @property
+    def bin_negatives_below(self) -> Samples:
+        return self._per_model_bin("negatives_below")
 
     @property
     def positive_predicted(self) -> Samples:
@@ -347,6 +368,17 @@ class ConfidenceSeries:
     @property
     def predicted_squared(self) -> Samples:
         return self._per_position("pred_squared_sum")
+
+    @property
+    def positives(self) -> Samples:
+        return Samples(
+            self.labels.position,
+            np.where(
+                self._labelled_positions,
+                self.reliability_by_group["positives"].sum(axis=-1).ravel(),
+                np.nan,
+            ),
+        )
 
     @property
     def auroc_positives(self) -> Samples:

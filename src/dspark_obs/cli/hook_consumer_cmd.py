@@ -22,7 +22,9 @@ def handle(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     if args.idle_exit <= 0:
         raise CliError("--idle-exit must be > 0")
-    run_node_consumer(listen, stop=stop_on_signals(), idle_exit=args.idle_exit)
+    run_node_consumer(
+        listen, stop=stop_on_signals(), idle_exit=args.idle_exit, detail=args.detail_metrics
+    )
     return 0
 
 
@@ -39,5 +41,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=60.0,
         metavar="SECONDS",
         help="stop once no ring has been left for this long (default: 60)",
+    )
+    p.add_argument(
+        "--detail-metrics",
+        action="store_true",
+        help="also publish the families of fine detail (outside the series budget)",
     )
     p.set_defaults(handler=handle)

@@ -41,6 +41,12 @@ def add_exporter_arguments(p: argparse.ArgumentParser, listen: str = "127.0.0.1:
         "'unknown' for SGLang servers)",
     )
     g.add_argument(
+        "--detail-metrics",
+        action="store_true",
+        help="also publish the families of fine detail (per-rank AUROC bins, survival "
+        "histograms): outside the series budget of docs/metrics.md",
+    )
+    g.add_argument(
         "--workload-cap",
         type=int,
         default=16,
@@ -67,6 +73,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         web_config=args.web_config,
         workload_cap=args.workload_cap,
         model_name=args.model_name,
+        detail_metrics=args.detail_metrics,
         window_steps=args.window_steps,
         speed=args.speed,
         out=args.out,

@@ -26,6 +26,8 @@ def handle(args: argparse.Namespace) -> int:
         config["ring_slots"] = args.ring_slots
     if args.pool_slots is not None:
         config["pool_slots"] = args.pool_slots
+    if args.detail_metrics:
+        config["detail_metrics"] = True
     try:
         settings(config)
     except ValueError as exc:
@@ -67,6 +69,11 @@ def configure(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="request slots to keep open tails for (default: SGLang's request pool)",
+    )
+    p.add_argument(
+        "--detail-metrics",
+        action="store_true",
+        help="the node's /metrics also publishes the families of fine detail",
     )
     p.add_argument(
         "--json", action="store_true", help="print the JSON list alone, not shell-quoted"

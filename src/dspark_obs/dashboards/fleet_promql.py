@@ -29,6 +29,11 @@ COUNTERS = {
         "instance:dspark_confidence_bin_predicted:sum",
         "dspark_confidence_bin_predicted_total",
     ),
+    "labelled": ("instance:dspark_confidence_labelled:sum", "dspark_confidence_labelled_total"),
+    "position_positives": (
+        "instance:dspark_confidence_positives:sum",
+        "dspark_confidence_positives_total",
+    ),
     "positive_predicted": (
         "instance:dspark_confidence_positive_predicted:sum",
         "dspark_confidence_positive_predicted_total",
@@ -37,17 +42,9 @@ COUNTERS = {
         "instance:dspark_confidence_predicted_squared:sum",
         "dspark_confidence_predicted_squared_total",
     ),
-    "auroc_positives": (
-        "instance:dspark_confidence_auroc_positives:sum",
-        "dspark_confidence_auroc_positives_total",
-    ),
-    "auroc_negatives": (
-        "instance:dspark_confidence_auroc_negatives:sum",
-        "dspark_confidence_auroc_negatives_total",
-    ),
-    "auroc_negatives_below": (
-        "instance:dspark_confidence_auroc_negatives_below:sum",
-        "dspark_confidence_auroc_negatives_below_total",
+    "negatives_below": (
+        "instance:dspark_confidence_bin_negatives_below:sum",
+        "dspark_confidence_bin_negatives_below_total",
     ),
     "ceiling_sum": ("instance:dspark_ceiling_tokens_sum:sum", "dspark_ceiling_tokens_sum"),
     "ceiling_count": ("instance:dspark_ceiling_tokens_count:sum", "dspark_ceiling_tokens_count"),
@@ -143,24 +140,29 @@ def ece(level: Level, by: tuple[str, ...], window: str | None = None) -> str:
 
 
 def brier(level: Level, by: tuple[str, ...], window: str | None = None) -> str:
-    """(sum p^2 - 2 sum of positives' p + positives) / rows."""
+    """(sum p^2 - 2 sum of positives' p + positives) / rows, from the per-position counters
+    (per rank, where the bins are summed over ranks)."""
     t = partial(total, level, by=by, window=window)
     return _ratio(
-        f"{t('predicted_squared')} - 2 * {t('positive_predicted')} + {t('positives')}",
-        t("rows"),
+        f"{t('predicted_squared')} - 2 * {t('positive_predicted')} + {t('position_positives')}",
+        t("labelled"),
     )
 
 
 def auroc(level: Level, by: tuple[str, ...], window: str | None = None) -> str:
-    """Positives x (negatives below + half the tied negatives), over positives x negatives."""
+    """Per ECE bin, positives x (negatives below + half the bin's negatives, its ties), over
+    positives x negatives; a bin's negatives are its rows less its positives."""
     t = partial(total, level, by=(*by, "bin"), window=window)
     on, on_bin = ", ".join(by), ", ".join((*by, "bin"))
+    negatives = f"({t('rows')} - on ({on_bin}) {t('positives')})"
     pairs = (
-        f"{_by(by)} ({t('auroc_positives')} * on ({on_bin}) "
-        f"({t('auroc_negatives_below')} + 0.5 * {t('auroc_negatives')}))"
+        f"{_by(by)} ({t('positives')} * on ({on_bin}) "
+        f"({t('negatives_below')} + on ({on_bin}) 0.5 * {negatives}))"
     )
     g = partial(total, level, by=by, window=window)
-    return _ratio(pairs, f"{g('auroc_positives')} * on ({on}) {g('auroc_negatives')}")
+    return _ratio(
+        pairs, f"{g('positives')} * on ({on}) ({g('rows')} - on ({on}) {g('positives')})"
+    )
 
 
 def reliability(level: Level, by: tuple[str, ...], window: str | None = None) -> str:

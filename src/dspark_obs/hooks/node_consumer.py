@@ -202,7 +202,7 @@ def first_ring(port: int, stop: threading.Event, wait: float) -> sr.SharedRing |
 
 def run_node_consumer(
     listen: tuple[str, int], *, stop: threading.Event, idle_exit: float = 60.0,
-    web_config=None,
+    web_config=None, detail: bool = False,
 ) -> bool:  # fmt: skip
     """The consumer process of the node's port: take its lock (False at once where another
     consumer holds it), wait for a ring, build the pipeline and `/metrics` for that ring's
@@ -226,7 +226,7 @@ def run_node_consumer(
         node = NodeConsumer(pipeline, port=port)
         node.add(ring, ring.name)
         identity = (ring.engine, ring.model_name or "unknown")
-        exporter = Exporter(pipeline, host, port, web_config, identity=identity)
+        exporter = Exporter(pipeline, host, port, web_config, identity=identity, detail=detail)
         try:
             log.info("dspark-obs hook consumer: serving %s", exporter.start())
         except OSError as exc:

@@ -34,7 +34,10 @@ SPEC_NAME = "dspark-obs"
 NO_MODULE = "dspark-obs registers no forward hook"
 DEFAULT_LISTEN = "127.0.0.1:9464"
 #: the keys of a spec's `config`, with their defaults (None: SGLang's own value)
-SETTINGS = {"listen": DEFAULT_LISTEN, "model_name": None, "ring_slots": 16, "pool_slots": None}
+SETTINGS = {
+    "listen": DEFAULT_LISTEN, "model_name": None, "ring_slots": 16, "pool_slots": None,
+    "detail_metrics": False,
+}  # fmt: skip
 #: where SGLang 0.5.23 defines the classes the hook looks for
 OBSERVERS = "sglang.srt.speculative.dspark_components.dspark_observability"
 POOLS = "sglang.srt.mem_cache.memory_pool"
@@ -73,6 +76,8 @@ def settings(config: dict | None) -> dict:
             raise ValueError(f"{key} must be a positive integer, not {value!r}")
     if out["model_name"] is not None and not isinstance(out["model_name"], str):
         raise ValueError(f"model_name must be text, not {out['model_name']!r}")
+    if not isinstance(out["detail_metrics"], bool):
+        raise ValueError(f"detail_metrics must be true or false, not {out['detail_metrics']!r}")
     return out
 
 
@@ -168,6 +173,7 @@ def _attach(observers, rank: int, options: dict) -> None:
         model_name=model,
         listen=options["listen"],
         ring_slots=options["ring_slots"],
+        detail_metrics=options["detail_metrics"],
     )
     log.info(
         "dspark-obs: hook on DP rank %d (%s, gamma %d); /metrics of this node on %s",

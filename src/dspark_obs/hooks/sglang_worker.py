@@ -81,7 +81,8 @@ class SGLangHook:
     """
 
     def __init__(self, layout: StepLayout, ring: sr.SharedRing, pool_slots: int, *,
-                 triton: bool | None = None, listen: str | None = None) -> None:  # fmt: skip
+                 triton: bool | None = None, listen: str | None = None,
+                 consumer_args: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.gamma = layout.gamma
         self.layout = layout
         self.ring = ring
@@ -89,6 +90,8 @@ class SGLangHook:
         self.triton = triton
         self.listen = listen
         self.port = None if listen is None else int(listen.rpartition(":")[2])
+        #: what the node's consumer is started with, by whichever hook starts it
+        self.consumer_args = list(consumer_args)
         self.seq = 0
         self.submitter: StepSubmitter | None = None
         self.consumer = None  # hooks.node_consumer.NodeConsumer, inline only
@@ -160,7 +163,7 @@ class SGLangHook:
                 "dspark-obs hook: no consumer serves %s; starting one (dropped steps are counted)",
                 self.listen,
             )
-            self.process = rendezvous.start_consumer(self.listen)
+            self.process = rendezvous.start_consumer(self.listen, self.consumer_args)
 
     def _rids(self, reqs, bs: int) -> bytes:
         """The batch's request ids, newline-joined; taken again only when the batch changed.
@@ -265,6 +268,7 @@ def attach_observers(
     ring_slots: int = 16,
     pipeline=None,
     triton: bool | None = None,
+    detail_metrics: bool = False,
 ) -> SGLangHook:
     """Wrap `observers.observe_verify_step` (SGLang's `DsparkStepObservers`, whose interface
     the caller checked) so that each step also goes to the hook.
@@ -272,7 +276,8 @@ def attach_observers(
     `consumer="process"`: the ring joins the node's consumer process serving `/metrics` on
     `listen` (every rank of a node on one port, under `rank` labels), started here if none
     runs. `"inline"`: the consumer lives in this process, fed by `hook.drain()` (tests,
-    notebooks), on `pipeline` or a new one.
+    notebooks), on `pipeline` or a new one. `detail_metrics`: the consumer publishes the
+    families of fine detail too.
     """
     if consumer not in ("process", "inline"):
         raise ValueError(f"consumer must be 'process' or 'inline', not {consumer!r}")
@@ -287,8 +292,9 @@ def attach_observers(
         entries=layout.entries, rank=rank, mode=mode, model_name=model_name,
     )  # fmt: skip
     hook = SGLangHook(
-        layout, ring, pool_slots, triton=triton, listen=None if port is None else listen
-    )
+        layout, ring, pool_slots, triton=triton, listen=None if port is None else listen,
+        consumer_args=("--detail-metrics",) if detail_metrics else (),
+    )  # fmt: skip
     if consumer == "inline":
         from ..pipeline import build_pipeline
         from .node_consumer import NodeConsumer
@@ -296,7 +302,7 @@ def attach_observers(
         hook.consumer = NodeConsumer(pipeline or build_pipeline(gamma))
         hook.consumer.add(ring)
     elif not rendezvous.consumer_running(port):
-        hook.process = rendezvous.start_consumer(listen)
+        hook.process = rendezvous.start_consumer(listen, hook.consumer_args)
     method = observers.observe_verify_step
 
     def observe_verify_step(**kw):

@@ -54,6 +54,8 @@ class ServeOptions:
     workload_cap: int = 16
     #: the model_name label (None: the run's, the runtime world's, or `unknown`)
     model_name: str | None = None
+    #: the families of fine detail too (outside the series budget)
+    detail_metrics: bool = False
     window_steps: int = 1024
     speed: float = 1.0
     out: Path | None = None
@@ -190,7 +192,10 @@ def serve(
         # online refit
         **_server_cost(sources),
     )
-    exporter = Exporter(pipeline, host, port, options.web_config, identity=(engine, model))
+    exporter = Exporter(
+        pipeline, host, port, options.web_config, identity=(engine, model),
+        detail=options.detail_metrics,
+    )  # fmt: skip
     try:
         url = exporter.start()
     except OSError as exc:

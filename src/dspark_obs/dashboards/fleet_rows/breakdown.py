@@ -4,6 +4,9 @@ Per node reads fleet.yml's `instance:` sums (what a global Prometheus federates)
 reads the exporters' own counters, which only the node's Prometheus holds unless they are
 federated or remote-written whole (docs/dashboards.md). Both rows are the same panels with
 another grouping; a rank's legend names its exporter, since two nodes both have a rank 0.
+ECE and AUROC come from the calibration bins, which an exporter sums over its ranks (the
+series budget, docs/metrics.md): the per-rank row shows Brier, whose counters are per rank,
+and leaves them to the per-node and per-workload rows.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from ..promql import RI
 
 def _panels(level: Level, by: tuple[str, ...], legend: str, noun: str) -> list:
     w = RI.strip("[]")
-    return [
+    binned = "rank" not in by  # the calibration bins are summed over ranks
+    panels = [
         timeseries(
             f"Committed tokens/s by {noun}",
             f"Tokens committed per second per {noun}, over the selected workloads and modes.",
@@ -73,7 +77,8 @@ def _panels(level: Level, by: tuple[str, ...], legend: str, noun: str) -> list:
             w=12,
             min_val=0,
         ),
-        timeseries(
+        binned
+        and timeseries(
             f"ECE by {noun}",
             f"Expected calibration error per {noun}, every position together, from its "
             "summed bins over the rate interval.",
@@ -89,12 +94,14 @@ def _panels(level: Level, by: tuple[str, ...], legend: str, noun: str) -> list:
             "none",
             [(brier(level, by, w), legend)],
             thresholds=BRIER,
-            w=4,
+            w=4 if binned else 12,
             min_val=0,
         ),
-        timeseries(
+        binned
+        and timeseries(
             f"AUROC by {noun}",
-            f"AUROC per {noun} from its summed AUROC bins over the rate interval.",
+            f"AUROC per {noun} from its summed ECE bins over the rate interval (ties within "
+            "a bin counted half).",
             "none",
             [(auroc(level, by, w), legend)],
             thresholds=AUROC,
@@ -103,6 +110,7 @@ def _panels(level: Level, by: tuple[str, ...], legend: str, noun: str) -> list:
             max_val=1,
         ),
     ]
+    return [p for p in panels if p]
 
 
 def per_node() -> list:

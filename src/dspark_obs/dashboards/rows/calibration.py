@@ -1,7 +1,7 @@
 """The calibration row: does the drafter's predicted survival match what was accepted?
 
-The reliability bars read bucket differences of two histograms whose bounds must match the
-exporter's bins exactly, so their queries are generated from the same bin count.
+The reliability bars read the exporter's ECE-bin counters, one query a bin, so they are
+generated from the same bin count.
 """
 
 from __future__ import annotations
@@ -12,24 +12,12 @@ from ..promql import REL, REQ
 
 
 def _reliability_queries() -> list[tuple[str, str]]:
-    """Observed acceptance per predicted-survival bin: bucket differences of the two histograms.
-
-    The buckets are cumulative, so bin k is bucket(le=hi) - bucket(le=lo); the bounds are
-    formatted exactly as the exporter writes them.
-    """
-    bounds = [f"{(k + 1) / ECE_BINS:.6g}" for k in range(ECE_BINS - 1)] + ["+Inf"]
+    """Observed acceptance per predicted-survival bin: positives / rows of that bin."""
     out = []
-    for k, hi in enumerate(bounds):
-        lo = bounds[k - 1] if k else None
-
-        def bucket(name: str, le: str) -> str:
-            return f'sum({name}{{{REL}, le="{le}"}})'
-
-        num = bucket("dspark_confidence_accepted_survival_bucket", hi)
-        den = bucket("dspark_confidence_survival_bucket", hi)
-        if lo is not None:
-            num = f"({num} - {bucket('dspark_confidence_accepted_survival_bucket', lo)})"
-            den = f"({den} - {bucket('dspark_confidence_survival_bucket', lo)})"
+    for k in range(ECE_BINS):
+        sel = f'{REL}, bin="{k}"'
+        num = f"sum(dspark_confidence_bin_positives_total{{{sel}}})"
+        den = f"sum(dspark_confidence_bin_rows_total{{{sel}}})"
         out.append((f"{num} / {den}", f"{k / ECE_BINS:.2f}-{(k + 1) / ECE_BINS:.2f}"))
     return out
 
@@ -70,8 +58,8 @@ def panels() -> list:
         bar_gauge(
             "Reliability by bin",
             "Observed share of accepted prefixes per predicted-survival bin since start, all "
-            "positions: (accepted_survival bucket difference) / (survival bucket difference). "
-            "A calibrated predictor reads close to the bin's centre.",
+            "positions: the bin's accepted rows / its rows (dspark_confidence_bin_*). A "
+            "calibrated predictor reads close to the bin's centre.",
             "percentunit",
             _reliability_queries(),
             thresholds=threshold_steps((None, BLUE)),
