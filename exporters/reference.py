@@ -28,6 +28,34 @@ steps" are sliding-window views (a ring of 8 blocks; N is `--window-steps`,
 1024 by default); counters and histograms are cumulative, so PromQL `rate()`
 gives any other window. A gauge with no data has no sample.
 
+## Series budget
+
+The default exposition stays at or under 250 series per (rank, workload, mode) for a node
+of 8 DP ranks and 16 workloads, and what it costs grows as the table says. The families
+of fine detail (marked *detail* below: the per-rank AUROC bins and the survival
+histograms, which no dashboard panel, recording rule or alert reads) are written only with
+`--detail-metrics` (`serve`, `hook-consumer`, `sglang-flag`). Most series a label set has
+at gamma 7 (a position or a histogram without data writes nothing, so quieter groups have
+fewer), measured by tests/test_series_budget.py on a real Prometheus:
+
+| label set | default | with `--detail-metrics` |
+| --- | ---: | ---: |
+| per (rank, workload, mode) | 165 | 795 |
+| per (workload, mode) | 420 | 658 |
+| per (rank, mode) | 93 | 93 |
+| per (exporter) | 2 | 2 |
+
+So an exporter of R ranks, W workloads and M modes writes at most about
+165·R·W·M + 420·W·M + 93·R·M + 2 series: 28,586 at R = 8, W = 16, M = 1, which is 223 per
+(rank, workload, mode); one rank with one workload is 680. Per-position families scale
+with gamma (the 420 are 4 counters × 15 ECE bins × 7 positions); a (rank, mode) gains 6
+series for each further context bucket its steps reach (13 at most); a polled source adds
+its `dspark_source_up`, and each ingest error reason or drop reason one series. The
+calibration bins are summed over ranks (calibration is the model's): fleet ECE, AUROC and
+reliability are per workload and node, Brier per rank too.
+
+## Families
+
 | metric | type | labels | meaning |
 | --- | --- | --- | --- |
 """
@@ -35,7 +63,8 @@ gives any other window. A gauge with no data has no sample.
 
 def markdown() -> str:
     rows = [
-        f"| `{m.name}` | {m.kind} | {', '.join(f'`{x}`' for x in m.labels) or '—'} | "
+        f"| `{m.name}` | {m.kind}{' (*detail*)' if m.detail else ''} | "
+        f"{', '.join(f'`{x}`' for x in m.labels) or '—'} | "
         f"{m.help.format(window='N').replace('|', '/')} |"
         for m in CATALOG
     ]
