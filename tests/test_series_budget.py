@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from dspark_obs.exporters.collector import Collector
 from dspark_obs.exporters.endpoint import Exporter
+
 from dspark_obs.pipeline import build_pipeline
-from dspark_obs.runtime.engine import DSparkRuntime
 from dspark_obs.runtime.config import RuntimeConfig
+from dspark_obs.runtime.engine import DSparkRuntime
 from tests.prometheus_harness import PrometheusServer, promtool_check_metrics, require_prometheus
 
 require_prometheus()
