@@ -709,6 +709,30 @@ CATALOG: tuple[Metric, ...] = (
         "1 while the source delivers, 0 when it fails.",
         source=("ingest", "up"),
     ),
+    # the production store (`serve --store`, `hook-consumer --store`)
+    Metric(
+        "dspark_store_bytes",
+        "gauge",
+        (),
+        "Bytes the production store holds on disk: its closed hours and the hours being "
+        "written.",
+        source=("store", "bytes"),
+    ),
+    Metric(
+        "dspark_store_deleted_steps_total",
+        "counter",
+        (),
+        "Steps the production store's retention deleted from disk (hours past the age "
+        "bound, then the oldest while over the size bound).",
+        source=("store", "deleted"),
+    ),
+    Metric(
+        "dspark_store_deleted_hours_total",
+        "counter",
+        (),
+        "Hour partitions the production store's retention deleted.",
+        source=("store", "deleted_partitions"),
+    ),
     Metric(
         "dspark_dropped_steps_total",
         "counter",

@@ -34,10 +34,13 @@ class Exporter:
         """The exposition; only the families `names` asks for when given (`name[]=`)."""
         with self._render_lock:
             est = self.pipeline.estimator
+            # a production store publishes its own figures (a run's writer has none)
+            store = getattr(self.pipeline.writer, "snapshot", None)
             return self.collector.collect(
                 self.pipeline.aggregates.snapshot(),
                 self.pipeline.stats.snapshot(),
                 None if est is None else est.snapshot(),
+                None if store is None else store(),
                 names=names,
             )
 

@@ -13,9 +13,15 @@ from ..analysis.reliability import calibration_report, fleet_calibration_report
 from ..store.fleet import open_fleet, parse_group_keys, single_run
 from .console import make_console
 from .fleet_args import add_group_argument
+from .store_args import add_time_range_arguments, run_dirs_of
 
 
 def handle(args: argparse.Namespace) -> int:
+    with run_dirs_of(args.run_dirs, args) as args.run_dirs:
+        return _handle(args)
+
+
+def _handle(args: argparse.Namespace) -> int:
     by = parse_group_keys(args.by)
     if single_run(args.run_dirs, by):
         report = calibration_report(args.run_dirs[0], args.bins)
@@ -64,4 +70,5 @@ def configure(p: argparse.ArgumentParser) -> None:
     add_group_argument(p)
     p.add_argument("--json", action="store_true", help="one JSON object (workloads, overall)")
     p.add_argument("--bins", type=int, default=15, help="equal-width ECE bins (default 15)")
+    add_time_range_arguments(p)
     p.set_defaults(handler=handle)

@@ -14,10 +14,16 @@ from ..store.fleet import open_fleet, parse_group_keys, single_run
 from ..strict_json import clean_json
 from .errors import CliError
 from .fleet_args import add_group_argument
+from .store_args import add_time_range_arguments, run_dirs_of
 from .views import print_block_accept_estimates, print_estimates
 
 
 def handle(args: argparse.Namespace) -> int:
+    with run_dirs_of(args.run_dirs, args) as args.run_dirs:
+        return _handle(args)
+
+
+def _handle(args: argparse.Namespace) -> int:
     if args.sglang_jsonl is not None:
         report = clean_json(block_accept_estimates(args.sglang_jsonl, args.gamma))
         if args.json:
@@ -61,4 +67,5 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="block size of that JSONL (default: implied by its blocks, as ingest does); "
         "lines that contradict it are counted as bad lines",
     )
+    add_time_range_arguments(p)
     p.set_defaults(handler=handle)

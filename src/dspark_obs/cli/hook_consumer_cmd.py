@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from .errors import CliError
+from .runtime_args import add_production_store_arguments, production_store_options
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -22,9 +23,15 @@ def handle(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     if args.idle_exit <= 0:
         raise CliError("--idle-exit must be > 0")
+    try:
+        options = production_store_options(args)
+        store = None if args.store is None else {"root": args.store, **options}
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     run_node_consumer(
-        listen, stop=stop_on_signals(), idle_exit=args.idle_exit, detail=args.detail_metrics
-    )
+        listen, stop=stop_on_signals(), idle_exit=args.idle_exit, detail=args.detail_metrics,
+        store=store,
+    )  # fmt: skip
     return 0
 
 
@@ -47,4 +54,5 @@ def configure(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also publish the families of fine detail (outside the series budget)",
     )
+    add_production_store_arguments(p, None)
     p.set_defaults(handler=handle)

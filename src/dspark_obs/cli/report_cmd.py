@@ -14,9 +14,15 @@ from ..store.fleet import FleetMismatchError, parse_group_keys
 from .console import make_console
 from .errors import CliError
 from .fleet_args import add_group_argument
+from .store_args import add_time_range_arguments, run_dirs_of
 
 
 def handle(args: argparse.Namespace) -> int:
+    with run_dirs_of(args.run_dirs, args) as args.run_dirs:
+        return _handle(args)
+
+
+def _handle(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise CliError("--top must be >= 1")
     if args.out.exists() and not args.out.is_dir():
@@ -70,4 +76,5 @@ def configure(p: argparse.ArgumentParser) -> None:
         "runs of any mode or gamma), instead of one fleet",
     )
     p.add_argument("--quiet", action="store_true", help="no progress spinner")
+    add_time_range_arguments(p)
     p.set_defaults(handler=handle)

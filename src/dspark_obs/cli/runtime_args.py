@@ -195,6 +195,61 @@ def add_store_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+#: What a production store keeps unless told otherwise: on by default, so never unbounded.
+DEFAULT_RETENTION_HOURS = 72.0
+DEFAULT_RETENTION_GB = 10.0
+
+
+def add_production_store_arguments(p: argparse.ArgumentParser, default: str | None) -> None:
+    """`--store DIR` and its retention: the production record (`store/production.py`)."""
+    g = p.add_argument_group("production store")
+    g.add_argument(
+        "--store",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep every step in a production store: one run directory per node, rank and "
+        "hour, within the retention below" + (f" (default: {default})" if default else ""),
+    )
+    g.add_argument(
+        "--retention-hours",
+        type=float,
+        default=DEFAULT_RETENTION_HOURS,
+        metavar="H",
+        help=f"delete hours older than H (default {DEFAULT_RETENTION_HOURS:g})",
+    )
+    g.add_argument(
+        "--retention-gb",
+        type=float,
+        default=DEFAULT_RETENTION_GB,
+        metavar="G",
+        help="then delete the oldest hours while the store holds more than G GiB "
+        f"(default {DEFAULT_RETENTION_GB:g})",
+    )
+    g.add_argument(
+        "--sample-requests",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="keep this share of requests, each whole (every step of a kept request); "
+        "steps keep their step-level figures (default 1: all)",
+    )
+
+
+def production_store_options(args: argparse.Namespace) -> dict:
+    """ProductionStore keyword arguments from `add_production_store_arguments`, checked."""
+    from ..store.production import Retention
+
+    if not 0 < args.sample_requests <= 1:
+        raise ValueError(f"--sample-requests must be in (0, 1], not {args.sample_requests}")
+    if not (args.retention_hours > 0 and args.retention_gb > 0):
+        raise ValueError("--retention-hours and --retention-gb must be > 0")
+    return {
+        "retention": Retention(args.retention_hours, int(args.retention_gb * (1 << 30))),
+        "sample_requests": args.sample_requests,
+    }
+
+
 def store_options(args: argparse.Namespace) -> dict:
     """RunWriter keyword arguments from `add_store_arguments`, checked."""
     if args.flush_steps < 1 or not args.flush_seconds >= 0:

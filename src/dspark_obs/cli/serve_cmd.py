@@ -7,15 +7,18 @@ import sys
 from pathlib import Path
 
 from ..service import PollOptions, ServeFailed, ServeOptions, serve
+from ..service.serving import DEFAULT_SERVE_STORE
 from ..sources.sglang_http import DEFAULT_MAX_BYTES
 from ..sources.sglang_poller import read_api_key
 from ..sources.workloads import workload_rule
 from .main import one_line
 from .runtime_args import (
+    add_production_store_arguments,
     add_runtime_arguments,
     add_store_arguments,
     calibration_from_args,
     config_from_args,
+    production_store_options,
     store_options,
 )
 from .signals import stop_on_signals
@@ -77,6 +80,9 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         window_steps=args.window_steps,
         speed=args.speed,
         out=args.out,
+        store_dir=args.store,
+        no_store=args.no_store,
+        production=production_store_options(args),
         exit_when_done=args.exit_when_done,
         store=store_options(args),
         assume=args.assume,
@@ -192,8 +198,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--out",
         type=Path,
         default=None,
-        help="run directory to store what is served (runtime source: default "
-        "runs/TIME-serve; replay: none)",
+        help="one run directory to store what is served, unbounded (in place of a "
+        "production store)",
+    )
+    p.add_argument(
+        "--no-store",
+        action="store_true",
+        help="store nothing (the runtime source's default is a bounded production store)",
     )
     p.add_argument(
         "--exit-when-done",
@@ -202,5 +213,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     add_exporter_arguments(p)
     add_store_arguments(p)
+    add_production_store_arguments(p, f"{DEFAULT_SERVE_STORE} for the runtime source")
     add_runtime_arguments(p, steps_per_level=200, concurrency="1,8,32,64,128,256")
     p.set_defaults(handler=handle)

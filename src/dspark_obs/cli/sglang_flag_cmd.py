@@ -28,6 +28,11 @@ def handle(args: argparse.Namespace) -> int:
         config["pool_slots"] = args.pool_slots
     if args.detail_metrics:
         config["detail_metrics"] = True
+    if args.store is not None:
+        config["store"] = str(args.store)
+    for key in ("retention_hours", "retention_gb", "sample_requests"):
+        if getattr(args, key) is not None:
+            config[key] = getattr(args, key)
     try:
         settings(config)
     except ValueError as exc:
@@ -75,6 +80,17 @@ def configure(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the node's /metrics also publishes the families of fine detail",
     )
+    g = p.add_argument_group("the node consumer's production store")
+    g.add_argument(
+        "--store", default=None, metavar="DIR",
+        help="keep every step of the node's ranks in a production store at DIR",
+    )  # fmt: skip
+    g.add_argument("--retention-hours", type=float, default=None, metavar="H",
+                   help="delete hours older than H (default 72)")  # fmt: skip
+    g.add_argument("--retention-gb", type=float, default=None, metavar="G",
+                   help="then the oldest hours while over G GiB (default 10)")  # fmt: skip
+    g.add_argument("--sample-requests", type=float, default=None, metavar="F",
+                   help="keep this share of requests, each whole (default 1)")  # fmt: skip
     p.add_argument(
         "--json", action="store_true", help="print the JSON list alone, not shell-quoted"
     )

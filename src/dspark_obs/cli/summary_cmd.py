@@ -8,9 +8,12 @@ from pathlib import Path
 from ..analysis.summary import summarize_fleet, summarize_run_dir
 from ..store import Run, open_run
 from ..store.fleet import expand_run_dirs, open_fleet, parse_group_keys, single_run
+from ..store.production import is_store
 from ..store.sql_script import duckdb_summary_script
 from ..whatif.trim_cost import trim_cost_or_none
+from .errors import CliError
 from .fleet_args import add_group_argument
+from .store_args import add_time_range_arguments, run_dirs_of
 from .views import print_summary
 
 
@@ -21,6 +24,13 @@ def with_trim_cost(summary: dict, run: Run) -> dict:
 
 
 def handle(args: argparse.Namespace) -> int:
+    if args.sql and any(map(is_store, args.run_dirs)):
+        raise CliError("--sql reads run directories' Parquet parts, not a store's range")
+    with run_dirs_of(args.run_dirs, args) as args.run_dirs:
+        return _handle(args)
+
+
+def _handle(args: argparse.Namespace) -> int:
     by = parse_group_keys(args.by)
     if args.sql:
         print(duckdb_summary_script(expand_run_dirs(args.run_dirs)), end="")
@@ -49,4 +59,5 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="print the per-workload summary as a DuckDB script over the runs' Parquet "
         "parts instead of computing it",
     )
+    add_time_range_arguments(p)
     p.set_defaults(handler=handle)

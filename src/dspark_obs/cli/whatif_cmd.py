@@ -10,10 +10,17 @@ from ..store import open_run
 from ..strict_json import clean_json
 from ..whatif.predict import DEFAULT_POLICIES, whatif
 from .console import make_console
+from .store_args import add_time_range_arguments, one_run, run_dirs_of
 from .whatif_views import render_whatif
 
 
 def handle(args: argparse.Namespace) -> int:
+    with run_dirs_of([args.run_dir], args) as run_dirs:
+        args.run_dir = one_run(run_dirs)
+        return _handle(args)
+
+
+def _handle(args: argparse.Namespace) -> int:
     report = whatif(open_run(args.run_dir), args.policy, use_shadow=not args.no_shadow)
     if args.json:
         print(strict_json.dumps(clean_json(report), indent=2))
@@ -42,4 +49,5 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--workloads", action="store_true", help="a row per workload too")
     p.add_argument("--json", action="store_true", help="one JSON object with a 'cells' list")
+    add_time_range_arguments(p)
     p.set_defaults(handler=handle)

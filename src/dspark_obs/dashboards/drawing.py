@@ -23,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ..durations import parse_duration
 from ..plotting import img_tag
 from .panel_plots import overview_png, panel_palette, panel_png
 from .provisioning import shipped_dashboard
@@ -33,12 +34,11 @@ from .querying import (
     Prometheus,
     RenderError,
     fetch,
-    parse_duration,
     substitutions,
 )
 
-# QUERY_VARIABLES, RenderError and parse_duration live in `querying`; `dspark-obs dashboards`
-# imports them from here, beside `render`.
+# QUERY_VARIABLES and RenderError live in `querying`, parse_duration in `durations`;
+# `dspark-obs dashboards` imports them from here, beside `render`.
 __all__ = [
     "QUERY_VARIABLES",
     "RenderError",

@@ -26,25 +26,10 @@ DEFAULT_VARIABLES: dict[str, str] = {name: ".*" for name in QUERY_VARIABLES}
 RATE_INTERVAL = "1m"
 
 _VAR = re.compile(r"\$\{(\w+)\}|\$(\w+)")
-_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 class RenderError(Exception):
     """Prometheus could not be reached or refused a query; the message is one line."""
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in a Prometheus duration such as `15s`, `15m`, `1h30m`."""
-    pos, total = 0, 0.0
-    for m in _DURATION.finditer(text):
-        if m.start() != pos:
-            break
-        total += int(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-        pos = m.end()
-    if not text or pos != len(text) or total <= 0:
-        raise ValueError(f"not a duration: {text!r} (e.g. 15s, 15m, 1h)")
-    return total
 
 
 def substitutions(

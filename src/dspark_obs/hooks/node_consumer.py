@@ -202,11 +202,12 @@ def first_ring(port: int, stop: threading.Event, wait: float) -> sr.SharedRing |
 
 def run_node_consumer(
     listen: tuple[str, int], *, stop: threading.Event, idle_exit: float = 60.0,
-    web_config=None, detail: bool = False,
+    web_config=None, detail: bool = False, store: dict | None = None,
 ) -> bool:  # fmt: skip
     """The consumer process of the node's port: take its lock (False at once where another
     consumer holds it), wait for a ring, build the pipeline and `/metrics` for that ring's
-    gamma, engine and model, and feed every ring of the port until none is left."""
+    gamma, engine and model, and feed every ring of the port until none is left. `store`:
+    keep every step in a production store (`root` and ProductionStore's options)."""
     from ..exporters.endpoint import Exporter
     from ..pipeline import build_pipeline
 
@@ -223,6 +224,15 @@ def run_node_consumer(
             log.info("hook consumer: no ring for port %d came within %.0f s", port, idle_exit)
             return True
         pipeline = build_pipeline(ring.gamma)
+        if store is not None:
+            from ..store.production import ProductionStore
+
+            options = dict(store)
+            manifest = {
+                "format": 1, "source": sr.source_name(ring.engine), "gamma": ring.gamma,
+                "engine": ring.engine, "model_name": ring.model_name or "unknown",
+            }  # fmt: skip
+            pipeline.writer = ProductionStore(options.pop("root"), manifest, **options)
         node = NodeConsumer(pipeline, port=port)
         node.add(ring, ring.name)
         identity = (ring.engine, ring.model_name or "unknown")
@@ -239,4 +249,5 @@ def run_node_consumer(
             exporter.stop()
         if node is not None:
             node.close()
+            node.pipeline.close()  # the store's hours are closed, and complete
         os.close(lock)

@@ -36,7 +36,13 @@ DEFAULT_LISTEN = "127.0.0.1:9464"
 #: the keys of a spec's `config`, with their defaults (None: SGLang's own value)
 SETTINGS = {
     "listen": DEFAULT_LISTEN, "model_name": None, "ring_slots": 16, "pool_slots": None,
-    "detail_metrics": False,
+    "detail_metrics": False, "store": None, "retention_hours": None, "retention_gb": None,
+    "sample_requests": None,
+}  # fmt: skip
+#: the settings that become the node consumer's options (`dspark-obs hook-consumer`)
+CONSUMER_OPTIONS = {
+    "store": "--store", "retention_hours": "--retention-hours",
+    "retention_gb": "--retention-gb", "sample_requests": "--sample-requests",
 }  # fmt: skip
 #: where SGLang 0.5.23 defines the classes the hook looks for
 OBSERVERS = "sglang.srt.speculative.dspark_components.dspark_observability"
@@ -78,6 +84,15 @@ def settings(config: dict | None) -> dict:
         raise ValueError(f"model_name must be text, not {out['model_name']!r}")
     if not isinstance(out["detail_metrics"], bool):
         raise ValueError(f"detail_metrics must be true or false, not {out['detail_metrics']!r}")
+    if out["store"] is not None and not isinstance(out["store"], str):
+        raise ValueError(f"store must be a directory's path, not {out['store']!r}")
+    for key in ("retention_hours", "retention_gb", "sample_requests"):
+        value = out[key]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                  or not value > 0):  # fmt: skip
+            raise ValueError(f"{key} must be a positive number, not {value!r}")
+    if out["sample_requests"] is not None and out["sample_requests"] > 1:
+        raise ValueError(f"sample_requests must be at most 1, not {out['sample_requests']!r}")
     return out
 
 
@@ -135,6 +150,15 @@ def _install(options: dict) -> None:
     cls.__init__ = __init__
 
 
+def consumer_args(options: dict) -> tuple[str, ...]:
+    """The node consumer's command-line options these settings ask for."""
+    out = ["--detail-metrics"] if options["detail_metrics"] else []
+    for key, flag in CONSUMER_OPTIONS.items():
+        if options[key] is not None:
+            out += [flag, str(options[key])]
+    return tuple(out)
+
+
 def _instances(*classes: type) -> list:
     """The live objects of exactly these classes. An instance refers to its class (what
     the collector follows), so this is one pass over the collector's objects, done once."""
@@ -173,7 +197,7 @@ def _attach(observers, rank: int, options: dict) -> None:
         model_name=model,
         listen=options["listen"],
         ring_slots=options["ring_slots"],
-        detail_metrics=options["detail_metrics"],
+        consumer_args=consumer_args(options),
     )
     log.info(
         "dspark-obs: hook on DP rank %d (%s, gamma %d); /metrics of this node on %s",

@@ -268,7 +268,7 @@ def attach_observers(
     ring_slots: int = 16,
     pipeline=None,
     triton: bool | None = None,
-    detail_metrics: bool = False,
+    consumer_args: tuple[str, ...] = (),
 ) -> SGLangHook:
     """Wrap `observers.observe_verify_step` (SGLang's `DsparkStepObservers`, whose interface
     the caller checked) so that each step also goes to the hook.
@@ -276,8 +276,8 @@ def attach_observers(
     `consumer="process"`: the ring joins the node's consumer process serving `/metrics` on
     `listen` (every rank of a node on one port, under `rank` labels), started here if none
     runs. `"inline"`: the consumer lives in this process, fed by `hook.drain()` (tests,
-    notebooks), on `pipeline` or a new one. `detail_metrics`: the consumer publishes the
-    families of fine detail too.
+    notebooks), on `pipeline` or a new one. `consumer_args`: the node consumer's options,
+    for the hook that starts it (`sglang_plugin.consumer_args`).
     """
     if consumer not in ("process", "inline"):
         raise ValueError(f"consumer must be 'process' or 'inline', not {consumer!r}")
@@ -293,7 +293,7 @@ def attach_observers(
     )  # fmt: skip
     hook = SGLangHook(
         layout, ring, pool_slots, triton=triton, listen=None if port is None else listen,
-        consumer_args=("--detail-metrics",) if detail_metrics else (),
+        consumer_args=consumer_args,
     )  # fmt: skip
     if consumer == "inline":
         from ..pipeline import build_pipeline

@@ -10,7 +10,6 @@ and closed, so an interrupted service leaves a readable run.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ from ..sources.sglang_poller import SGLangPoller
 from ..sources.stats import IngestStats
 from ..store import RunWriter, check_new_run_dir
 from ..store.manifest import identity
+from ..store.production import ProductionStore, check_store_dir
 from ..telemetry.server_info import WorkloadOf
 
 
@@ -58,13 +58,24 @@ class ServeOptions:
     detail_metrics: bool = False
     window_steps: int = 1024
     speed: float = 1.0
+    #: one run directory, unbounded (in place of a production store)
     out: Path | None = None
+    #: a production store (`store/production.py`); the runtime source's default is
+    #: DEFAULT_SERVE_STORE unless `no_store`
+    store_dir: Path | None = None
+    no_store: bool = False
+    #: ProductionStore keyword arguments: retention, sample_requests
+    production: dict = field(default_factory=dict)
     exit_when_done: bool = False
     store: dict = field(default_factory=dict)
     assume: str | None = None
     poll: PollOptions = field(default_factory=PollOptions)
     #: the reference runtime's configuration and calibration, made only for `runtime`
     runtime: Callable[[], tuple[RuntimeConfig, StsCalibration | None]] | None = None
+
+
+#: Where `serve` on the runtime source keeps what it serves, within retention, by default.
+DEFAULT_SERVE_STORE = Path("runs") / "serve-store"
 
 
 class ServeFailed(RuntimeError):
@@ -104,9 +115,8 @@ def _open_sources(
         config, sts = options.runtime()
         if sts is not None:
             config.sts_temperatures = list(sts.temperatures)
-        out = options.out or Path("runs") / time.strftime("%Y%m%d-%H%M%S-serve", time.gmtime())
         manifest = runtime_manifest(config, sts) | {"source": "serve:runtime"}
-        return [RuntimeSource(config, speed=options.speed)], out, manifest
+        return [RuntimeSource(config, speed=options.speed)], options.out, manifest
     if kind == "run":
         source = ReplaySource(arg, speed=options.speed)
         engine, model = identity(source.run.manifest)
@@ -136,6 +146,20 @@ def _open_sources(
         "gamma": poll.gamma,
     }  # fmt: skip
     return pollers, options.out, manifest
+
+
+def _store_dir(options: ServeOptions, kind: str) -> Path | None:
+    """The production store this service keeps, if any: `--store`, or the runtime source's
+    bounded default where neither `--out` nor `--no-store` says otherwise."""
+    if options.store_dir is not None:
+        if options.out is not None or options.no_store:
+            raise ValueError("--store, --out and --no-store are three answers to one question")
+        return options.store_dir
+    if options.no_store and options.out is not None:
+        raise ValueError("--out and --no-store contradict each other")
+    if kind == "runtime" and options.out is None and not options.no_store:
+        return DEFAULT_SERVE_STORE
+    return None
 
 
 def _closing_manifest(sources: list) -> dict | None:
@@ -176,12 +200,15 @@ def serve(
     host, port = parse_listen(options.listen)
     stats = IngestStats()
     sources, out, manifest = _open_sources(options, parsed, stats)
+    store_dir = _store_dir(options, parsed[0][0])
     if options.model_name:
         manifest["model_name"] = options.model_name
     engine, model = identity(manifest)
     manifest |= {"engine": engine, "model_name": model}
     if out is not None:
         check_new_run_dir(out)
+    if store_dir is not None:
+        check_store_dir(store_dir)
     pipeline = build_pipeline(
         sources[0].gamma,
         stats=stats,
@@ -200,12 +227,18 @@ def serve(
         url = exporter.start()
     except OSError as exc:
         raise OSError(f"cannot listen on {options.listen}: {exc.strerror or exc}") from None
-    if out is not None:
+    if out is not None or store_dir is not None:
         # created only once serving works: a refused port or web config must not leave an
         # incomplete run in --out that then blocks the corrected command
+        manifest = {k: v for k, v in manifest.items() if k != "complete"}
         try:
-            manifest = {k: v for k, v in manifest.items() if k != "complete"}
-            pipeline.writer = RunWriter(out, manifest, **options.store)
+            if out is not None:
+                pipeline.writer = RunWriter(out, manifest, **options.store)
+            else:
+                pipeline.writer = ProductionStore(
+                    store_dir, manifest, flush_steps=options.store.get("flush_steps", 2000),
+                    **options.production,
+                )  # fmt: skip
         except BaseException:
             exporter.stop()
             raise
@@ -238,4 +271,4 @@ def serve(
     errors: dict[str, int] = {}
     for (_, reason), n in snap.errors.items():
         errors[reason] = errors.get(reason, 0) + n
-    return ServeResult(sum(snap.records.values()), errors, dict(snap.dropped), out)
+    return ServeResult(sum(snap.records.values()), errors, dict(snap.dropped), out or store_dir)

@@ -56,7 +56,11 @@ DERIVED_REQUEST_COLUMNS = ("window", "ceiling")
 #: costs grows with it, and the cost fit reads it from the steps alone; it is dropped on
 #: read, and runs written before it existed lack it (`OPTIONAL_STEP_COLUMNS`).
 CONTEXT_TOKENS = "context_tokens"
-OPTIONAL_STEP_COLUMNS = (CONTEXT_TOKENS,)
+#: Derived step column: when the step was stored (Unix seconds), what a production store's
+#: time ranges select steps by (`store/time_range.py`); null where the writer was given no
+#: time, dropped on read, and absent from runs written before it existed.
+STEP_TIME = "time"
+OPTIONAL_STEP_COLUMNS = (CONTEXT_TOKENS, STEP_TIME)
 
 
 def _step_scalars() -> list[str]:
@@ -82,6 +86,7 @@ def steps_schema() -> pl.Schema:
     for name in _step_scalars():
         cols[name] = _scalar_dtype(name)
     cols[CONTEXT_TOKENS] = pl.Int64()
+    cols[STEP_TIME] = pl.Float64()
     return pl.Schema(cols)
 
 
@@ -128,15 +133,19 @@ def common_gamma(batches: Sequence[StepBatch]) -> int:
     return gammas.pop()
 
 
-def steps_frame(batches: Sequence[StepBatch]) -> pl.DataFrame:
-    """One row per batch; optional scalars that are `None` become nulls."""
+def steps_frame(
+    batches: Sequence[StepBatch], times: Sequence[float | None] | None = None
+) -> pl.DataFrame:
+    """One row per batch; optional scalars that are `None` become nulls, and so do the
+    steps' `times` where not given."""
     schema = steps_schema()
     data = {
         name: [getattr(b, name) for b in batches]
         for name in schema.names()
-        if name != CONTEXT_TOKENS
+        if name not in OPTIONAL_STEP_COLUMNS
     }
     data[CONTEXT_TOKENS] = [int(b.prefix_len.sum()) if b.has_reqs else None for b in batches]
+    data[STEP_TIME] = list(times) if times is not None else [None] * len(batches)
     return pl.DataFrame(data, schema=schema)
 
 
@@ -215,10 +224,13 @@ def requests_frame(batches: Sequence[StepBatch], gamma: int | None = None) -> pl
 
 
 def batches_to_frames(
-    batches: Sequence[StepBatch], gamma: int | None = None
+    batches: Sequence[StepBatch],
+    gamma: int | None = None,
+    times: Sequence[float | None] | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """`(steps, requests)` for `batches`; `gamma` fixes the matrix width when known."""
-    return steps_frame(batches), requests_frame(batches, gamma)
+    """`(steps, requests)` for `batches`; `gamma` fixes the matrix width when known,
+    `times` (one a batch) is when each step was stored."""
+    return steps_frame(batches, times), requests_frame(batches, gamma)
 
 
 def _require(df: pl.DataFrame, names: Sequence[str], what: str) -> None:

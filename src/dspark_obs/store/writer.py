@@ -84,8 +84,8 @@ def _write_atomic(final: Path, write) -> None:
     _fsync_dir(final.parent)
 
 
-def publish_part(final: Path, df: pl.DataFrame) -> None:
-    """Publish `df` as the part `final` (`RUN_DIR/<table>/part-NNNNNN.parquet`).
+def publish_part(final: Path, df: pl.DataFrame) -> int:
+    """Publish `df` as the part `final` (`RUN_DIR/<table>/part-NNNNNN.parquet`); its bytes.
 
     The record goes first, so that a published part always has one. A retried flush
     rewrites both with the same bytes (the same rows encode the same), so a reader
@@ -101,6 +101,7 @@ def publish_part(final: Path, df: pl.DataFrame) -> None:
     data = buf.getbuffer()
     _write_atomic(record, lambda f: f.write(checksum_record(data)))
     _write_atomic(final, lambda f: f.write(data))
+    return len(data)
 
 
 class RunWriter:
@@ -162,7 +163,9 @@ class RunWriter:
             self._recover()
 
         self._batches: list[StepBatch] = []
+        self._times: list[float | None] = []
         self._batch_keys: set[tuple[int, int]] = set()
+        self.bytes_written = 0
         self._rows: dict[str, list[pl.DataFrame]] = {}
         self._oldest: float | None = None
         self._closed = False
@@ -274,8 +277,9 @@ class RunWriter:
 
     # -- input ---------------------------------------------------------------------
 
-    def append(self, batch: StepBatch) -> None:
-        """Buffer one step; refuses (buffer untouched) a batch whose columns disagree."""
+    def append(self, batch: StepBatch, at: float | None = None) -> None:
+        """Buffer one step (stored at Unix time `at`, where known: the steps table's `time`);
+        refuses (buffer untouched) a batch whose columns disagree."""
         self._check_open()
         if not isinstance(batch, StepBatch):
             raise TypeError(f"expected StepBatch, got {type(batch).__name__}")
@@ -302,6 +306,7 @@ class RunWriter:
             # (a re-sent record) goes to the next part instead of being refused.
             self.flush()
         self._batches.append(batch)
+        self._times.append(at)
         self._batch_keys.add(key)
         if self._oldest is None:
             self._oldest = time.monotonic()
@@ -335,14 +340,15 @@ class RunWriter:
 
     def _convert(self) -> tuple[pl.DataFrame, pl.DataFrame, list[StepBatch]]:
         try:
-            steps, reqs = batches_to_frames(self._batches, self._gamma)
+            steps, reqs = batches_to_frames(self._batches, self._gamma, self._times)
             return steps, reqs, self._batches
         # not swallowed: the slow path below converts batch by batch to find, count and log
         # the culprits; converting the rest raises if anything still fails
         except Exception:  # nosec B110
             pass
         good: list[StepBatch] = []
-        for b in self._batches:  # slow path, only after a failure: find the culprits
+        times: list[float | None] = []
+        for b, at in zip(self._batches, self._times, strict=True):  # slow path: the culprits
             try:
                 batches_to_frames([b], self._gamma)
             except Exception as exc:
@@ -359,12 +365,14 @@ class RunWriter:
                     )
             else:
                 good.append(b)
+                times.append(at)
         self._batches = good  # a retried flush must not count the culprits twice
-        steps, reqs = batches_to_frames(good, self._gamma)
+        self._times = times
+        steps, reqs = batches_to_frames(good, self._gamma, times)
         return steps, reqs, good
 
     def _write_part(self, table: str, number: int, df: pl.DataFrame) -> None:
-        publish_part(self._path / table / part_name(number), df)
+        self.bytes_written += publish_part(self._path / table / part_name(number), df)
 
     def flush(self) -> None:
         """Publish everything buffered as one part per table.
@@ -396,6 +404,7 @@ class RunWriter:
             self._parts += 1
             self._next_part += 1
         self._batches = []
+        self._times = []
         self._batch_keys = set()
         self._rows = {}
         self._oldest = None

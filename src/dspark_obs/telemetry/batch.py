@@ -212,6 +212,19 @@ class StepBatch:
         """Rows actually present (0 when the source had no `reqs`)."""
         return len(self.prefix_len)
 
+    def take_rows(self, index: np.ndarray) -> StepBatch:
+        """The same step with only the request rows `index` (a sample of its requests): the
+        step's own fields, `bs` among them, say what ran, the rows what is kept."""
+        values = {k: v for k, v in self.__dict__.items()}
+        for name in REQUEST_COLUMNS:
+            values[name] = getattr(self, name)[index]
+        for name in MATRIX_COLUMNS:
+            mat = getattr(self, name)
+            values[name] = None if mat is None else mat[index]
+        if self.workload_codes is not None:
+            values["workload_codes"] = self.workload_codes[index]
+        return StepBatch.from_columns(values)
+
     # -- our vocabulary (VOCABULARY): the one derivation from SGLang's fields --------
 
     @property
