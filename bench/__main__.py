@@ -31,6 +31,7 @@ from . import (
     serve_throughput,
     sglang_load,
     sglang_paths,
+    store_write,
     torch_verify,
     whatif_large,
 )
@@ -53,6 +54,7 @@ BENCHMARKS = {
     "answer_memory": answer_memory,
     "whatif_large": whatif_large,
     "real_cost": real_cost,
+    "store_write": store_write,
 }
 
 

@@ -75,20 +75,48 @@ class Samples:
     scraped: list[tuple[float, float, float, float]] = field(default_factory=list)
     # (t, steps, request-steps, pending blocks)
     manifest: dict = field(default_factory=dict)
+    # (request-steps served, dspark_store_bytes, bytes under the store): a store's only
+    disk: list[tuple[float, float, int]] = field(default_factory=list)
 
 
-def runtime_serve(tmp_path: Path, *args: str) -> Child:
-    """`serve` on the embedded runtime as fast as it goes, without STS, stored to `tmp_path/run`.
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _store_manifest(root: Path, deleted: float) -> dict:
+    """A production store's hours summed as one manifest, with the steps retention deleted
+    (as last scraped: the store counts them, and a stop deletes nothing)."""
+    out = {"steps": 0, "request_steps": 0, "requests_finished": 0, "complete": True}
+    for manifest in root.glob("node=*/rank=*/hour=*/run.json"):
+        m = json.loads(manifest.read_text())
+        for key in ("steps", "request_steps", "requests_finished"):
+            out[key] += m.get(key) or 0
+        out["complete"] &= m.get("complete") is True
+    out["deleted_steps"] = deleted
+    # a flush's part of every table it wrote (steps, requests, ceilings), the largest
+    parts: dict[tuple[Path, str], int] = {}
+    for f in root.glob("node=*/rank=*/hour=*/*/part-*.parquet"):
+        key = (f.parent.parent, f.name)
+        parts[key] = parts.get(key, 0) + f.stat().st_size
+    out["largest_part"] = max(parts.values())
+    return out
+
+
+def runtime_serve(tmp_path: Path, *args: str, store_gb: float | None = None) -> Child:
+    """`serve` on the embedded runtime as fast as it goes, without STS, stored to `tmp_path/run`:
+    one run directory, or (`store_gb`) a production store bounded to that size.
 
     The checks read the stored run back from there, and the child's cwd is
     kept apart so nothing it writes by default lands in the checkout.
     """
+    where = ["--out", str(tmp_path / "run")]
+    if store_gb is not None:
+        where = ["--store", str(tmp_path / "run"), "--retention-gb", str(store_gb)]
     return Child(
         *serve_args("runtime", speed=0),
         "--sts",
         "none",
-        "--out",
-        str(tmp_path / "run"),
+        *where,
         *args,
         workdir=tmp_path / "cwd",
     )
@@ -103,8 +131,13 @@ def soak(
     timeout: float,
     every: float,
     extra: tuple[str, ...] = (),
+    store_gb: float | None = None,
 ) -> Samples:
-    """Run serve until it has served `request_steps` (or `timeout` s), sampling, then SIGTERM."""
+    """Run serve until it has served `request_steps` (or `timeout` s), sampling, then SIGTERM.
+
+    With `store_gb`, into a production store of that bound: its bytes on disk are sampled
+    too, and the manifest read back is the store's sums (steps kept, steps retention
+    deleted)."""
     out = tmp_path / "run"
     samples = Samples()
     child = runtime_serve(
@@ -116,6 +149,7 @@ def soak(
         "--max-new-tokens",
         str(MAX_NEW_TOKENS),
         *extra,
+        store_gb=store_gb,
     )
     with child:
         url = child.url()
@@ -135,10 +169,16 @@ def soak(
                     sample_sum(text, "dspark_estimator_pending_blocks"),
                 )
             )
+            if store_gb is not None:
+                samples.disk.append((rows, sample_sum(text, "dspark_store_bytes"), _du(out)))
+                deleted = sample_sum(text, "dspark_store_deleted_steps_total")
         assert child.stop(signal.SIGTERM) == 0, child.describe()
-    samples.manifest = json.loads((out / "run.json").read_text())
+    if store_gb is None:
+        samples.manifest = json.loads((out / "run.json").read_text())
+    else:
+        samples.manifest = _store_manifest(out, deleted)
     assert samples.manifest["complete"] is True
-    samples.manifest["store_mb"] = sum(p.stat().st_size for p in out.rglob("*")) / 2**20
+    samples.manifest["store_mb"] = _du(out) / 2**20
     shutil.rmtree(out)  # gigabytes after the long profile
     return samples
 
@@ -282,6 +322,65 @@ def test_idle_requests_are_freed_after_the_timeout():
         f"\nidle eviction: {level} -> 1 requests, idle_steps={idle}: walks of stopped "
         f"requests {int(waiting[:, 2].min())}..{int(waiting[:, 2].max())} before the timeout, "
         f"{int(drained[:, 2].max())} after"
+    )
+
+
+def check_store_bounds(samples: Samples, bound_gb: float, served_steps: float) -> float:
+    """The store stays under its bound (one open segment a rank beside it, an eighth of the
+    bound, and a flush's part being written), says what it holds, and lost no step that
+    retention did not delete. Returns the most bytes it held."""
+    bound = bound_gb * (1 << 30)
+    most = max(d[2] for d in samples.disk)
+    # beside the bound: the segment being written, which closes at an eighth of the bound
+    # once a part is published, so it may hold an eighth and one part more
+    part = samples.manifest["largest_part"]
+    assert most <= bound + bound / 8 + part, (most, bound, part)
+    # what it publishes is what the disk holds, but for a part published, or an hour
+    # deleted, between the scrape and the count that follows it
+    for _, said, on_disk in samples.disk:
+        assert abs(said - on_disk) <= 2 * part + (1 << 20), (said, on_disk)
+    m = samples.manifest
+    assert m["deleted_steps"] > 0, "retention never ran: raise request_steps"
+    assert m["steps"] + m["deleted_steps"] >= served_steps, (m, served_steps)
+    return most
+
+
+def test_a_store_stays_within_its_bound_and_loses_nothing_uncounted(tmp_path):
+    """The production store under the quick soak's traffic with a 48 MiB bound: disk within
+    it, memory flat, every step stored or counted as deleted by retention."""
+    bound_gb = 48 / 1024
+    samples = soak(
+        tmp_path,
+        concurrency="256",
+        steps_per_level=10**6,
+        request_steps=int(os.environ.get("DSPARK_SOAK_STORE_REQUEST_STEPS", "600000")),
+        timeout=1800,
+        every=1.0,
+        store_gb=bound_gb,
+    )
+    most = check_store_bounds(samples, bound_gb, samples.scraped[-1][1])
+    peak, slope = check_plateau(samples, max_mb_per_million=150.0)
+    print(
+        f"\nstore soak (quick): {samples.scraped[-1][2]:,.0f} request-steps, store at most "
+        f"{most / 2**20:.1f} MiB of a {bound_gb * 1024:.0f} MiB bound, "
+        f"{samples.manifest['deleted_steps']:,.0f} steps deleted by retention; RSS last-third "
+        f"max {peak:.0f} MB, slope {slope:+.1f} MB per million request-steps"
+    )
+
+
+@pytest.mark.soak
+def test_a_store_soak_of_ten_million_request_steps(tmp_path):
+    bound_gb = 0.25
+    samples = soak(tmp_path, concurrency="256", steps_per_level=10**6,
+                   request_steps=10_000_000, timeout=3 * 3600, every=2.0,
+                   store_gb=bound_gb)  # fmt: skip
+    most = check_store_bounds(samples, bound_gb, samples.scraped[-1][1])
+    peak, slope = check_plateau(samples, max_mb_per_million=2.0)
+    print(
+        f"\nstore soak (long): {samples.scraped[-1][2]:,.0f} request-steps, store at most "
+        f"{most / 2**20:.1f} MiB of a {bound_gb * 1024:.0f} MiB bound, "
+        f"{samples.manifest['deleted_steps']:,.0f} steps deleted by retention; RSS last-third "
+        f"max {peak:.0f} MB, slope {slope:+.2f} MB per million request-steps"
     )
 
 

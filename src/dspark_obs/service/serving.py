@@ -235,10 +235,7 @@ def serve(
             if out is not None:
                 pipeline.writer = RunWriter(out, manifest, **options.store)
             else:
-                pipeline.writer = ProductionStore(
-                    store_dir, manifest, flush_steps=options.store.get("flush_steps", 2000),
-                    **options.production,
-                )  # fmt: skip
+                pipeline.writer = ProductionStore(store_dir, manifest, **options.production)
         except BaseException:
             exporter.stop()
             raise

@@ -10,7 +10,10 @@ directories, one per node, rank and UTC hour:
 so a time range of one node, one rank or the whole fleet is a set of directories
 (`store/time_range.py` reads it as runs). Each step is stored in the hour it is stored in,
 with that time in the steps table (`time`), so a range that cuts an hour selects its steps
-exactly. An hour's writer is closed when its rank's first step of the next hour comes.
+exactly. An hour's writer is closed when its rank's first step of the next hour comes, or
+once it holds an eighth of the size bound: the hour goes on in a segment of its own
+(`hour=...T07.1`), so that retention by size can act within an hour too. A service that
+restarts within an hour starts a new segment of it.
 
 Retention is always on: hours older than `max_age_hours` are deleted, then the oldest
 closed hours until the store is within `max_bytes` (the hours being written are never
@@ -53,12 +56,16 @@ STORE_MARKER = "store.json"
 STORE_FORMAT = "dspark-obs-store"
 #: Seconds in a partition: an hour.
 PARTITION_SECONDS = 3600
-#: A store's flush interval: fewer, larger parts than a run's (a crash loses at most this).
+#: A store's flush interval: a part every this many steps or seconds (a crash loses at most
+#: that), small enough that a segment of an hour can close at a fraction of the size bound.
+STORE_FLUSH_STEPS = 256
 STORE_FLUSH_SECONDS = 30.0
 #: How often retention looks at the disk, in seconds of stored time.
 RETENTION_EVERY = 60.0
 _NODE_SAFE = re.compile(r"[^A-Za-z0-9._-]")
-_HOUR_RE = re.compile(r"^hour=(\d{8}T\d{2})$")
+_HOUR_RE = re.compile(r"^hour=(\d{8}T\d{2})(?:\.(\d{1,6}))?$")
+#: An hour is split into segments once one holds this share of the size bound.
+SEGMENTS_PER_BOUND = 8
 
 
 def node_dir(node: str) -> str:
@@ -67,20 +74,29 @@ def node_dir(node: str) -> str:
     return f"node={safe}"
 
 
-def hour_name(hour: int) -> str:
-    """`hour=YYYYMMDDTHH` of the partition that starts at `hour * 3600` (UTC)."""
-    return "hour=" + time.strftime("%Y%m%dT%H", time.gmtime(hour * PARTITION_SECONDS))
+def hour_name(hour: int, segment: int = 0) -> str:
+    """`hour=YYYYMMDDTHH` of the partition that starts at `hour * 3600` (UTC), `.N` for its
+    segment N after the first."""
+    name = "hour=" + time.strftime("%Y%m%dT%H", time.gmtime(hour * PARTITION_SECONDS))
+    return f"{name}.{segment}" if segment else name
 
 
 def hour_of(name: str) -> int | None:
     """The partition index of a directory named `hour=...`, or None."""
+    key = segment_of(name)
+    return None if key is None else key[0]
+
+
+def segment_of(name: str) -> tuple[int, int] | None:
+    """(hour, segment) of a directory named `hour=...[.N]`, or None: the store's order."""
     m = _HOUR_RE.match(name)
     if m is None:
         return None
     try:
-        return calendar.timegm(time.strptime(m.group(1), "%Y%m%dT%H")) // PARTITION_SECONDS
+        hour = calendar.timegm(time.strptime(m.group(1), "%Y%m%dT%H")) // PARTITION_SECONDS
     except (ValueError, OverflowError):
         return None
+    return hour, int(m.group(2) or 0)
 
 
 def is_store(path: Path) -> bool:
@@ -147,7 +163,7 @@ class ProductionStore:
     node: str = field(default_factory=lambda: os.uname().nodename)
     retention: Retention = field(default_factory=Retention)
     sample_requests: float = 1.0
-    flush_steps: int = 2000
+    flush_steps: int = STORE_FLUSH_STEPS
     flush_seconds: float = STORE_FLUSH_SECONDS
     clock: Callable[[], float] = time.time
 
@@ -158,12 +174,14 @@ class ProductionStore:
         _open_root(self.root)
         self._node = self.root / node_dir(self.node)
         self._writers: dict[int, tuple[int, RunWriter]] = {}  # rank -> (hour, writer)
+        self._segments: dict[tuple[int, int], int] = {}  # (rank, hour) -> last segment made
         self._modes: dict[int, str] = {}  # rank -> its steps' verify mode
         self._closed_parts: dict[Path, _Partition] = {}
         self._deleted_steps = 0
         self._deleted_hours = 0
         self._next_retention = -math.inf
         self._bytes_closed = 0
+        self._now = self.clock()  # the last step's time
         self._lock = threading.Lock()  # the exporter's scrapes read what the writer changes
         self._scan_existing()
 
@@ -171,12 +189,13 @@ class ProductionStore:
 
     def append(self, batch: StepBatch, at: float | None = None) -> None:
         at = self.clock() if at is None else at
+        self._now = at
         self._modes.setdefault(int(batch.rank), batch.mode)
         writer = self._writer(int(batch.rank), int(at // PARTITION_SECONDS))
         if self.sample_requests < 1.0 and batch.num_reqs:
             batch = self._sampled(batch)
         writer.append(batch, at=at)
-        if at >= self._next_retention:
+        if at >= self._next_retention:  # by age: at least a minute apart
             self._next_retention = at + RETENTION_EVERY
             self.apply_retention(now=at)
 
@@ -184,7 +203,7 @@ class ProductionStore:
         """Rows of an extra table (the estimator's `ceilings`), to their rank's open hour."""
         if df.height == 0:
             return
-        now = self.clock()
+        now = self._now = self.clock()
         for (rank,), part in df.partition_by("rank", as_dict=True).items():
             if self.sample_requests < 1.0 and "rid" in part.columns:
                 keep = _kept(part["rid"].to_numpy(), self.sample_requests)
@@ -203,22 +222,35 @@ class ProductionStore:
 
     def _writer(self, rank: int, hour: int) -> RunWriter:
         open_ = self._writers.get(rank)
-        if open_ is not None and open_[0] == hour:
+        if open_ is not None and open_[0] == hour and open_[1].bytes_written < self._roll:
             return open_[1]
         with self._lock:
             return self._open(rank, hour, open_ is not None)
 
+    @property
+    def _roll(self) -> float:
+        bound = self.retention.max_bytes
+        return math.inf if bound is None else bound / SEGMENTS_PER_BOUND
+
     def _open(self, rank: int, hour: int, rolling: bool) -> RunWriter:
         if rolling:
             self._close(rank)
-        path = self._node / f"rank={rank}" / hour_name(hour)
-        resume = (path / MANIFEST).exists()  # a restarted service goes on with its hour
+        rank_dir = self._node / f"rank={rank}"
+        segment = self._segments.get((rank, hour))
+        if segment is None:  # the first this service makes: after any an earlier one made
+            made = [k[1] for p in _subdirs(rank_dir, "hour=")
+                    if (k := segment_of(p.name)) is not None and k[0] == hour]  # fmt: skip
+            segment = max(made) + 1 if made else 0
+        else:
+            segment += 1
+        self._segments[(rank, hour)] = segment
+        path = rank_dir / hour_name(hour, segment)
         manifest = {**self.manifest, "rank": rank, "hour": hour_name(hour).split("=")[1],
                     "node": self.node}  # fmt: skip
         if rank in self._modes:
             manifest.setdefault("mode", self._modes[rank])
         writer = RunWriter(path, manifest, flush_steps=self.flush_steps,
-                           flush_seconds=self.flush_seconds, resume=resume)  # fmt: skip
+                           flush_seconds=self.flush_seconds)  # fmt: skip
         self._closed_parts.pop(path, None)
         self._writers[rank] = (hour, writer)
         return writer
@@ -229,6 +261,7 @@ class ProductionStore:
         part = _Partition(writer.path, hour, writer.counts["steps"], _disk_bytes(writer.path))
         self._closed_parts[writer.path] = part
         self._bytes_closed += part.bytes
+        self._retain(self._now)  # what can go has grown by one partition
 
     def _sampled(self, batch: StepBatch) -> StepBatch:
         keep = _kept(batch.rid, self.sample_requests)
@@ -249,7 +282,9 @@ class ProductionStore:
 
     def _retain(self, now: float) -> None:
         r = self.retention
-        oldest_first = sorted(self._closed_parts.values(), key=lambda p: (p.hour, str(p.path)))
+        oldest_first = sorted(
+            self._closed_parts.values(), key=lambda p: (p.hour, segment_of(p.path.name) or ())
+        )
         for part in oldest_first:
             too_old = (
                 r.max_age_hours is not None

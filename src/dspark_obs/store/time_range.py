@@ -30,7 +30,7 @@ from ..durations import parse_duration
 from .checksums import checksum_path
 from .errors import RunStoreError
 from .inventory import MANIFEST, REQUESTS, STEPS, list_parts, part_name
-from .production import PARTITION_SECONDS, STORE_MARKER, hour_of, is_store
+from .production import PARTITION_SECONDS, STORE_MARKER, hour_of, is_store, segment_of
 from .reader import open_run
 from .tables import STEP_KEY, STEP_TIME
 from .writer import publish_part
@@ -123,11 +123,11 @@ def streams(root: Path, rng: TimeRange, nodes: tuple[str, ...] = (),
                 continue
             hours = []
             for hour_dir in rank_dir.glob("hour=*"):
-                h = hour_of(hour_dir.name)
-                if h is None or not (hour_dir / MANIFEST).is_file():
+                key = segment_of(hour_dir.name)
+                if key is None or not (hour_dir / MANIFEST).is_file():
                     continue
-                if rng.meets(h * PARTITION_SECONDS, (h + 1) * PARTITION_SECONDS):
-                    hours.append((h, hour_dir))
+                if rng.meets(key[0] * PARTITION_SECONDS, (key[0] + 1) * PARTITION_SECONDS):
+                    hours.append((key, hour_dir))
             if hours:
                 out[(name, rank)] = [d for _, d in sorted(hours)]
     return out
