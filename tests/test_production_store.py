@@ -48,11 +48,9 @@ def record(root: Path) -> tuple[Path, Path, list[float]]:
                 "world": config.world, "cost_table": config.manifest()["cost_table"]}  # fmt: skip
     clock = Clock()
     run = build_pipeline(config.gamma, writer=RunWriter(root / "run", manifest))
-    store = build_pipeline(
-        config.gamma,
-        writer=ProductionStore(root / "store", manifest, node="n1", clock=clock,
-                               retention=Retention(None, None)),  # fmt: skip
-    )
+    unbounded = Retention(None, None)
+    writer = ProductionStore(root / "store", manifest, node="n1", clock=clock, retention=unbounded)
+    store = build_pipeline(config.gamma, writer=writer)
     times = []
     for batch in runtime.run():
         for pipeline in (run, store):
