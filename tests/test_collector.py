@@ -27,14 +27,17 @@ from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime
 from dspark_obs.series import Buckets, Labels, Samples, ratio
 from dspark_obs.sources.stats import IngestStats
+from dspark_obs.store.production import ProductionStore
 
 EXPORTERS = Path(__file__).resolve().parents[1] / "exporters"
 
 
 @pytest.fixture(scope="module")
-def pipeline() -> Pipeline:
+def pipeline(tmp_path_factory) -> Pipeline:
+    """Every producer there is, a production store's among them."""
     stats = IngestStats()
-    pipeline = Pipeline(Aggregates(7), stats=stats, estimator=CeilingEstimator(7))
+    store = ProductionStore(tmp_path_factory.mktemp("c") / "store", {"format": 1, "gamma": 7})
+    pipeline = Pipeline(Aggregates(7), store, stats=stats, estimator=CeilingEstimator(7))
     config = RuntimeConfig(mode="compact", shadow="cap-accept", concurrency=[8], steps_per_level=40)
     runtime = DSparkRuntime(config)
     for b in runtime.run():
@@ -49,6 +52,7 @@ def snapshots(pipeline: Pipeline) -> tuple:
         pipeline.aggregates.snapshot(),
         pipeline.stats.snapshot(),
         pipeline.estimator.snapshot(),
+        None if pipeline.writer is None else pipeline.writer.snapshot(),
     )
 
 
@@ -99,7 +103,7 @@ def test_a_metric_of_existing_data_is_one_catalog_entry(pipeline):
 
 def test_a_new_quantity_is_one_attribute(pipeline):
     """A quantity a section does not have yet: one attribute of the section, and an entry."""
-    aggregates, ingest, estimate = snapshots(pipeline)
+    aggregates, ingest, estimate, _ = snapshots(pipeline)
     tokens = aggregates.sections()["tokens"]
 
     class Tokens(type(tokens)):

@@ -12,6 +12,7 @@ from dspark_obs.aggregates import Aggregates
 from dspark_obs.pipeline import Pipeline
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime
+from dspark_obs.store.production import ProductionStore
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 
@@ -22,8 +23,9 @@ def test_docs_metrics_md_is_current():
     )
 
 
-def test_rendered_families_are_exactly_the_catalog():
-    pipeline = Pipeline(Aggregates(7), estimator=CeilingEstimator(7))
+def test_rendered_families_are_exactly_the_catalog(tmp_path):
+    store = ProductionStore(tmp_path / "store", {"format": 1, "gamma": 7})
+    pipeline = Pipeline(Aggregates(7), store, estimator=CeilingEstimator(7))
     config = RuntimeConfig(mode="compact", shadow="cap-accept", concurrency=[8], steps_per_level=40)
     runtime = DSparkRuntime(config)
     for b in runtime.run():
@@ -34,6 +36,7 @@ def test_rendered_families_are_exactly_the_catalog():
             pipeline.aggregates.snapshot(),
             pipeline.stats.snapshot(),
             pipeline.estimator.snapshot(),
+            store.snapshot(),
         )
         .decode()
     )
