@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..series import Buckets, Labels, Published, Samples
+from ..series import Buckets, Exemplars, Labels, Published, Samples
 from .catalog import CATALOG, Metric
 from .exposition import Writer, label_string
 
@@ -66,8 +66,14 @@ class Collector:
         self._bounds: dict[tuple, list[str]] = {}
         self._helps: dict[tuple[str, object], str] = {}
 
-    def collect(self, *snapshots: Published | None, names: frozenset[str] | None = None) -> bytes:
-        """The exposition of these snapshots (None: a producer that is not there).
+    def collect(
+        self,
+        *snapshots: Published | None,
+        names: frozenset[str] | None = None,
+        openmetrics: bool = False,
+    ) -> bytes:
+        """The exposition of these snapshots (None: a producer that is not there), in
+        OpenMetrics with the histograms' exemplars where `openmetrics`.
 
         With `names` (a scrape's `name[]=` values), only the families named, by their
         own name or one of their samples' (`_total`, `_bucket`, `_count`, `_sum`), as
@@ -77,7 +83,7 @@ class Collector:
         for snap in snapshots:
             if snap is not None:
                 sections.update(snap.sections())
-        w = Writer()
+        w = Writer(openmetrics)
         for metric in self.catalog:
             if names is not None and not names & sample_names(metric.name):
                 continue
@@ -125,10 +131,33 @@ class Collector:
             w.samples(name, labels, part.values)
             return
         counts, sums, keep = part.counts, part.sums, part.keep
+        rows = None
         if keep is not None:
             if not keep.any():
                 return
             if not keep.all():
                 labels = [s for s, k in zip(labels, keep.tolist(), strict=True) if k]
                 counts, sums = counts[keep], sums[keep]
-        w.histogram(name, labels, self._bound_strings(part.bounds), counts, sums)
+                rows = keep
+        exemplars = None
+        if w.openmetrics and part.exemplars is not None:
+            exemplars = exemplar_strings(part.exemplars, rows)
+        w.histogram(name, labels, self._bound_strings(part.bounds), counts, sums, exemplars)
+
+
+def exemplar_strings(ex: Exemplars, rows: np.ndarray | None = None) -> list[str]:
+    """Each bucket's OpenMetrics exemplar suffix, series by series (the `rows` that `keep`
+    selects): ` # {labels} value time`, or "" where the bucket has none."""
+    values = [v if rows is None else v[rows] for v in ex.values]
+    observed = ex.observed if rows is None else ex.observed[rows]
+    when = ex.time if rows is None else ex.time[rows]
+    out = []
+    for i in range(observed.shape[0]):
+        for k in range(observed.shape[1]):
+            first = values[0][i, k]
+            if first is None:
+                out.append("")
+                continue
+            labels = label_string(ex.names, [v[i, k] for v in values])
+            out.append(f" # {{{labels}}} {observed[i, k]:g} {when[i, k]:.3f}")
+    return out

@@ -30,8 +30,9 @@ class Exporter:
             host=host, port=port, web_config=web_config, metrics_app=wsgi_app(self.render)
         )
 
-    def render(self, names: frozenset[str] | None = None) -> bytes:
-        """The exposition; only the families `names` asks for when given (`name[]=`)."""
+    def render(self, names: frozenset[str] | None = None, openmetrics: bool = False) -> bytes:
+        """The exposition (OpenMetrics, with exemplars, where asked); only the families
+        `names` asks for when given (`name[]=`)."""
         with self._render_lock:
             est = self.pipeline.estimator
             # a production store publishes its own figures (a run's writer has none)
@@ -42,6 +43,7 @@ class Exporter:
                 None if est is None else est.snapshot(),
                 None if store is None else store(),
                 names=names,
+                openmetrics=openmetrics,
             )
 
     def start(self) -> str:

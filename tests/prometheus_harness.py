@@ -340,6 +340,12 @@ class PrometheusServer:
             return [{"metric": {}, "value": data["result"]}]
         return data["result"]
 
+    def exemplars(self, promql: str, start: float, end: float) -> list[dict[str, Any]]:
+        """The exemplars of the series `promql` selects over [start, end] (stored only with
+        `--enable-feature=exemplar-storage`)."""
+        params = {"query": promql, "start": repr(float(start)), "end": repr(float(end))}
+        return self._api("/api/v1/query_exemplars", params)
+
     def query_value(self, promql: str) -> float:
         """Exactly one sample or an error: a silent pick among several would hide label bugs."""
         result = self.query(promql)

@@ -75,6 +75,19 @@ class Buckets:
     counts: np.ndarray  # [series, len(bounds) + 1]
     sums: np.ndarray  # [series]
     keep: np.ndarray | None = None  # [series] bool: the series published; None: all
+    #: a recent observation per bucket, where the producer keeps one: its labels and when
+    exemplars: Exemplars | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Exemplars:
+    """Per series and bucket (`[series, len(bounds) + 1]`): a recent observation's label
+    values (`names`, one array each; None where the bucket has none), value and Unix time."""
+
+    names: tuple[str, ...]
+    values: tuple[np.ndarray, ...]
+    observed: np.ndarray  # the observed value
+    time: np.ndarray
 
 
 Part = Samples | Buckets

@@ -17,6 +17,7 @@ import numpy as np
 from ..telemetry import StepBatch
 from .confidence import ConfidenceAggregate
 from .cost_model import DEFAULT_BS_PROBES, DEFAULT_M_PROBES, CostModelAggregate, Refit
+from .exemplars import RecentObservations
 from .groups import GroupIndex
 from .published import (
     ConfidenceSeries,
@@ -55,6 +56,8 @@ class Snapshot:
     cost_by_context: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
     ingest: dict[str, int] = field(default_factory=dict)
     overflow_rows: int = 0
+    #: `exemplars.RecentObservations.copy()`: the token histograms' recent observations
+    exemplars: dict = field(default_factory=dict)
 
     def sections(self) -> dict[str, object | None]:
         """What this snapshot publishes, by section (`aggregates.published`): the request
@@ -64,8 +67,9 @@ class Snapshot:
         if self.groups:
             req = request_labels(tuple(self.groups), self.gamma)
             out["tokens"] = TokenSeries(
-                req, self.gamma, self.window_steps, self.tokens["total"], self.tokens["window"]
-            )
+                req, self.gamma, self.window_steps, self.tokens["total"], self.tokens["window"],
+                self.exemplars,
+            )  # fmt: skip
             out["confidence"] = ConfidenceSeries(
                 req,
                 self.window_steps,
@@ -119,6 +123,7 @@ class Aggregates:
         self.steps = StepAggregate(window_steps, blocks)
         bs_probes, m_probes = cost_probes or (DEFAULT_BS_PROBES, DEFAULT_M_PROBES)
         self.cost = CostModelAggregate(window_steps, blocks, bs_probes, m_probes)
+        self.exemplars = RecentObservations(gamma)
         self.window_steps = self.tokens.sums.window_steps
         self._pending: list[StepBatch] = []
         self._pending_rows = 0
@@ -226,6 +231,8 @@ class Aggregates:
         rows = RequestRows(batches, group)
         self.tokens.update(rows)
         self.confidence.update(rows)
+        last = batches[-1]
+        self.exemplars.observe(last, group[len(group) - last.num_reqs :], n_groups)
 
     def snapshot(self) -> Snapshot:
         with self._lock:
@@ -256,4 +263,5 @@ class Aggregates:
                 refits=list(self.cost.refits),
                 cost_by_context=self.cost.by_context.copy(),
                 overflow_rows=self.index.overflow_rows,
+                exemplars=self.exemplars.copy(),
             )

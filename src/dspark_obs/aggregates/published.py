@@ -9,12 +9,12 @@ columns, calibration bins, cost columns) stay in this package.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
 import numpy as np
 
-from ..series import Buckets, Labels, Samples, ratio
+from ..series import Buckets, Exemplars, Labels, Samples, ratio
 from .confidence import ECE_BINS
 from .cost_model import CONTEXT_BUCKETS, CONTEXT_COLUMNS, Refit
 from .steps import COUNT_BUCKETS, quantity_histogram
@@ -121,6 +121,8 @@ class TokenSeries:
     window_steps: int
     total: np.ndarray  # TokenAggregate rows, since start
     window: np.ndarray  # the same, over the window
+    #: `exemplars.RecentObservations.copy()` (empty: none kept)
+    exemplars: dict = field(default_factory=dict)
 
     @cached_property
     def _slices(self) -> dict[str, slice]:
@@ -132,8 +134,18 @@ class TokenSeries:
     def _distribution(self, name: str) -> Buckets:
         h = self._hist(self.total, name)
         return Buckets(
-            self.labels.request, tuple(range(h.shape[1])), _with_overflow(h), _weighted(h)
-        )
+            self.labels.request, tuple(range(h.shape[1])), _with_overflow(h), _weighted(h),
+            exemplars=self._exemplars(name, h.shape[1] + 1),
+        )  # fmt: skip
+
+    def _exemplars(self, name: str, buckets: int) -> Exemplars | None:
+        """The recent request-step of each bucket (integer buckets: its value is the bucket's)."""
+        if name not in self.exemplars:
+            return None
+        rid, step, when = (a[: len(self.labels.groups), :buckets] for a in self.exemplars[name])
+        observed = np.broadcast_to(np.arange(buckets, dtype=np.float64), rid.shape)
+        steps = np.where(step >= 0, step.astype(str).astype(object), None)
+        return Exemplars(("rid", "step"), (rid, steps), observed, when)
 
     def _known(self, table: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Ceiling and accepted sums, and request-steps, where the ceiling is known."""
