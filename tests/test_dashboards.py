@@ -27,7 +27,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from dspark_obs.cli.main import main as cli_main
 from dspark_obs.dashboards import DASHBOARD_UID, generate, render_json
-from dspark_obs.dashboards.provisioning import shipped_json
+from dspark_obs.dashboards.provisioning import dashboard_with_selector, shipped_json
 from dspark_obs.dashboards.querying import substitute as render_substitute
 from dspark_obs.dashboards.querying import substitutions
 
@@ -263,20 +263,27 @@ SGLANG_CHECK_PANELS = ("Ours and SGLang's, per request-step", "Disagreement with
 
 
 @pytest.mark.skipif(not prometheus_available(), reason="needs prometheus (tools/test.sh)")
-def test_every_panel_query_returns_data(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+@pytest.mark.parametrize("selector", ["", 'job="dspark"'], ids=["as-shipped", "with-selector"])
+def test_every_panel_query_returns_data(
+    tmp_path: Path, request: pytest.FixtureRequest, selector: str
+) -> None:
+    """As shipped, and as `dashboards export --selector` writes it (the scrape job here is
+    `dspark`): every variable has values and every query data."""
     prom = serve_scraped(tmp_path, request)
-    variables = {v["name"]: v for v in generate()["templating"]["list"]}
+    dashboard = json.loads(dashboard_with_selector(render_json(), selector))
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     for name in ("engine", "model_name", "instance", "workload", "mode", "rank"):
-        metric, label = re.fullmatch(
-            r"label_values\((\w+)(?:\{.*\})?, (\w+)\)", variables[name]["query"]
+        series, label = re.fullmatch(
+            r"label_values\((\w+(?:\{.*\})?), (\w+)\)", variables[name]["query"]
         ).groups()
-        values = {r["metric"].get(label) for r in prom.query(f"group by ({label}) ({metric})")}
+        query = f"group by ({label}) ({substitute(series)})"
+        values = {r["metric"].get(label) for r in prom.query(query)}
         assert values - {None}, f"variable {name} would have no values"
 
     deadline = time.monotonic() + WAIT
     # the "Held against SGLang" row needs an SGLang server's own metrics beside series of
     # engine sglang: tests/test_sglang_check.py runs its queries on those
-    checked = [p for p in data_panels(generate()) if p["title"] not in SGLANG_CHECK_PANELS]
+    checked = [p for p in data_panels(dashboard) if p["title"] not in SGLANG_CHECK_PANELS]
     while True:
         empty = []
         for p in checked:

@@ -1,7 +1,8 @@
 """`dspark-obs dashboards`: export the Grafana dashboard for provisioning, or push it over HTTP.
 
-`export DIR` writes DIR/dspark.json, DIR/dspark-fleet.json and
-DIR/provisioning/{dashboards,datasources}.yml.
+`export DIR` writes DIR/dspark.json, DIR/dspark-fleet.json,
+DIR/provisioning/{dashboards,datasources}.yml and the Prometheus rules DIR/rules/*.yml, every
+query with `--selector` in it.
 `push` uploads the dashboard through Grafana's dashboard API (`dashboards.push`); the token
 comes from --token-file or $GRAFANA_TOKEN, never from the command line.
 `render` draws every panel from a Prometheus' data with matplotlib: DIR/NN-<slug>.png per
@@ -26,7 +27,8 @@ def _export(args: argparse.Namespace) -> int:
     out = Path(args.dir)
     if out.exists() and not out.is_dir():
         raise CliError(f"{out} exists and is not a directory")
-    for path in write_tree(out):
+    for path in write_tree(out, selector=args.selector, sglang_selector=args.sglang_selector,
+                           runbook_base=args.runbook_url_base):  # fmt: skip
         print(path)
     return 0
 
@@ -119,11 +121,31 @@ def configure(p: argparse.ArgumentParser) -> None:
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     e = actions.add_parser(
         "export",
-        help="write dspark.json, dspark-fleet.json and provisioning YAML into DIR",
+        help="write the dashboards, their provisioning YAML and the Prometheus rules into DIR",
         description="Write DIR/dspark.json, DIR/dspark-fleet.json and "
-        "DIR/provisioning/{dashboards,datasources}.yml for Grafana file provisioning.",
+        "DIR/provisioning/{dashboards,datasources}.yml for Grafana file provisioning, and the "
+        "recording and alert rules DIR/rules/{recording,fleet,alerts}.yml for Prometheus.",
     )
     e.add_argument("dir", metavar="DIR")
+    e.add_argument(
+        "--selector",
+        default="",
+        metavar="MATCHERS",
+        help='label matchers every query of the exporters\' series gets, e.g. job="dspark-prod" '
+        '(replaces the alerts\' job=~"dspark.*" on up; default: none)',
+    )
+    e.add_argument(
+        "--sglang-selector",
+        default="",
+        metavar="MATCHERS",
+        help="label matchers for SGLang's own gauges in the cross-check (default: none)",
+    )
+    e.add_argument(
+        "--runbook-url-base",
+        default=None,
+        metavar="URL",
+        help="where docs/runbooks.md is published: the alerts' runbook_url point there",
+    )
     e.set_defaults(handler=_export)
     u = actions.add_parser(
         "push",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from . import definition, fleet_definition
 from .provisioning import DASHBOARDS, write_tree
+from .selectors import RULES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +31,15 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(__file__).with_name(DASHBOARDS[name])
             path.write_text(text, encoding="utf-8")
             shipped.append(path)
-        for path in [*write_tree(args.write, texts), *shipped]:
+        # the rules ship beside the dashboards (deploy/rules is where they are edited)
+        deploy = Path(args.write).resolve().parent / "deploy" / "rules"
+        for name in RULES:
+            if (deploy / name).is_file():
+                path = Path(__file__).with_name("rules") / name
+                path.write_text((deploy / name).read_text(encoding="utf-8"), encoding="utf-8")
+                shipped.append(path)
+        # the repository keeps its rules in deploy/, not beside the dashboards' JSON
+        for path in [*write_tree(args.write, texts, rules=False), *shipped]:
             print(path)
     else:
         sys.stdout.write(texts["fleet" if args.fleet else "main"])

@@ -61,17 +61,62 @@ def shipped_dashboard(name: str = "main") -> dict[str, Any]:
     return json.loads(shipped_json(name))
 
 
-def write_tree(directory: str | Path, texts: Mapping[str, str] | None = None) -> list[Path]:
+def dashboard_with_selector(text: str, selector: str, sglang: str = "") -> str:
+    """A dashboard's JSON with `selectors.with_selector` in every panel query and variable."""
+    from .selectors import with_selector
+
+    d = json.loads(text)
+
+    def visit(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("expr", "query") and isinstance(value, str):
+                    node[key] = with_selector(value, selector, sglang)
+                else:
+                    visit(value)
+        elif isinstance(node, list):
+            for item in node:
+                visit(item)
+
+    visit(d)
+    return json.dumps(d, indent=2, ensure_ascii=False) + "\n"
+
+
+def write_tree(
+    directory: str | Path,
+    texts: Mapping[str, str] | None = None,
+    *,
+    selector: str = "",
+    sglang_selector: str = "",
+    runbook_base: str | None = None,
+    rules: bool = True,
+) -> list[Path]:
     """Write each dashboard's JSON into DIR (`texts` by name of DASHBOARDS, by default the
-    shipped copies) and DIR/provisioning/{dashboards,datasources}.yml."""
+    shipped copies), DIR/provisioning/{dashboards,datasources}.yml, and the Prometheus rules
+    into DIR/rules/ (`selectors.RULES`); `selector` (`sglang_selector` for SGLang's gauges)
+    put into every query of both, and the alerts' runbook links at `runbook_base`."""
+    from .selectors import RULES, rules_with_selector, shipped_rules
+
     root = Path(directory)
     (root / "provisioning").mkdir(parents=True, exist_ok=True)
     texts = texts or {}
+    dashboards = {name: texts.get(name) or shipped_json(name) for name in DASHBOARDS}
+    if selector or sglang_selector:
+        dashboards = {
+            name: dashboard_with_selector(text, selector, sglang_selector)
+            for name, text in dashboards.items()
+        }
     written = {
-        **{root / file: texts.get(name) or shipped_json(name) for name, file in DASHBOARDS.items()},
+        **{root / DASHBOARDS[name]: text for name, text in dashboards.items()},
         root / "provisioning" / "dashboards.yml": DASHBOARDS_YML,
         root / "provisioning" / "datasources.yml": DATASOURCES_YML,
     }
+    if rules:
+        (root / "rules").mkdir(exist_ok=True)
+        for name in RULES:
+            written[root / "rules" / name] = rules_with_selector(
+                shipped_rules(name), selector, sglang_selector, runbook_base
+            )
     for path, text in written.items():
         path.write_text(text, encoding="utf-8")
     return list(written)
