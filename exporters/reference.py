@@ -52,7 +52,20 @@ with gamma (the 420 are 4 counters × 15 ECE bins × 7 positions); a (rank, mode
 series for each further context bucket its steps reach (13 at most); a polled source adds
 its `dspark_source_up`, and each ingest error reason or drop reason one series. The
 calibration bins are summed over ranks (calibration is the model's): fleet ECE, AUROC and
-reliability are per workload and node, Brier per rank too.
+reliability are per workload and node, Brier per rank too. Prometheus' native histograms
+would carry fine detail at less cost, but Debian's Prometheus 2.42 takes them only over the
+protobuf exposition and behind `--enable-feature=native-histograms`, which a text exporter
+does not write: so fine detail is an option instead.
+
+## Exemplars
+
+A scraper that asks for OpenMetrics (Prometheus does) gets it, and with it, on the buckets of
+`dspark_window_tokens`, `dspark_accepted_tokens` and `dspark_committed_tokens`, an exemplar:
+a recent request-step of that bucket, `{rid="...",step="<forward_ct>"}` with its value and
+time (the request id cut to 64 characters). Prometheus keeps them with
+`--enable-feature=exemplar-storage`, and Grafana shows them on a panel of the bucket, so a bad
+bucket leads to `dspark-obs` commands on the stored request (a production store holds it by
+node, rank and hour).
 
 ## Families
 
