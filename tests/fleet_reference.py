@@ -24,8 +24,22 @@ def union(runs: list[Path], table: str, nodes: list[str] | None = None) -> pl.Da
     return pl.concat(frames, how="diagonal_relaxed")
 
 
-def summary_entry(reqs: pl.DataFrame, seconds: float | None) -> dict:
-    """`summary`'s entry of these request-steps: every figure straight from the rows."""
+def stream_rate(reqs: pl.DataFrame, steps: pl.DataFrame) -> float | None:
+    """Committed tokens per second of these request-steps: each (node, rank) serves beside
+    the others, so its tokens over its own steps' time, added up."""
+    total, timed = 0.0, False
+    for (node, rank), part in reqs.group_by("node", "rank"):
+        own = steps.filter((pl.col("node") == node) & (pl.col("rank") == rank))
+        seconds = float(np.nansum(own["step_gpu_ms"].fill_null(np.nan).to_numpy())) / 1e3
+        if seconds > 0:
+            total += int(part["acc_len"].to_numpy().sum()) / seconds
+            timed = True
+    return total if timed else None
+
+
+def summary_entry(reqs: pl.DataFrame, rate: float | None) -> dict:
+    """`summary`'s entry of these request-steps: every figure straight from the rows but the
+    throughput, `rate` (`stream_rate`)."""
     known = reqs.select(pl.coalesce("ceiling", "shadow_ceiling").fill_null(-1)).to_series()
     known = known.to_numpy()
     has = known >= 0
@@ -46,7 +60,7 @@ def summary_entry(reqs: pl.DataFrame, seconds: float | None) -> dict:
         else None,
         "mean_verify_tokens": float(reqs["verify_len"].to_numpy().mean()),
         "committed_tokens": committed,
-        "throughput_tokens_per_s": committed / seconds if seconds else None,
+        "throughput_tokens_per_s": rate,
     }
 
 

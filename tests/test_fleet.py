@@ -20,7 +20,14 @@ from dspark_obs.store import RunStoreError
 from dspark_obs.store.fleet import expand_run_dirs, run_labels
 
 from .conftest import cli
-from .fleet_reference import blended_estimate, labelled, posthoc_calibration, summary_entry, union
+from .fleet_reference import (
+    blended_estimate,
+    labelled,
+    posthoc_calibration,
+    stream_rate,
+    summary_entry,
+    union,
+)
 from .interval_reference import reference_interval
 
 NODES = ["node-a", "west-7"]
@@ -43,22 +50,23 @@ def test_summary_of_two_runs_equals_their_union(fleet) -> None:
     got = _json("summary", str(root), "--by", "node,rank")
     assert got["runs"] == [{"path": str(r), "node": n} for r, n in zip(runs, NODES, strict=True)]
     reqs, steps = union(runs, "requests", NODES), union(runs, "steps", NODES)
-    seconds = steps["step_gpu_ms"].sum() / 1e3
     keys = [k for k in ENTRY_KEYS if k != "ceiling_source"]
-    _close(got["overall"], {**summary_entry(reqs, seconds), "steps": steps.height}, keys)
+    want = {**summary_entry(reqs, stream_rate(reqs, steps)), "steps": steps.height}
+    _close(got["overall"], want, keys)
     assert sorted(got["workloads"]) == sorted(reqs["workload"].unique().to_list())
     for name, entry in got["workloads"].items():
-        _close(entry, summary_entry(reqs.filter(pl.col("workload") == name), seconds), keys)
+        mine = reqs.filter(pl.col("workload") == name)
+        _close(entry, summary_entry(mine, stream_rate(mine, steps)), keys)
     groups = {(g["node"], g["rank"]): g for g in got["groups"]}
     assert set(groups) == set(reqs.select("node", "rank").unique().iter_rows())
     for (node, rank), group in groups.items():
         part = reqs.filter((pl.col("node") == node) & (pl.col("rank") == rank))
         own = steps.filter((pl.col("node") == node) & (pl.col("rank") == rank))
-        group_seconds = own["step_gpu_ms"].sum() / 1e3
-        _close(group["overall"], {**summary_entry(part, group_seconds), "steps": own.height}, keys)
+        rate = stream_rate(part, own)
+        _close(group["overall"], {**summary_entry(part, rate), "steps": own.height}, keys)
         for name, entry in group["workloads"].items():
-            want = summary_entry(part.filter(pl.col("workload") == name), group_seconds)
-            _close(entry, want, keys)
+            mine = part.filter(pl.col("workload") == name)
+            _close(entry, summary_entry(mine, stream_rate(mine, own)), keys)
     # two RUN_DIRs name the same fleet as the directory that holds them
     assert _json("summary", *map(str, runs))["workloads"] == got["workloads"]
 

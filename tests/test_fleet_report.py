@@ -178,3 +178,26 @@ def test_runs_that_cannot_be_merged_are_refused(fleet, mismatched_runs, tmp_path
         proc = cli("report", *map(str, runs), *bad, "--out", out, check=False)
         assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
     assert not (tmp_path / "o" / "report.json").exists()
+
+
+def test_fleet_summary_and_report_give_the_same_total_throughput(tmp_path):
+    """Two nodes each serving at one batch size: the summary's overall tokens/s and the
+    report's load curve at that batch size are the same figure (every node's tokens over
+    its own step time, added), and so equal the nodes' own summaries added up."""
+    root = tmp_path / "nodes"
+    for node, seed in (("a", "1"), ("b", "2")):
+        cli(
+            "run",
+            *("--concurrency", "8", "--steps-per-level", "30", "--sts", "none"),
+            *("--seed", seed, "--out", str(root / node), "--quiet"),
+        )
+    fleet = json.loads(cli("summary", str(root), "--json").stdout)
+    own = [
+        json.loads(cli("summary", str(root / n), "--json").stdout)["overall"] for n in ("a", "b")
+    ]
+    total = fleet["overall"]["throughput_tokens_per_s"]
+    assert total == pytest.approx(sum(o["throughput_tokens_per_s"] for o in own), rel=1e-12)
+    cli("report", str(root), "--out", str(tmp_path / "report"), "--quiet")
+    (level,) = json.loads((tmp_path / "report" / "report.json").read_text())["fleet"]["load"]
+    assert level["bs"] == 8 and level["ranks"] == 2
+    assert level["throughput_tokens_per_s"] == pytest.approx(total, rel=1e-12)

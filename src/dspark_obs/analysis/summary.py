@@ -134,7 +134,8 @@ def _ratio(num, den) -> float | None:
     return num / den if den else None
 
 
-def _finish(row: dict, seconds: float | None) -> dict:
+def _finish(row: dict, rate: float | None) -> dict:
+    """A summary entry from a group's sums; `rate` its committed tokens per second."""
     n = row["request_steps"]
     known = row["ceiling_rows"]
     entry = {
@@ -152,7 +153,7 @@ def _finish(row: dict, seconds: float | None) -> dict:
         "trimmed_tokens": row["_trimmed"] if known else None,
         "mean_verify_tokens": _ratio(row["_verify"], n),
         "committed_tokens": row["committed_tokens"],
-        "throughput_tokens_per_s": _ratio(row["committed_tokens"], seconds),
+        "throughput_tokens_per_s": rate,
     }
     return {k: entry[k] for k in ENTRY_KEYS}
 
@@ -165,8 +166,36 @@ def _step_figures(entry: dict, steps: dict) -> dict:
     return entry
 
 
-def _seconds(steps: dict) -> float | None:
-    return steps["_gpu_ms"] / 1e3 if steps["_timed"] else None
+def _rate(row: dict | None) -> float | None:
+    """Committed tokens per second of a group, where its steps were timed."""
+    return row["_rate"] if row is not None and row["_rate_timed"] else None
+
+
+def _stream_rates(
+    req: pl.LazyFrame, steps: pl.LazyFrame, keys: list[str]
+) -> tuple[pl.LazyFrame, pl.LazyFrame]:
+    """Committed tokens per second, per (workload, keys) and per keys: the sum over the
+    streams (one node's rank: they run side by side) of each stream's tokens over its own
+    step time, as the load curve sums its ranks' rates."""
+    stream = list(dict.fromkeys([*keys, "rank"]))
+    seconds = steps.group_by(stream).agg(
+        (pl.col("step_gpu_ms").sum() / 1e3).alias("_seconds"),
+        pl.col("step_gpu_ms").count().alias("_timed"),
+    )
+
+    def rates(by: list[str]) -> pl.LazyFrame:
+        tokens = req.group_by([*by, *stream]).agg(pl.col("acc_len").sum().alias("_tokens"))
+        timed = pl.col("_timed") > 0
+        return (
+            tokens.join(seconds, on=stream, how="left")
+            .group_by([*by, *keys])
+            .agg(
+                (pl.col("_tokens") / pl.col("_seconds")).filter(timed).sum().alias("_rate"),
+                timed.fill_null(False).sum().alias("_rate_timed"),
+            )
+        )
+
+    return rates(["workload"]), rates([])
 
 
 def _fold(runs: list[Run], nodes: list[str], by: tuple[str, ...]) -> tuple:
@@ -176,7 +205,7 @@ def _fold(runs: list[Run], nodes: list[str], by: tuple[str, ...]) -> tuple:
     group), so a fleet of any size is read in the memory of its largest run's query.
     """
     keys = list(by)
-    parts: list[list[pl.DataFrame]] = [[], [], [], []]
+    parts: list[list[pl.DataFrame]] = [[], [], [], [], [], []]
     for run, node in zip(runs, nodes, strict=True):
         node_col = pl.lit(node).alias("node")
         req = run.requests().with_columns(_known_ceiling(), node_col)
@@ -186,14 +215,18 @@ def _fold(runs: list[Run], nodes: list[str], by: tuple[str, ...]) -> tuple:
             _grouped(req, keys, _request_aggs()),
             _grouped(steps, keys, _step_aggs()),
             steps.filter(pl.col("bs") > 0).group_by("bs").agg(_load_aggs()),
+            *_stream_rates(req, steps, keys),
         ]
         for into, frame in zip(parts, pl.collect_all(queries, engine="streaming"), strict=True):
             into.append(frame)
+    rates = ("_rate", "_rate_timed")
     return (
         _merge(parts[0], ["workload", *keys], _REQUEST_SUMS),
         _merge(parts[1], keys, _REQUEST_SUMS),
         _merge(parts[2], keys, _STEP_SUMS),
         _merge(parts[3], ["bs"], _LOAD_SUMS),
+        _merge(parts[4], ["workload", *keys], rates),
+        _merge(parts[5], keys, rates),
     )
 
 
@@ -214,29 +247,39 @@ def _entries(
     runs: list[Run], nodes: list[str], by: tuple[str, ...]
 ) -> tuple[dict, dict, list[dict], list[dict]]:
     """(overall, workloads, load, groups) of the runs taken together."""
-    per_workload, overall, steps, load = _fold(runs, nodes, by)
+    per_workload, overall, steps, load, workload_rates, rates = _fold(runs, nodes, by)
     step_rows = {tuple(r[k] for k in by): r for r in steps.iter_rows(named=True)}
     overall_rows = {tuple(r[k] for k in by): r for r in overall.iter_rows(named=True)}
+    rate_rows = {tuple(r[k] for k in by): r for r in rates.iter_rows(named=True)}
+    wl_rates = {
+        (r["workload"], *(r[k] for k in by)): r for r in workload_rates.iter_rows(named=True)
+    }
     groups: dict[tuple, dict] = {}
     for key, row in sorted(overall_rows.items(), key=lambda kv: _sort_key(kv[0])):
         group_steps = step_rows[key]
         groups[key] = {
             **dict(zip(by, key, strict=True)),
-            "overall": _step_figures(_finish(row, _seconds(group_steps)), group_steps),
+            "overall": _step_figures(_finish(row, _rate(rate_rows.get(key))), group_steps),
             "workloads": {},
         }
     for row in per_workload.sort("workload").iter_rows(named=True):
         key = tuple(row[k] for k in by)
         name = row["workload"]
-        groups[key]["workloads"][name] = _finish(row, _seconds(step_rows[key]))
+        groups[key]["workloads"][name] = _finish(row, _rate(wl_rates.get((name, *key))))
     if by:
+        rate_sums = ("_rate", "_rate_timed")
         fleet_steps = _merge([steps], [], _STEP_SUMS).row(0, named=True)
         fleet_overall = _merge([overall], [], _REQUEST_SUMS).row(0, named=True)
         fleet_workloads = _merge([per_workload], ["workload"], _REQUEST_SUMS).sort("workload")
-        seconds = _seconds(fleet_steps)
-        top = _step_figures(_finish(fleet_overall, seconds), fleet_steps)
+        fleet_rate = _merge([rates], [], rate_sums).row(0, named=True)
+        fleet_wl_rates = {
+            r["workload"]: r
+            for r in _merge([workload_rates], ["workload"], rate_sums).iter_rows(named=True)
+        }
+        top = _step_figures(_finish(fleet_overall, _rate(fleet_rate)), fleet_steps)
         workloads = {
-            r["workload"]: _finish(r, seconds) for r in fleet_workloads.iter_rows(named=True)
+            r["workload"]: _finish(r, _rate(fleet_wl_rates.get(r["workload"])))
+            for r in fleet_workloads.iter_rows(named=True)
         }
         return top, workloads, _load_rows(load), list(groups.values())
     (only,) = groups.values()

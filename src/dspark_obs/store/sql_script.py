@@ -18,6 +18,9 @@ def summary_sql() -> str:
     return files("dspark_obs.store").joinpath("sql", "summary.sql").read_text(encoding="utf-8")
 
 
+_RUN_OF_PART = "regexp_replace(filename, '/[^/]*/[^/]*$', '')"
+
+
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
@@ -25,8 +28,9 @@ def _literal(text: str) -> str:
 def duckdb_views(run_dirs: list[Path]) -> str:
     """`requests` and `steps` as DuckDB views over the runs' published parts.
 
-    `filename = true` adds the part each row came from, which the query needs to tell
-    the steps of different runs apart (every run numbers its steps from its own ranks).
+    Each row gets its run directory as `run` (its part's file name less the table folder
+    and the part), which the query needs to tell the steps of different runs apart (every
+    run numbers its steps from its own ranks) and to pair a run's rows with its step time.
     """
     out = []
     for table in (REQUESTS, STEPS):
@@ -34,7 +38,10 @@ def duckdb_views(run_dirs: list[Path]) -> str:
         # The view name is one of the store's two table constants and every path is a
         # quoted SQL literal, so nothing a user passes can end the statement.
         source = f"read_parquet([{globs}], filename = true)"
-        out.append(f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM {source};")  # nosec B608
+        out.append(
+            f"CREATE OR REPLACE VIEW {table} AS SELECT *, {_RUN_OF_PART} AS run "  # nosec B608
+            f"FROM {source};"
+        )
     return "\n".join(out)
 
 

@@ -1,20 +1,34 @@
 -- The per-workload entries of `dspark-obs summary --json`, in standard SQL.
 --
 -- It reads two relations: `requests` and `steps`, the run store's tables over every run of
--- the fleet, each with a `filename` column naming the Parquet part a row came from. A step's
--- rows all lie in one part, so (filename, rank, forward_ct) names one step across a fleet.
+-- the fleet, each with a `run` column naming the run directory a row came from (its part's
+-- folder's parent), so (run, rank, forward_ct) names one step across a fleet.
 -- `dspark-obs summary --sql RUN_DIR...` prints DuckDB's definition of the two before this
 -- query; docs/store.md gives Spark's and Trino's. Every figure is a ratio of sums, as in
 -- `summary`: means over request-steps, ceiling figures over rows whose ceiling is known.
+-- Throughput is the sum over streams (a run's rank: they serve side by side) of the
+-- stream's committed tokens over its own step time, as the report's load curve sums ranks.
 WITH req AS (
   SELECT
-    workload, filename, rank, forward_ct, verify_len, correct_drafts, acc_len,
+    workload, run, rank, forward_ct, verify_len, correct_drafts, acc_len,
     ceiling, shadow_ceiling, COALESCE(ceiling, shadow_ceiling) AS known_ceiling
   FROM requests
 ),
-step_time AS (
-  SELECT CASE WHEN COUNT(step_gpu_ms) > 0 THEN SUM(step_gpu_ms) / 1000.0 END AS seconds
+stream_time AS (
+  SELECT run, rank, SUM(step_gpu_ms) / 1000.0 AS seconds
   FROM steps
+  GROUP BY run, rank
+),
+stream_tokens AS (
+  SELECT workload, run, rank, SUM(acc_len) AS tokens
+  FROM req
+  GROUP BY workload, run, rank
+),
+rates AS (
+  SELECT k.workload, SUM(CAST(k.tokens AS DOUBLE) / t.seconds) AS throughput
+  FROM stream_tokens AS k
+  JOIN stream_time AS t ON t.run = k.run AND t.rank = k.rank AND t.seconds > 0
+  GROUP BY k.workload
 ),
 per_workload AS (
   SELECT
@@ -37,7 +51,7 @@ per_workload AS (
 ),
 step_counts AS (
   SELECT workload, COUNT(*) AS steps
-  FROM (SELECT DISTINCT workload, filename, rank, forward_ct FROM req) AS distinct_steps
+  FROM (SELECT DISTINCT workload, run, rank, forward_ct FROM req) AS distinct_steps
   GROUP BY workload
 )
 SELECT
@@ -57,8 +71,8 @@ SELECT
   CASE WHEN w.ceiling_rows > 0 THEN w.trimmed END AS trimmed_tokens,
   CAST(w.verify_sum AS DOUBLE) / w.request_steps AS mean_verify_tokens,
   w.committed_tokens,
-  CASE WHEN t.seconds > 0 THEN w.committed_tokens / t.seconds END AS throughput_tokens_per_s
+  r.throughput AS throughput_tokens_per_s
 FROM per_workload AS w
 JOIN step_counts AS c ON c.workload IS NOT DISTINCT FROM w.workload
-CROSS JOIN step_time AS t
+LEFT JOIN rates AS r ON r.workload IS NOT DISTINCT FROM w.workload
 ORDER BY w.workload NULLS FIRST
