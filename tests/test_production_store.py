@@ -118,9 +118,11 @@ def test_a_range_that_cuts_hours_answers_as_a_run_of_its_steps(recorded, tmp_pat
     steps = source.steps().collect()
     kept = np.array(times)[(np.array(times) >= start) & (np.array(times) < end)]
     assert 0 < len(kept) < len(times)
-    keys = steps.with_row_index().filter(
-        pl.col("index").is_between(times.index(kept[0]), times.index(kept[-1]))
-    ).select("rank", "forward_ct")
+    keys = (
+        steps.with_row_index()
+        .filter(pl.col("index").is_between(times.index(kept[0]), times.index(kept[-1])))
+        .select("rank", "forward_ct")
+    )
     batches = [
         b for b in source.batches()
         if keys.filter((pl.col("rank") == b.rank) & (pl.col("forward_ct") == b.forward_ct)).height

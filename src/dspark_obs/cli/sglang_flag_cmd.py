@@ -48,7 +48,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         "process of `python -m sglang.launch_server` attaches the dspark-obs hook to its "
         "DSpark worker (one per DP rank), and the ranks of a node share one consumer that "
         "serves /metrics on --listen. Example: python -m sglang.launch_server ... "
-        "--forward-hooks \"$(dspark-obs sglang-flag --json)\""
+        '--forward-hooks "$(dspark-obs sglang-flag --json)"'
     )
     p.add_argument(
         "--listen",

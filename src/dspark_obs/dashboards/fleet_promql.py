@@ -160,9 +160,7 @@ def auroc(level: Level, by: tuple[str, ...], window: str | None = None) -> str:
         f"({t('negatives_below')} + on ({on_bin}) 0.5 * {negatives}))"
     )
     g = partial(total, level, by=by, window=window)
-    return _ratio(
-        pairs, f"{g('positives')} * on ({on}) ({g('rows')} - on ({on}) {g('positives')})"
-    )
+    return _ratio(pairs, f"{g('positives')} * on ({on}) ({g('rows')} - on ({on}) {g('positives')})")
 
 
 def reliability(level: Level, by: tuple[str, ...], window: str | None = None) -> str:

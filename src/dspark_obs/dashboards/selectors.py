@@ -83,17 +83,17 @@ def rules_with_selector(text: str, selector: str = "", sglang: str = "",
         block_indent = None
         stripped = line.strip()
         if stripped.startswith("expr:"):
-            value = stripped[len("expr:"):].strip()
+            value = stripped[len("expr:") :].strip()
             if value in ("|", "|-", ">", ">-"):
                 block_indent = indent + 2
                 out.append(line)
             else:
-                out.append(line[: indent] + "expr: " + with_selector(value, selector, sglang))
+                out.append(line[:indent] + "expr: " + with_selector(value, selector, sglang))
             continue
         if runbook_base is not None and stripped.startswith("runbook_url:"):
             anchor = stripped.split("#", 1)[1] if "#" in stripped else ""
             url = f"{runbook_base.rstrip('/')}/runbooks.md" + (f"#{anchor}" if anchor else "")
-            out.append(f"{line[: indent]}runbook_url: {url}")
+            out.append(f"{line[:indent]}runbook_url: {url}")
             continue
         out.append(line)
     return "\n".join(out)

@@ -85,9 +85,7 @@ def parse_time(text: str) -> float:
             return calendar.timegm(time.strptime(body, fmt)) - offset
         except ValueError:
             continue
-    raise ValueError(
-        f"not a time: {text!r} (Unix seconds or ISO 8601, e.g. 2026-12-05T14:00Z)"
-    )
+    raise ValueError(f"not a time: {text!r} (Unix seconds or ISO 8601, e.g. 2026-12-05T14:00Z)")
 
 
 def time_range(since: str | None = None, between: tuple[str, str] | None = None,
@@ -276,8 +274,11 @@ def _kept_keys(hours: list[_Hour], rng: TimeRange) -> pl.DataFrame:
             if not hour.whole:
                 df = _in_range(df, rng, steps).select(STEP_KEY)
             frames.append(df)
-    return pl.concat(frames) if frames else pl.DataFrame(schema={"rank": pl.Int64,
-                                                                 "forward_ct": pl.Int64})
+    return (
+        pl.concat(frames)
+        if frames
+        else pl.DataFrame(schema={"rank": pl.Int64, "forward_ct": pl.Int64})
+    )
 
 
 @contextlib.contextmanager
@@ -305,4 +306,3 @@ def store_views(root: Path, rng: TimeRange, nodes: tuple[str, ...] = (),
         ]
     finally:
         shutil.rmtree(base, ignore_errors=True)
-
