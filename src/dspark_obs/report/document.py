@@ -11,7 +11,6 @@ report on a partial run (an SGLang dump without shadow or logits) reads as
 from __future__ import annotations
 
 import html
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,21 +18,6 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from ..plotting import img_tag
-
-DASH = "—"
-
-
-def fmt(value, digits: int = 3) -> str:
-    """A number for a table: thousands separators for integers, `—` for missing."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return DASH
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return str(value)
 
 
 @dataclass

@@ -7,8 +7,9 @@ the raw logits says which of the two it cannot show.
 from __future__ import annotations
 
 from ...analysis.reliability import RAW, RECORDED, pooled
+from ...numbers import fmt
 from ..arms import Arm
-from ..document import Section, Table, fmt
+from ..document import Section, Table
 from ..figure_queue import FigureQueue, arm_figures
 from ..figures import calibration as calibration_fig
 

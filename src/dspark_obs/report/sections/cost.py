@@ -7,8 +7,9 @@ the terminal, so the two always agree on what "fits" means.
 from __future__ import annotations
 
 from ...analysis.cost_fit import CostFit
+from ...numbers import fmt
 from ..arms import Arm
-from ..document import Section, Table, fmt
+from ..document import Section, Table
 from ..figure_queue import FigureQueue, arm_figures
 from ..figures import cost as cost_fig
 

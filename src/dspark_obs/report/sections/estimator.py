@@ -6,8 +6,9 @@ estimate's error against it; without one it shows the estimates alone.
 
 from __future__ import annotations
 
+from ...numbers import fmt
 from ..arms import Arm, arms_palette
-from ..document import Section, Table, fmt
+from ..document import Section, Table
 from ..figure_queue import FigureQueue, arm_figures
 from ..figures import estimator as estimator_fig
 

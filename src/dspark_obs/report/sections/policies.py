@@ -9,10 +9,11 @@ predicted throughput, and where each policy's curve crosses static's.
 
 from __future__ import annotations
 
+from ...numbers import fmt
 from ...whatif.crossing import crossings
 from ...whatif.headline import signed, trim_headline
 from ..arms import Arm
-from ..document import Section, fmt
+from ..document import Section
 from ..figure_queue import FigureQueue, arm_figures
 from ..figures import policies as policies_fig
 from .tables import Cell, num_cell, rows_table

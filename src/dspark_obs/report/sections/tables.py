@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ..document import Table, fmt
+from ...numbers import fmt
+from ..document import Table
 
 Cell = Callable[[dict], str]
 

@@ -6,8 +6,9 @@ observed one), so the report builds it once that pass has run.
 
 from __future__ import annotations
 
+from ...numbers import fmt
 from ..arms import Arm, arms_palette
-from ..document import Section, Table, fmt
+from ..document import Section, Table
 from ..figure_queue import FigureQueue
 from ..figures import workloads as workloads_fig
 from .tables import Cell, name_cell, num_cell, rows_table

@@ -1,0 +1,58 @@
+"""Numbers as people read them, the same in every table, report, figure and panel.
+
+One formatter, so a figure cannot say `-0.0 %` where the table beside it says `0.0 %`,
+nor a count print as `30564` in one place and `30,564` in the next. The rules:
+
+- missing (None, NaN, infinity) is `—`, never `nan` or an empty cell;
+- integers and fixed-point numbers carry thousands separators;
+- a value that rounds to zero has no sign (`0.00`, not `-0.00`), with or without `+`;
+- a p-value below what its digits can show is `<0.001`, not `0.000`.
+"""
+
+from __future__ import annotations
+
+import math
+
+DASH = "—"
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and not math.isfinite(value))
+
+
+def number(value, digits: int = 2, *, signed: bool = False) -> str:
+    """`value` with `digits` decimals (an int keeps none); `signed` puts `+` before a
+    positive one, as a delta reads."""
+    if _missing(value):
+        return DASH
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    sign = "+" if signed else ""
+    if isinstance(value, int):
+        return f"{value:{sign},}" if value else "0"
+    text = f"{value:{sign},.{digits}f}"
+    if not any(c in "123456789" for c in text):
+        return text.lstrip("+-")
+    return text
+
+
+def percent(value, digits: int = 1, *, signed: bool = False) -> str:
+    """A share (0.123) as `12.3 %`."""
+    if _missing(value):
+        return DASH
+    return f"{number(100.0 * value, digits, signed=signed)} %"
+
+
+def p_value(p, digits: int = 3) -> str:
+    """A p-value: `<0.001` below what `digits` decimals show, else those decimals."""
+    if _missing(p):
+        return DASH
+    floor = 10.0**-digits
+    return f"<{floor:.{digits}f}" if p < floor else number(float(p), digits)
+
+
+def fmt(value, digits: int = 3) -> str:
+    """Any table cell: a number by `number`, anything else as it prints."""
+    if value is None or isinstance(value, bool | int | float):
+        return number(value, digits)
+    return str(value)
