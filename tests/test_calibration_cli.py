@@ -158,7 +158,7 @@ def test_text_table_names_every_workload(compact_run):
 @pytest.mark.parametrize(
     "kind, message",
     [
-        ("missing", "run directory does not exist"),
+        ("missing", "no such run directory"),
         ("not_a_run", "missing run manifest"),
         ("no_confidence", "no confidence recorded"),
     ],

@@ -6,6 +6,7 @@ Each case runs the real `dspark-obs` in a subprocess and checks the message and 
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import json
 import os
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dspark_obs.analysis.verdict import ci_text
+from dspark_obs.numbers import bracket
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime_server import RuntimeFrontend
 
@@ -223,7 +224,7 @@ def test_compare_with_an_ingested_run_notes_the_missing_configuration(compact_ru
         lo, hi = r["ci_holm"]
         assert r["significant"] == (lo > 0 or hi < 0), r
         assert ("no significant difference" in r["verdict"]) == (not r["significant"]), r
-        assert f"Holm 95% CI {ci_text(r['ci_holm'])}" in r["verdict"] or r["verdict"] == (
+        assert f"Holm 95% CI {bracket(*r['ci_holm'])}" in r["verdict"] or r["verdict"] == (
             "no difference"
         )
 
@@ -270,3 +271,47 @@ def test_the_default_workload_rule_takes_name_n_rids_and_leaves_uuids_as_other()
     assert names == ["gsm8k", "long_ctx.v2", "other", "other", "other", "other"]
     # hex UUIDs that happen to start with a letter and end in digits stay `other` too
     assert workload_rule()(np.array(["abcdef12-abcd-ef12-abcd-123456789012"])).tolist() == ["other"]
+
+
+@pytest.mark.parametrize(
+    "argv, wanted",
+    [(["sumary", "x"], "did you mean 'summary'?"), (["run", "--mode", "compct"], "'compact'?")],
+)
+def test_a_mistyped_command_or_choice_gets_the_nearest_one(argv, wanted):
+    proc = cli(*argv, check=False)
+    assert proc.returncode == 2 and wanted in proc.stderr, proc.stderr
+    far = cli("zzzzzz", check=False)
+    assert far.returncode == 2 and "did you mean" not in far.stderr
+
+
+def test_debug_adds_the_traceback_and_keeps_the_exit_status(tmp_path):
+    """A file given where a run directory goes: said as such, exit 2 with or without
+    --debug (scripts test the status); --debug adds the traceback above the same line."""
+    path = tmp_path / "README.md"
+    path.write_text("# not a run\n")
+    plain = cli("summary", str(path), check=False)
+    debug = cli("--debug", "summary", str(path), check=False)
+    assert plain.returncode == debug.returncode == 2
+    assert "is a file, not a run directory" in plain.stderr and "Traceback" not in plain.stderr
+    assert "Traceback" in debug.stderr
+    assert debug.stderr.splitlines()[-1] == plain.stderr.splitlines()[-1]
+    missing = cli("summary", str(tmp_path / "nope"), check=False)
+    assert missing.returncode == 2 and "no such run directory" in missing.stderr
+
+
+def test_every_help_prints_its_percent_signs_once():
+    """argparse %-formats help strings but not descriptions: neither may print `%%`."""
+    from dspark_obs.cli.main import COMMANDS, build_parser
+
+    parser = build_parser()
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    subparsers = {n: p for a in actions for n, p in a.choices.items()}
+    assert set(COMMANDS) <= set(subparsers)
+    pending = list(subparsers.values())
+    while pending:
+        p = pending.pop()
+        text = p.format_help()
+        assert "%%" not in text, p.prog
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                pending += a.choices.values()

@@ -296,11 +296,39 @@ def test_holm_intervals_exclude_zero_exactly_for_the_rows_holm_rejects():
             # the order statistics a percentile interval at `level` takes
             share_below, share_above = np.mean(d < lo), np.mean(d > hi)
             assert share_below <= level / 2 and share_above <= level / 2
-        # Holm's levels: the i-th smallest p is tested at alpha / (m - i + 1) until one is kept
-        first_kept = next((i for i, k in enumerate(np.argsort(p, kind="stable"))
-                           if not significant[k]), m)  # fmt: skip
-        for i, k in enumerate(np.argsort(p, kind="stable")):
-            assert levels[k] == pytest.approx(0.05 / (m - min(i, first_kept)))
+        # Holm's levels: the i-th smallest p is tested at alpha / (m - i + 1) until one is
+        # kept, and tied p-values at the level of the first of them
+        order = np.argsort(p, kind="stable")
+        first_kept = next((i for i, k in enumerate(order) if not significant[k]), m)
+        for k in order:
+            first_tied = int(np.searchsorted(p[order], p[k], side="left"))
+            assert levels[k] == pytest.approx(0.05 / (m - min(first_tied, first_kept)))
+
+
+def test_metrics_that_differ_by_a_constant_get_one_interval(runs):
+    """Committed tokens are accepted drafts plus the one token every step commits, so their
+    deltas are equal; so are their intervals, their p-values and Holm's levels (the rows of a
+    group resample the same requests). The table prints a p-value below 0.001 as such."""
+    result = _compare(runs["static"], runs["compact"])
+    for workload in [*result["workloads"], "overall"]:
+        acc = _row(result, "mean_accepted", workload=workload)
+        com = _row(result, "mean_committed", workload=workload)
+        assert com["delta"] == pytest.approx(acc["delta"], abs=1e-12)
+        for key in ("ci", "ci_holm"):
+            assert com[key] == pytest.approx(acc[key], abs=1e-12), (workload, key)
+        assert (com["p"], com["p_adjusted"], com["ci_holm_level"]) == (
+            acc["p"],
+            acc["p_adjusted"],
+            acc["ci_holm_level"],
+        )
+    assert any(r["p"] == 0.0 for r in result["rows"])
+    text = cli("compare", str(runs["static"]), str(runs["compact"])).stdout
+    zero = [r for r in result["rows"] if r["metric"] == "mean_accepted" and r["p_adjusted"] == 0]
+    assert zero
+    for r in zero:
+        (line,) = [x for x in text.splitlines() if x.startswith(f"│ {r['workload']} ") and
+                   "mean accepted" in x]  # fmt: skip
+        assert "│ <0.001 │" in line, line
 
 
 def test_cost_of_trimming_per_run_side_by_side(runs):

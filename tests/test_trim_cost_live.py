@@ -163,7 +163,9 @@ def test_without_a_table_the_online_refit_prices_static(compact) -> None:
     cells = [
         c
         for spec in ("own", "static")
-        for c in predict_policy(frame, parse_policy(spec), shapes, exact, closed_loop=False)
+        for c in predict_policy(
+            frame, parse_policy(spec, frame.gamma), shapes, exact, closed_loop=False
+        )
     ]
     # the replay's walks have no in-band gather, so static's tokens differ from the recorded
     # walks'; the prices are what this test is about

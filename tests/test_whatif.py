@@ -62,20 +62,20 @@ def test_sps_replay_is_the_runtime_scheduler(runs):
         "step_bs": frame.step_bs,
         "table": frame.table,
     }
-    sps = policy_windows(parse_policy("sps"), **kwargs)
+    sps = policy_windows(parse_policy("sps", 7), **kwargs)
     assert (sps == frame.inputs.window).all()  # the run's own windows, every request-step
-    half = policy_windows(parse_policy("sps:scale=0.5"), **kwargs)
-    fixed = policy_windows(parse_policy("sps:per-request=2"), **kwargs)
+    half = policy_windows(parse_policy("sps:scale=0.5", 7), **kwargs)
+    fixed = policy_windows(parse_policy("sps:per-request=2", 7), **kwargs)
     for s in range(0, len(frame.step_start), 17):  # the scheduler itself, step by step
         rows = slice(frame.step_start[s], frame.step_start[s] + frame.step_bs[s])
         expect = schedule(frame.survival[rows], frame.table, budget_scale=0.5).windows
         assert (half[rows] == expect).all()
         assert fixed[rows].sum() == min(2 * frame.step_bs[s], 7 * frame.step_bs[s])
     assert half.sum() < sps.sum()
-    assert (policy_windows(parse_policy("window=3"), **kwargs) == 3).all()
+    assert (policy_windows(parse_policy("window=3", 7), **kwargs) == 3).all()
     # scheduled together (one sort per step for all three), each as scheduled alone
     specs = ("sps:per-request=2", "sps", "static", "sps:scale=0.5")
-    together = policies_windows([parse_policy(s) for s in specs], **kwargs)
+    together = policies_windows([parse_policy(s, 7) for s in specs], **kwargs)
     for got, alone in zip(together, (fixed, sps, np.full(len(sps), 7), half), strict=True):
         assert (got == alone).all()
 
@@ -161,13 +161,16 @@ def test_trim_cost_splits_the_net_exactly(runs):
 def test_policy_specs_refused_with_reasons(tmp_path):
     for spec, words in (("bogus", "unknown policy"), ("window=x", "whole number"),
                         ("sps:scale=-1", ">= 0"), ("sps:speed=2", "sps takes one of"),
-                        ("sps:table=" + str(tmp_path / "none.json"), "cost table")):  # fmt: skip
+                        ("sps:table=" + str(tmp_path / "none.json"), "cost table"),
+                        ("window=8", "a window is at most 7")):  # fmt: skip
         with pytest.raises((ValueError, OSError), match=words):
-            parse_policy(spec)
+            parse_policy(spec, 7)
 
 
 def test_whatif_cli(compact_run):
     path, _ = compact_run
+    wide = cli("whatif", str(path), "--policy", "window=99", check=False)
+    assert wide.returncode == 2 and "a window is at most 7" in wide.stderr
     proc = cli("whatif", str(path), "--json", "--policy", "static", "--policy", "window=2")
     report = json.loads(proc.stdout)
     assert {c["policy"] for c in report["cells"]} == {"static", "window=2"}

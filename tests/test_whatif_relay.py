@@ -74,9 +74,9 @@ def test_relay_rows_follow_the_request_and_its_slot():
 def test_sps_replay_plans_the_budget_on_relayed_survivals(run):
     """Every window of the run is the scheduler's with the budget planned on the relayed
     survivals; planned on the current ones (as before) a share of them is not."""
-    frame = load_run_frame(run, use_shadow=False, policies=[parse_policy("sps")])
+    frame = load_run_frame(run, use_shadow=False, policies=[parse_policy("sps", 7)])
     assert frame.relay_row is not None and (frame.relay_row == -1).any()
-    sps = parse_policy("sps")
+    sps = parse_policy("sps", 7)
     args = {"window": frame.inputs.window, "gamma": frame.gamma, "survival": frame.survival,
             "logits": None, "step_start": frame.step_start, "step_bs": frame.step_bs,
             "table": frame.table}  # fmt: skip

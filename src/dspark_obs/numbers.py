@@ -36,6 +36,40 @@ def number(value, digits: int = 2, *, signed: bool = False) -> str:
     return text
 
 
+def _decimals(x: float, sig: int) -> int:
+    if x == 0 or not math.isfinite(x):
+        return 0
+    return max(0, sig - 1 - math.floor(math.log10(abs(x))))
+
+
+def significant(value, sig: int = 3, *, signed: bool = False) -> str:
+    """`value` to about `sig` significant digits, never in scientific notation."""
+    if _missing(value):
+        return DASH
+    if value == 0:
+        return "0"
+    return number(float(value), _decimals(value, sig), signed=signed)
+
+
+def bracket(lo: float, hi: float) -> str:
+    """An interval as `[lo, hi]`, signed, both ends with the decimals the smaller needs."""
+    nonzero = [abs(v) for v in (lo, hi) if v != 0]
+    if not nonzero:
+        return "[0, 0]"
+    d = _decimals(min(nonzero), 2)
+    return f"[{number(lo, d, signed=True)}, {number(hi, d, signed=True)}]"
+
+
+def delta(value, digits: int = 0) -> str:
+    """A difference, its sign always shown (`+1,234`, `-56`, `0`)."""
+    return number(value, digits, signed=True)
+
+
+def interval(lo, hi, digits: int = 0, *, signed: bool = False) -> str:
+    """`lo – hi`, both as `number` gives them."""
+    return f"{number(lo, digits, signed=signed)} – {number(hi, digits, signed=signed)}"
+
+
 def percent(value, digits: int = 1, *, signed: bool = False) -> str:
     """A share (0.123) as `12.3 %`."""
     if _missing(value):

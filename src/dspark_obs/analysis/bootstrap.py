@@ -144,17 +144,22 @@ def holm_intervals(
     A row Holm rejects, the i-th smallest p of m, was tested at alpha / (m - i + 1): its
     interval has that level and excludes zero. Once a row is kept, every later one is
     tested at the level of the first kept row: their intervals have that level and hold
-    zero. So "significant" and "the interval excludes zero" never disagree.
+    zero. So "significant" and "the interval excludes zero" never disagree. Rows with the
+    same p share the level of the first of them (Holm adjusts them alike), so two metrics
+    that move together get one interval, not two that differ only by their place in a tie.
     """
     m = len(p)
     order = np.argsort(p, kind="stable")
     significant = holm(p) < alpha
     levels = np.empty(m, dtype=np.float64)
     kept_level = None
+    tie_level, tie_p = None, None
     for i, row in enumerate(order):
+        if tie_p is None or p[row] != tie_p:
+            tie_level, tie_p = alpha / (m - i), p[row]
         if kept_level is None and not significant[row]:
-            kept_level = alpha / (m - i)
-        levels[row] = alpha / (m - i) if kept_level is None else kept_level
+            kept_level = tie_level
+        levels[row] = tie_level if kept_level is None else kept_level
     intervals = [interval_at(d, a) for d, a in zip(sorted_deltas, levels, strict=True)]
     return intervals, levels
 

@@ -177,9 +177,11 @@ def _pair(a: pl.DataFrame, b: pl.DataFrame, key: list[str], cols: Sequence[str])
     return joined.with_columns(pl.exclude(key).fill_null(0.0)).sort(key)
 
 
-def _rng(seed: int, row_id: str) -> np.random.Generator:
-    """One generator per row, so a row's interval does not depend on which other rows exist."""
-    return np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(row_id.encode())]))
+def _rng(seed: int, group_id: str) -> np.random.Generator:
+    """One generator per group of rows, so a row's interval does not depend on which other
+    groups exist, and the metrics of one group resample the same clusters: metrics that
+    differ by a constant per cluster (accepted and committed) get the same interval."""
+    return np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(group_id.encode())]))
 
 
 def _row(
@@ -213,9 +215,9 @@ def _row(
     if not used.any():
         res = None
     else:
-        row_id = f"{section}/{workload if bs is None else bs}/{metric.name}"
+        group_id = f"{section}/{workload if bs is None else bs}"
         res = bootstrap_delta(
-            num_a, den_a, num_b, den_b, reps=reps, rng=_rng(seed, row_id), confidence=CONFIDENCE
+            num_a, den_a, num_b, den_b, reps=reps, rng=_rng(seed, group_id), confidence=CONFIDENCE
         )
     row.update(
         a=res.a if res else None,

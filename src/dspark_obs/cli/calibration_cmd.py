@@ -11,7 +11,7 @@ from rich.table import Table
 from .. import strict_json
 from ..analysis.reliability import calibration_report, fleet_calibration_report
 from ..store.fleet import open_fleet, parse_group_keys, single_run
-from .console import make_console
+from ..terminal import make_console, print_table
 from .fleet_args import add_group_argument
 from .store_args import add_time_range_arguments, run_dirs_of
 
@@ -51,7 +51,7 @@ def _handle(args: argparse.Namespace) -> int:
                     for k in ("ece", "brier", "auroc", "pred_mean", "target_mean")
                 ),
             )
-        console.print(table)
+        print_table(console, table)
     console.print(
         "[dim]label at position j: the first j+1 drafts were accepted; compact rows "
         "without a known ceiling leave positions past a fully accepted window "

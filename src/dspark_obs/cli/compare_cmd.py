@@ -17,12 +17,12 @@ from rich.table import Table
 
 from .. import strict_json
 from ..analysis.compare import compare_runs
-from ..analysis.verdict import ci_text, num
+from ..numbers import DASH, bracket, number, p_value, significant
 from ..report import overlay_figures
 from ..report.arms import too_large_for_whatif
 from ..store import open_run
+from ..terminal import make_console, print_table
 from ..whatif.trim_cost import trim_cost_or_why
-from .console import make_console
 from .errors import CliError
 from .views import timing_text
 from .whatif_views import render_trim_cost_pair
@@ -47,7 +47,7 @@ def _short_verdict(row: dict) -> str:
     if not row["significant"]:
         return row["verdict"].split(" (")[0]
     rel = row["rel_delta"]
-    rel_text = f" ({100 * rel:+.1f}%)" if rel is not None else ""
+    rel_text = f" ({number(100 * rel, 1, signed=True)}%)" if rel is not None else ""
     return f"B {'higher' if row['delta'] > 0 else 'lower'}{rel_text}"
 
 
@@ -61,11 +61,11 @@ def _table(title: str, first: str, rows: list[tuple[str, dict]]) -> Table:
         table.add_row(
             group,
             r["label"] + unit,
-            num(r["a"], 4),
-            num(r["b"], 4),
-            num(r["delta"], 3, sign=True),
-            ci_text(r["ci_holm"]) if r["ci_holm"] else "—",
-            "—" if r["p_adjusted"] is None else f"{r['p_adjusted']:.3f}",
+            significant(r["a"], 4),
+            significant(r["b"], 4),
+            significant(r["delta"], 3, signed=True),
+            bracket(*r["ci_holm"]) if r["ci_holm"] else DASH,
+            p_value(r["p_adjusted"]),
             f"[{_style(r)}]{_short_verdict(r)}[/]",
             end_section=last,
         )
@@ -92,11 +92,11 @@ def render(result: dict, console: Console) -> None:
 
     rows = result["rows"]
     per_workload = [(r["workload"], r) for r in rows if r["section"] == "workload"]
-    console.print(_table("per workload (clusters: requests)", "workload", per_workload))
+    print_table(console, _table("per workload (clusters: requests)", "workload", per_workload))
     steps = [
         ("all" if r["bs"] is None else str(r["bs"]), r) for r in rows if r["section"] == "steps"
     ]
-    console.print(_table("steps by batch size (clusters: steps)", "bs", steps))
+    print_table(console, _table("steps by batch size (clusters: steps)", "bs", steps))
 
     render_trim_cost_pair(result["trim_cost"], result["trim_cost_missing"], console)
 
@@ -160,7 +160,7 @@ def handle(args: argparse.Namespace) -> int:
 def configure(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Per workload (window, accepted, committed, ceiling, utilisation) and per "
-        "batch size (step time, verify tokens, throughput): B - A with a 95%% cluster-bootstrap "
+        "batch size (step time, verify tokens, throughput): B - A with a 95% cluster-bootstrap "
         "interval, a Holm-adjusted p-value and a verdict. Refuses runs whose gamma or workload "
         "sets differ unless --allow-mismatch."
     )

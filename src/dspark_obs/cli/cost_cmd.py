@@ -19,10 +19,10 @@ from pathlib import Path
 from .. import strict_json
 from ..analysis.cost_fit import TIME_COLUMNS, CostFit, CostFitError, check_probes, fit_cost_table
 from ..report import context_tables, cost_quality_table
-from ..report.document import print_table
+from ..report.document import print_report_table
 from ..report.figures.cost import write_cost_plots
 from ..store import open_run
-from .console import make_console
+from ..terminal import make_console
 from .errors import CliError
 
 
@@ -47,11 +47,11 @@ def context_out(args: argparse.Namespace) -> Path:
 
 def render(fit: CostFit, out: Path, context_path: Path | None, plots: list[str]) -> None:
     console = make_console()
-    print_table(
+    print_report_table(
         console, cost_quality_table(fit, f"Cost table fit over {fit.steps:,} timed steps -> {out}")
     )
     for table in context_tables(fit, f"context table -> {context_path}"):
-        print_table(console, table)
+        print_report_table(console, table)
     t = fit.table
     console.print(f"bias {1e3 * t.bias_seconds:.4f} ms")
     for name, probes, values in (

@@ -9,7 +9,10 @@ traceback only under `--debug`).
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
+import traceback
 from importlib import import_module
 
 from ..allocator import keep_freed_memory
@@ -69,6 +72,23 @@ OPTIONAL_EXTRAS = {
 }
 
 
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose "invalid choice" names the nearest choice (a mistyped
+    command or option value), as `git` does: `did you mean 'summary'?`."""
+
+    def error(self, message: str):
+        found = _INVALID_CHOICE.search(message)
+        if found:
+            choices = re.findall(r"'([^']*)'", found.group(2))
+            near = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.6)
+            if near:
+                message = f"{message}; did you mean '{near[0]}'?"
+        super().error(message)
+
+
 def _chosen(argv: list[str]) -> str | None:
     """The subcommand `argv` names: its first word (the top-level options take no value)."""
     first = next((a for a in argv if not a.startswith("-")), None)
@@ -80,13 +100,15 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     others are listed with their help), without, every subcommand is."""
     from .. import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="dspark-obs",
         description="Observability and acceptance-ceiling analytics for DSpark speculative "
         "decoding on SGLang.",
     )
     parser.add_argument("--version", action="version", version=f"dspark-obs {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument(
+        "--debug", action="store_true", help="show tracebacks on errors (the exit status stays)"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = None if argv is None else _chosen(argv)
     for name, (module, help_text) in COMMANDS.items():
@@ -103,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except ModuleNotFoundError as exc:
-        if args.debug:
-            raise
+        _traceback(args)
         top = (exc.name or "").split(".")[0]
         extra = OPTIONAL_EXTRAS.get(top)
         hint = f": pip install 'dspark-obs[{extra}]'" if extra else ""
@@ -114,18 +135,25 @@ def main(argv: list[str] | None = None) -> int:
         print("dspark-obs: interrupted", file=sys.stderr)
         return 130
     except (CliError, ValueError, OSError) as exc:
-        if args.debug:
-            raise
+        _traceback(args)
         print(f"dspark-obs {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except BaseException as exc:
-        if args.debug or not _is_data_error(exc):
+        if not _is_data_error(exc):
             raise
+        _traceback(args)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         print(
             f"dspark-obs {args.command}: error: unreadable data: {one_line(first)}", file=sys.stderr
         )
         return 2
+
+
+def _traceback(args: argparse.Namespace) -> None:
+    """Under `--debug`, the traceback of the error being handled, above its one-line message
+    (which, and whose exit status, stay as without it: scripts test the status)."""
+    if args.debug:
+        traceback.print_exc()
 
 
 def _is_data_error(exc: BaseException) -> bool:

@@ -11,7 +11,7 @@ from rich.console import Console
 from ..report import TERMINAL_SECTIONS, build_report
 from ..report.document import print_sections
 from ..store.fleet import FleetMismatchError, parse_group_keys
-from .console import make_console
+from ..terminal import make_console
 from .errors import CliError
 from .fleet_args import add_group_argument
 from .store_args import add_time_range_arguments, run_dirs_of

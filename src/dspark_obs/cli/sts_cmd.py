@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from ..analysis.confidence_rows import fit_sts_from_run
 from ..calibration import save_sts
+from ..terminal import make_console, print_table
 
 
 def handle_fit(args: argparse.Namespace) -> int:
@@ -28,7 +28,7 @@ def handle_fit(args: argparse.Namespace) -> int:
         zip(cal.temperatures, cal.ece_before, cal.ece_after, strict=True)
     ):
         table.add_row(str(j), f"{t:.4f}", f"{before:.4f}", f"{after:.4f}")
-    Console().print(table)
+    print_table(make_console(), table)
     return 0
 
 

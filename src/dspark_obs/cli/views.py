@@ -6,22 +6,15 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import strict_json
+from ..numbers import number
+from ..terminal import make_console, print_table
 from ..whatif.headline import trimmed_by_workload
-from .console import make_console
 
 
 def timing_text(timing: str | None) -> str:
     """A run's `timing` for people: `simulated`, `measured`, or that it has no step times
     (runs ingested from dumps that carry none)."""
     return timing or "none (no step times recorded)"
-
-
-def _fmt(value, digits: int = 2) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return f"{value:,}"
 
 
 _ENTRY_COLUMNS = (
@@ -39,15 +32,15 @@ _ENTRY_COLUMNS = (
 
 def _entry_cells(e: dict) -> list[str]:
     return [
-        _fmt(e["steps"]),
-        _fmt(e["request_steps"]),
-        _fmt(e["mean_window"]),
-        _fmt(e["mean_accepted"]),
-        _fmt(e["mean_committed"]),
-        _fmt(e["mean_ceiling"]),
-        _fmt(e["utilisation"], 3),
-        _fmt(e["mean_verify_tokens"]),
-        _fmt(e["throughput_tokens_per_s"], 0),
+        number(e["steps"]),
+        number(e["request_steps"]),
+        number(e["mean_window"]),
+        number(e["mean_accepted"]),
+        number(e["mean_committed"]),
+        number(e["mean_ceiling"]),
+        number(e["utilisation"], 3),
+        number(e["mean_verify_tokens"]),
+        number(e["throughput_tokens_per_s"], 0),
     ]
 
 
@@ -88,24 +81,24 @@ def render_summary(summary: dict, console: Console) -> None:
         cells = _entry_cells(e)
         if trimmed is not None:
             key = "all" if name == "overall" else name
-            cells.insert(columns.index("trimmed"), _fmt(trimmed.get(key), 3))
+            cells.insert(columns.index("trimmed"), number(trimmed.get(key), 3))
         table.add_row(name, *cells, end_section=name == rows[-2][0])
-    console.print(table)
+    print_table(console, table)
     if summary["load"] and any(r["budget_per_request"] is not None for r in summary["load"]):
         load = Table(title="load: budget per request by batch size", title_justify="left")
         for col in ("bs", "steps", "budget/req", "verify tok/step", "step ms"):
             load.add_column(col, justify="right")
         for r in summary["load"]:
             load.add_row(
-                _fmt(r["bs"]),
-                _fmt(r["steps"]),
-                _fmt(r["budget_per_request"]),
-                _fmt(r["verify_tokens_per_step"], 1),
-                _fmt(r["mean_step_ms"]),
+                number(r["bs"]),
+                number(r["steps"]),
+                number(r["budget_per_request"]),
+                number(r["verify_tokens_per_step"], 1),
+                number(r["mean_step_ms"]),
             )
-        console.print(load)
+        print_table(console, load)
     if summary.get("groups"):
-        console.print(_groups_table(summary))
+        print_table(console, _groups_table(summary))
     ceiling = summary["overall"]["ceiling_source"]
     note = {
         "observed": "ceiling observed (full-block verification)",
@@ -206,9 +199,9 @@ def print_estimates(report: dict) -> None:
             "",
             end_section=True,
         )
-    console.print(table)
+    print_table(console, table)
     if "by" in report:
-        console.print(_fleet_estimates(report))
+        print_table(console, _fleet_estimates(report))
     console.print(
         "[dim]walk rows: trimmed blocks only (truth = shadow ceiling of the same blocks); "
         "population: all request-steps; covered: the truth mean lies in the aggregate "
@@ -289,7 +282,7 @@ def print_block_accept_estimates(report: dict) -> None:
             f"[{_f(m['mean_point_lo'])}, {_f(m['mean_point_hi'])}]",
             {True: "yes", False: "NO", None: "—"}[cal],
         )
-    console.print(table)
+    print_table(console, table)
     console.print(
         "[dim]observed, walked, extrap.: shares of the point from verified windows and "
         "exact ceilings, from the walks' exact products, and from the tail model; "

@@ -8,8 +8,8 @@ from pathlib import Path
 from .. import strict_json
 from ..store import open_run
 from ..strict_json import clean_json
+from ..terminal import make_console
 from ..whatif.predict import DEFAULT_POLICIES, whatif
-from .console import make_console
 from .store_args import add_time_range_arguments, one_run, run_dirs_of
 from .whatif_views import render_whatif
 

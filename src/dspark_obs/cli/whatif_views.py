@@ -5,8 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from ..whatif.headline import signed, trim_headline
-from .views import _fmt
+from ..numbers import delta, interval, number, percent
+from ..terminal import print_table
+from ..whatif.headline import trim_headline
 
 
 def render_whatif(report: dict, console: Console, *, workloads: bool) -> None:
@@ -25,18 +26,18 @@ def render_whatif(report: dict, console: Console, *, workloads: bool) -> None:
         last = i + 1 == len(cells) or cells[i + 1]["policy"] != c["policy"]
         table.add_row(
             c["policy"],
-            _fmt(c["level"]),
+            number(c["level"]),
             c["workload"],
-            _fmt(c["mean_window"]),
-            _fmt(c["mean_accepted"]),
-            _fmt(c["verify_tokens_per_step"], 1),
-            _fmt(c["step_ms"], 3),
-            _fmt(c["tokens_per_s"], 0),
-            f"{_fmt(c['tokens_per_s_lo'], 0)} – {_fmt(c['tokens_per_s_hi'], 0)}",
-            _fmt(c["per_request_tokens_per_s"], 1),
+            number(c["mean_window"]),
+            number(c["mean_accepted"]),
+            number(c["verify_tokens_per_step"], 1),
+            number(c["step_ms"], 3),
+            number(c["tokens_per_s"], 0),
+            interval(c["tokens_per_s_lo"], c["tokens_per_s_hi"]),
+            number(c["per_request_tokens_per_s"], 1),
             end_section=last,
         )
-    console.print(table)
+    print_table(console, table)
     console.print(
         f"[dim]{report['unknown_ceilings']:,} of {report['request_steps']:,} request-steps had "
         "an unknown ceiling (trimmed, no shadow, no exact walk): the ceiling estimator "
@@ -48,7 +49,9 @@ def render_trim_cost(entries: list[dict], console: Console) -> None:
     """The headline: net tokens/s of the run's policy against static, per load level."""
     if not entries:
         return
-    table = Table(title="cost of trimming against static (whole batch)", title_justify="left")
+    table = Table(
+        title="cost of trimming against static (whole batch, tokens/s)", title_justify="left"
+    )
     for col in ("bs", "tokens/s", "static", "net", "interval", "net %", "step time saved",
                 "accepted lost", "trimmed/req-step"):  # fmt: skip
         table.add_column(col, justify="right")
@@ -56,17 +59,17 @@ def render_trim_cost(entries: list[dict], console: Console) -> None:
         if e["workload"] != "all":
             continue
         table.add_row(
-            _fmt(e["level"]),
-            _fmt(e["tokens_per_s"], 0),
-            _fmt(e["static_tokens_per_s"], 0),
-            signed(e["net_tokens_per_s"]),
-            f"{signed(e['net_lo'])} – {signed(e['net_hi'])}",
-            signed(None if e["net_share"] is None else 100 * e["net_share"], 1),
-            signed(e["step_time_saved"]),
-            signed(e["accepted_lost"]),
-            _fmt(e["trimmed_tokens_per_request_step"], 3),
+            number(e["level"]),
+            number(e["tokens_per_s"], 0),
+            number(e["static_tokens_per_s"], 0),
+            delta(e["net_tokens_per_s"]),
+            interval(e["net_lo"], e["net_hi"], signed=True),
+            percent(e["net_share"], signed=True),
+            delta(e["step_time_saved"]),
+            delta(e["accepted_lost"]),
+            number(e["trimmed_tokens_per_request_step"], 3),
         )
-    console.print(table)
+    print_table(console, table)
 
 
 def render_trim_cost_pair(trim: dict, missing: dict, console: Console) -> None:
@@ -96,20 +99,19 @@ def render_trim_cost_pair(trim: dict, missing: dict, console: Console) -> None:
     for level in levels:
         present = [(name, rows[level]) for name, rows in whole.items() if level in rows]
         for i, (name, e) in enumerate(present):
-            share = None if e["net_share"] is None else 100 * e["net_share"]
             table.add_row(
-                _fmt(level),
+                number(level),
                 name.upper(),
-                _fmt(e["tokens_per_s"], 0),
-                _fmt(e["static_tokens_per_s"], 0),
-                f"{signed(e['net_tokens_per_s'], 1)} ({signed(share, 2)} %)",
-                f"{signed(e['net_lo'], 1)} – {signed(e['net_hi'], 1)}",
-                signed(e["step_time_saved"], 1),
-                signed(e["accepted_lost"], 1),
-                _fmt(e["trimmed_tokens_per_request_step"], 3),
+                number(e["tokens_per_s"], 0),
+                number(e["static_tokens_per_s"], 0),
+                f"{delta(e['net_tokens_per_s'], 1)} ({percent(e['net_share'], 2, signed=True)})",
+                interval(e["net_lo"], e["net_hi"], 1, signed=True),
+                delta(e["step_time_saved"], 1),
+                delta(e["accepted_lost"], 1),
+                number(e["trimmed_tokens_per_request_step"], 3),
                 end_section=i + 1 == len(present),
             )
-    console.print(table)
+    print_table(console, table)
     console.print(
         "[dim]each run against static predicted on its own traffic: net = saved + lost "
         "(tokens/s); interval: the bracket on what static would have accepted where the run "

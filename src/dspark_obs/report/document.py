@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table as RichTable
 
 from ..plotting import img_tag
+from ..terminal import print_table
 
 
 @dataclass
@@ -114,13 +115,13 @@ def html_page(title: str, meta: list[str], sections: list[Section]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def print_table(console: Console, t: Table) -> None:
+def print_report_table(console: Console, t: Table) -> None:
     table = RichTable(title=t.title, title_justify="left")
     for i, c in enumerate(t.columns):
         table.add_column(c, justify="left" if i == 0 else "right")
     for row in t.rows:
         table.add_row(*row)
-    console.print(table)
+    print_table(console, table)
     if t.note:
         console.print(f"[dim]{t.note}[/dim]")
 
@@ -130,6 +131,6 @@ def print_sections(console: Console, sections: list[Section], keys: tuple[str, .
     for s in sections:
         if s.key in keys:
             for t in s.tables:
-                print_table(console, t)
+                print_report_table(console, t)
         for m in s.missing:
             console.print(f"[yellow]{s.title}: missing: {m}[/yellow]")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .errors import RunStoreError
 from .inventory import MANIFEST
-from .reader import Run, open_run
+from .reader import Run, not_a_run_dir, open_run
 
 #: Manifest keys naming the machine a run was recorded on, in order of preference.
 NODE_KEYS = ("instance", "host")
@@ -47,7 +47,7 @@ def expand_run_dirs(paths: list[Path]) -> list[Path]:
     out: list[Path] = []
     for path in paths:
         if not path.is_dir():
-            raise RunStoreError(f"{path}: run directory does not exist")
+            raise not_a_run_dir(path)
         if (path / MANIFEST).exists():
             out.append(path)
             continue

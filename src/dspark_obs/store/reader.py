@@ -211,11 +211,21 @@ class Run:
             self._check_rows(table, n)
 
 
+def not_a_run_dir(path: Path) -> RunStoreError:
+    """Why `path`, which is no directory, cannot be read as a run: it is a file, or nothing."""
+    if path.exists():
+        return RunStoreError(
+            f"{path}: is a file, not a run directory (give the directory `run` or `serve "
+            "--out` wrote, one holding run.json)"
+        )
+    return RunStoreError(f"{path}: no such run directory")
+
+
 def open_run(run_dir: str | Path) -> Run:
     """Open `run_dir` for reading; fails early, naming the path, when it is not a run."""
     path = Path(run_dir)
     if not path.is_dir():
-        raise RunStoreError(f"{path}: run directory does not exist")
+        raise not_a_run_dir(path)
     return Run(path=path, manifest=read_manifest(path / MANIFEST))
 
 

@@ -7,18 +7,15 @@ is in the tables beside it.
 
 from __future__ import annotations
 
-
-def signed(x: float | None, digits: int = 0) -> str:
-    """`+1,234` / `-56`: a difference, its sign always shown; `—` where there is none."""
-    return "—" if x is None else f"{x:+,.{digits}f}"
+from ..numbers import delta, interval, percent
 
 
 def level_headline(e: dict) -> str:
     """One level's net against static, its share and its interval."""
-    share = "" if e["net_share"] is None else f" ({signed(100 * e['net_share'], 1)} %)"
+    share = "" if e["net_share"] is None else f" ({percent(e['net_share'], signed=True)})"
     return (
-        f"bs {e['level']:,}: {signed(e['net_tokens_per_s'], 1)} tokens/s{share} "
-        f"(interval {signed(e['net_lo'], 1)} – {signed(e['net_hi'], 1)})"
+        f"bs {e['level']:,}: {delta(e['net_tokens_per_s'], 1)} tokens/s{share} "
+        f"(interval {interval(e['net_lo'], e['net_hi'], 1, signed=True)})"
     )
 
 

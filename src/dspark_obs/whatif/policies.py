@@ -56,8 +56,9 @@ class Policy:
         return self.kind == "sps"
 
 
-def parse_policy(spec: str) -> Policy:
-    """A `Policy` from its spec, or ValueError naming what is wrong."""
+def parse_policy(spec: str, gamma: int) -> Policy:
+    """A `Policy` from its spec, or ValueError naming what is wrong; a window may not
+    exceed the run's `gamma` (the block has no more drafts to verify)."""
     text = spec.strip()
     if text in ("own", "static", "sps"):
         return Policy(text, text)
@@ -65,6 +66,11 @@ def parse_policy(spec: str) -> Policy:
         value = text.partition("=")[2]
         if not value.isdigit():
             raise ValueError(f"policy {spec!r}: window=K needs a whole number of drafts")
+        if int(value) > gamma:
+            raise ValueError(
+                f"policy {spec!r}: the run drafts gamma = {gamma} tokens a block, so a window "
+                f"is at most {gamma} (window={gamma} is static)"
+            )
         return Policy(text, "window", window=int(value))
     if text.startswith("sps:"):
         name, eq, value = text[4:].partition("=")

@@ -837,7 +837,9 @@ def whatif(
     predicts on the request-steps as recorded (`predict_policy`); `same_steps` names
     policies (of `policies`) predicted that way too, under `same_steps_cells`.
     """
-    parsed = [parse_policy(p) for p in (policies or DEFAULT_POLICIES)]
+    gamma = run.gamma
+    defaults = [p for p in DEFAULT_POLICIES if not p.startswith("window=") or int(p[7:]) < gamma]
+    parsed = [parse_policy(p, gamma) for p in (policies or defaults)]
     frame = load_run_frame(run, use_shadow=use_shadow, policies=parsed)
     inp = frame.inputs
     exact = exact_ceiling(inp)

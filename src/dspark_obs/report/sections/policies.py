@@ -9,9 +9,9 @@ predicted throughput, and where each policy's curve crosses static's.
 
 from __future__ import annotations
 
-from ...numbers import fmt
+from ...numbers import delta, interval
 from ...whatif.crossing import crossings
-from ...whatif.headline import signed, trim_headline
+from ...whatif.headline import trim_headline
 from ..arms import Arm
 from ..document import Section
 from ..figure_queue import FigureQueue, arm_figures
@@ -23,7 +23,7 @@ SECTION_NUMBER = 0
 
 
 def _signed_cell(key: str, digits: int = 1, scale: float = 1.0) -> Cell:
-    return lambda r: signed(None if r[key] is None else scale * r[key], digits)
+    return lambda r: delta(None if r[key] is None else scale * r[key], digits)
 
 
 _TRIM_COLUMNS: dict[str, Cell] = {
@@ -32,10 +32,10 @@ _TRIM_COLUMNS: dict[str, Cell] = {
     "tokens/s": num_cell("tokens_per_s", 0),
     "static tokens/s": num_cell("static_tokens_per_s", 0),
     "net tokens/s": _signed_cell("net_tokens_per_s"),
-    "interval": lambda r: f"{signed(r['net_lo'], 1)} – {signed(r['net_hi'], 1)}",
+    "interval": lambda r: interval(r["net_lo"], r["net_hi"], 1, signed=True),
     "net %": _signed_cell("net_share", 2, 100.0),
-    "step time saved": _signed_cell("step_time_saved"),
-    "accepted lost": _signed_cell("accepted_lost"),
+    "step time saved tok/s": _signed_cell("step_time_saved"),
+    "accepted lost tok/s": _signed_cell("accepted_lost"),
     "trimmed/req-step": num_cell("trimmed_tokens_per_request_step"),
 }
 
@@ -47,7 +47,7 @@ _POLICY_COLUMNS: dict[str, Cell] = {
     "accepted": num_cell("mean_accepted"),
     "step ms": num_cell("step_ms", 3),
     "tokens/s": num_cell("tokens_per_s", 0),
-    "interval": lambda r: f"{fmt(r['tokens_per_s_lo'], 0)} – {fmt(r['tokens_per_s_hi'], 0)}",
+    "interval": lambda r: interval(r["tokens_per_s_lo"], r["tokens_per_s_hi"]),
     "vs static %": _signed_cell("vs_static", 2, 100.0),
 }
 
