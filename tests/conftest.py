@@ -24,9 +24,10 @@ SMALL_RUN = [
 ]
 
 
-def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run `dspark-obs` as a user would: a separate process, real argv, real exit status."""
-    env = {**os.environ, "COLUMNS": "160"}
+def cli(*args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `dspark-obs` as a user would: a separate process, real argv, real exit status
+    (piped, 160 columns unless `env` says otherwise)."""
+    env = {**os.environ, "COLUMNS": "160", **(env or {})}
     proc = subprocess.run(
         [sys.executable, "-m", "dspark_obs", *args],
         capture_output=True,

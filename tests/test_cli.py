@@ -216,3 +216,34 @@ def test_top_level_and_command_help_import_no_other_command(argv):
     else:
         assert commands == []
         assert not any(m.split(".")[0] in ("numpy", "polars", "matplotlib") for m in loaded)
+
+
+@pytest.mark.parametrize("command", ["summary", "estimate"])
+def test_tables_split_by_columns_instead_of_cutting_cells(compact_run, command):
+    """Piped at 80 columns (COLUMNS is honoured), no cell or header is cut to `…` and no line
+    is wider than the terminal; every figure of the JSON is printed whole."""
+    out, _ = compact_run
+    text = cli(command, str(out), env={"COLUMNS": "80"}).stdout
+    assert "…" not in text
+    table_lines = [line for line in text.splitlines() if line[:1] in "┏┃┡│├└"]
+    assert table_lines and max(len(line) for line in table_lines) <= 80
+    if command == "summary":
+        summary = json.loads(cli("summary", str(out), "--json").stdout)
+        for entry in [*summary["workloads"].values(), summary["overall"]]:
+            assert f"{entry['request_steps']:,}" in text
+            assert f"{entry['throughput_tokens_per_s']:,.0f}" in text
+
+
+def test_the_progress_bar_counts_the_work_a_sweep_does(compact_run):
+    """The bar's whole is the sweep's rows plus a fixed share per step, which the run's
+    steps add up to exactly (so its time left is not skewed toward the small levels)."""
+    from dspark_obs.cli.progress import STEP_ROWS, sweep_work
+    from dspark_obs.runtime.config import RuntimeConfig
+
+    out, _ = compact_run
+    config = json.loads((out / "run.json").read_text())["config"]
+    wanted = RuntimeConfig(
+        concurrency=config["concurrency"], steps_per_level=config["steps_per_level"]
+    )
+    steps = pl.read_parquet(out / "steps" / "*.parquet")
+    assert sweep_work(wanted) == int((steps["bs"] + STEP_ROWS).sum())

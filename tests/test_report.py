@@ -23,6 +23,7 @@ import polars as pl
 import pytest
 
 from dspark_obs.calibration import CalibrationAccumulator, prefix_labels
+from dspark_obs.numbers import delta
 from dspark_obs.store import open_run
 from dspark_obs.whatif.predict import whatif
 from dspark_obs.whatif.trim_cost import TRIM_COST_KEYS, trim_cost
@@ -267,7 +268,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     proc = cli("report", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), check=False)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
-    assert "does not exist" in proc.stderr
+    assert "no such run directory" in proc.stderr
 
 
 def test_cost_of_trimming_equals_whatif_trim_cost(report):
@@ -314,7 +315,7 @@ def test_cost_of_trimming_equals_whatif_trim_cost(report):
     top = md[: md.index("\n## ")]  # the header, above every section
     for e in entries:
         if e["workload"] == "all":
-            shown = f"bs {e['level']}: {e['net_tokens_per_s']:+,.1f} tokens/s"
+            shown = f"bs {e['level']}: {delta(e['net_tokens_per_s'], 1)} tokens/s"
             assert shown in top and shown in page, shown
     assert f"{run.name}: cost of trimming, net tokens/s" in top
 

@@ -38,7 +38,7 @@ def handle(args: argparse.Namespace) -> int:
     if listen is not None and chosen:
         check_can_listen(listen)
     sts = calibration_from_args(args, config)
-    with step_progress(config.total_steps, f"{config.mode} run", not args.quiet) as advance:
+    with step_progress(config, f"{config.mode} run", not args.quiet) as advance:
         exporter = record_while_serving(
             config,
             out,

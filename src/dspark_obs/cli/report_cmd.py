@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..report import TERMINAL_SECTIONS, build_report
+from ..report import build_report
 from ..report.document import print_sections
 from ..store.fleet import FleetMismatchError, parse_group_keys
 from ..terminal import make_console
@@ -42,11 +42,13 @@ def _handle(args: argparse.Namespace) -> int:
     except FleetMismatchError as exc:
         raise CliError(f"{exc}; --arms compares the runs side by side instead") from exc
     console = make_console()
-    print_sections(console, report.sections, TERMINAL_SECTIONS)
+    print_sections(console, report.sections, every_table=args.tables)
     figures = sum(len(s.figures) for s in report.sections)
+    tables = sum(len(s.tables) for s in report.sections)
     console.print(
-        f"[bold]wrote[/bold] {report.html} (self-contained), {report.markdown}, "
-        f"{report.json} and {figures} PNGs in {time.perf_counter() - start:.1f} s"
+        f"[bold]wrote[/bold] {report.html} (self-contained), {report.markdown} ({tables} "
+        f"tables{'' if args.tables else '; --tables prints them here'}), {report.json} and "
+        f"{figures} PNGs in {time.perf_counter() - start:.1f} s"
     )
     return 0
 
@@ -76,5 +78,11 @@ def configure(p: argparse.ArgumentParser) -> None:
         "runs of any mode or gamma), instead of one fleet",
     )
     p.add_argument("--quiet", action="store_true", help="no progress spinner")
+    p.add_argument(
+        "--tables",
+        action="store_true",
+        help="print every table of summary.md to the terminal (default: the cost of "
+        "trimming, the per-workload table and what is missing)",
+    )
     add_time_range_arguments(p)
     p.set_defaults(handler=handle)

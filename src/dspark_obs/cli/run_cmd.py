@@ -36,7 +36,7 @@ def handle(args: argparse.Namespace) -> int:
     if stop.is_set():
         print("interrupted before the first step; nothing stored", file=sys.stderr)
         return 0
-    with step_progress(config.total_steps, f"{config.mode} run", not args.quiet) as advance:
+    with step_progress(config, f"{config.mode} run", not args.quiet) as advance:
         record_reference_run(
             config,
             out,

@@ -99,21 +99,39 @@ def render_summary(summary: dict, console: Console) -> None:
         print_table(console, load)
     if summary.get("groups"):
         print_table(console, _groups_table(summary))
-    ceiling = summary["overall"]["ceiling_source"]
-    note = {
-        "observed": "ceiling observed (full-block verification)",
-        "shadow": "ceiling from the cap-accept shadow twin",
-        None: "ceiling not observed in this run (compact without shadow)",
-    }[ceiling]
-    console.print(
-        f"[dim]{note}; utilisation = accepted / ceiling over rows with a known "
-        "ceiling; trimmed = static's predicted accepted drafts minus the run's, per "
-        "request-step; tokens/s is simulated when timing=simulated[/dim]"
-    )
+    console.print(f"[dim]{_footer(summary, trimmed is not None)}[/dim]")
     if summary.get("trim_cost"):
         from .whatif_views import render_trim_cost
 
         render_trim_cost(summary["trim_cost"], console)
+
+
+def _footer(summary: dict, trimmed: bool) -> str:
+    """What the columns shown mean, and only those: a fleet has no trimmed column, a run
+    without a known ceiling no utilisation."""
+    fleet = len(summary.get("runs") or ()) > 1
+    ceiling = summary["overall"]["ceiling_source"]
+    lines = [
+        {
+            "observed": "ceiling observed (full-block verification)",
+            "shadow": "ceiling from the cap-accept shadow twin",
+            None: f"ceiling not observed in {'these runs' if fleet else 'this run'} (compact "
+            "without shadow: `estimate` gives the walk's estimate)",
+        }[ceiling]
+    ]
+    if ceiling is not None:
+        lines.append("utilisation = accepted / ceiling over rows with a known ceiling")
+    if trimmed:
+        lines.append(
+            "trimmed = static's predicted accepted drafts minus the run's, per request-step"
+        )
+    rate = "tokens/s = committed tokens over step time"
+    if fleet or summary.get("groups"):
+        rate += ", summed over the ranks and nodes (they serve side by side)"
+    if summary["timing"] == "simulated":
+        rate += " (simulated step times)"
+    lines.append(rate)
+    return "; ".join(lines)
 
 
 def print_summary(summary: dict, *, as_json: bool) -> None:

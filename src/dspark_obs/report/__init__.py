@@ -4,11 +4,10 @@
 `figure_queue` draws the figures, `figures` holds the drawings, `document` the page formats).
 """
 
-from .build import TERMINAL_SECTIONS, build_report, overlay_figures
+from .build import build_report, overlay_figures
 from .sections import context_tables, cost_quality_table
 
 __all__ = [
-    "TERMINAL_SECTIONS",
     "build_report",
     "context_tables",
     "cost_quality_table",

@@ -52,10 +52,7 @@ from .sections import (
 )
 from .sections.policies import headline as policy_headline
 
-__all__ = ["TERMINAL_SECTIONS", "Report", "build_report", "overlay_figures"]
-
-#: Sections whose tables `report` also prints in the terminal.
-TERMINAL_SECTIONS = ("policies", "workloads", "load", "estimator", "cost", "requests")
+__all__ = ["Report", "build_report", "overlay_figures"]
 
 
 @dataclass

@@ -27,6 +27,8 @@ class Table:
     columns: list[str]
     rows: list[list[str]]
     note: str = ""
+    #: shown in the terminal's short account of the report (the rest is in summary.md)
+    headline: bool = False
 
 
 @dataclass
@@ -43,6 +45,8 @@ class Section:
     tables: list[Table] = field(default_factory=list)
     figures: list[Figure] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    #: one-line findings for the terminal's short account
+    headline: list[str] = field(default_factory=list)
 
 
 def _md_cell(text: str) -> str:
@@ -126,11 +130,14 @@ def print_report_table(console: Console, t: Table) -> None:
         console.print(f"[dim]{t.note}[/dim]")
 
 
-def print_sections(console: Console, sections: list[Section], keys: tuple[str, ...]) -> None:
-    """The key tables in the terminal; missing-data lines for every section."""
+def print_sections(console: Console, sections: list[Section], *, every_table: bool) -> None:
+    """The report in the terminal: each section's headline lines and headline tables (every
+    table with `every_table`), and what it is missing."""
     for s in sections:
-        if s.key in keys:
-            for t in s.tables:
+        for line in s.headline:
+            console.print(line, markup=False)
+        for t in s.tables:
+            if every_table or t.headline:
                 print_report_table(console, t)
         for m in s.missing:
             console.print(f"[yellow]{s.title}: missing: {m}[/yellow]")

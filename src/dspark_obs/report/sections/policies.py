@@ -125,6 +125,7 @@ def policies_section(arms: list[Arm], w: FigureQueue) -> Section:
         for spec, why in report["unavailable"].items():
             s.missing.append(f"{arm.label}: policy {spec} not predicted: {why}")
         curves, own, marks = policy_curves(report)
+        s.headline.append(headline(arm))
         note = f"{headline(arm)}. {_crossing_text(marks)}"
         s.tables.append(
             rows_table(

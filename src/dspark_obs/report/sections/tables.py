@@ -22,10 +22,18 @@ def name_cell(key: str) -> Cell:
     return lambda r: r[key] or "(none)"
 
 
-def rows_table(title: str, columns: dict[str, Cell], rows: Iterable[dict], note: str = "") -> Table:
+def rows_table(
+    title: str,
+    columns: dict[str, Cell],
+    rows: Iterable[dict],
+    note: str = "",
+    *,
+    headline: bool = False,
+) -> Table:
     """A table of one row per record, from `{header: cell}`.
 
     Each header sits beside the cell that fills it, so a column added or moved
     cannot drift out of line with its values.
     """
-    return Table(title, list(columns), [[cell(r) for cell in columns.values()] for r in rows], note)
+    cells = [[cell(r) for cell in columns.values()] for r in rows]
+    return Table(title, list(columns), cells, note, headline)

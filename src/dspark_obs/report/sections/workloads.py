@@ -102,6 +102,7 @@ def workloads_section(arms: list[Arm], w: FigureQueue) -> Section:
                 _WORKLOAD_COLUMNS,
                 _workload_rows(arm),
                 f"observed ceiling source: {arm.summary['overall']['ceiling_source'] or 'none'}",
+                headline=True,
             )
         )
         if arm.by:
