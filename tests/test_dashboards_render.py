@@ -96,9 +96,9 @@ def _drawn(panel: dict, series: list[Series]):
 
 
 def test_stat_is_a_big_number_in_its_unit_and_threshold_colour() -> None:
-    """As Grafana draws a stat: `10432 tok/s`, `264 µs`, `90.00%` in yellow, never `1e+04`."""
+    """As Grafana draws a stat: `10,432`, `264 µs`, `90.00%` in yellow, never `1e+04`."""
     cases = [
-        ("Committed tokens/s", [10432.4], ["10432 tok/s"], None),
+        ("Committed tokens/s", [10432.4], ["10,432"], None),
         ("Refit RMS error", [0.000264], ["264 µs"], None),
         ("Utilisation", [0.9], ["90.00%"], NAMED_COLOURS["yellow"]),
         ("Utilisation", [0.5], ["50.00%"], NAMED_COLOURS["red"]),

@@ -32,8 +32,10 @@ from dspark_obs.dashboards import definition
 from dspark_obs.dashboards.drawing import data_panels, render, slug
 from dspark_obs.dashboards.fleet_definition import FLEET_UID, generate, render_json
 from dspark_obs.dashboards.panel_plots import draw_panel
+from dspark_obs.dashboards.promql import CEILING, ESTIMATED, KNOWN
 from dspark_obs.dashboards.provisioning import shipped_dashboard, shipped_json
 from dspark_obs.dashboards.querying import Prometheus, fetch, substitutions
+from dspark_obs.dashboards.querying import substitute as render_substitute
 from dspark_obs.plotting import new_figure
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime_server import RuntimeFrontend
@@ -313,6 +315,8 @@ def test_fleet_figures_equal_the_raw_counters(fleet) -> None:
         got = prom.query(substitute(expr), at=at)
         assert len(got) == 1, (title, got)
         assert float(got[0]["value"][1]) == pytest.approx(value, rel=1e-9, abs=1e-12), title
+        if title in ("Utilisation", "Mean ceiling"):  # west's cap-accept rows know it
+            assert got[0]["metric"][CEILING] == KNOWN, title
     for target in _panel("Ceiling estimate")["targets"]:
         bound = target["legendFormat"]
         value = (observed + raw(f"dspark_estimator_walk_{bound}_tokens_total")) / blocks
@@ -325,6 +329,40 @@ def test_fleet_figures_equal_the_raw_counters(fleet) -> None:
             assert float(got[0]["value"][1]) == pytest.approx(pos[k] / rows[k], rel=1e-9)
         else:
             assert not got
+
+
+@live
+def test_without_a_known_ceiling_the_fleet_shows_the_walk_estimate(fleet) -> None:
+    """East serves compact without a shadow twin, so no ceiling of its is known: alone, its
+    utilisation and mean ceiling are the walk's estimate, so named, and equal to numpy over
+    its per-rank counters; beside west, each node's own line says which it is."""
+    prom, at = fleet
+
+    def raw(name: str) -> float:
+        return _raw(prom, f'{name}{{cluster="east"}}', at)
+
+    assert raw("dspark_ceiling_tokens_count") == 0
+    walked = raw("dspark_estimator_resolved_blocks_total") + raw(
+        "dspark_estimator_censored_blocks_total"
+    )
+    ceiling = (
+        raw("dspark_estimator_observed_ceiling_tokens_total")
+        + raw("dspark_estimator_walk_point_tokens_total")
+    ) / (raw("dspark_estimator_observed_blocks_total") + walked)
+    accepted = raw("dspark_accepted_tokens_sum") / raw("dspark_request_steps_total")
+    assert walked > 0 and 0 < accepted <= ceiling
+    east = substitutions({"cluster": "east"}, step="15s", range_="5m")
+    for title, value in (("Utilisation", accepted / ceiling), ("Mean ceiling", ceiling)):
+        (target,) = _panel(title)["targets"]
+        (got,) = prom.query(render_substitute(target["expr"], east), at=at)
+        assert got["metric"][CEILING] == ESTIMATED, title
+        assert float(got["value"][1]) == pytest.approx(value, rel=1e-9), title
+    for title in ("Utilisation by node", "Utilisation by rank"):
+        (target,) = _panel(title)["targets"]
+        rows = prom.query(substitute(target["expr"]), at=at)
+        shown = {(r["metric"]["cluster"], r["metric"][CEILING]) for r in rows}
+        assert {c for c, _ in shown} == {"east", "west"}, title
+        assert shown == {("east", ESTIMATED), ("west", KNOWN)}, title
 
 
 def _one_panel_per_type(dashboard: dict) -> dict:

@@ -175,6 +175,15 @@ def utilisation(level: Level, by: tuple[str, ...], window: str | None = None) ->
     return _ratio(f"{t('ceiling_sum')} - {t('trim_loss')}", t("ceiling_sum"))
 
 
+def utilisation_estimate(level: Level, by: tuple[str, ...], window: str | None = None) -> str:
+    """Accepted per request-step over the estimated mean ceiling: utilisation where no ceiling
+    is known (compact without a shadow twin), from the walk's counters alone."""
+    return _ratio(
+        per_request_step(level, "accepted", by, window),
+        ceiling_estimate(level, "point", by, window),
+    )
+
+
 def ceiling_mean(level: Level, by: tuple[str, ...], window: str | None = None) -> str:
     """Mean ceiling over request-steps whose ceiling is known (observed or shadow)."""
     t = partial(total, level, by=by, window=window)

@@ -3,6 +3,10 @@
 The rows say what to show (title, description, unit, queries); this module says how every
 panel of a kind looks, and the thresholds that colour good and bad values, so that the
 rows stay a list of questions and the look changes in one place.
+
+Every panel also says why it can be empty: Grafana's bare "No data" leaves a reader to guess
+between a broken scrape and a feature not switched on, so each panel names its reasons
+(`empty`), shown in its place (the field's `noValue`) and at the end of its description.
 """
 
 from __future__ import annotations
@@ -37,6 +41,36 @@ REL_ERROR = threshold_steps((None, GREEN), (0.1, YELLOW), (0.25, RED))
 UP = threshold_steps((None, RED), (1, GREEN))
 ANY_BAD = threshold_steps((None, GREEN), (1e-9, RED))
 
+# Why a panel's queries can come back empty, each as a clause after "No data: " (docs/metrics.md
+# says when each family has no series).
+#: the main dashboard: nothing scraped, or nothing the variables select in the window
+NO_SERIES = "no dspark-obs series match the variables in this range"
+NO_CONFIDENCE = "the step records carry no drafter confidence (survival)"
+NO_STEP_TIMES = (
+    "no step has both a measured step time (step_gpu_ms, step_cpu_ms) and the cost "
+    "table's prediction (predicted_step_ms)"
+)
+NO_REFIT = "no refit yet: it needs measured step times in two (batch size, verify tokens) cells"
+NO_PRICED_STEPS = (
+    "no step priced yet: static's step time needs a cost table (the runtime's "
+    "--cost-table, else the online refit from measured step times)"
+)
+NO_SGLANG = "SGLang's own /metrics (--enable-metrics) is not scraped beside series of engine sglang"
+NO_SOURCE_STATE = "no source reports its state (serve's sources do; the hook consumer does not)"
+#: the fleet dashboard: where the node sums it reads are not recorded or federated
+NO_NODE_SUMS = (
+    "no node sums (instance:dspark_*:sum, fleet.yml's node rules) match the variables here"
+)
+NO_RANK_COUNTERS = (
+    "the exporters' per-rank counters are not here (only a node's own Prometheus holds "
+    'them, unless federated whole: {__name__=~"dspark_.*"})'
+)
+
+
+def why_empty(reasons) -> str:
+    """The noValue text of a panel that can be empty for `reasons`."""
+    return "No data: " + "; or ".join(reasons)
+
 
 def _q(expr: str, legend: str, ref: str, *, instant: bool = False, fmt: str | None = None):
     q = prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref)
@@ -52,13 +86,17 @@ def _targets(panel, queries: list[tuple[str, str]], **kw):
     return panel
 
 
-def _common(panel, title: str, description: str, unit: str, thresholds, w: int, h: int):
+def _common(panel, title: str, description: str, unit: str, thresholds, w: int, h: int, empty):
+    if not empty:
+        raise ValueError(f"{title!r}: say why it can be empty")
+    why = why_empty(empty)
     return (
         panel.title(title)
-        .description(description)
+        .description(f"{description} {why}.")
         .datasource(DS)
         .unit(unit)
         .thresholds(thresholds)
+        .no_value(why)
         .span(w)
         .height(h)
     )
@@ -70,13 +108,14 @@ def timeseries(
     unit: str,
     queries: list[tuple[str, str]],
     *,
+    empty: tuple[str, ...],
     thresholds=NEUTRAL,
     w: int = 12,
     h: int = 8,
     min_val: float | None = None,
     max_val: float | None = None,
 ):
-    p = _common(ts.Panel(), title, description, unit, thresholds, w, h)
+    p = _common(ts.Panel(), title, description, unit, thresholds, w, h, empty)
     # Grafana cannot key a colour on one label; by name, a series at least keeps its colour
     # from panel to panel and from one reload to the next, whatever else is shown beside it.
     p = p.color_scheme(dashboard.FieldColor().mode(dm.FieldColorModeId.PALETTE_CLASSIC_BY_NAME))
@@ -99,13 +138,19 @@ def stat_panel(
     unit: str,
     queries: list[tuple[str, str]],
     *,
+    empty: tuple[str, ...],
     thresholds=NEUTRAL,
     w: int = 4,
     h: int = 4,
     decimals: float | None = 2,
+    named: bool = False,
 ):
-    p = _common(stat.Panel(), title, description, unit, thresholds, w, h)
+    """`named`: the value's series name shown under it even when alone, for a value whose
+    name says what it rests on (a known or an estimated ceiling)."""
+    p = _common(stat.Panel(), title, description, unit, thresholds, w, h, empty)
     p = p.color_mode(cm.BigValueColorMode.VALUE).graph_mode(cm.BigValueGraphMode.AREA)
+    if named:
+        p = p.text_mode(cm.BigValueTextMode.VALUE_AND_NAME)
     p = p.reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
     if decimals is not None:
         p = p.decimals(decimals)
@@ -118,6 +163,7 @@ def bar_gauge(
     unit: str,
     queries: list[tuple[str, str]],
     *,
+    empty: tuple[str, ...],
     thresholds=NEUTRAL,
     fmt: str | None = None,
     w: int = 12,
@@ -125,7 +171,7 @@ def bar_gauge(
     min_val: float | None = 0,
     max_val: float | None = None,
 ):
-    p = _common(bargauge.Panel(), title, description, unit, thresholds, w, h)
+    p = _common(bargauge.Panel(), title, description, unit, thresholds, w, h, empty)
     p = (
         p.display_mode(cm.BarGaugeDisplayMode.GRADIENT)
         .orientation(cm.VizOrientation.VERTICAL)
@@ -138,8 +184,17 @@ def bar_gauge(
     return _targets(p, queries, instant=True, fmt=fmt)
 
 
-def heatmap_panel(title: str, description: str, unit: str, expr: str, *, w: int = 12, h: int = 8):
-    p = _common(heatmap.Panel(), title, description, unit, NEUTRAL, w, h)
+def heatmap_panel(
+    title: str,
+    description: str,
+    unit: str,
+    expr: str,
+    *,
+    empty: tuple[str, ...],
+    w: int = 12,
+    h: int = 8,
+):
+    p = _common(heatmap.Panel(), title, description, unit, NEUTRAL, w, h, empty)
     p = p.calculate(False).color(
         heatmap.HeatmapColorOptions().mode(hm.HeatmapColorMode.SCHEME).scheme("Oranges").steps(64)
     )

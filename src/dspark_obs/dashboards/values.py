@@ -3,14 +3,17 @@
 A stat panel is read, not measured: `12.4 ms` in the colour of the threshold it
 falls under, never `1.24e-02` on a bar. These rules follow Grafana's value
 formatting for the units this dashboard uses (`percentunit`, `s`, `ops`, `short`,
-`none` and `suffix:`), and its named threshold colours.
+`locale`, `none` and `suffix:`), and its named threshold colours.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from decimal import ROUND_HALF_UP, Decimal, localcontext
 from typing import Any
+
+from ..numbers import number
 
 #: Axis-label name and factor of each unit, for the timeseries and bar drawings.
 UNITS = {
@@ -18,6 +21,7 @@ UNITS = {
     "s": ("seconds", 1.0),
     "ops": ("ops/s", 1.0),
     "short": ("count", 1.0),
+    "locale": ("value", 1.0),
     "none": ("value", 1.0),
 }
 
@@ -61,6 +65,23 @@ def _si(value: float, decimals: int | None) -> tuple[str, str]:
     return _number(value, decimals), ""
 
 
+def _locale(value: float, decimals: int | None) -> str:
+    """Grafana's `locale` unit, `value.toLocaleString(undefined, {maximumFractionDigits})` in
+    an English locale: thousands separators, at most `decimals` decimals (3 unset) with
+    trailing zeros dropped, rounded half away from zero from the shortest decimal that reads
+    back as the same float, as browsers' ICU does (`1.005` to `1.01`, where `f"{1.005:.2f}"`
+    gives `1.00`). Counts read `30,564`, never `30.6 K`; a value that rounds to zero has no
+    sign (numbers.py)."""
+    if math.isinf(value):
+        return "∞" if value > 0 else "-∞"
+    digits = 3 if decimals is None else max(0, decimals)
+    with localcontext() as ctx:
+        ctx.prec = 400  # a float's integer part has at most 309 digits
+        rounded = Decimal(repr(value)).quantize(Decimal(1).scaleb(-digits), ROUND_HALF_UP)
+    text = number(rounded, digits)
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 def format_value(value: float, panel: Mapping[str, Any]) -> str:
     """`value` as a Grafana stat shows it, with the panel's unit and decimals."""
     if math.isnan(value):
@@ -77,6 +98,8 @@ def format_value(value: float, panel: Mapping[str, Any]) -> str:
         return f"{_number(value, decimals)} s"
     if unit.startswith("suffix:"):
         return f"{_number(value, decimals)} {unit.split(':', 1)[1].strip()}"
+    if unit == "locale":
+        return _locale(value, decimals)
     if unit in ("short", "ops"):
         number, prefix = _si(value, decimals)
         text = f"{number} {prefix}".rstrip()

@@ -23,20 +23,33 @@ from ..fleet_promql import (
     per_request_step,
     total,
     utilisation,
+    utilisation_estimate,
 )
-from ..panels import AUROC, BRIER, ECE, UTILISATION, timeseries
-from ..promql import RI
+from ..panels import (
+    AUROC,
+    BRIER,
+    ECE,
+    NO_CONFIDENCE,
+    NO_NODE_SUMS,
+    NO_RANK_COUNTERS,
+    UTILISATION,
+    timeseries,
+)
+from ..promql import CEILING_LEGEND, CEILING_SOURCE, RI, known_or_estimated
 
 
 def _panels(level: Level, by: tuple[str, ...], legend: str, noun: str) -> list:
     w = RI.strip("[]")
     binned = "rank" not in by  # the calibration bins are summed over ranks
+    empty = (NO_RANK_COUNTERS if level.rank else NO_NODE_SUMS,)
+    calibration = (NO_CONFIDENCE, *empty)
     panels = [
         timeseries(
             f"Committed tokens/s by {noun}",
             f"Tokens committed per second per {noun}, over the selected workloads and modes.",
             "suffix: tok/s",
             [(total(level, "committed", by, w), legend)],
+            empty=empty,
             w=8,
             min_val=0,
         ),
@@ -49,15 +62,25 @@ def _panels(level: Level, by: tuple[str, ...], legend: str, noun: str) -> list:
                 (per_request_step(level, "accepted", by, w), f"accepted {legend}"),
                 (per_request_step(level, "window", by, w), f"window {legend}"),
             ],
+            empty=empty,
             w=8,
             min_val=0,
         ),
         timeseries(
             f"Utilisation by {noun}",
             f"(ceiling - trim loss) / ceiling per {noun} over the rate interval, on "
-            "request-steps whose ceiling is known.",
+            "request-steps whose ceiling is known; else accepted per request-step / the "
+            "estimated mean ceiling. " + CEILING_SOURCE,
             "percentunit",
-            [(utilisation(level, by, w), legend)],
+            [
+                (
+                    known_or_estimated(
+                        utilisation(level, by, w), utilisation_estimate(level, by, w)
+                    ),
+                    f"{legend}, {CEILING_LEGEND}",
+                )
+            ],
+            empty=empty,
             thresholds=UTILISATION,
             w=8,
             max_val=1,
@@ -74,6 +97,7 @@ def _panels(level: Level, by: tuple[str, ...], legend: str, noun: str) -> list:
                     for bound in ("lower", "point", "upper")
                 ),
             ],
+            empty=empty,
             w=12,
             min_val=0,
         ),
@@ -84,6 +108,7 @@ def _panels(level: Level, by: tuple[str, ...], legend: str, noun: str) -> list:
             "summed bins over the rate interval.",
             "percentunit",
             [(ece(level, by, w), legend)],
+            empty=calibration,
             thresholds=ECE,
             w=4,
             min_val=0,
@@ -93,6 +118,7 @@ def _panels(level: Level, by: tuple[str, ...], legend: str, noun: str) -> list:
             f"Brier score per {noun} over the rate interval, every position together.",
             "none",
             [(brier(level, by, w), legend)],
+            empty=calibration,
             thresholds=BRIER,
             w=4 if binned else 12,
             min_val=0,
@@ -104,6 +130,7 @@ def _panels(level: Level, by: tuple[str, ...], legend: str, noun: str) -> list:
             "a bin counted half).",
             "none",
             [(auroc(level, by, w), legend)],
+            empty=calibration,
             thresholds=AUROC,
             w=4,
             min_val=0,

@@ -7,34 +7,45 @@ run directories; only the two throughput stats are rates.
 
 from __future__ import annotations
 
-from ..fleet_promql import NODE, ceiling_estimate, ceiling_mean, per_request_step, total
+from ..fleet_promql import (
+    NODE,
+    ceiling_estimate,
+    ceiling_mean,
+    per_request_step,
+    total,
+    utilisation_estimate,
+)
 from ..fleet_promql import auroc as auroc_q
 from ..fleet_promql import brier as brier_q
 from ..fleet_promql import ece as ece_q
 from ..fleet_promql import utilisation as utilisation_q
-from ..panels import AUROC, BRIER, ECE, UTILISATION, stat_panel
-from ..promql import RI
+from ..panels import AUROC, BRIER, ECE, NO_CONFIDENCE, NO_NODE_SUMS, UTILISATION, stat_panel
+from ..promql import CEILING_LEGEND, CEILING_SOURCE, RI, known_or_estimated
 
 SINCE = " Since each exporter started, over the selected clusters, nodes, workloads and modes."
 
 
 def panels() -> list:
     rate = RI.strip("[]")
+    empty = (NO_NODE_SUMS,)
+    calibration = (NO_CONFIDENCE, NO_NODE_SUMS)
     return [
         stat_panel(
             "Committed tokens/s",
             "Tokens committed per second (accepted drafts plus the bonus token), summed over "
             "the selected clusters, nodes, workloads and modes.",
-            "suffix: tok/s",
+            "locale",
             [(total(NODE, "committed", (), rate), "committed")],
+            empty=empty,
             w=3,
             decimals=0,
         ),
         stat_panel(
             "Request-steps/s",
             "Requests verified per second (one request in one verify step), fleet-wide.",
-            "ops",
+            "locale",
             [(total(NODE, "request_steps", (), rate), "request-steps")],
+            empty=empty,
             w=3,
             decimals=0,
         ),
@@ -43,6 +54,7 @@ def panels() -> list:
             "Drafts the target accepted per request-step: accepted tokens / request-steps." + SINCE,
             "suffix: tok",
             [(per_request_step(NODE, "accepted", ()), "accepted")],
+            empty=empty,
             w=3,
         ),
         stat_panel(
@@ -50,24 +62,43 @@ def panels() -> list:
             "Drafts verified per request-step: window tokens / request-steps." + SINCE,
             "suffix: tok",
             [(per_request_step(NODE, "window", ()), "window")],
+            empty=empty,
             w=3,
         ),
         stat_panel(
             "Utilisation",
-            "Accepted / ceiling over request-steps whose ceiling is known: (ceiling - trim "
-            "loss) / ceiling, from the summed counters." + SINCE,
+            "Accepted / ceiling: (ceiling - trim loss) / ceiling over request-steps whose "
+            "ceiling is known, else accepted per request-step / the estimated mean ceiling, "
+            "from the summed counters." + SINCE + " " + CEILING_SOURCE,
             "percentunit",
-            [(utilisation_q(NODE, ()), "utilisation")],
+            [
+                (
+                    known_or_estimated(utilisation_q(NODE, ()), utilisation_estimate(NODE, ())),
+                    CEILING_LEGEND,
+                )
+            ],
+            empty=empty,
             thresholds=UTILISATION,
             w=3,
+            named=True,
         ),
         stat_panel(
             "Mean ceiling",
-            "Drafts full-block verification accepts per request-step, where known (observed "
-            "or shadow): ceiling sum / count." + SINCE,
+            "Drafts full-block verification accepts per request-step: ceiling sum / count "
+            "where known (observed or shadow), else the estimate's point."
+            + SINCE
+            + " "
+            + CEILING_SOURCE,
             "suffix: tok",
-            [(ceiling_mean(NODE, ()), "ceiling")],
+            [
+                (
+                    known_or_estimated(ceiling_mean(NODE, ()), ceiling_estimate(NODE, "point", ())),
+                    CEILING_LEGEND,
+                )
+            ],
+            empty=empty,
             w=3,
+            named=True,
         ),
         stat_panel(
             "Ceiling estimate",
@@ -75,6 +106,7 @@ def panels() -> list:
             "lower / point / upper sums) / (observed blocks + ended walks)." + SINCE,
             "suffix: tok",
             [(ceiling_estimate(NODE, bound, ()), bound) for bound in ("lower", "point", "upper")],
+            empty=empty,
             w=6,
         ),
         stat_panel(
@@ -84,6 +116,7 @@ def panels() -> list:
             "bins summed before the difference (ECE cannot be averaged)." + SINCE,
             "percentunit",
             [(ece_q(NODE, ()), "ECE")],
+            empty=calibration,
             thresholds=ECE,
             w=8,
         ),
@@ -93,6 +126,7 @@ def panels() -> list:
             "together: (sum p² - 2 sum of accepted p + accepted) / rows." + SINCE,
             "none",
             [(brier_q(NODE, ()), "Brier")],
+            empty=calibration,
             thresholds=BRIER,
             w=8,
             decimals=3,
@@ -103,6 +137,7 @@ def panels() -> list:
             "summed AUROC bins (exact for those bins); 0.5 is chance." + SINCE,
             "none",
             [(auroc_q(NODE, ()), "AUROC")],
+            empty=calibration,
             thresholds=AUROC,
             w=8,
             decimals=3,

@@ -20,9 +20,21 @@ from ..fleet_promql import (
     reliability,
     total,
     utilisation,
+    utilisation_estimate,
 )
-from ..panels import AUROC, BLUE, BRIER, ECE, UTILISATION, bar_gauge, threshold_steps, timeseries
-from ..promql import RI
+from ..panels import (
+    AUROC,
+    BLUE,
+    BRIER,
+    ECE,
+    NO_CONFIDENCE,
+    NO_NODE_SUMS,
+    UTILISATION,
+    bar_gauge,
+    threshold_steps,
+    timeseries,
+)
+from ..promql import CEILING_LEGEND, CEILING_SOURCE, RI, known_or_estimated
 
 BY = ("workload", "mode")
 WL = "{{workload}} {{mode}}"
@@ -41,12 +53,15 @@ def _reliability() -> list[tuple[str, str]]:
 
 def panels() -> list:
     w = RI.strip("[]")
+    empty = (NO_NODE_SUMS,)
+    calibration = (NO_CONFIDENCE, NO_NODE_SUMS)
     return [
         timeseries(
             "Committed tokens/s by workload",
             "Tokens committed per second, fleet-wide, by workload and mode.",
             "suffix: tok/s",
             [(total(NODE, "committed", BY, w), WL)],
+            empty=empty,
             w=8,
             min_val=0,
         ),
@@ -60,14 +75,23 @@ def panels() -> list:
                 (per_request_step(NODE, "window", BY, w), f"window {WL}"),
                 (ceiling_mean(NODE, BY, w), f"ceiling {WL}"),
             ],
+            empty=empty,
             w=8,
             min_val=0,
         ),
         timeseries(
             "Utilisation by workload",
-            "(ceiling - trim loss) / ceiling over the rate interval, fleet-wide.",
+            "(ceiling - trim loss) / ceiling over the rate interval, fleet-wide, where the "
+            "ceiling is known; else accepted per request-step / the estimated mean ceiling. "
+            + CEILING_SOURCE,
             "percentunit",
-            [(utilisation(NODE, BY, w), WL)],
+            [
+                (
+                    known_or_estimated(utilisation(NODE, BY, w), utilisation_estimate(NODE, BY, w)),
+                    f"{WL}, {CEILING_LEGEND}",
+                )
+            ],
+            empty=empty,
             thresholds=UTILISATION,
             w=8,
             max_val=1,
@@ -81,6 +105,7 @@ def panels() -> list:
                 (ceiling_estimate(NODE, bound, BY, w), f"{bound} {WL}")
                 for bound in ("lower", "point", "upper")
             ],
+            empty=empty,
             w=8,
             min_val=0,
         ),
@@ -90,6 +115,7 @@ def panels() -> list:
             "together, from the summed bins over the rate interval.",
             "percentunit",
             [(ece(NODE, BY, w), WL)],
+            empty=calibration,
             thresholds=ECE,
             w=8,
             min_val=0,
@@ -100,6 +126,7 @@ def panels() -> list:
             "predictions together, from the summed bins over the rate interval.",
             "percentunit",
             [(ece(NODE, ("position",), w), "position {{position}}")],
+            empty=calibration,
             thresholds=ECE,
             w=8,
             min_val=0,
@@ -109,6 +136,7 @@ def panels() -> list:
             "Brier score per workload and mode over the rate interval, every position together.",
             "none",
             [(brier(NODE, BY, w), WL)],
+            empty=calibration,
             thresholds=BRIER,
             w=6,
             min_val=0,
@@ -119,6 +147,7 @@ def panels() -> list:
             "0.5 is chance.",
             "none",
             [(auroc(NODE, BY, w), WL)],
+            empty=calibration,
             thresholds=AUROC,
             w=6,
             min_val=0,
@@ -131,6 +160,7 @@ def panels() -> list:
             "calibrated predictor reads close to the bin's centre.",
             "percentunit",
             _reliability(),
+            empty=calibration,
             thresholds=threshold_steps((None, BLUE)),
             w=12,
             max_val=1,

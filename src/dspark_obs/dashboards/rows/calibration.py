@@ -7,8 +7,18 @@ generated from the same bin count.
 from __future__ import annotations
 
 from ...aggregates.confidence import ECE_BINS
-from ..panels import AUROC, BLUE, BRIER, ECE, bar_gauge, threshold_steps, timeseries
-from ..promql import REL, REQ
+from ..panels import (
+    AUROC,
+    BLUE,
+    BRIER,
+    ECE,
+    NO_CONFIDENCE,
+    NO_SERIES,
+    bar_gauge,
+    threshold_steps,
+    timeseries,
+)
+from ..promql import REL, REQ, ratio
 
 
 def _reliability_queries() -> list[tuple[str, str]]:
@@ -18,12 +28,13 @@ def _reliability_queries() -> list[tuple[str, str]]:
         sel = f'{REL}, bin="{k}"'
         num = f"sum(dspark_confidence_bin_positives_total{{{sel}}})"
         den = f"sum(dspark_confidence_bin_rows_total{{{sel}}})"
-        out.append((f"{num} / {den}", f"{k / ECE_BINS:.2f}-{(k + 1) / ECE_BINS:.2f}"))
+        out.append((ratio(num, den), f"{k / ECE_BINS:.2f}-{(k + 1) / ECE_BINS:.2f}"))
     return out
 
 
 def panels() -> list:
     by_pos = "{{position}}"
+    empty = (NO_CONFIDENCE, NO_SERIES)
     return [
         timeseries(
             "ECE by position",
@@ -31,6 +42,7 @@ def panels() -> list:
             "last N steps (15 equal-width bins), averaged over the selected series.",
             "percentunit",
             [(f"avg by (position) (dspark_confidence_ece{{{REQ}}})", "position " + by_pos)],
+            empty=empty,
             thresholds=ECE,
             w=8,
             min_val=0,
@@ -40,6 +52,7 @@ def panels() -> list:
             "Brier score of predicted survival against the prefix label, by position.",
             "none",
             [(f"avg by (position) (dspark_confidence_brier{{{REQ}}})", "position " + by_pos)],
+            empty=empty,
             thresholds=BRIER,
             w=8,
             min_val=0,
@@ -50,6 +63,7 @@ def panels() -> list:
             "0.5 is chance.",
             "none",
             [(f"avg by (position) (dspark_confidence_auroc{{{REQ}}})", "position " + by_pos)],
+            empty=empty,
             thresholds=AUROC,
             w=8,
             min_val=0,
@@ -62,6 +76,7 @@ def panels() -> list:
             "calibrated predictor reads close to the bin's centre.",
             "percentunit",
             _reliability_queries(),
+            empty=empty,
             thresholds=threshold_steps((None, BLUE)),
             w=24,
             max_val=1,

@@ -7,8 +7,8 @@ context length whether the table drifts as conversations grow.
 
 from __future__ import annotations
 
-from ..panels import R2, REL_ERROR, stat_panel, timeseries
-from ..promql import RI, STEP
+from ..panels import NO_REFIT, NO_SERIES, NO_STEP_TIMES, R2, REL_ERROR, stat_panel, timeseries
+from ..promql import RI, STEP, ratio
 
 #: Each exporter's ranks run their own table: never sum two exporters' rank 0 together.
 BY_LABELS = "by (instance, mode, rank)"
@@ -17,11 +17,17 @@ BY_LABELS = "by (instance, mode, rank)"
 BY_CONTEXT = "by (mode, context)"
 
 
+def _rate(counter: str) -> str:
+    return f"sum {BY_LABELS} (rate(dspark_{counter}{{{STEP}}}{RI}))"
+
+
 def _context_rate(counter: str) -> str:
     return f"sum {BY_CONTEXT} (rate(dspark_cost_model_context_{counter}{{{STEP}}}{RI}))"
 
 
 def panels() -> list:
+    timed = (NO_STEP_TIMES, NO_SERIES)
+    refit = (NO_REFIT, NO_SERIES)
     return [
         timeseries(
             "Predicted vs measured step time",
@@ -30,16 +36,15 @@ def panels() -> list:
             "s",
             [
                 (
-                    f"sum {BY_LABELS} (rate(dspark_step_predicted_seconds_total{{{STEP}}}{RI}))"
-                    f" / sum {BY_LABELS} (rate(dspark_cost_model_steps_total{{{STEP}}}{RI}))",
+                    ratio(_rate("step_predicted_seconds_total"), _rate("cost_model_steps_total")),
                     "predicted {{mode}} r{{rank}} @{{instance}}",
                 ),
                 (
-                    f"sum {BY_LABELS} (rate(dspark_step_measured_seconds_total{{{STEP}}}{RI}))"
-                    f" / sum {BY_LABELS} (rate(dspark_cost_model_steps_total{{{STEP}}}{RI}))",
+                    ratio(_rate("step_measured_seconds_total"), _rate("cost_model_steps_total")),
                     "measured {{mode}} r{{rank}} @{{instance}}",
                 ),
             ],
+            empty=timed,
             w=9,
             min_val=0,
         ),
@@ -54,11 +59,14 @@ def panels() -> list:
                     "median relative error {{mode}} r{{rank}} @{{instance}}",
                 ),
                 (
-                    f"dspark_cost_model_abs_error_seconds{{{STEP}}} / "
-                    f"dspark_step_measured_seconds{{{STEP}}}",
+                    ratio(
+                        f"dspark_cost_model_abs_error_seconds{{{STEP}}}",
+                        f"dspark_step_measured_seconds{{{STEP}}}",
+                    ),
                     "mean abs error / mean measured {{mode}} r{{rank}} @{{instance}}",
                 ),
             ],
+            empty=timed,
             thresholds=REL_ERROR,
             w=9,
             min_val=0,
@@ -77,6 +85,7 @@ def panels() -> list:
                     "{{mode}} r{{rank}} @{{instance}}",
                 )
             ],
+            empty=refit,
             thresholds=R2,
             w=3,
             h=8,
@@ -94,6 +103,7 @@ def panels() -> list:
                     "{{mode}} r{{rank}} @{{instance}}",
                 )
             ],
+            empty=refit,
             w=3,
             h=8,
             decimals=None,
@@ -109,11 +119,15 @@ def panels() -> list:
             "percentunit",
             [
                 (
-                    f"{_context_rate('measured_seconds_total')} / "
-                    f"{_context_rate('predicted_seconds_total')} - 1",
+                    ratio(
+                        _context_rate("measured_seconds_total"),
+                        _context_rate("predicted_seconds_total"),
+                    )
+                    + " - 1",
                     "{{mode}} context {{context}}+",
                 )
             ],
+            empty=timed,
             w=12,
         ),
         timeseries(
@@ -122,10 +136,11 @@ def panels() -> list:
             "percentunit",
             [
                 (
-                    f"{_context_rate('relative_error_total')} / {_context_rate('steps_total')}",
+                    ratio(_context_rate("relative_error_total"), _context_rate("steps_total")),
                     "{{mode}} context {{context}}+",
                 )
             ],
+            empty=timed,
             thresholds=REL_ERROR,
             w=12,
             min_val=0,

@@ -6,11 +6,12 @@ The estimated ceiling is only as good as the walks behind it; this row shows the
 
 from __future__ import annotations
 
-from ..panels import GREEN, RED, YELLOW, threshold_steps, timeseries
+from ..panels import GREEN, NO_SERIES, RED, YELLOW, threshold_steps, timeseries
 from ..promql import REQ, RI
 
 
 def panels() -> list:
+    empty = (NO_SERIES,)
     return [
         timeseries(
             "Ceiling walks",
@@ -30,6 +31,7 @@ def panels() -> list:
                 ),
                 (f"sum(rate(dspark_estimator_skipped_blocks_total{{{REQ}}}{RI}))", "skipped"),
             ],
+            empty=empty,
             w=10,
             min_val=0,
         ),
@@ -38,6 +40,7 @@ def panels() -> list:
             "Walks open now (their request has not mismatched or ended yet).",
             "short",
             [(f"sum(dspark_estimator_pending_blocks{{{REQ}}})", "pending")],
+            empty=empty,
             w=6,
             min_val=0,
         ),
@@ -53,6 +56,7 @@ def panels() -> list:
                     "{{workload}} {{mode}} r{{rank}} @{{instance}}",
                 )
             ],
+            empty=empty,
             thresholds=threshold_steps((None, GREEN), (0.25, YELLOW), (1, RED)),
             w=8,
             min_val=0,

@@ -6,11 +6,12 @@ the step label set (no workload).
 
 from __future__ import annotations
 
-from ..panels import heatmap_panel, timeseries
-from ..promql import RI, STEP, rate_mean
+from ..panels import NO_SERIES, heatmap_panel, timeseries
+from ..promql import STEP, rate_mean, rate_sum, ratio
 
 
 def panels() -> list:
+    empty = (NO_SERIES,)
     return [
         timeseries(
             "Budget and verify tokens per step",
@@ -24,6 +25,7 @@ def panels() -> list:
                 (rate_mean("dspark_graph_tier_tokens", STEP), "graph tier"),
                 (rate_mean("dspark_batch_size", STEP), "batch size"),
             ],
+            empty=empty,
             w=8,
             min_val=0,
         ),
@@ -34,16 +36,21 @@ def panels() -> list:
             "short",
             [
                 (
-                    f"sum(rate(dspark_budget_tokens_sum{{{STEP}}}{RI})) / "
-                    f"sum(rate(dspark_batch_size_sum{{{STEP}}}{RI}))",
+                    ratio(
+                        rate_sum("dspark_budget_tokens_sum", STEP),
+                        rate_sum("dspark_batch_size_sum", STEP),
+                    ),
                     "budget per request",
                 ),
                 (
-                    f"sum(rate(dspark_verify_tokens_sum{{{STEP}}}{RI})) / "
-                    f"sum(rate(dspark_batch_size_sum{{{STEP}}}{RI}))",
+                    ratio(
+                        rate_sum("dspark_verify_tokens_sum", STEP),
+                        rate_sum("dspark_batch_size_sum", STEP),
+                    ),
                     "verify tokens per request",
                 ),
             ],
+            empty=empty,
             w=8,
             min_val=0,
         ),
@@ -51,7 +58,8 @@ def panels() -> list:
             "Batch size distribution",
             "Verify steps by requests per step (power-of-two buckets) over time.",
             "short",
-            f"sum by (le) (rate(dspark_batch_size_bucket{{{STEP}}}{RI}))",
+            rate_sum("dspark_batch_size_bucket", STEP, "le"),
+            empty=empty,
             w=8,
         ),
     ]

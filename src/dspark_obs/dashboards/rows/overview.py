@@ -1,23 +1,46 @@
 """The overview row: is speculation paying off right now, at a glance?
 
 Committed throughput and the acceptance against the ceiling, reduced to a few stats and the
-two curves a reader checks first; the rows below break them down.
+two curves a reader checks first; the rows below break them down. Utilisation and trim loss
+need the ceiling, which `serve` as first started (compact, no shadow twin) never observes:
+there they show the ceiling walk's estimate, named as such (`promql.known_or_estimated`).
 """
 
 from __future__ import annotations
 
-from ..panels import GREEN, RED, UTILISATION, YELLOW, stat_panel, threshold_steps, timeseries
-from ..promql import REQ, RI, rate_mean
+from ..panels import (
+    GREEN,
+    NO_SERIES,
+    RED,
+    UTILISATION,
+    YELLOW,
+    stat_panel,
+    threshold_steps,
+    timeseries,
+)
+from ..promql import (
+    CEILING_LEGEND,
+    CEILING_SOURCE,
+    REQ,
+    rate_mean,
+    rate_sum,
+    ratio,
+    trim_loss,
+    utilisation,
+    utilisation_last_n,
+)
 
 
 def panels() -> list:
+    empty = (NO_SERIES,)
     return [
         stat_panel(
             "Committed tokens/s",
             "Tokens committed per second of wall time (accepted drafts plus the bonus token, "
             "SGLang acc_len), summed over the selected workloads, modes and ranks.",
-            "suffix: tok/s",
-            [(f"sum(rate(dspark_committed_tokens_sum{{{REQ}}}{RI}))", "committed")],
+            "locale",
+            [(rate_sum("dspark_committed_tokens_sum", REQ), "committed")],
+            empty=empty,
             decimals=0,
         ),
         stat_panel(
@@ -25,6 +48,7 @@ def panels() -> list:
             "Drafts the target accepted per request-step (correct_drafts), over the rate window.",
             "suffix: tok",
             [(rate_mean("dspark_accepted_tokens", REQ), "accepted")],
+            empty=empty,
         ),
         stat_panel(
             "Mean window",
@@ -32,36 +56,31 @@ def panels() -> list:
             "gamma means the scheduler trimmed blocks.",
             "suffix: tok",
             [(rate_mean("dspark_window_tokens", REQ), "window")],
+            empty=empty,
         ),
         stat_panel(
             "Utilisation",
-            "Accepted / ceiling over request-steps whose ceiling is known (static, cap-accept, "
-            "shadow twin): 1 - trim loss / ceiling over the rate window. 1 means trimming lost "
-            "nothing.",
+            "Accepted / ceiling over the rate window: 1 - trim loss / ceiling over request-steps "
+            "whose ceiling is known, else mean accepted / the estimated mean ceiling. 1 means "
+            "trimming lost nothing. " + CEILING_SOURCE,
             "percentunit",
-            [
-                (
-                    f"1 - sum(rate(dspark_trim_loss_tokens_total{{{REQ}}}{RI})) / "
-                    f"sum(rate(dspark_ceiling_tokens_sum{{{REQ}}}{RI}))",
-                    "utilisation",
-                )
-            ],
+            [(utilisation(REQ), CEILING_LEGEND)],
+            empty=empty,
             thresholds=UTILISATION,
+            named=True,
         ),
         stat_panel(
             "Trim loss per request-step",
             "Tokens full-block verification would have accepted beyond the window "
-            "(ceiling - accepted), per request-step, on request-steps whose ceiling is known.",
+            "(ceiling - accepted), per request-step, over the rate window: the trim loss "
+            "counter over request-steps whose ceiling is known, else the estimated mean "
+            "ceiling less the mean accepted. " + CEILING_SOURCE,
             "suffix: tok",
-            [
-                (
-                    f"sum(rate(dspark_trim_loss_tokens_total{{{REQ}}}{RI})) / "
-                    f"sum(rate(dspark_ceiling_tokens_count{{{REQ}}}{RI}))",
-                    "trim loss",
-                )
-            ],
+            [(trim_loss(REQ), CEILING_LEGEND)],
+            empty=empty,
             thresholds=threshold_steps((None, GREEN), (0.1, YELLOW), (0.5, RED)),
             decimals=3,
+            named=True,
         ),
         stat_panel(
             "Trimmed drafts per request-step",
@@ -69,20 +88,23 @@ def panels() -> list:
             "suffix: tok",
             [
                 (
-                    f"sum(rate(dspark_trimmed_draft_tokens_total{{{REQ}}}{RI})) / "
-                    f"sum(rate(dspark_request_steps_total{{{REQ}}}{RI}))",
+                    ratio(
+                        rate_sum("dspark_trimmed_draft_tokens_total", REQ),
+                        rate_sum("dspark_request_steps_total", REQ),
+                    ),
                     "trimmed",
                 )
             ],
+            empty=empty,
         ),
         timeseries(
             "Accepted, window and ceiling",
             "Mean drafts per request-step: window (verified), accepted, the ceiling full-block "
             "verification would accept (histogram by source: observed from static/cap-accept "
             "rows, shadow from a cap-accept twin; and the sliding gauge "
-            "dspark_ceiling_mean_tokens), and the estimated ceiling (source=walk: observed plus "
-            "tail walks; source=population: survival curve). Gauges are averaged unweighted "
-            "over the selected series.",
+            "dspark_ceiling_mean_tokens; neither in compact without a shadow), and the "
+            "estimated ceiling (source=walk: observed plus tail walks; source=population: "
+            "survival curve). Gauges are averaged unweighted over the selected series.",
             "suffix: tok",
             [
                 (rate_mean("dspark_window_tokens", REQ), "window"),
@@ -94,20 +116,24 @@ def panels() -> list:
                     "estimated ceiling ({{source}})",
                 ),
             ],
+            empty=empty,
             w=16,
             min_val=0,
         ),
         timeseries(
             "Utilisation (last N steps)",
-            "dspark_utilisation_ratio: accepted / ceiling over the last N steps per workload, "
-            "mode and rank; 1 means trimming lost nothing.",
+            "Accepted / ceiling over the last N steps per workload, mode and rank: "
+            "dspark_utilisation_ratio where the ceiling is known, else dspark_accepted_mean_tokens"
+            ' / dspark_ceiling_estimate_tokens{source="walk"}; 1 means trimming lost nothing. '
+            + CEILING_SOURCE,
             "percentunit",
             [
                 (
-                    f"dspark_utilisation_ratio{{{REQ}}}",
-                    "{{workload}} {{mode}} r{{rank}} @{{instance}}",
+                    utilisation_last_n(REQ),
+                    "{{workload}} {{mode}} r{{rank}} @{{instance}}, " + CEILING_LEGEND,
                 )
             ],
+            empty=empty,
             thresholds=UTILISATION,
             w=8,
             max_val=1,

@@ -6,11 +6,12 @@ verify-length distribution are shown per workload.
 
 from __future__ import annotations
 
-from ..panels import UTILISATION, bar_gauge, timeseries
-from ..promql import REQ, RI, rate_mean
+from ..panels import NO_SERIES, UTILISATION, bar_gauge, timeseries
+from ..promql import CEILING_LEGEND, CEILING_SOURCE, REQ, rate_mean, utilisation
 
 
 def panels() -> list:
+    empty = (NO_SERIES,)
     window_dist = [
         (
             f"sum by (le) (increase(dspark_window_tokens_bucket{{{REQ}}}[$__range]))",
@@ -33,6 +34,7 @@ def panels() -> list:
                     "estimated ceiling {{workload}}",
                 ),
             ],
+            empty=empty,
             w=12,
             min_val=0,
         ),
@@ -43,20 +45,18 @@ def panels() -> list:
             "per length by the heatmap format).",
             "short",
             window_dist,
+            empty=empty,
             fmt="heatmap",
             w=6,
         ),
         timeseries(
             "Utilisation by workload",
-            "Accepted / ceiling over the rate window by workload: 1 - trim loss / ceiling.",
+            "Accepted / ceiling over the rate window by workload: 1 - trim loss / ceiling "
+            "where the ceiling is known, else mean accepted / the estimated mean ceiling. "
+            + CEILING_SOURCE,
             "percentunit",
-            [
-                (
-                    f"1 - sum by (workload) (rate(dspark_trim_loss_tokens_total{{{REQ}}}{RI})) / "
-                    f"sum by (workload) (rate(dspark_ceiling_tokens_sum{{{REQ}}}{RI}))",
-                    "{{workload}}",
-                )
-            ],
+            [(utilisation(REQ, "workload"), "{{workload}}, " + CEILING_LEGEND)],
+            empty=empty,
             thresholds=UTILISATION,
             w=6,
             max_val=1,

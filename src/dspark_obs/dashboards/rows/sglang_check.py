@@ -9,16 +9,14 @@ counts of one thing: where they part by more than the alert's 10 %, one of them 
 
 from __future__ import annotations
 
-from ..panels import REL_ERROR, timeseries
+from ..panels import NO_SERIES, NO_SGLANG, REL_ERROR, timeseries
 from ..promql import RI
 
 #: our series of the SGLang-served models the dashboard shows, and SGLang's own
 OURS = 'engine="sglang", model_name=~"$model_name", instance=~"$instance"'
 THEIRS = 'model_name=~"$model_name"'
-NO_DATA = (
-    " No data: no SGLang server's own metrics are scraped (start it with --enable-metrics and "
-    "add it to Prometheus), or no series of engine sglang is (the hook or the poller)."
-)
+#: why the row is empty: SGLang's own gauges, or our series of its engine, are not scraped
+EMPTY = (NO_SGLANG, NO_SERIES)
 
 #: figure: (our counter and its offset to SGLang's quantity, extra selector, SGLang's gauge)
 FIGURES = {
@@ -60,22 +58,24 @@ def panels() -> list:
             "including the bonus slot (cap length; not in static mode) and, in cap-accept "
             "mode, committed plus cap-trimmed tokens (block accept length), as dspark-obs "
             "counts them and as SGLang's own gauges say (means over its last logging "
-            "interval)." + NO_DATA,
+            "interval).",
             "short",
             [(ours(f), f"dspark-obs {f} {{{{model_name}}}}") for f in FIGURES]
             + [(theirs(f), f"sglang {f} {{{{model_name}}}}") for f in FIGURES],
+            empty=EMPTY,
             w=14,
         ),
         timeseries(
             "Disagreement with SGLang",
             "|ours / SGLang's - 1| per model and figure. Steady traffic keeps it within a few "
             "percent; above 10 % for 15 minutes the DSparkDisagreesWithSGLang alert fires: one "
-            "of the two counts is wrong." + NO_DATA,
+            "of the two counts is wrong.",
             "percentunit",
             [
                 (f"abs(({ours(f)}) / on (model_name) ({theirs(f)}) - 1)", f"{f} {{{{model_name}}}}")
                 for f in FIGURES
             ],
+            empty=EMPTY,
             thresholds=REL_ERROR,
             w=10,
             min_val=0,

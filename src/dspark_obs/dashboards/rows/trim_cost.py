@@ -8,8 +8,8 @@ ranks and instances the variables pick.
 
 from __future__ import annotations
 
-from ..panels import GREEN, RED, threshold_steps, timeseries
-from ..promql import REQ, RI
+from ..panels import GREEN, NO_PRICED_STEPS, NO_SERIES, RED, threshold_steps, timeseries
+from ..promql import REQ, RI, ratio
 
 
 def _rate(metric: str) -> str:
@@ -17,7 +17,7 @@ def _rate(metric: str) -> str:
 
 
 def _tokens_per_s(tokens: str, seconds: str) -> str:
-    return f"{_rate(tokens)} / ({_rate(seconds)} > 0)"
+    return ratio(_rate(tokens), _rate(seconds))
 
 
 _OWN = _tokens_per_s("dspark_trim_committed_tokens_total", "dspark_trim_step_seconds_total")
@@ -29,6 +29,7 @@ def _static(tokens: str) -> str:
 
 def panels() -> list:
     static = "dspark_trim_static_committed_tokens_total"
+    empty = (NO_PRICED_STEPS, NO_SERIES)
     return [
         timeseries(
             "Net tokens/s of trimming vs static",
@@ -48,6 +49,7 @@ def panels() -> list:
                     "upper {{workload}}",
                 ),
             ],
+            empty=empty,
             thresholds=threshold_steps((None, RED), (0, GREEN)),
             w=12,
         ),
@@ -63,11 +65,14 @@ def panels() -> list:
                     "saved {{workload}}",
                 ),
                 (
-                    f"({_rate('dspark_trim_committed_tokens_total')} - {_rate(static)}) / "
-                    f"({_rate('dspark_trim_static_step_seconds_total')} > 0)",
+                    ratio(
+                        f"{_rate('dspark_trim_committed_tokens_total')} - {_rate(static)}",
+                        _rate("dspark_trim_static_step_seconds_total"),
+                    ),
                     "lost {{workload}}",
                 ),
             ],
+            empty=empty,
             w=12,
         ),
     ]
