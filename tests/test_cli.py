@@ -247,3 +247,49 @@ def test_the_progress_bar_counts_the_work_a_sweep_does(compact_run):
     )
     steps = pl.read_parquet(out / "steps" / "*.parquet")
     assert sweep_work(wanted) == int((steps["bs"] + STEP_ROWS).sum())
+
+
+@pytest.mark.parametrize(
+    "command, records",
+    [
+        ("summary", lambda j: [{"workload": k, **v} for k, v in j["workloads"].items()]),
+        ("calibration", lambda j: [p for e in j["workloads"].values() for p in e["positions"]]),
+        ("whatif", lambda j: j["cells"]),
+        (
+            "estimate",
+            lambda j: [
+                {"method": m, **f}
+                for e in j["workloads"].values()
+                for m, f in e.items()
+                if isinstance(f, dict)
+            ],
+        ),
+    ],
+)
+def test_csv_holds_the_json_records(compact_run, command, records):
+    """`--csv` (read back by polars) has a row for every record `--json` holds, with its
+    figures under the same keys (nested ones dotted), to the last bits of a sum (each
+    output is computed afresh)."""
+    import io
+
+    out, _ = compact_run
+    want = records(json.loads(cli(command, str(out), "--json").stdout))
+    got = pl.read_csv(io.StringIO(cli(command, str(out), "--csv").stdout), infer_schema_length=None)
+    rows = got.to_dicts()
+    if command in ("summary", "calibration"):
+        rows = [r for r in rows if r["workload"] != "overall"]
+    assert len(rows) == len(want)
+    for row, record in zip(rows, want, strict=True):
+        for key, value in record.items():
+            if isinstance(value, bool) or value is None:
+                continue
+            if isinstance(value, int | float) and np.isfinite(value):
+                assert row[key] == pytest.approx(value, rel=1e-12), (key, row[key], value)
+            elif isinstance(value, dict):
+                for k, v in value.items():
+                    if isinstance(v, int | float) and not isinstance(v, bool):
+                        assert row[f"{key}.{k}"] == pytest.approx(v, rel=1e-12, nan_ok=True)
+            elif isinstance(value, str):
+                assert row[key] == value
+    both = cli(command, str(out), "--csv", "--json", check=False)
+    assert both.returncode == 2 and "not allowed with" in both.stderr

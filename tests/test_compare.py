@@ -367,3 +367,25 @@ def test_a_run_with_nothing_to_predict_says_why(tmp_path):
     result = _compare(run, run, "--reps", "20")
     assert result["trim_cost"] == {"a": None, "b": None}
     assert "no measured step times" in result["trim_cost_missing"]["b"]
+
+
+def test_csv_has_every_row_of_the_json(runs):
+    import io
+
+    result = _compare(runs["static"], runs["compact"])
+    text = cli("compare", str(runs["static"]), str(runs["compact"]), "--csv").stdout
+    got = pl.read_csv(io.StringIO(text), infer_schema_length=None).to_dicts()
+    assert len(got) == len(result["rows"])
+    for row, want in zip(got, result["rows"], strict=True):
+        assert (row["metric"], row["workload"], row["bs"]) == (
+            want["metric"],
+            want["workload"],
+            want["bs"],
+        )
+        if want["delta"] is None:
+            assert row["delta"] is None
+        else:
+            assert row["delta"] == pytest.approx(want["delta"], rel=1e-12)
+        if want["ci_holm"]:
+            assert [row["ci_holm.0"], row["ci_holm.1"]] == pytest.approx(want["ci_holm"])
+        assert row["verdict"] == want["verdict"]

@@ -13,6 +13,7 @@ from ..analysis.reliability import calibration_report, fleet_calibration_report
 from ..store.fleet import open_fleet, parse_group_keys, single_run
 from ..terminal import make_console, print_table
 from .fleet_args import add_group_argument
+from .output import add_output_arguments, print_csv
 from .store_args import add_time_range_arguments, run_dirs_of
 
 
@@ -29,6 +30,9 @@ def _handle(args: argparse.Namespace) -> int:
         report = fleet_calibration_report(open_fleet(args.run_dirs, by), args.bins, by)
     if args.json:
         print(strict_json.dumps(report, indent=2))
+        return 0
+    if args.csv:
+        print_csv(calibration_records(report))
         return 0
     console = make_console()
     sections = [*report["workloads"].items(), ("overall", report["overall"])]
@@ -60,6 +64,16 @@ def _handle(args: argparse.Namespace) -> int:
     return 0
 
 
+def calibration_records(report: dict) -> list[dict]:
+    """`--csv`'s rows: each workload's positions, overall's, then each group's."""
+    by = report.get("by") or []
+    none = {k: None for k in by}
+    entries = [(none, name, e) for name, e in report["workloads"].items()]
+    entries.append((none, "overall", report["overall"]))
+    entries += [({k: g[k] for k in by}, g["workload"], g) for g in report.get("groups") or ()]
+    return [{**keys, "workload": name, **p} for keys, name, e in entries for p in e["positions"]]
+
+
 def configure(p: argparse.ArgumentParser) -> None:
     p.description = (
         "ECE, Brier, AUROC, mean predicted and observed survival per block position, per "
@@ -68,7 +82,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
     add_group_argument(p)
-    p.add_argument("--json", action="store_true", help="one JSON object (workloads, overall)")
+    add_output_arguments(
+        p,
+        "one JSON object (workloads, overall)",
+        "one CSV row per workload (and group) and position",
+    )
     p.add_argument("--bins", type=int, default=15, help="equal-width ECE bins (default 15)")
     add_time_range_arguments(p)
     p.set_defaults(handler=handle)

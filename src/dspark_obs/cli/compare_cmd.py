@@ -24,6 +24,7 @@ from ..store import open_run
 from ..terminal import make_console, print_table
 from ..whatif.trim_cost import trim_cost_or_why
 from .errors import CliError
+from .output import add_output_arguments, print_csv
 from .views import timing_text
 from .whatif_views import render_trim_cost_pair
 
@@ -146,13 +147,15 @@ def handle(args: argparse.Namespace) -> int:
     result.update(trim_costs({"a": args.run_a, "b": args.run_b}))
     if args.json:
         print(strict_json.dumps(result, indent=2))
+    elif args.csv:
+        print_csv(result["rows"])
     else:
         render(result, make_console())
     if args.out is not None:
         if args.out.exists() and not args.out.is_dir():
             raise CliError(f"--out {args.out}: exists and is not a directory")
         figures = overlay_figures([args.run_a, args.run_b], args.out)
-        if not args.json:
+        if not (args.json or args.csv):
             make_console().print(f"wrote {len(figures)} overlaid figures to {args.out}")
     return 0
 
@@ -166,7 +169,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("run_a", type=Path, metavar="RUN_A", help="baseline run directory")
     p.add_argument("run_b", type=Path, metavar="RUN_B", help="run compared against it")
-    p.add_argument("--json", action="store_true", help="one JSON object with every row")
+    add_output_arguments(
+        p,
+        "one JSON object with every row",
+        "one CSV row per compared metric and group (the JSON rows' keys as columns)",
+    )
     p.add_argument("--reps", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument(

@@ -18,6 +18,7 @@ from ..runs import default_run_dir
 from ..service import check_can_listen, record_while_serving
 from ..store import check_new_run_dir, open_run
 from ..strict_json import clean_json
+from .output import add_output_arguments
 from .progress import step_progress
 from .runtime_args import add_runtime_arguments, calibration_from_args, config_from_args
 from .signals import stop_on_signals
@@ -50,7 +51,7 @@ def handle(args: argparse.Namespace) -> int:
         )
     try:
         run = open_run(out)
-        print_summary(summarize(run), as_json=args.json)
+        print_summary(summarize(run), as_json=args.json, as_csv=args.csv)
         if not args.json:
             print_estimates(clean_json(evaluate(run)))
             print(f"\nrun directory: {out}  (inspect with `dspark-obs summary {out}`)")
@@ -70,7 +71,9 @@ def configure(p: argparse.ArgumentParser) -> None:
         "summary. Needs no GPU and no SGLang."
     )
     p.add_argument("--out", type=Path, default=None, help="run directory (default runs/TIME-demo)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_output_arguments(
+        p, "print the summary as JSON", "print the summary as CSV (a row per workload)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--listen",

@@ -14,8 +14,9 @@ from ..store.fleet import open_fleet, parse_group_keys, single_run
 from ..strict_json import clean_json
 from .errors import CliError
 from .fleet_args import add_group_argument
+from .output import add_output_arguments, print_csv
 from .store_args import add_time_range_arguments, run_dirs_of
-from .views import print_block_accept_estimates, print_estimates
+from .views import estimate_records, print_block_accept_estimates, print_estimates
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -26,6 +27,8 @@ def handle(args: argparse.Namespace) -> int:
 def _handle(args: argparse.Namespace) -> int:
     if args.sglang_jsonl is not None:
         report = clean_json(block_accept_estimates(args.sglang_jsonl, args.gamma))
+        if args.csv:
+            raise CliError("--csv gives a run's estimates; for --sglang-jsonl use --json")
         if args.json:
             print(strict_json.dumps(report, indent=2))
         else:
@@ -40,6 +43,8 @@ def _handle(args: argparse.Namespace) -> int:
         report = clean_json(fleet_evaluate(open_fleet(args.run_dirs, by), by))
     if args.json:
         print(strict_json.dumps(report, indent=2))
+    elif args.csv:
+        print_csv(estimate_records(report))
     else:
         print_estimates(report)
     return 0
@@ -53,7 +58,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("run_dirs", type=Path, nargs="*", metavar="RUN_DIR")
     add_group_argument(p)
-    p.add_argument("--json", action="store_true", help="one JSON object with a 'workloads' map")
+    add_output_arguments(
+        p,
+        "one JSON object with a 'workloads' map",
+        "one CSV row per workload (and group) and method (RUN_DIRs only)",
+    )
     p.add_argument(
         "--sglang-jsonl",
         type=Path,

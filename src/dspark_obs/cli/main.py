@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
 import sys
 import traceback
@@ -134,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dspark-obs: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`| head`): nothing to say, and nothing more to write
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (CliError, ValueError, OSError) as exc:
         _traceback(args)
         print(f"dspark-obs {args.command}: error: {one_line(str(exc))}", file=sys.stderr)

@@ -10,6 +10,7 @@ from ..analysis.summary import summarize
 from ..runs import default_run_dir, record_reference_run
 from ..store import check_new_run_dir, open_run
 from .errors import CliError
+from .output import add_output_arguments
 from .progress import step_progress
 from .runtime_args import (
     add_runtime_arguments,
@@ -51,7 +52,7 @@ def handle(args: argparse.Namespace) -> int:
         steps = run.manifest.get("steps", 0)
         print(f"interrupted: {steps:,} steps stored in {out}", file=sys.stderr)
     if run.manifest.get("steps"):
-        print_summary(with_trim_cost(summarize(run), run), as_json=args.json)
+        print_summary(with_trim_cost(summarize(run), run), as_json=args.json, as_csv=args.csv)
     return 0
 
 
@@ -61,7 +62,9 @@ def configure(p: argparse.ArgumentParser) -> None:
         "sweep and write a run directory (Parquet + run.json)."
     )
     p.add_argument("--out", type=Path, default=None, help="run directory (default runs/TIME-MODE)")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_output_arguments(
+        p, "print the summary as JSON", "print the summary as CSV (a row per workload)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--sglang-jsonl",

@@ -13,6 +13,7 @@ from ..store.sql_script import duckdb_summary_script
 from ..whatif.trim_cost import trim_cost_or_none
 from .errors import CliError
 from .fleet_args import add_group_argument
+from .output import add_output_arguments
 from .store_args import add_time_range_arguments, run_dirs_of
 from .views import print_summary
 
@@ -38,9 +39,13 @@ def _handle(args: argparse.Namespace) -> int:
     if single_run(args.run_dirs, by):
         run_dir = args.run_dirs[0]
         summary = summarize_run_dir(run_dir)  # refuses a run with no request-steps
-        print_summary(with_trim_cost(summary, open_run(run_dir)), as_json=args.json)
+        print_summary(
+            with_trim_cost(summary, open_run(run_dir)), as_json=args.json, as_csv=args.csv
+        )
         return 0
-    print_summary(summarize_fleet(open_fleet(args.run_dirs, by), by), as_json=args.json)
+    print_summary(
+        summarize_fleet(open_fleet(args.run_dirs, by), by), as_json=args.json, as_csv=args.csv
+    )
     return 0
 
 
@@ -51,7 +56,11 @@ def configure(p: argparse.ArgumentParser) -> None:
         "of run directories) are summarised as one fleet."
     )
     p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
-    p.add_argument("--json", action="store_true", help="one JSON object with a 'workloads' map")
+    add_output_arguments(
+        p,
+        "one JSON object with a 'workloads' map",
+        "one CSV row per workload, overall and group (the JSON entries' keys as columns)",
+    )
     add_group_argument(p)
     p.add_argument(
         "--sql",

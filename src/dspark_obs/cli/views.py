@@ -9,6 +9,7 @@ from .. import strict_json
 from ..numbers import number
 from ..terminal import make_console, print_table
 from ..whatif.headline import trimmed_by_workload
+from .output import print_csv
 
 
 def timing_text(timing: str | None) -> str:
@@ -134,11 +135,41 @@ def _footer(summary: dict, trimmed: bool) -> str:
     return "; ".join(lines)
 
 
-def print_summary(summary: dict, *, as_json: bool) -> None:
+def summary_records(summary: dict) -> list[dict]:
+    """`--csv`'s rows: each workload's entry and the overall one, then each group's."""
+    by = summary.get("by") or []
+    out = []
+    for keys, entries in [
+        ({k: None for k in by}, summary),
+        *(({k: g[k] for k in by}, g) for g in summary.get("groups") or ()),
+    ]:
+        for name, entry in [*entries["workloads"].items(), ("overall", entries["overall"])]:
+            out.append({**keys, "workload": name, **entry})
+    return out
+
+
+def print_summary(summary: dict, *, as_json: bool, as_csv: bool = False) -> None:
     if as_json:
         print(strict_json.dumps(summary, indent=2))
+    elif as_csv:
+        print_csv(summary_records(summary))
     else:
         render_summary(summary, make_console())
+
+
+def estimate_records(report: dict) -> list[dict]:
+    """`--csv`'s rows: one per workload (and group) and method, with the truth beside."""
+    by = report.get("by") or []
+    groups = [({k: None for k in by}, name, e) for name, e in report["workloads"].items()]
+    groups += [({k: g[k] for k in by}, g["workload"], g) for g in report.get("groups") or ()]
+    out = []
+    for keys, name, entry in groups:
+        shared = {k: v for k, v in entry.items() if not isinstance(v, dict) and k not in keys}
+        shared.pop("workload", None)
+        for method, figures in entry.items():
+            if isinstance(figures, dict):
+                out.append({**keys, "workload": name, "method": method, **shared, **figures})
+    return out
 
 
 def _f(x, digits: int = 3) -> str:

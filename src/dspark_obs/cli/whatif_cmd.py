@@ -10,6 +10,7 @@ from ..store import open_run
 from ..strict_json import clean_json
 from ..terminal import make_console
 from ..whatif.predict import DEFAULT_POLICIES, whatif
+from .output import add_output_arguments, print_csv
 from .store_args import add_time_range_arguments, one_run, run_dirs_of
 from .whatif_views import render_whatif
 
@@ -24,6 +25,8 @@ def _handle(args: argparse.Namespace) -> int:
     report = whatif(open_run(args.run_dir), args.policy, use_shadow=not args.no_shadow)
     if args.json:
         print(strict_json.dumps(clean_json(report), indent=2))
+    elif args.csv:
+        print_csv(clean_json(report)["cells"])
     else:
         render_whatif(report, make_console(), workloads=args.workloads)
     return 0
@@ -48,6 +51,10 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="ignore a cap-accept shadow twin's ceilings: rest on the ceiling estimator alone",
     )
     p.add_argument("--workloads", action="store_true", help="a row per workload too")
-    p.add_argument("--json", action="store_true", help="one JSON object with a 'cells' list")
+    add_output_arguments(
+        p,
+        "one JSON object with a 'cells' list",
+        "one CSV row per cell (policy, level, workload)",
+    )
     add_time_range_arguments(p)
     p.set_defaults(handler=handle)
