@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,7 @@ def test_render_every_panel(tmp_path: Path, request: pytest.FixtureRequest) -> N
         f"{i:02d}-{slug(p['title'])}.png" for i, p in enumerate(panels, start=1)
     ]
     assert (out / "overview.png").exists() and (out / "index.html").exists()
+    assert "Warning" not in proc.stderr, proc.stderr
     summary = proc.stdout.strip().splitlines()[-1]
     assert summary.startswith(f"rendered {len(panels)} panels"), proc.stdout
     committed = next(line for line in proc.stdout.splitlines() if "committed-tokens-s" in line)
@@ -142,9 +144,9 @@ def test_every_per_rank_legend_names_the_instance() -> None:
 
 def test_lines_take_their_workloads_colour_from_the_shared_palette() -> None:
     """A workload keeps one hue across panels (mode and rank differ by line style), chosen
-    over every panel drawn together; series without a workload stay in neutral tones."""
+    over every panel drawn together; series without a workload take no workload's hue."""
     from dspark_obs.dashboards.panel_plots import panel_palette
-    from dspark_obs.palette import INK, MUTED, WORKLOAD_COLOURS
+    from dspark_obs.palette import WORKLOAD_COLOURS
 
     def s(workload, label):
         return Series(label, [0.0, 15.0], [1.0, 2.0], workload=workload)
@@ -171,7 +173,7 @@ def test_lines_take_their_workloads_colour_from_the_shared_palette() -> None:
     assert to_hex(ax.lines[0].get_color()) == WORKLOAD_COLOURS[1]
 
     ax = _drawn(_panel("Predicted vs measured step time"), [s(None, "r0"), s(None, "r1")])
-    assert {to_hex(line.get_color()) for line in ax.lines} <= {INK, MUTED}
+    assert len({to_hex(line.get_color()) for line in ax.lines}) == 2
     assert not {to_hex(line.get_color()) for line in ax.lines} & set(WORKLOAD_COLOURS)
 
 
@@ -179,3 +181,116 @@ def test_grafana_keeps_a_series_colour_by_its_name() -> None:
     for p in data_panels(generate()):
         if p["type"] == "timeseries":
             assert p["fieldConfig"]["defaults"]["color"]["mode"] == "palette-classic-by-name"
+
+
+def _series(labels, values=(1.0, 2.0), span=15.0, workload=None) -> list[Series]:
+    return [Series(label, [0.0, span], list(values), workload=workload) for label in labels]
+
+
+def _keys(ax) -> list[tuple[str, str, str]]:
+    return [(to_hex(ln.get_color()), ln.get_linestyle(), str(ln.get_marker())) for ln in ax.lines]
+
+
+def test_every_series_of_a_panel_is_drawn_apart() -> None:
+    """Seven positions (more than the line styles), twelve series of one workload (more than
+    the markers): no two share colour, line style and marker; the positions take no
+    workload's hue."""
+    from dspark_obs.palette import WORKLOAD_COLOURS
+
+    ax = _drawn(_panel("ECE by position"), _series([f"position {j}" for j in range(7)]))
+    keys = _keys(ax)
+    assert len(keys) == len(set(keys)) == 7
+    assert not {k[0] for k in keys} & set(WORKLOAD_COLOURS)
+    many = _series([f"r{k} @host:{k}" for k in range(12)], workload="poetry")
+    keys = _keys(_drawn(_panel("Utilisation by workload"), many))
+    assert len(keys) == len(set(keys)) == 12
+
+
+def test_series_named_by_numbers_are_in_numeric_order() -> None:
+    """Prometheus sorts `1024+` before `128+`; the legend reads 128, 256, 1024, each mode
+    apart."""
+    labels = [f"{m} context {c}+" for m in ("compact", "static") for c in (1024, 128, 256)]
+    ax = _drawn(_panel("Cost-table drift by context length"), _series(labels))
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        f"{m} context {c}+" for m in ("compact", "static") for c in (128, 256, 1024)
+    ]
+
+
+def test_step_times_read_in_milliseconds() -> None:
+    ax = _drawn(_panel("Predicted vs measured step time"), _series(["r0"], (0.012, 0.0125)))
+    assert ax.get_ylabel() == "ms"
+    assert list(ax.lines[0].get_ydata()) == pytest.approx([12.0, 12.5])
+
+
+def test_histogram_bars_leave_out_an_empty_inf_bucket() -> None:
+    def buckets(inf_count):
+        counts = [5.0, 9.0, 3.0, inf_count]
+        return [
+            Series(le, [0.0], [c], le=float(le.replace("+Inf", "inf")))
+            for le, c in zip(["0", "1", "2", "+Inf"], counts, strict=True)
+        ]
+
+    ax = _drawn(_panel("Verify-length distribution"), buckets(0.0))
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "2"]
+    ax = _drawn(_panel("Verify-length distribution"), buckets(2.0))
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "2", "> 2"]
+
+
+def test_reliability_bars_carry_the_perfect_calibration_line() -> None:
+    panel = _panel("Reliability by bin")
+    bins = [t["legendFormat"] for t in panel["targets"]]
+    series = [Series(b, [0.0], [0.5]) for b in bins]
+    ax = _drawn(panel, series)
+    (line,) = ax.lines
+    middles = [sum(map(float, b.split("-"))) / 2 * 100 for b in bins]
+    assert list(line.get_ydata()) == pytest.approx(middles)
+    assert line.get_label() in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert ax.get_ylim()[1] > 100  # room for the value over a full bar
+
+
+def test_heatmap_rows_are_the_quantity_and_ticks_clock_times() -> None:
+    from dspark_obs.plotting import number_ticks
+
+    series = [Series(f"{b}", [0.0, 90.0, 180.0], [1.0, 2.0, 3.0], float(b)) for b in (8, 16)]
+    ax = _drawn(_panel("Batch size distribution"), series)
+    assert ax.get_ylabel() == "batch size (bucket)"
+    number_ticks(ax.figure)
+    ax.figure.draw_without_rendering()
+    ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert ticks and all(re.fullmatch(r"\d\d:\d\d(:\d\d)?", t) for t in ticks), ticks
+
+
+def test_drawing_warns_nothing(tmp_path: Path) -> None:
+    """The overview's time axes over 2.5-5 minutes once made matplotlib warn that no tick
+    interval fits; every panel kind over such a span now draws silently."""
+    import warnings
+
+    from dspark_obs.dashboards.panel_plots import overview_png, panel_png
+
+    datas = []
+    for title in ("ECE by position", "Committed tokens/s", "Batch size distribution"):
+        series = [
+            Series(str(b), [t * 2.0 for t in range(100)], [1.0] * 100, float(b)) for b in (8, 16)
+        ]
+        datas.append(PanelData(_panel(title), series, span=(0.0, 200.0)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        overview_png(datas, tmp_path / "overview.png", "overview")
+        for i, data in enumerate(datas):
+            panel_png(data, tmp_path / f"{i}.png")
+
+
+def test_stat_names_stay_in_their_columns_and_a_named_lone_value_keeps_its_name() -> None:
+    from dspark_obs.plotting import new_figure
+
+    names = [f"compact r0 @127.0.0.1:{port}" for port in (35161, 39245, 42635)]
+    ax = new_figure(5.0, 4.0).add_subplot()  # as `panel_png` draws a narrow stat panel
+    draw_panel(ax, PanelData(_panel("Refit R²"), _series(names, (0.9, 0.95))))
+    ax.figure.draw_without_rendering()
+    boxes = [t.get_window_extent() for t in ax.texts if t.get_gid() != "stat-value"]
+    assert len(boxes) == 3
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    panel = _panel("Utilisation")
+    assert panel["options"]["textMode"] == "value_and_name"
+    ax = _drawn(panel, _series(["known ceiling"], (0.9, 0.95)))
+    assert "known ceiling" in [t.get_text() for t in ax.texts]

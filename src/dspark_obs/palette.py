@@ -4,15 +4,23 @@ A reader who has learnt that poetry is green in one figure must find it green in
 the next; so workloads own the qualitative hues and nothing else uses them. Which
 workload gets which hue depends only on the set of workload names of a report
 (sorted, the unnamed workload last), not on the subset a figure happens to show.
-Everything that is not a workload draws in neutral tones, told apart by style:
 
-- quantities of one workload (window, accepted, ceiling, estimates) are the
-  workload's hue at different fills and hatches (`BAR_STYLES`);
-- runs (arms of a report or compare) are black and greys with their own line
-  style and marker (`run_style`); verify policies predicted on one run likewise
-  (`policy_style`), the run itself a black star;
-- stages and fit lines (calibration before/after STS, fitted vs run's table)
-  are `INK` and `MUTED`; batch-size levels of the cost figures a sequential map.
+Everything else is told apart by one rule that scales to any number of series:
+
+- series that are not workloads (runs of a report or compare, verify policies,
+  block positions, sources, ranks, batch-size levels) take `series_style(i, n)`:
+  the i-th of n evenly spaced tones of one sequential map (`SERIES_MAP`, dark to
+  light, none of them a workload hue), each with its own line style and marker.
+  The tones alone part any two series; the line styles (4) and markers (7),
+  cycling at co-prime periods, part neighbours whose tones are close, and no two
+  of the first 28 series share both. The run itself among predicted policies is
+  a black star (`OWN_POINT`);
+- several series of one workload (its modes, ranks, quantities) keep the
+  workload's hue and differ by `line_style(k)`, the same cycle;
+- quantities of one workload in bars (window, accepted, ceiling, estimates) are
+  the workload's hue at different fills and hatches (`BAR_STYLES`);
+- two fixed roles (calibration before/after STS, fitted vs the run's table,
+  reference lines) are `INK` and `MUTED`, told apart by line style or marker.
 """
 
 from __future__ import annotations
@@ -37,6 +45,15 @@ UNNAMED_COLOUR = "#7f7f7f"
 #: Neutral tones for what is not a workload.
 INK, MUTED, FAINT = "#222222", "#8c8c8c", "#c8c8c8"
 
+#: The sequential map of every series that is not a workload, and the span of it used:
+#: its lightest end (yellow) would vanish on white.
+SERIES_MAP, SERIES_SPAN = "viridis", (0.0, 0.85)
+
+#: Line styles and markers cycled together; 4 and 7 are co-prime, so the pair repeats
+#: only after 28 series. No star: that is `OWN_POINT`'s.
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+
 #: How each per-workload quantity fills a bar of the workload's hue.
 BAR_STYLES: dict[str, dict] = {
     "window": {"alpha": 0.3},
@@ -46,12 +63,8 @@ BAR_STYLES: dict[str, dict] = {
     "population": {"alpha": 1.0, "fill": False, "hatch": "xx"},
 }
 
-_RUN_STYLES = (
-    (INK, "-", "o"),
-    (MUTED, "--", "s"),
-    (INK, ":", "^"),
-    (MUTED, "-.", "D"),
-)
+#: `Axes.plot` keyword arguments of a run's own measured points among predicted policies.
+OWN_POINT = {"color": INK, "ls": "none", "marker": "*", "markersize": 11, "zorder": 5}
 
 
 def workload_name(name: str | None) -> str:
@@ -84,35 +97,21 @@ def legend_style(quantity: str) -> dict:
     return bar_style(quantity, MUTED)
 
 
-def run_style(i: int) -> dict:
-    """`Axes.plot` keyword arguments of the i-th run (arm) of a report or compare."""
-    colour, ls, marker = _RUN_STYLES[i % len(_RUN_STYLES)]
-    return {"color": colour, "ls": ls, "marker": marker}
-
-
-_POLICY_STYLES = (
-    (INK, "-", "o"),
-    (MUTED, "--", "s"),
-    (INK, ":", "^"),
-    (MUTED, "-.", "D"),
-    (INK, "--", "v"),
-    (MUTED, ":", "P"),
-)
-
-#: `Axes.plot` keyword arguments of a run's own measured points among predicted policies.
-OWN_POINT = {"color": INK, "ls": "none", "marker": "*", "markersize": 11, "zorder": 5}
-
-
-def policy_style(i: int) -> dict:
-    """`Axes.plot` keyword arguments of the i-th verify policy of a what-if figure."""
-    colour, ls, marker = _POLICY_STYLES[i % len(_POLICY_STYLES)]
-    return {"color": colour, "ls": ls, "marker": marker, "markersize": 4}
-
-
-def levels(n: int) -> list[str]:
-    """`n` colours of a sequential map (batch-size levels): darker means larger."""
+def tones(n: int) -> list[str]:
+    """`n` evenly spaced colours of `SERIES_MAP`, darkest first: distinct for any `n`."""
     from matplotlib import colormaps
     from matplotlib.colors import to_hex
 
-    cmap = colormaps["viridis"]
-    return [to_hex(cmap(0.85 - 0.75 * k / max(1, n - 1))) for k in range(n)]
+    cmap = colormaps[SERIES_MAP]
+    lo, hi = SERIES_SPAN
+    return [to_hex(cmap(lo + (hi - lo) * k / max(1, n - 1))) for k in range(n)]
+
+
+def line_style(k: int) -> dict:
+    """The k-th line style and marker of the cycle, for series that share a colour."""
+    return {"ls": LINE_STYLES[k % len(LINE_STYLES)], "marker": MARKERS[k % len(MARKERS)]}
+
+
+def series_style(i: int, n: int) -> dict:
+    """`Axes.plot` keyword arguments of the i-th of `n` series that are not workloads."""
+    return {"color": tones(n)[i], **line_style(i)}

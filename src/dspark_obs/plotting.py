@@ -1,6 +1,8 @@
 """The one place figures are made and embedded, so report, compare and dashboard renders look alike.
 
-Colours and styles are `palette`'s; this module makes, lays out and embeds figures.
+Colours and styles are `palette`'s; this module makes, lays out and embeds figures, and
+writes their tick labels as `numbers` writes every other number (`30,564`, not `30564`,
+`3e4` or `2^5`).
 
 Figures are `matplotlib.figure.Figure` objects on the Agg canvas, never pyplot:
 no global state, no display needed, safe in threads and in CI. PNGs embed in
@@ -13,8 +15,15 @@ import base64
 import html
 from pathlib import Path
 
+from matplotlib.ticker import Formatter
+
+from .numbers import number
+
 #: Default size of a single-panel figure, inches at `DPI`.
 WIDTH, HEIGHT, DPI = 8.0, 4.8, 100
+
+#: Most batch sizes labelled on a batch-size axis; more are thinned evenly.
+MAX_BATCH_TICKS = 10
 
 
 def new_figure(width: float = WIDTH, height: float = HEIGHT):
@@ -27,8 +36,11 @@ def new_figure(width: float = WIDTH, height: float = HEIGHT):
     return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
 
 
-def legend_outside(target, handles=None, labels=None, *, title: str | None = None):
-    """A legend beside the data, never over it: right of one axes, or of a whole figure.
+def legend_outside(
+    target, handles=None, labels=None, *, title: str | None = None, where: str = "upper"
+):
+    """A legend beside the data, never over it: right of one axes, or of a whole figure
+    (`where`: its upper or lower right, so a figure can carry a key beside its legend).
 
     Constrained layout makes room for it, so the plot shrinks rather than the
     legend covering bars or lines.
@@ -41,12 +53,60 @@ def legend_outside(target, handles=None, labels=None, *, title: str | None = Non
         return target.legend(
             *args, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, **kw
         )
-    return target.legend(*args, loc="outside right upper", **kw)
+    return target.legend(*args, loc=f"outside right {where}", **kw)
+
+
+class NumberTicks(Formatter):
+    """Tick labels by `numbers.number`, with the fewest decimals that write every tick exactly."""
+
+    def format_ticks(self, values):
+        digits = next((d for d in range(7) if all(_exact(v, d) for v in values)), 6)
+        return [number(float(v), digits) for v in values]
+
+    def __call__(self, x, pos=None):
+        return self.format_ticks([x])[0]
+
+
+def _exact(value: float, digits: int) -> bool:
+    return abs(value - round(value, digits)) <= 1e-9 * max(1.0, abs(value))
+
+
+def number_ticks(fig) -> None:
+    """`NumberTicks` on every numeric axis of `fig` still on matplotlib's default formatter;
+    a decimal log axis ticks at 1, 2 and 5 of each decade, so one or two decades still read.
+
+    `save_png` runs it, because setting an axis' scale puts the default formatter back and
+    figures set scales up to the end; axes of dates, categories or a chosen formatter keep
+    theirs.
+    """
+    from matplotlib.ticker import LogFormatter, LogLocator, NullFormatter, ScalarFormatter
+
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            default = axis.get_major_formatter()
+            if isinstance(default, LogFormatter) and axis.get_transform().base == 10:
+                axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+                axis.set_minor_formatter(NullFormatter())
+            elif not isinstance(default, ScalarFormatter):
+                continue
+            axis.set_major_formatter(NumberTicks())
+
+
+def batch_size_axis(ax, sizes) -> None:
+    """A log-2 x axis ticked at the batch sizes drawn, not at 2^k (thinned evenly past
+    `MAX_BATCH_TICKS`)."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(sorted(set(sizes)), nbins=MAX_BATCH_TICKS))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(NumberTicks())
 
 
 def save_png(fig, path: str | Path, dpi: int = DPI) -> Path:
-    """Write `fig` as PNG on a white background and return the path."""
+    """Write `fig` as PNG on a white background, its ticks by `number_ticks`; return the path."""
     path = Path(path)
+    number_ticks(fig)
     fig.savefig(path, format="png", facecolor="white", dpi=dpi)
     return path
 

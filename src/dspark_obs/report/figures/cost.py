@@ -19,6 +19,7 @@ say so in the title.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,8 @@ import polars as pl
 
 from ...aggregates.cost_model import M_BIN
 from ...analysis.cost_fit import CostFit
-from ...palette import INK, MUTED, levels
+from ...numbers import number
+from ...palette import INK, MUTED, tones
 from ...plotting import legend_outside, new_figure, save_png
 
 #: Most per-step points a figure draws.
@@ -40,6 +42,10 @@ BIAS_NOTE = (
     "their bin read above zero and steps high in it below, so the mean is that offset, "
     "not a drift of the fit."
 )
+
+#: Characters of `BIAS_NOTE` per line for each inch of figure width: the small font's
+#: average character is about a twelfth of an inch, so the note stays inside the figure.
+NOTE_CHARS_PER_INCH = 12
 
 #: Up to this many distinct batch sizes get a line each; beyond, cells group by bs probe.
 MAX_BS_LINES = 8
@@ -56,8 +62,8 @@ def sample_steps(fit: CostFit, limit: int = SAMPLE_LIMIT) -> tuple[pl.DataFrame,
 
 def _sampled(title: str, fit: CostFit, stride: int) -> str:
     if stride == 1:
-        return f"{title} ({fit.steps:,} steps)"
-    return f"{title} (1 step in {stride} of {fit.steps:,} shown)"
+        return f"{title} ({number(fit.steps)} steps)"
+    return f"{title} (1 step in {number(stride)} of {number(fit.steps)} shown)"
 
 
 def _levels(fit: CostFit) -> list[tuple[float, str, np.ndarray]]:
@@ -65,14 +71,19 @@ def _levels(fit: CostFit) -> list[tuple[float, str, np.ndarray]]:
     bs = fit.cell_frame["bs"].to_numpy()
     distinct = np.unique(bs)
     if len(distinct) <= MAX_BS_LINES:
-        return [(float(b), f"bs {b}", bs == b) for b in distinct]
+        return [(float(b), f"bs {number(int(b))}", bs == b) for b in distinct]
     probes = np.asarray(fit.table.bs_probes, dtype=np.float64)
     nearest = np.abs(np.log(bs[:, None]) - np.log(probes[None, :])).argmin(axis=1)
     out = []
     for k in np.unique(nearest):
         mask = nearest == k
         lo, hi = bs[mask].min(), bs[mask].max()
-        label = f"bs {lo}" if lo == hi else f"bs ≈ {probes[k]:g} (cells bs {lo}–{hi})"
+        lo, hi = int(lo), int(hi)
+        label = (
+            f"bs {number(lo)}"
+            if lo == hi
+            else f"bs ≈ {number(int(probes[k]))} (cells bs {number(lo)}–{number(hi)})"
+        )
         out.append((float(probes[k]) if lo != hi else float(lo), label, mask))
     return out
 
@@ -85,7 +96,7 @@ def draw_surface(ax, fit: CostFit) -> None:
     size = 15 + 85 * np.sqrt(n / n.max())
     table = fit.table
     lines = _levels(fit)
-    colours = levels(len(lines))
+    colours = tones(len(lines))[::-1]  # darker means larger
     for i, (level, label, mask) in enumerate(lines):
         lo, hi = lo_all[mask].min(), hi_all[mask].max()
         probes = [p for p in table.m_probes if lo < p < hi]
@@ -102,7 +113,8 @@ def draw_surface(ax, fit: CostFit) -> None:
             zorder=3,
         )
     ax.set_title(
-        f"Step time vs verify tokens: {fit.cells} (bs, M/64) cell means and the fitted table"
+        f"Step time vs verify tokens: {number(fit.cells)} (bs, M/64) cell means "
+        "and the fitted table"
     )
     ax.set_xlabel("verify tokens per step, M (tokens; cells at the middle of their 64-token bin)")
     ax.set_ylabel("step time (ms)")
@@ -120,7 +132,7 @@ def draw_scatter(ax, fit: CostFit, limit: int = SAMPLE_LIMIT) -> None:
         s=8,
         alpha=0.4,
         color=INK,
-        label=f"fitted table (R² {fit.fitted.r2:.3f})",
+        label=f"fitted table (R² {number(fit.fitted.r2, 3)})",
     )
     shown.append(df["fitted_ms"].to_numpy())
     own = df.filter(pl.col("predicted_ms").is_not_null())
@@ -132,7 +144,7 @@ def draw_scatter(ax, fit: CostFit, limit: int = SAMPLE_LIMIT) -> None:
             alpha=0.4,
             color=MUTED,
             marker="x",
-            label=f"run's own table (R² {fit.own.r2:.3f})",
+            label=f"run's own table (R² {number(fit.own.r2, 3)})",
         )
         shown.append(own["predicted_ms"].to_numpy())
     values = np.concatenate(shown)
@@ -173,20 +185,21 @@ def draw_residuals(ax, fit: CostFit, limit: int = SAMPLE_LIMIT) -> None:
     )
     ax.axhline(0.0, color="black", lw=1, ls="--", label="zero")
     bias = fit.fitted.bias_seconds * 1e3
-    ax.axhline(bias, color=INK, lw=1.2, ls="-", label=f"mean residual {bias:+.3f} ms")
+    ax.axhline(
+        bias, color=INK, lw=1.2, ls="-", label=f"mean residual {number(bias, 3, signed=True)} ms"
+    )
     ax.set_title(_sampled("Residuals of the fitted table, measured − fitted", fit, stride))
     ax.set_xlabel("verify tokens per step, M (tokens)")
     ax.set_ylabel("measured − fitted step time (ms)")
     ax.grid(alpha=0.3)
     legend_outside(ax)
     ax.annotate(
-        BIAS_NOTE,
+        textwrap.fill(BIAS_NOTE, int(NOTE_CHARS_PER_INCH * ax.figure.get_figwidth())),
         (0.0, -0.2),
         xycoords="axes fraction",
         va="top",
         fontsize="small",
         color=INK,
-        wrap=True,
     )
 
 

@@ -1,12 +1,13 @@
 """What-if figure: each verify policy's predicted throughput against batch size.
 
-Policies are not workloads, so they draw in the palette's neutral tones told apart by
-line and marker (`palette.policy_style`), the run's own measured points a black star.
-Two panels share the batch-size axis: tokens/s (log scale, as throughput grows with
-load) with each prediction's interval, and each policy relative to static, where
-differences of a few percent and the crossings (marked on static's zero line) are
-visible. The second has no bands: the policies are predicted on the same request-steps,
-so the traffic's sampling error, most of each interval, is common to all of them.
+Policies are not workloads, so each draws in its own `palette.series_style` (tone, line
+and marker), the run's own measured points a black star. Two panels share the
+batch-size axis, ticked at the batch sizes predicted: tokens/s (log scale, as
+throughput grows with load) with each prediction's interval, and each policy relative
+to static, where differences of a few percent and the crossings (marked on static's
+zero line) are visible. The second has no bands: the policies are predicted on the same
+request-steps, so the traffic's sampling error, most of each interval, is common to all
+of them.
 
 `curves` is a list of `{"policy", "levels", "tokens_per_s", "lo", "hi"}`, static first;
 `own` is `{"levels", "tokens_per_s"}`; `marks` are `{"policy", "bs"}` crossings with static.
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...palette import FAINT, MUTED, OWN_POINT, policy_style
-from ...plotting import legend_outside, new_figure
+from ...palette import FAINT, MUTED, OWN_POINT, series_style
+from ...plotting import batch_size_axis, legend_outside, new_figure
 
 #: Legend entries of a policy's crossing with static, and of the run's measured points.
 CROSSING, RUN = "crossing with static", "this run (measured)"
@@ -32,7 +33,7 @@ def policies_figure(curves: list[dict], own: dict, marks: list[dict]):
     top, rel = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
     static = dict(zip(curves[0]["levels"], curves[0]["tokens_per_s"], strict=True))
     for k, c in enumerate(curves):
-        style = policy_style(k)
+        style = {**series_style(k, len(curves)), "markersize": 4}
         x = np.asarray(c["levels"], dtype=float)
         y, lo, hi = (np.asarray(c[key], dtype=float) for key in ("tokens_per_s", "lo", "hi"))
         dodge = 2.0 ** (DODGE * (k - (len(curves) - 1) / 2))  # intervals side by side
@@ -61,7 +62,8 @@ def policies_figure(curves: list[dict], own: dict, marks: list[dict]):
     top.set_title(
         "Predicted throughput of each verify policy on this run's traffic (95 % intervals)"
     )
-    rel.set_xscale("log", base=2)
+    batch_size_axis(rel, [level for c in curves for level in c["levels"]])
+    top.tick_params(labelbottom=True)  # shared with the panel below, labelled on both
     for ax in (top, rel):
         ax.set_xlabel("batch size (requests per step)")
     rel.set_ylabel("vs static (%)")

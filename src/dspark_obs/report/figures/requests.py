@@ -2,8 +2,12 @@
 
 Each request draws in its workload's `palette` colour. A trace shows one bar per
 decode step, so no quantity hides another: the light bar is the window, the solid
-bar inside it what was accepted, and a black tick the ceiling; a tick above the
-light bar is a block trimming cut short.
+bar inside it what was accepted. Where the window was trimmed (fully accepted and
+shorter than gamma) a black dash as wide as the bar marks the ceiling; a dash above
+the light bar is a block trimming cut short. Elsewhere the ceiling is what was
+accepted, so it gets no dash. The legend says where the dashes come from: what full
+verification accepts (observed, or a cap-accept shadow's) or, without either, the
+tail walk's estimate.
 """
 
 from __future__ import annotations
@@ -18,8 +22,13 @@ from ...palette import INK, bar_style, legend_style, workload_name
 from ...plotting import legend_outside, new_figure
 
 _WINDOW, _ACCEPTED = "window (verified)", "accepted"
-_CEILING = "ceiling (what full verification accepts)"
-_TICK = {"marker": "_", "color": INK, "ms": 7, "mew": 2}
+_CEILING = {
+    True: "ceiling where trimmed (what full verification accepts)",
+    False: "ceiling where trimmed (the tail walk's estimate)",
+}
+#: A dash spans this share of its step, as the window bar does.
+_DASH_WIDTH = 0.9
+_DASH = {"colors": INK, "lw": 2.0, "zorder": 3}
 
 
 def top_requests_figure(label: str, top: pl.DataFrame, palette: dict):
@@ -41,40 +50,45 @@ def top_requests_figure(label: str, top: pl.DataFrame, palette: dict):
     return fig
 
 
-def traces_figure(label: str, traces: pl.DataFrame, rids: list[str], palette: dict):
-    """Per request, one panel: window, accepted and ceiling at every step, in decode order."""
+def traces_figure(
+    label: str, traces: pl.DataFrame, rids: list[str], palette: dict, gamma: int, observed: bool
+):
+    """Per request, one panel: window, accepted and (where trimmed) ceiling at every step.
+
+    `observed`: the run's ceilings are observed or a shadow's, not the walk's estimates.
+    """
     fig = new_figure(11.0, 2.5 * len(rids) + 0.6)
     axes = fig.subplots(len(rids), 1, squeeze=False)[:, 0]
-    gamma, any_ceiling = 0, False
+    ceiling_label, dashed = _CEILING[observed], False
     for ax, rid in zip(axes, rids, strict=True):
         part = traces.filter(pl.col("rid") == rid)
         name = part["workload"][0] if part.height else None
         colour = palette[name]
         step = np.arange(part.height)
         window = part["window"].to_numpy()
-        gamma = max(gamma, int(np.nanmax(window, initial=0)))
         tag = f"workload={name}"
         ax.bar(step, window, 0.9, label=_WINDOW, gid=tag, **bar_style("window", colour))
         accepted = part["correct_drafts"].to_numpy()
         ax.bar(step, accepted, 0.5, label=_ACCEPTED, gid=tag, **bar_style("accepted", colour))
         ceiling = part["ceiling_best"].to_numpy().astype(float)
-        known = ~np.isnan(ceiling)
-        if known.any():
-            any_ceiling = True
-            ax.plot(step[known], ceiling[known], ls="", label=_CEILING, zorder=3, **_TICK)
+        trimmed = (accepted == window) & (window < gamma) & ~np.isnan(ceiling)
+        if trimmed.any():
+            dashed = True
+            half = _DASH_WIDTH / 2
+            at = step[trimmed]
+            ax.hlines(ceiling[trimmed], at - half, at + half, label=ceiling_label, **_DASH)
         ax.set_xlim(-0.6, max(part.height, 1) - 0.4)
+        ax.set_ylim(0, gamma + 0.6)
         ax.set_title(f"{rid} ({workload_name(name)})", fontsize=9, color=colour, loc="left")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("decode step of the request")
         ax.set_ylabel("drafted tokens")
         ax.grid(axis="y", alpha=0.3)
-    for ax in axes:
-        ax.set_ylim(0, gamma + 0.6)
     handles = [Patch(**legend_style("window")), Patch(**legend_style("accepted"))]
     labels = [_WINDOW, _ACCEPTED]
-    if any_ceiling:
-        handles.append(Line2D([], [], ls="", **_TICK))
-        labels.append(_CEILING)
+    if dashed:
+        handles.append(Line2D([], [], color=INK, lw=_DASH["lw"]))
+        labels.append(ceiling_label)
     legend_outside(fig, handles, labels, title="per step (colour: workload)")
-    fig.suptitle(f"{label}: windows of the requests that lost the most", fontsize=11)
+    fig.suptitle(f"{label}: windows of the {len(rids)} requests that lost the most", fontsize=11)
     return fig

@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 from matplotlib.patches import Patch
 
+from ...numbers import number
 from ...palette import bar_style, legend_style, workload_name
 from ...plotting import legend_outside, new_figure
 
@@ -77,7 +78,7 @@ def workload_figure(arms: list[tuple[str, list[dict]]], gamma: int, palette: dic
                     )
             if r.get("utilisation") is not None:
                 ax.annotate(
-                    f"utilisation {r['utilisation']:.3f}",
+                    f"utilisation {number(r['utilisation'], 3)}",
                     (x[i], gamma + 0.15),
                     ha="center",
                     fontsize=8,

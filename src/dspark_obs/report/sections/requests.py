@@ -61,11 +61,17 @@ def requests_section(arms: list[Arm], w: FigureQueue, top: int) -> Section:
         )
         if arm.traces is not None and arm.traces.height:
             rids = arm.top["rid"].head(TRACED_REQUESTS).to_list()
+            observed = arm.summary["overall"]["ceiling_source"] is not None
+            caption = (
+                f"windows of the {len(rids)} requests that lost the most, one panel each "
+                f"(the first {len(rids)} of the table's {arm.top.height}: a panel holds "
+                "every step of its request, so more would not read)"
+            )
             s.figures += arm_figures(
                 w,
                 6,
                 arm.label,
-                (arm.label, arm.traces, rids, palette),
-                [(requests_fig.traces_figure, "traces", "windows of the top requests")],
+                (arm.label, arm.traces, rids, palette, arm.gamma, observed),
+                [(requests_fig.traces_figure, "traces", caption)],
             )
     return s
