@@ -11,6 +11,7 @@ one colour, and any two of its other series differ in colour, line style or mark
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -335,3 +336,18 @@ def test_traces_draw_a_dash_per_trimmed_step_under_a_legend_that_says_whose(buil
     assert labels[-1] == requests_fig._CEILING[False]
     assert requests_fig._CEILING[True] not in labels
     assert np.all([ax.get_ylim()[1] > arm.gamma for ax in walked.axes])
+
+
+def test_no_survival_figure_without_a_population_model(built):
+    """A fleet's estimate has no population model: no panels left empty, a line says why."""
+    arms, _, _ = built
+    estimate = arms[0].estimate
+    walks_only = {
+        name: {k: v for k, v in entry.items() if k != "population"}
+        for name, entry in estimate["workloads"].items()
+    }
+    arm = dataclasses.replace(arms[0], estimate={**estimate, "workloads": walks_only})
+    w = KeepFigures()
+    section = estimator_section([arm], w)
+    assert set(w.figures) == {"estimates-compact"}
+    assert any("no survival curves" in line for line in section.missing)

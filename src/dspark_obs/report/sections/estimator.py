@@ -92,14 +92,13 @@ def estimator_section(arms: list[Arm], w: FigureQueue) -> Section:
                 f"{arm.label}: no shadow truth, so estimates are shown without errors "
                 "(run a cap-accept twin: `dspark-obs shadow` or `run --shadow cap-accept`)"
             )
-        s.figures += arm_figures(
-            w,
-            5,
-            arm.label,
-            (arm.label, report, palette),
-            [
-                (estimator_fig.estimates_figure, "estimates", "estimated vs true ceiling"),
-                (estimator_fig.survival_figure, "survival", "survival of the ceiling"),
-            ],
-        )
+        figures = [(estimator_fig.estimates_figure, "estimates", "estimated vs true ceiling")]
+        if any((e.get("population") or {}) for e in report["workloads"].values()):
+            figures.append((estimator_fig.survival_figure, "survival", "survival of the ceiling"))
+        else:
+            s.missing.append(
+                f"{arm.label}: no survival curves: the population model is fitted to one run's "
+                "rows, so a fleet has none (`dspark-obs estimate RUN_DIR` per run)"
+            )
+        s.figures += arm_figures(w, 5, arm.label, (arm.label, report, palette), figures)
     return s
