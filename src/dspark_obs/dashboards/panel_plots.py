@@ -70,7 +70,11 @@ def draw_panel(
     """Draw one panel into a matplotlib Axes; `palette` colours series by their workload."""
     panel = data.panel
     unit, scale = _readable_unit(data)
-    ax.set_title(panel.get("title", ""), fontsize=10 if compact else 12, fontweight="bold")
+    title = panel.get("title", "")
+    # as large as fits over the panel: a bold character is about 0.62 of the font size wide
+    width_pt = ax.get_position().width * ax.figure.get_figwidth() * 72
+    size = min(10 if compact else 12, width_pt / (0.62 * max(1, len(title))))
+    ax.set_title(title, fontsize=size, fontweight="bold")
     if not data.has_data:
         _no_data(ax, data, compact)
         return
@@ -200,15 +204,36 @@ def _lines(
         labels,
         fontsize=6 if compact else 8,
         loc="upper center",
-        bbox_to_anchor=(0.5, -0.18 if compact else -0.15),
+        bbox_to_anchor=(0.5, 0.0),
+        bbox_transform=_under_x_axis(ax, 8 if compact else 10),
         ncol=_legend_columns(ax, labels, 6 if compact else 8),
         frameon=False,
     )
 
 
+def _under_x_axis(ax, label_size: float):
+    """The axes' coordinates moved down by what sits under the axes (ticks, their labels and
+    the axis label, in points): a legend anchored there clears them however short the layout
+    makes the axes, where a fixed share of its height runs into them."""
+    from matplotlib import rcParams
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.transforms import ScaledTranslation
+
+    ticks = FontProperties(size=rcParams["xtick.labelsize"]).get_size_in_points()
+    gap = (
+        rcParams["xtick.major.size"]
+        + rcParams["xtick.major.pad"]
+        + 1.3 * ticks
+        + rcParams["axes.labelpad"]
+        + 1.3 * label_size
+    )
+    return ax.transAxes + ScaledTranslation(0, -gap / 72, ax.figure.dpi_scale_trans)
+
+
 def _legend_columns(ax, labels: list[str], fontsize: float) -> int:
-    """As many columns as fit the axes' width, so a long legend never squeezes the plot away."""
-    width_pt = ax.get_position().width * ax.figure.get_figwidth() * 72
+    """As many columns as fit the panel's cell of the figure, so a long legend never squeezes
+    the plot away."""
+    width_pt = ax.figure.get_figwidth() * 72 / ax.get_subplotspec().get_gridspec().ncols
     entry_pt = max(len(label) for label in labels) * fontsize * 0.6 + 3 * fontsize
     return max(1, min(len(labels), 4, int(width_pt // entry_pt)))
 
