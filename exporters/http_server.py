@@ -20,13 +20,15 @@ import ssl
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
 import bcrypt
 from prometheus_client import make_wsgi_app
 from prometheus_client.registry import Collector
 
-from .web_config import WebConfig, load_web_config
+from dspark_obs.http_strict import SOCKET_TIMEOUT, BoundedThreadingServer, StrictRequestHandler
+
+from .web_config import WebConfig, certificate_problems, load_web_config
 
 __all__ = ["MAX_BODY_BYTES", "REALM", "MetricsServer"]
 
@@ -36,8 +38,6 @@ MAX_BODY_BYTES = 64 * 1024
 REALM = "dspark-obs"
 # serve_forever only notices shutdown() between polls, so this bounds how long stop() takes.
 _POLL_INTERVAL = 0.1
-# Bounds TLS handshakes and slow clients so an idle connection cannot pin a thread forever.
-_SOCKET_TIMEOUT = 10.0
 _AUTH_CACHE_SIZE = 256
 _BCRYPT_MAX_BYTES = 72
 _INDEX = (
@@ -89,14 +89,8 @@ def _guard(app: App) -> App:
             # Replaces wsgiref's default, which advertises the exact Python version.
             return start_response(status, [*headers, ("Server", REALM)], exc_info)
 
-        if environ.get("HTTP_TRANSFER_ENCODING"):
-            return _reply(with_server_header, "411 Length Required", b"Length Required\n")
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = -1
-        if length < 0:
-            return _reply(with_server_header, "400 Bad Request", b"Bad Content-Length\n")
+        # the request was read strictly (http_strict): no Transfer-Encoding, digits only here
+        length = int(environ.get("CONTENT_LENGTH") or 0)
         if length > MAX_BODY_BYTES:
             return _reply(with_server_header, "413 Content Too Large", b"Body too large\n")
         if length:
@@ -192,10 +186,19 @@ class _LogStream:
             self._parts.clear()
 
 
-class _QuietHandler(WSGIRequestHandler):
+class _QuietHandler(StrictRequestHandler, WSGIRequestHandler):
     server_version = REALM
     sys_version = ""
-    timeout = _SOCKET_TIMEOUT
+
+    def handle(self) -> None:
+        self.handle_one_request()  # wsgiref answers one request a connection
+
+    def respond(self) -> None:
+        handler = ServerHandler(
+            self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=False
+        )
+        handler.request_handler = self
+        handler.run(self.server.get_app())
 
     def log_message(self, format, *args):  # a scrape per second must not flood stderr
         log.debug("%s %s", self.client_address[0], format % args)
@@ -204,13 +207,13 @@ class _QuietHandler(WSGIRequestHandler):
         return _LogStream()
 
 
-class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    block_on_close = False
+class _Server(BoundedThreadingServer, WSGIServer):
+    label = "metrics server"
 
     def __init__(self, address, family: int, ssl_context: ssl.SSLContext | None):
         self.address_family = family
         self.ssl_context = ssl_context
+        self.busy_reply = ssl_context is None  # no plain-text answer inside a TLS port
         super().__init__(address, _QuietHandler)
 
     def server_bind(self):
@@ -224,7 +227,7 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
         costs only its own thread rather than the accept loop."""
         if self.ssl_context is None:
             return super().finish_request(request, client_address)
-        request.settimeout(_SOCKET_TIMEOUT)
+        request.settimeout(SOCKET_TIMEOUT)
         try:
             tls = self.ssl_context.wrap_socket(request, server_side=True)
         except (OSError, ValueError) as exc:
@@ -234,9 +237,6 @@ class _Server(socketserver.ThreadingMixIn, WSGIServer):
             return super().finish_request(tls, client_address)
         finally:
             self.shutdown_request(tls)
-
-    def handle_error(self, request, client_address):
-        log.debug("connection from %s failed", client_address[0], exc_info=True)
 
 
 def _resolve(host: str, port: int) -> tuple[int, str]:
@@ -270,6 +270,9 @@ class MetricsServer:
         self.host, self.port = host, port
         tls = self.web_config.tls
         self._ssl_context = tls.ssl_context() if tls is not None else None
+        if tls is not None:
+            for problem in certificate_problems(tls.cert_file, host):
+                log.warning("tls_server_config.cert_file %s: %s", tls.cert_file, problem)
         app: App = _router(metrics_app or make_wsgi_app(registry))
         if self.web_config.basic_auth_users:
             if tls is None:
@@ -296,6 +299,8 @@ class MetricsServer:
             )
             thread.start()
             self._httpd, self._thread = httpd, thread
+            #: requests and connections refused, by reason (http_strict)
+            self.refusals = httpd.refusals
         return self.address
 
     @property

@@ -11,9 +11,11 @@ because we do not want a YAML parser as a hard dependency of the exporter.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import ssl
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +26,14 @@ import bcrypt
 
 from dspark_obs.json_files import check_nesting
 
-__all__ = ["TLSServerConfig", "WebConfig", "hash_password", "load_web_config"]
+__all__ = [
+    "MAX_BCRYPT_COST",
+    "TLSServerConfig",
+    "WebConfig",
+    "certificate_problems",
+    "hash_password",
+    "load_web_config",
+]
 
 # Modular-crypt bcrypt: $2a$/$2b$/$2y$, two-digit cost, 22 salt + 31 hash chars.
 _BCRYPT_RE = re.compile(r"^\$2[aby]\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}$")
@@ -34,6 +43,10 @@ _CLIENT_AUTH = ("NoClientCert", "RequireAndVerifyClientCert")
 _MIN_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
 # bcrypt only looks at the first 72 bytes; silently truncating would accept wrong passwords.
 _BCRYPT_MAX_BYTES = 72
+#: The dearest bcrypt cost accepted. Each step doubles a check: cost 14 is about a second of
+#: one core, cost 31 (which Go's bcrypt, and so exporter-toolkit, still accepts) days. Every
+#: check of an unknown password pays it, so a dearer hash is a way to pin the CPU.
+MAX_BCRYPT_COST = 14
 
 
 def hash_password(plain: str, rounds: int = 12) -> str:
@@ -110,6 +123,12 @@ def load_web_config(path: str | Path) -> WebConfig:
     if not isinstance(data, Mapping):
         raise ValueError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     _reject_unknown(path, "", data, _TOP_KEYS)
+    if "tls_server_config" in data and not data["tls_server_config"]:
+        # a key meant to turn TLS on must not leave the endpoint on plain HTTP
+        raise ValueError(
+            f"{path}: tls_server_config is empty, so /metrics would be served over plain "
+            "HTTP; give cert_file and key_file, or remove the key to serve without TLS"
+        )
     tls_raw = data.get("tls_server_config")
     tls = None if tls_raw is None else _parse_tls(path, tls_raw)
     users = _parse_users(path, data.get("basic_auth_users"))
@@ -135,7 +154,9 @@ def _parse(path: Path, text: str) -> Any:
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _RepeatedKey as exc:
+        raise ValueError(f"{path}: key {exc} given twice; say it once") from None
     except json.JSONDecodeError as json_exc:
         try:
             import yaml  # optional: only needed for files that are not JSON
@@ -145,12 +166,43 @@ def _parse(path: Path, text: str) -> Any:
                 "not installed (pip install pyyaml, or write the file as JSON)"
             ) from None
         try:
-            loaded = yaml.safe_load(text)
+            loaded = yaml.load(text, Loader=_unique_key_loader(yaml))
+        except _RepeatedKey as exc:
+            raise ValueError(f"{path}: key {exc} given twice; say it once") from None
         except yaml.YAMLError as exc:
             raise ValueError(f"{path}: not valid YAML: {exc}") from None
         except RecursionError:  # block-style nesting, which brackets do not show
             raise ValueError(f"{path}: YAML nested too deeply") from None
         return {} if loaded is None else loaded
+
+
+class _RepeatedKey(ValueError):
+    """A mapping names one key twice: JSON and YAML readers keep the last silently, which
+    lets a later `tls_server_config:` (even an empty one) undo an earlier one."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(repr(key))
+        out[key] = value
+    return out
+
+
+def _unique_key_loader(yaml):
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
+            seen = set()
+            for key in keys:
+                if isinstance(key, (str, int, float, bool)) or key is None:
+                    if key in seen:
+                        raise _RepeatedKey(repr(key))
+                    seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
 
 
 def _reject_unknown(path: Path, where: str, data: Mapping, allowed: tuple[str, ...]) -> None:
@@ -228,5 +280,65 @@ def _parse_users(path: Path, raw: Any) -> dict[str, str]:
                 f"{path}: basic_auth_users.{user}: not a bcrypt hash ($2a$/$2b$/$2y$); "
                 "generate one with dspark_obs.exporters.web_config.hash_password"
             )
+        cost = int(hashed[4:6])
+        if cost > MAX_BCRYPT_COST:
+            raise ValueError(
+                f"{path}: basic_auth_users.{user}: bcrypt cost {cost} is over "
+                f"{MAX_BCRYPT_COST}, the most this exporter checks (each check doubles in "
+                f"time per step: cost {cost} takes about {2 ** (cost - 14):,} s of a core); "
+                "hash the password again with a lower cost"
+            )
         users[user] = hashed
     return users
+
+
+def certificate_problems(cert_file: Path, host: str, now: float | None = None) -> list[str]:
+    """What a client will refuse in the server's certificate: expired, not yet valid, or not
+    naming the host it is served on (checked where `host` is an address or name, not a
+    wildcard). exporter-toolkit starts with each of these without a word; the exporter
+    starts too (an operator may be mid-rotation) and says each in a warning.
+
+    The certificate is read by the standard library's own decoder (`_test_decode_cert`,
+    what `ssl`'s tests use), so no X.509 package is needed at run time."""
+    try:
+        cert = ssl._ssl._test_decode_cert(str(cert_file))  # type: ignore[attr-defined]
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        return [f"cannot read the certificate to check its dates and names: {exc}"]
+    now = time.time() if now is None else now
+    problems = []
+    after, before = cert.get("notAfter"), cert.get("notBefore")
+    if after and ssl.cert_time_to_seconds(after) < now:
+        problems.append(f"the certificate expired on {after}")
+    if before and ssl.cert_time_to_seconds(before) > now:
+        problems.append(f"the certificate is not valid until {before}")
+    wildcard = host in ("", "0.0.0.0", "::")  # nosec B104: the names checked, not a bind
+    if not wildcard and not _names_host(cert, host):
+        problems.append(
+            f"the certificate does not name {host!r}, the host it is served on: clients "
+            "that check the name will refuse it"
+        )
+    return problems
+
+
+def _names_host(cert: dict, host: str) -> bool:
+    sans = cert.get("subjectAltName", ())
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    if ip is not None:
+        return any(
+            kind == "IP Address" and ipaddress.ip_address(value.strip()) == ip
+            for kind, value in sans
+        )
+    names = [value for kind, value in sans if kind == "DNS"]
+    if not sans:  # no SAN: clients of today ignore the common name, but it is all there is
+        names = [v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"]
+    host = host.lower().rstrip(".")
+    for name in names:
+        name = name.lower().rstrip(".")
+        if name == host or (
+            name.startswith("*.") and "." in host and host.split(".", 1)[1] == name[2:]
+        ):
+            return True
+    return False

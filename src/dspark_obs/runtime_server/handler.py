@@ -8,7 +8,6 @@ front's endpoints only ever see a parsed body.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import math
 import select
@@ -20,6 +19,8 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from .. import __version__
+from ..http_strict import StrictRequestHandler
+from ..json_files import decode_json
 from .protocol import ClientGone, RequestError
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ MAX_BODY = 1 << 20
 
 
 def make_handler(front: RuntimeFrontend) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(StrictRequestHandler, BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = f"dspark-obs-runtime-server/{__version__}"
 
@@ -60,23 +61,18 @@ def make_handler(front: RuntimeFrontend) -> type[BaseHTTPRequestHandler]:
             return hmac.compare_digest(got.encode(), f"Bearer {front.api_key}".encode())
 
         def _body(self):
-            if self.headers.get("Transfer-Encoding"):
-                self.close_connection = True
-                raise RequestError("chunked bodies are not accepted", HTTPStatus.LENGTH_REQUIRED)
-            try:
-                n = int(self.headers.get("Content-Length") or 0)
-            except ValueError:
-                self.close_connection = True
-                raise RequestError("bad Content-Length") from None
+            n = self.content_length()  # framing checked when the request was read
             if n > MAX_BODY:
                 self.close_connection = True  # the body stays unread
                 raise RequestError(
                     f"body over {MAX_BODY} bytes", HTTPStatus.REQUEST_ENTITY_TOO_LARGE
                 )
             raw = self.rfile.read(n) if n > 0 else b""
-            try:
-                return json.loads(raw)
-            except (ValueError, UnicodeDecodeError) as exc:
+            if len(raw) < n:
+                raise ClientGone("closed inside the body")
+            try:  # nesting bounded before decoding (json_files.MAX_DEPTH): a 400, never a 500
+                return decode_json(raw)
+            except ValueError as exc:
                 raise RequestError(f"invalid JSON body: {exc}") from None
 
         def _client_gone(self) -> bool:
@@ -128,12 +124,15 @@ def make_handler(front: RuntimeFrontend) -> type[BaseHTTPRequestHandler]:
                     self._error(HTTPStatus.NOT_FOUND, f"no {method} {path}")
             except RequestError as exc:
                 self._error(exc.status, str(exc))
-            except ClientGone as exc:
+            except (ClientGone, ConnectionError, TimeoutError) as exc:  # nobody to answer
                 self.close_connection = True
-                log.info("%s %s: %s", method, path, exc)
+                log.info("%s %s: client gone: %s", method, path, exc)
             except Exception as exc:  # a bug answers 500; the server stays up
                 log.exception("%s %s failed", method, path)
-                self._error(HTTPStatus.INTERNAL_SERVER_ERROR, repr(exc))
+                try:
+                    self._error(HTTPStatus.INTERNAL_SERVER_ERROR, repr(exc))
+                except OSError:
+                    self.close_connection = True
 
         def do_GET(self) -> None:
             self._dispatch("GET")

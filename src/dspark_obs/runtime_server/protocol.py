@@ -15,6 +15,9 @@ from ..runtime.language import EOS_TOKEN
 
 #: SGLang's default when `sampling_params` gives none.
 DEFAULT_MAX_NEW_TOKENS = 128
+#: Prompts in one `/generate` body. A batch is validated, queued and waited on as one, so
+#: its size bounds the work one request (and one client that hangs up) can start.
+MAX_BATCH = 256
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?'-()\n"
 
 
@@ -67,6 +70,10 @@ def parse_generate(body: dict) -> tuple[list[dict], bool]:
     n = len(prompts)
     if n == 0:
         raise RequestError("empty batch")
+    if n > MAX_BATCH:
+        raise RequestError(
+            f"{n} prompts in one batch; at most {MAX_BATCH}", HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+        )
     params = _as_list(body.get("sampling_params") or {}, n, "sampling_params")
     rids = body.get("rid")
     rids = [uuid.uuid4().hex for _ in range(n)] if rids is None else _as_list(rids, n, "rid")

@@ -22,9 +22,10 @@ import threading
 import time
 from collections.abc import Callable
 from http import HTTPStatus
-from http.server import ThreadingHTTPServer
+from http.server import HTTPServer
 
 from .. import __version__
+from ..http_strict import BoundedThreadingServer
 from ..runtime.config import RuntimeConfig
 from ..telemetry.server_info import MAX_DP_RANKS
 from .handler import make_handler
@@ -36,8 +37,8 @@ from .rate_limit import DEFAULT_RATE_LIMIT, RateLimiter
 _GONE_POLL_S = 0.25
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
+class _Server(BoundedThreadingServer, HTTPServer):
+    label = "runtime-server"
     # The standard library's backlog of 5 drops (and, under load, resets) connections when a
     # benchmark or a shadow replay opens dozens at once; they should wait in the queue.
     request_queue_size = 128
@@ -71,6 +72,8 @@ class RuntimeFrontend:
         self._next_rank = itertools.count()
         self._rr_lock = threading.Lock()
         self.httpd = _Server((host, port), make_handler(self))
+        #: requests and connections refused, by reason (http_strict)
+        self.refusals = self.httpd.refusals
         self._serve_thread: threading.Thread | None = None
 
     @property
