@@ -351,3 +351,24 @@ def test_no_survival_figure_without_a_population_model(built):
     section = estimator_section([arm], w)
     assert set(w.figures) == {"estimates-compact"}
     assert any("no survival curves" in line for line in section.missing)
+
+
+def test_estimates_title_claims_a_truth_only_where_one_is_drawn(built):
+    """Without a shadow the estimates are not held against anything; the title says so."""
+    from dspark_obs.report.figures import estimator as estimator_fig
+
+    arms, _, _ = built
+    estimate = arms[0].estimate
+    palette = workload_palette(estimate["workloads"])
+    with_truth = {n: {**e, "truth": 3.0} for n, e in estimate["workloads"].items()}
+    without = {n: {**e, "truth": None} for n, e in estimate["workloads"].items()}
+    titles = [
+        estimator_fig.estimates_figure("x", {**estimate, "workloads": w}, palette)
+        .axes[0]
+        .get_title()
+        for w in (with_truth, without)
+    ]
+    assert titles == [
+        "x: estimated vs true ceiling per workload",
+        "x: estimated ceiling (no shadow truth) per workload",
+    ]

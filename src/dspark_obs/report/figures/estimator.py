@@ -76,8 +76,9 @@ def estimates_figure(label: str, report: dict, palette: dict):
     ax.set_xlabel("workload")
     ax.set_ylabel("mean ceiling (accepted drafts per request-step)")
     truth = any(v["ceiling"][0] is not None for v in values)
-    suffix = "" if truth else " (no shadow truth in this run)"
-    ax.set_title(f"{label}: estimated vs true ceiling per workload{suffix}")
+    # without a shadow there is nothing to hold the estimate against: the title says so
+    what = "estimated vs true ceiling" if truth else "estimated ceiling (no shadow truth)"
+    ax.set_title(f"{label}: {what} per workload")
     legend_outside(
         ax,
         [Patch(**legend_style(style)) for style, _ in shown],
