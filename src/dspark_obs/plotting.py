@@ -18,6 +18,7 @@ from pathlib import Path
 from matplotlib.ticker import Formatter
 
 from .numbers import number
+from .outputs import write_file
 
 #: Default size of a single-panel figure, inches at `DPI`.
 WIDTH, HEIGHT, DPI = 8.0, 4.8, 100
@@ -31,6 +32,9 @@ def new_figure(width: float = WIDTH, height: float = HEIGHT):
     import matplotlib
 
     matplotlib.use("Agg")
+    # labels carry names from clients, and `$x^{$-3` read as mathtext fails the whole
+    # figure; no figure of ours writes mathtext, so a `$` is always a dollar sign
+    matplotlib.rcParams["text.parse_math"] = False
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height), dpi=DPI, layout="constrained")
@@ -104,11 +108,14 @@ def batch_size_axis(ax, sizes) -> None:
 
 
 def save_png(fig, path: str | Path, dpi: int = DPI) -> Path:
-    """Write `fig` as PNG on a white background, its ticks by `number_ticks`; return the path."""
-    path = Path(path)
+    """Write `fig` as PNG on a white background, its ticks by `number_ticks`; return the path.
+
+    OutputRefused where `path` is a symbolic link."""
     number_ticks(fig)
-    fig.savefig(path, format="png", facecolor="white", dpi=dpi)
-    return path
+    # through `outputs.write_file`: never through a planted link, never half a PNG
+    return write_file(
+        path, lambda f: fig.savefig(f, format="png", facecolor="white", dpi=dpi), durable=False
+    )
 
 
 def img_tag(path: str | Path, alt: str) -> str:

@@ -11,6 +11,11 @@ The width is the terminal's, or `COLUMNS` when it is set (piped output too, so
 `COLUMNS=200 dspark-obs estimate RUN | less` is wide), else 120 columns when piped. Piped
 lines of text are never broken: a path or a header line must stay whole for whoever
 greps it.
+
+Cells are text, never markup: names from clients reach tables (a workload `[/bold]`, a rid
+holding a terminal escape), so `print_table` shows every string cell, header and title as
+typed and with its unprintable characters escaped (`names.printable`). Styles come from
+columns and rows.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ import os
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
+
+from .names import printable
 
 PIPED_WIDTH = 120
 
@@ -104,7 +112,19 @@ def split(console: Console, table: Table, width: int) -> list[Table]:
     ]
 
 
+def _literal(table: Table) -> None:
+    """Every string of `table` as a `Text` of itself (rich would read it as markup)."""
+    for column in table.columns:
+        if isinstance(column.header, str):
+            column.header = Text(printable(column.header))
+        column._cells = [Text(printable(c)) if isinstance(c, str) else c for c in column._cells]
+    if isinstance(table.title, str):
+        table.title = Text(printable(table.title), style="table.title")
+
+
 def print_table(console: Console, table: Table) -> None:
-    """`table` on `console`, split by columns where it is wider than the console."""
+    """`table` on `console`, its strings as typed, split by columns where it is wider than
+    the console."""
+    _literal(table)
     for part in split(console, table, console.width):
         console.print(part)

@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 
 from ..json_files import load_json_file
+from ..outputs import write_file
 from .metrics import ece_rows
 
 #: SGLang's grid: 41 log-spaced temperatures from 0.1 to 10 (1.0 is on it, index 20).
@@ -50,7 +51,7 @@ class StsCalibration(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 def save_sts(cal: StsCalibration, path: str | Path) -> None:
-    Path(path).write_bytes(msgspec.json.encode(cal))
+    write_file(path, msgspec.json.encode(cal))
 
 
 def load_sts(path: str | Path) -> StsCalibration:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .. import strict_json
 from ..analysis.cost_fit import TIME_COLUMNS, CostFit, CostFitError, check_probes, fit_cost_table
+from ..outputs import write_file
 from ..report import context_tables, cost_quality_table
 from ..report.document import print_report_table
 from ..report.figures.cost import write_cost_plots
@@ -90,11 +91,11 @@ def handle_fit(args: argparse.Namespace) -> int:
         )
     except CostFitError as exc:
         raise CliError(f"{args.run_dir}: {exc}") from exc
-    args.out.write_text(fit.table.to_json(), encoding="utf-8")
+    write_file(args.out, fit.table.to_json())
     context_path = None
     if fit.context is not None:
         context_path = context_out(args)
-        context_path.write_text(fit.context.table.to_json(), encoding="utf-8")
+        write_file(context_path, fit.context.table.to_json(), "--context-out")
     plots = write_cost_plots(fit, args.plot, args.plot_dir)
     if args.json:
         report = {

@@ -181,7 +181,9 @@ def one_line(text: str) -> str:
     which may hold a newline or a terminal escape sequence; printed raw they
     would split the one-line error or drive the terminal.
     """
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    from ..names import printable
+
+    return printable(text)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..durations import parse_duration
+from ..outputs import prepare_dir, write_file
 from ..plotting import img_tag
 from .panel_plots import overview_png, panel_palette, panel_png
 from .provisioning import shipped_dashboard
@@ -127,8 +128,7 @@ def render(
     values = substitutions(variables, step=step, range_=range_)
     datas = [fetch(prom, p, values, span) for p in data_panels(dashboard)]
 
-    root = Path(out)
-    root.mkdir(parents=True, exist_ok=True)
+    root = prepare_dir(out)
     written = []
     palette = panel_palette(datas)
     for i, data in enumerate(datas, start=1):
@@ -142,5 +142,5 @@ def render(
     overview = root / "overview.png"
     overview_png(datas, overview, f"{title} — last {range_}", palette=palette)
     index = root / "index.html"
-    index.write_text(index_html(title, subtitle, overview, written), encoding="utf-8")
+    write_file(index, index_html(title, subtitle, overview, written), durable=False)
     return Rendered(written, overview, index)

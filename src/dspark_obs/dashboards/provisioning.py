@@ -12,6 +12,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from ..outputs import prepare_dir, write_file
+
 DASHBOARDS_YML = """\
 # Grafana file provisioning: copy to /etc/grafana/provisioning/dashboards/ and put
 # dspark.json and dspark-fleet.json in the folder named by `path`.
@@ -97,8 +99,8 @@ def write_tree(
     put into every query of both, and the alerts' runbook links at `runbook_base`."""
     from .selectors import RULES, rules_with_selector, shipped_rules
 
-    root = Path(directory)
-    (root / "provisioning").mkdir(parents=True, exist_ok=True)
+    root = prepare_dir(directory)
+    prepare_dir(root / "provisioning", "--out's")
     texts = texts or {}
     dashboards = {name: texts.get(name) or shipped_json(name) for name in DASHBOARDS}
     if selector or sglang_selector:
@@ -112,11 +114,11 @@ def write_tree(
         root / "provisioning" / "datasources.yml": DATASOURCES_YML,
     }
     if rules:
-        (root / "rules").mkdir(exist_ok=True)
+        prepare_dir(root / "rules", "--out's")
         for name in RULES:
             written[root / "rules" / name] = rules_with_selector(
                 shipped_rules(name), selector, sglang_selector, runbook_base
             )
     for path, text in written.items():
-        path.write_text(text, encoding="utf-8")
+        write_file(path, text)
     return list(written)

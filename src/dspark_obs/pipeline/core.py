@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
+
+from .. import names
 from ..aggregates import Aggregates
 from ..estimator.online import CeilingEstimator
 from ..estimator.tails import Gather
@@ -19,6 +22,55 @@ from ..sources.stats import IngestStats
 from ..store import RunWriter
 from ..telemetry import StepBatch
 from ..telemetry.batch import InvalidBatch
+
+#: The `dspark_ingest_errors_total` reason counting accepted request-steps whose rid or
+#: workload name was changed to be kept (`names.clean`).
+NAME_CLEANED = "name_cleaned"
+
+
+def clean_names(batch: StepBatch) -> tuple[int, str]:
+    """Clean `batch`'s rids and workload names in place (`names.clean`): how many rows
+    changed, and a line saying how the first of them did.
+
+    Every name reaches labels, tables, reports and the store from here, so this is where
+    the rule is applied, once; a row with a bad name is kept, under the cleaned name.
+    """
+    rid, workload = batch.rid, batch.workload
+    rids, bad_rids = names.clean_list(rid.tolist())
+    if batch.workload_names is not None and batch.workload_codes is not None:
+        table, bad_workloads = names.clean_list(list(batch.workload_names))
+        if bad_workloads:
+            batch.workload_names = tuple(table)
+            batch.workload = _objects(table)[batch.workload_codes]
+    else:
+        workloads, bad_workloads = names.clean_list(workload.tolist())
+        if bad_workloads:
+            batch.workload = _objects(workloads)
+    if not (bad_rids or bad_workloads):
+        return 0, ""
+    if bad_rids:
+        batch.rid = _objects(rids)
+    changed = (rid != batch.rid) | (workload != batch.workload)
+    row = int(np.argmax(changed))
+    what = "rid" if rid[row] != batch.rid[row] else "workload"
+    before, after = (rid, batch.rid) if what == "rid" else (workload, batch.workload)
+    return int(np.count_nonzero(changed)), (
+        f"a {what} with unprintable characters or over {names.MAX_LEN} characters "
+        f"({_shown(before[row])}) is kept as {_shown(after[row])}"
+    )
+
+
+def _objects(values: list) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def _shown(name: object) -> str:
+    """A name in a log line: escaped, and its first 60 characters only."""
+    text = str(name)
+    more = f" ({len(text):,} characters)" if len(text) > 60 else ""
+    return repr(names.printable(text[:60])) + more
 
 
 class StoreFailed(RuntimeError):
@@ -66,6 +118,9 @@ class Pipeline:
         except InvalidBatch as exc:
             self.stats.error(source, exc.reason, str(exc))
             return False
+        changed, example = clean_names(batch)
+        if changed:
+            self.stats.error(source, NAME_CLEANED, example, changed)
         self.aggregates.update(batch)
         if self.estimator is not None:
             self.estimator.update(batch, gather)

@@ -31,6 +31,7 @@ from ..analysis.reliability import calibration_histograms, pooled
 from ..analysis.summary import summarize
 from ..analysis.verify_lengths import window_shares
 from ..estimator.evaluate import evaluate
+from ..outputs import OwnedFiles, prepare_dir, write_file
 from ..palette import workload_palette
 from ..store import open_run
 from ..store.fleet import expand_run_dirs, open_fleet, run_labels, single_run
@@ -104,7 +105,7 @@ def overlay_figures(run_dirs: list[Path], out: Path) -> list[Figure]:
     Only the cheap analyses (summary, window shares, load); no estimator pass,
     so the per-workload bars show the observed ceiling only.
     """
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_dir(out)
     arms = []
     for label, path in zip(run_labels(list(run_dirs)), run_dirs, strict=True):
         run = open_run(path)
@@ -180,10 +181,8 @@ def build_report(
     else:
         run_dirs = expand_run_dirs(run_dirs)  # a directory of runs is each of its runs
         runs = [open_run(p) for p in run_dirs]
-    out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("*.png"):
-        if old.name[:1].isdigit():
-            old.unlink()
+    out = prepare_dir(out)
+    owned = OwnedFiles(out)  # what an earlier report wrote there, and only that, is replaced
     rows = sum(r.requests().select(pl.len()).collect().item() for r in runs if has_requests(r))
     w = FigureQueue(out, background=rows >= BACKGROUND_FIGURES_ROWS)
     try:
@@ -224,10 +223,11 @@ def build_report(
     title = "DSpark run report: " + ", ".join(a.label for a in arm_list)
     meta = [_meta(a) for a in arm_list]
     meta += [policy_headline(a) for a in arm_list]
-    md = out / "summary.md"
-    md.write_text(markdown(title, meta, sections), encoding="utf-8")
-    page = out / "report.html"
-    page.write_text(html_page(title, meta, sections), encoding="utf-8")
-    js = out / "report.json"
-    js.write_text(strict_json.dumps(_json(arm_list), indent=1), encoding="utf-8")
+    md = write_file(out / "summary.md", markdown(title, meta, sections), durable=False)
+    page = write_file(out / "report.html", html_page(title, meta, sections), durable=False)
+    js_text = strict_json.dumps(_json(arm_list), indent=1)
+    js = write_file(out / "report.json", js_text, durable=False)
+    written = {p.name for p in (md, page, js)} | {f.path.name for s in sections for f in s.figures}
+    owned.remove_stale(written)
+    owned.record(written)
     return Report(out, arm_list, sections, page, md, js)

@@ -17,6 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table as RichTable
 
+from .. import names
 from ..plotting import img_tag
 from ..terminal import print_table
 
@@ -49,29 +50,28 @@ class Section:
     headline: list[str] = field(default_factory=list)
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def markdown(title: str, meta: list[str], sections: list[Section]) -> str:
-    out = [f"# {title}", ""]
-    out += [f"- {line}" for line in meta]
+    """summary.md. Every text is escaped (`names.markdown`): run names, workloads and rids
+    reach the tables and captions, and a renderer must show them, not run them."""
+    e = names.markdown
+    out = [f"# {e(title)}", ""]
+    out += [f"- {e(line)}" for line in meta]
     for s in sections:
-        out += ["", f"## {s.title}", ""]
+        out += ["", f"## {e(s.title)}", ""]
         if s.intro:
-            out += [s.intro, ""]
-        out += [f"> missing: {m}" for m in s.missing]
+            out += [e(s.intro), ""]
+        out += [f"> missing: {e(m)}" for m in s.missing]
         if s.missing:
             out.append("")
         for t in s.tables:
-            out += [f"### {t.title}", ""]
-            out.append("| " + " | ".join(_md_cell(c) for c in t.columns) + " |")
+            out += [f"### {e(t.title)}", ""]
+            out.append("| " + " | ".join(e(c) for c in t.columns) + " |")
             out.append("| " + " | ".join("---" for _ in t.columns) + " |")
-            out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in t.rows]
+            out += ["| " + " | ".join(e(c) for c in row) + " |" for row in t.rows]
             if t.note:
-                out += ["", t.note]
+                out += ["", e(t.note)]
             out.append("")
-        out += [f"![{f.caption}]({f.path.name})" for f in s.figures]
+        out += [f"![{e(f.caption)}]({e(f.path.name)})" for f in s.figures]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -125,9 +125,9 @@ def print_report_table(console: Console, t: Table) -> None:
         table.add_column(c, justify="left" if i == 0 else "right")
     for row in t.rows:
         table.add_row(*row)
-    print_table(console, table)
+    print_table(console, table)  # cells as typed
     if t.note:
-        console.print(f"[dim]{t.note}[/dim]")
+        console.print(f"[dim]{names.terminal(t.note)}[/dim]")
 
 
 def print_sections(console: Console, sections: list[Section], *, every_table: bool) -> None:
@@ -135,9 +135,9 @@ def print_sections(console: Console, sections: list[Section], *, every_table: bo
     table with `every_table`), and what it is missing."""
     for s in sections:
         for line in s.headline:
-            console.print(line, markup=False)
+            console.print(names.printable(line), markup=False)
         for t in s.tables:
             if every_table or t.headline:
                 print_report_table(console, t)
         for m in s.missing:
-            console.print(f"[yellow]{s.title}: missing: {m}[/yellow]")
+            console.print(f"[yellow]{names.terminal(f'{s.title}: missing: {m}')}[/yellow]")

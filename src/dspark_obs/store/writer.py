@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from ..outputs import prepare_dir, write_file
 from ..telemetry.batch import MATRIX_COLUMNS, REQUEST_COLUMNS, StepBatch
 from .checksums import CHECKSUMS, checksum_path, checksum_record, file_record, verify_parts
 from .errors import RunStoreError
@@ -70,18 +71,14 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _write_atomic(final: Path, write) -> None:
-    """Write via `final.tmp`, fsync, rename over `final`, fsync the directory."""
-    tmp = final.with_name(final.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(final.parent)
+    """Write a temporary file of a fresh name, fsync, rename over `final`, fsync the
+    directory (`outputs.write_file`: never through a link, never a name two writers share)."""
+    write_file(final, write)
+
+
+#: A temporary file a flush or a manifest update leaves if killed (`outputs.write_file`'s
+#: names; `NAME.tmp`: this writer's names before those).
+_TMP_GLOBS = ("part-*.parquet.tmp", ".part-*.parquet.*.tmp")
 
 
 def publish_part(final: Path, df: pl.DataFrame) -> int:
@@ -93,8 +90,8 @@ def publish_part(final: Path, df: pl.DataFrame) -> int:
     """
     record = checksum_path(final)
     for d in (final.parent, record.parent.parent, record.parent):
-        if not d.is_dir():
-            d.mkdir()
+        if not os.path.isdir(d) or os.path.islink(d):
+            prepare_dir(d, "run directory's")  # a planted link is refused, not followed
             _fsync_dir(d.parent)
     buf = io.BytesIO()
     df.write_parquet(buf, compression="zstd")
@@ -132,7 +129,7 @@ class RunWriter:
         self._flush_seconds = float(flush_seconds)
         if self._path.exists() and not self._path.is_dir():
             raise RunStoreError(f"{self._path}: exists and is not a directory")
-        self._path.mkdir(parents=True, exist_ok=True)
+        prepare_dir(self._path, "run directory")
         manifest_path = self._path / MANIFEST
         existing = self._existing_parts()
         if not resume and manifest_path.exists():
@@ -213,10 +210,12 @@ class RunWriter:
         """
         for d in self._path.iterdir():
             if d.is_dir():
-                for tmp in d.glob("part-*.parquet.tmp"):
-                    tmp.unlink()
-        for tmp in (self._path / CHECKSUMS).glob("*/part-*.parquet.json.tmp"):
-            tmp.unlink()
+                for pattern in _TMP_GLOBS:
+                    for tmp in d.glob(pattern):
+                        tmp.unlink()
+        for pattern in ("*/part-*.parquet.json.tmp", "*/.part-*.parquet.json.*.tmp"):
+            for tmp in (self._path / CHECKSUMS).glob(pattern):
+                tmp.unlink()
         steps_numbers = {n for n, _ in list_parts(self._path / STEPS)}
         for n, p in list_parts(self._path / REQUESTS):
             if n not in steps_numbers:  # its flush died before the steps part was published

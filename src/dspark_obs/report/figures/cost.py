@@ -28,6 +28,7 @@ import polars as pl
 from ...aggregates.cost_model import M_BIN
 from ...analysis.cost_fit import CostFit
 from ...numbers import number
+from ...outputs import prepare_dir
 from ...palette import INK, MUTED, tones
 from ...plotting import legend_outside, new_figure, save_png
 
@@ -245,7 +246,7 @@ def write_cost_plots(fit: CostFit, plot: Path | None, plot_dir: Path | None) -> 
     if plot is not None:
         written.append(str(save_png(combined_figure(fit), plot)))
     if plot_dir is not None:
-        plot_dir.mkdir(parents=True, exist_ok=True)
+        prepare_dir(plot_dir, "--plot-dir")
         for stem, fig in cost_figures(fit).items():
             written.append(str(save_png(fig, plot_dir / f"{stem}.png")))
     return written
