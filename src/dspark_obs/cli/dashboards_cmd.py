@@ -15,6 +15,7 @@ import argparse
 import os
 from pathlib import Path
 
+from ..secret_text import check_secret
 from .errors import CliError
 
 # the name of the environment variable holding the token, not a token
@@ -37,15 +38,21 @@ def _token(args: argparse.Namespace) -> str:
     if args.token_file:
         try:
             token = Path(args.token_file).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise CliError(f"cannot read --token-file {args.token_file}: {exc.strerror}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or "not UTF-8 text"
+            raise CliError(f"cannot read --token-file {args.token_file}: {reason}") from None
         if not token:
             raise CliError(f"--token-file {args.token_file} is empty")
-        return token
-    token = os.environ.get(TOKEN_ENV, "").strip()
-    if not token:
-        raise CliError(f"no Grafana token: pass --token-file FILE or set ${TOKEN_ENV}")
-    return token
+        where = f"--token-file {args.token_file}"
+    else:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+        if not token:
+            raise CliError(f"no Grafana token: pass --token-file FILE or set ${TOKEN_ENV}")
+        where = f"${TOKEN_ENV}"
+    try:
+        return check_secret(token, where)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _push(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from ..runtime_server import DEFAULT_RATE_LIMIT, MAX_RECORDS, RuntimeFrontend
+from ..secret_text import check_secret
 from ..telemetry.server_info import MAX_DP_RANKS
 from .errors import CliError
 from .runtime_args import add_runtime_arguments, calibration_from_args, config_from_args
@@ -36,8 +37,17 @@ def api_key(args: argparse.Namespace) -> str | None:
             raise CliError(f"--api-key-file {args.api_key_file}: {reason}") from None
         if not key:
             raise CliError(f"--api-key-file {args.api_key_file}: empty")
-        return key
-    return args.api_key or os.environ.get(API_KEY_ENV) or None
+        where, key = f"--api-key-file {args.api_key_file}", key
+    elif args.api_key:
+        where, key = "--api-key", args.api_key
+    else:
+        where, key = f"${API_KEY_ENV}", os.environ.get(API_KEY_ENV)
+    if not key:
+        return None
+    try:
+        return check_secret(key, where)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 def handle(args: argparse.Namespace) -> int:

@@ -8,17 +8,22 @@ everything that can fail on the network or on a refused query fails here, as `Re
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..http_origin import RedirectRefused, SameOriginRedirects
+import msgspec
+
+from ..json_files import decode_json
+from ..sources.sglang_http import (
+    HTTPStatusError,
+    RedirectRefused,
+    ResponseTooLarge,
+    SGLangClient,
+)
 
 # Grafana's built-in interval variables and the dashboard's query variables ("All" is `.*`).
 QUERY_VARIABLES = ("engine", "model_name", "cluster", "instance", "workload", "mode", "rank")
@@ -58,58 +63,89 @@ def substitute(expr: str, values: Mapping[str, str] | None = None) -> str:
     return _VAR.sub(repl, expr)
 
 
+#: Bytes of one Prometheus answer: a panel's range over a dashboard's span is a few MB at
+#: most; a bigger answer is refused after this many bytes, not held whole.
+MAX_ANSWER_BYTES = 32 << 20
+
+
+class _Series(msgspec.Struct):
+    metric: dict[str, str] = {}
+    values: list[tuple[float, str]] = []
+
+
+class _Data(msgspec.Struct):
+    resultType: str = ""
+    result: msgspec.Raw = msgspec.Raw(b"[]")
+
+
+class _Answer(msgspec.Struct):
+    status: str
+    data: msgspec.Raw = msgspec.Raw(b"null")
+    error: str = ""
+
+
 class Prometheus:
+    """Prometheus' query API through the package's bounded client (`sources.sglang_http`):
+    each call ends within `timeout` seconds in all (connect, headers and body, however the
+    server paces them), reads at most `MAX_ANSWER_BYTES`, follows redirects within the
+    origin only, and its answer is checked against the API's shapes before use, so a broken
+    or hostile server is one `RenderError`, never a traceback."""
+
     def __init__(self, url: str, timeout: float = 10.0) -> None:
         parsed = urllib.parse.urlparse(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise RenderError(f"--prometheus must be an http(s) URL, got {url!r}")
         self.url = url.rstrip("/")
         self.timeout = timeout
-        # a redirect is followed within Prometheus' origin only (http_origin)
-        handlers: list[urllib.request.BaseHandler] = [SameOriginRedirects()]
-        if parsed.hostname in ("localhost", "127.0.0.1", "::1"):
-            handlers.append(urllib.request.ProxyHandler({}))  # never send loopback via a proxy
-        self._opener = urllib.request.build_opener(*handlers)
+        self._client = SGLangClient(self.url, timeout=timeout, max_bytes=MAX_ANSWER_BYTES)
 
-    def _api(self, path: str, params: Mapping[str, str]) -> Any:
-        url = f"{self.url}{path}"
-        data = urllib.parse.urlencode(params).encode()
-        req = urllib.request.Request(
-            url, data=data, headers={"Content-Type": "application/x-www-form-urlencoded"}
-        )
+    def _api(self, path: str, params: Mapping[str, str]) -> msgspec.Raw:
+        query = f"{path}?{urllib.parse.urlencode(params)}"
         try:
-            with self._opener.open(req, timeout=self.timeout) as resp:
-                body = json.load(resp)
-        except urllib.error.HTTPError as exc:
-            raw = exc.read().decode("utf-8", "replace")
-            try:
-                body = json.loads(raw)
-            except ValueError:
+            raw = self._client.request(query)
+        except HTTPStatusError as exc:
+            raw = exc.body  # Prometheus says why in a JSON body of its 4xx
+            if not raw:
                 raise RenderError(
                     f"Prometheus at {self.url} answered HTTP {exc.code} for {path}"
                 ) from None
-        except RedirectRefused as exc:
-            raise RenderError(f"Prometheus at {self.url}: {exc}") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", None) or exc
-            raise RenderError(f"cannot reach Prometheus at {self.url}: {reason}") from None
-        if not isinstance(body, dict) or body.get("status") != "success":
-            detail = body.get("error", body) if isinstance(body, dict) else body
-            detail = " ".join(str(detail).split())
+        except (RedirectRefused, ResponseTooLarge, TimeoutError) as exc:
+            raise RenderError(f"Prometheus at {self.url}: {path}: {exc}") from None
+        except OSError as exc:
+            raise RenderError(f"cannot reach Prometheus at {self.url}: {exc}") from None
+        except ValueError as exc:  # a truncated answer
+            raise RenderError(f"Prometheus at {self.url}: {path}: {exc}") from None
+        try:
+            answer = decode_json(bytes(raw), _Answer)
+        except ValueError as exc:
+            detail = " ".join(str(exc).split())[:200]
+            raise RenderError(
+                f"Prometheus at {self.url}: {path}: not an API answer: {detail}"
+            ) from None
+        if answer.status != "success":
+            detail = " ".join((answer.error or answer.status).split())[:500]
             raise RenderError(f"Prometheus at {self.url} refused {path}: {detail}")
-        return body["data"]
+        return answer.data
 
     def check(self) -> None:
         self._api("/api/v1/query", {"query": "1"})
 
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
-        data = self._api(
+        raw = self._api(
             "/api/v1/query_range",
             {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"},
         )
-        if data.get("resultType") != "matrix":
-            return []
-        return data["result"]
+        try:
+            data = decode_json(bytes(raw), _Data)
+            if data.resultType != "matrix":
+                return []
+            series = decode_json(bytes(data.result), list[_Series])
+        except ValueError as exc:
+            detail = " ".join(str(exc).split())[:200]
+            raise RenderError(
+                f"Prometheus at {self.url}: /api/v1/query_range: not a range answer: {detail}"
+            ) from None
+        return [{"metric": s.metric, "values": s.values} for s in series]
 
 
 # -- data ----------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The few HTTP calls dspark-obs makes to an SGLang server, with SGLang's bearer token.
+"""The few HTTP calls dspark-obs makes to an SGLang server, with SGLang's bearer token
+(and to Prometheus and Grafana for `dashboards render` and `push`, with the same bounds).
 
 Two promises rest here. The key goes to the configured origin only (scheme, host and
 port): a redirect within it is followed, one elsewhere is refused before anything is
@@ -47,12 +48,18 @@ class ResponseTooLarge(ValueError):
     reason = "oversized"
 
 
-class HTTPStatusError(OSError):
-    """An answer with a status other than 2xx (and not a redirect that was followed)."""
+#: Bytes of an error answer's body kept for its message.
+ERROR_BODY_BYTES = 64 << 10
 
-    def __init__(self, url: str, code: int) -> None:
+
+class HTTPStatusError(OSError):
+    """An answer with a status other than 2xx (and not a redirect that was followed); `body`
+    holds at most `ERROR_BODY_BYTES` of what came with it."""
+
+    def __init__(self, url: str, code: int, body: bytes = b"") -> None:
         super().__init__(f"{url}: HTTP {code}")
         self.code = code
+        self.body = body
 
 
 class Cancelled(Exception):
@@ -231,7 +238,11 @@ class SGLangClient:
                     url = location
                     continue
                 if not 200 <= resp.status < 300:
-                    raise HTTPStatusError(url, resp.status)
+                    try:
+                        body = bytes(read_limited(resp, ERROR_BODY_BYTES))
+                    except (ValueError, OSError, http.client.HTTPException):
+                        body = b""
+                    raise HTTPStatusError(url, resp.status, body)
                 return read_limited(resp, self.max_bytes)
             finally:
                 watchdog.watch(None)

@@ -48,6 +48,7 @@ import msgspec
 import numpy as np
 from msgspec import Raw
 
+from ..secret_text import check_secret
 from ..telemetry import StepBatch
 from ..telemetry.batch import MAX_STEP_GAP, InvalidBatch
 from ..telemetry.server_info import SGLangFormatError, check_rank_count
@@ -89,8 +90,9 @@ def read_api_key(path: Path | None = None) -> str | None:
             raise ValueError(f"--sglang-api-key-file {path}: not UTF-8 text") from None
         if not key:
             raise ValueError(f"--sglang-api-key-file {path}: empty")
-        return key
-    return os.environ.get("DSPARK_SGLANG_API_KEY") or None
+        return check_secret(key, f"--sglang-api-key-file {path}")
+    key = os.environ.get("DSPARK_SGLANG_API_KEY")
+    return check_secret(key, "$DSPARK_SGLANG_API_KEY") if key else None
 
 
 class SGLangPoller:
