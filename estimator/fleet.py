@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import polars as pl
 
+from dspark_obs.store import Run
 from dspark_obs.store.errors import reading
-from dspark_obs.store.fleet import Fleet
+from dspark_obs.store.fleet import Fleet, FleetHead
 
 from .evaluate import MAX_AGGS, all_steps, method_aggs, method_entry_from_sums, walked_blocks
 
@@ -52,30 +53,37 @@ def _stat_aggs(gamma: int) -> list[pl.Expr]:
     ]
 
 
-def _fold(fleet: Fleet, by: tuple[str, ...]) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
-    """(request-step sums per group, walked-block sums per group and method), added over runs."""
+def fold_run(run: Run, node: str, gamma: int, by: tuple[str, ...]) -> tuple:
+    """One run's (request-step sums, walked-block sums per method), per group: the fleet
+    fold's map (either is None where the run has none)."""
     keys = ["workload", *by]
-    gamma = fleet.gamma
-    stats, blocks = [], []
-    for run, node in zip(fleet.runs, fleet.nodes, strict=True):
-        node_col = pl.lit(node).alias("node")
-        truth = None
+    node_col = pl.lit(node).alias("node")
+    stats = truth = blocks = None
+    with reading(run):
         if "requests" in run.tables():
             req = run.requests().with_columns(
                 pl.coalesce("ceiling", "shadow_ceiling").alias("truth"), node_col
             )
-            stats.append(req.group_by(keys).agg(_stat_aggs(gamma)).collect(engine="streaming"))
+            stats = req.group_by(keys).agg(_stat_aggs(gamma)).collect(engine="streaming")
             truth = req.filter(_trimmed(gamma)).select(*_JOIN, "truth")
         walked = walked_blocks(run)
         columns = walked.collect_schema().names()
-        if not columns:
-            continue
-        walked = walked.with_columns(node_col)
-        if truth is None:
-            walked = walked.with_columns(pl.lit(None, pl.Float64).alias("truth"))
-        else:
-            walked = walked.join(truth, on=_JOIN, how="left")
-        blocks.append(walked.group_by([*keys, "method"]).agg(method_aggs(columns, gamma)).collect())
+        if columns:
+            walked = walked.with_columns(node_col)
+            if truth is None:
+                walked = walked.with_columns(pl.lit(None, pl.Float64).alias("truth"))
+            else:
+                walked = walked.join(truth, on=_JOIN, how="left")
+            aggs = method_aggs(columns, gamma)
+            blocks = walked.group_by([*keys, "method"]).agg(aggs).collect()
+    return stats, blocks
+
+
+def merge_folds(folds: list[tuple], by: tuple[str, ...]) -> tuple:
+    """The runs' sums (`fold_run`) added per group: the fleet fold's reduce."""
+    keys = ["workload", *by]
+    stats = [s for s, _ in folds if s is not None]
+    blocks = [b for _, b in folds if b is not None]
     return _added(stats, keys), _added(blocks, [*keys, "method"])
 
 
@@ -154,9 +162,14 @@ def _regroup(frame: pl.DataFrame | None, keys: list[str], by) -> pl.DataFrame | 
 
 def fleet_evaluate(fleet: Fleet, by: tuple[str, ...] = ()) -> dict:
     """The `estimate --json` object of many runs: per workload, and per (workload, *by)."""
-    gamma = fleet.gamma
-    with reading(*fleet.runs):
-        stats, blocks = _fold(fleet, by)
+    runs = zip(fleet.runs, fleet.nodes, strict=True)
+    return evaluate_folds(fleet.head, [fold_run(r, n, fleet.gamma, by) for r, n in runs], by)
+
+
+def evaluate_folds(head: FleetHead, folds: list[tuple], by: tuple[str, ...] = ()) -> dict:
+    """`fleet_evaluate` from its runs' `fold_run` sums, wherever they were folded."""
+    gamma = head.gamma
+    stats, blocks = merge_folds(folds, by)
     if stats is None and blocks is None:
         raise ValueError("no run of the fleet holds request-steps or walked blocks")
     workloads = _entries(
@@ -167,8 +180,8 @@ def fleet_evaluate(fleet: Fleet, by: tuple[str, ...] = ()) -> dict:
     )
     groups = _entries(stats, blocks, ["workload", *by], gamma) if by else {}
     return {
-        "run": str(fleet.runs[0].path) if len(fleet.runs) == 1 else None,
-        "runs": fleet.describe(),
+        "run": head.run,
+        "runs": head.describe(),
         "gamma": gamma,
         "by": list(by),
         "workloads": {key[0]: entry for key, entry in workloads.items()},

@@ -24,7 +24,7 @@ import polars as pl
 from ..calibration import CalibrationAccumulator
 from ..calibration.metrics import EPS_PROB
 from ..store import Run, open_run
-from ..store.fleet import Fleet
+from ..store.fleet import Fleet, FleetHead
 from .workload_codes import workload_code
 
 RECORDED = "survival"
@@ -210,23 +210,42 @@ def fleet_histograms(
 ) -> dict[str, dict[tuple, CalibrationAccumulator]]:
     """Per stage, one accumulator per (workload, *by) key of the fleet, one run at a time.
 
-    Histograms add, so each run is binned on its own and added into the fleet's
-    accumulators (`node` is the run's, `rank` and `mode` the rows'); a stage no run
-    records is left out.
+    Histograms add, so each run is binned on its own (`run_histograms`) and added into the
+    fleet's accumulators (`add_histograms`); a stage no run records is left out.
     """
+    runs = zip(fleet.runs, fleet.nodes, strict=True)
+    return add_histograms([run_histograms(r, n, stages, bins, by) for r, n in runs], stages)
+
+
+def run_histograms(
+    run: Run, node: str, stages: tuple[str, ...], bins: int, by: tuple[str, ...]
+) -> dict[str, dict[tuple, CalibrationAccumulator]]:
+    """One run's accumulators per stage and (workload, *by) key: the fleet fold's map
+    (`node` is the run's, `rank` and `mode` the rows')."""
     row_keys = tuple(k for k in by if k != "node")
     out: dict[str, dict[tuple, CalibrationAccumulator]] = {}
-    for run, node in zip(fleet.runs, fleet.nodes, strict=True):
-        for stage, hist in calibration_histograms(run, stages, bins=bins, by=row_keys).items():
+    for stage, hist in calibration_histograms(run, stages, bins=bins, by=row_keys).items():
+        groups = out.setdefault(stage, {})
+        for key, acc in hist.items():
+            values = dict(zip(row_keys, key[1:], strict=True)) if row_keys else {}
+            values["node"] = node
+            groups[(key[0] if row_keys else key, *(values[k] for k in by))] = acc
+    return out
+
+
+def add_histograms(
+    parts: list[dict[str, dict[tuple, CalibrationAccumulator]]], stages: tuple[str, ...]
+) -> dict[str, dict[tuple, CalibrationAccumulator]]:
+    """The runs' accumulators (`run_histograms`) added per stage and key: the fold's reduce."""
+    out: dict[str, dict[tuple, CalibrationAccumulator]] = {}
+    for part in parts:
+        for stage, hist in part.items():
             groups = out.setdefault(stage, {})
             for key, acc in hist.items():
-                values = dict(zip(row_keys, key[1:], strict=True)) if row_keys else {}
-                values["node"] = node
-                full = (key[0] if row_keys else key, *(values[k] for k in by))
-                if full in groups:
-                    groups[full].merge(acc)
+                if key in groups:
+                    groups[key].merge(acc)
                 else:
-                    groups[full] = acc
+                    groups[key] = acc
     return {stage: out[stage] for stage in stages if stage in out}
 
 
@@ -254,13 +273,22 @@ def fleet_calibration_report(fleet: Fleet, bins: int = 15, by: tuple[str, ...] =
     AUROC computed once from the added histograms."""
     if bins < 1:
         raise ValueError("--bins must be >= 1")
-    groups = fleet_histograms(fleet, (RECORDED,), bins, by).get(RECORDED)
+    runs = zip(fleet.runs, fleet.nodes, strict=True)
+    parts = [run_histograms(r, n, (RECORDED,), bins, by) for r, n in runs]
+    return calibration_of_histograms(fleet.head, parts, bins, by)
+
+
+def calibration_of_histograms(
+    head: FleetHead, parts: list[dict], bins: int, by: tuple[str, ...] = ()
+) -> dict:
+    """`fleet_calibration_report` from its runs' `run_histograms`, wherever they were binned."""
+    groups = add_histograms(parts, (RECORDED,)).get(RECORDED)
     if not groups:
         raise ValueError("no run of the fleet recorded confidence (SGLang dumps need a head)")
     workloads = per_workload(groups)
     return {
-        "run": str(fleet.runs[0].path) if len(fleet.runs) == 1 else None,
-        "runs": fleet.describe(),
+        "run": head.run,
+        "runs": head.describe(),
         "bins": bins,
         "by": list(by),
         "workloads": {name: {"positions": acc.compute()} for name, acc in workloads.items()},

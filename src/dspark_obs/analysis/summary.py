@@ -15,7 +15,7 @@ import polars as pl
 
 from ..store import Run, open_run
 from ..store.errors import reading
-from ..store.fleet import Fleet
+from ..store.fleet import Fleet, FleetHead
 
 #: Keys of every entry in `workloads` and of `overall`; documented in docs/cli.md.
 ENTRY_KEYS = (
@@ -198,35 +198,41 @@ def _stream_rates(
     return rates(["workload"]), rates([])
 
 
-def _fold(runs: list[Run], nodes: list[str], by: tuple[str, ...]) -> tuple:
-    """Per run one streaming pass per table into sums per group, then the sums added.
+def fold_run(run: Run, node: str, by: tuple[str, ...]) -> tuple[pl.DataFrame, ...]:
+    """One run's sums per group (one streaming pass per table): the fleet fold's map.
 
-    Only the sums of one run are in memory at a time besides the fleet's (a few rows a
-    group), so a fleet of any size is read in the memory of its largest run's query.
+    Only these sums leave the run (a few rows a group), so a fleet of any size is read in
+    the memory of its largest run's query, wherever each run is read
+    (`dspark_obs.engine`).
     """
+    _require_requests(run)
     keys = list(by)
-    parts: list[list[pl.DataFrame]] = [[], [], [], [], [], []]
-    for run, node in zip(runs, nodes, strict=True):
-        node_col = pl.lit(node).alias("node")
-        req = run.requests().with_columns(_known_ceiling(), node_col)
-        steps = run.steps().with_columns(node_col)
-        queries = [
-            _grouped(req, ["workload", *keys], _request_aggs()),
-            _grouped(req, keys, _request_aggs()),
-            _grouped(steps, keys, _step_aggs()),
-            steps.filter(pl.col("bs") > 0).group_by("bs").agg(_load_aggs()),
-            *_stream_rates(req, steps, keys),
-        ]
-        for into, frame in zip(parts, pl.collect_all(queries, engine="streaming"), strict=True):
-            into.append(frame)
+    node_col = pl.lit(node).alias("node")
+    req = run.requests().with_columns(_known_ceiling(), node_col)
+    steps = run.steps().with_columns(node_col)
+    queries = [
+        _grouped(req, ["workload", *keys], _request_aggs()),
+        _grouped(req, keys, _request_aggs()),
+        _grouped(steps, keys, _step_aggs()),
+        steps.filter(pl.col("bs") > 0).group_by("bs").agg(_load_aggs()),
+        *_stream_rates(req, steps, keys),
+    ]
+    with reading(run):
+        return tuple(pl.collect_all(queries, engine="streaming"))
+
+
+def merge_folds(folds: list[tuple[pl.DataFrame, ...]], by: tuple[str, ...]) -> tuple:
+    """The runs' sums (`fold_run`) added per group: the fleet fold's reduce."""
+    keys = list(by)
     rates = ("_rate", "_rate_timed")
+    parts = list(zip(*folds, strict=True))
     return (
-        _merge(parts[0], ["workload", *keys], _REQUEST_SUMS),
-        _merge(parts[1], keys, _REQUEST_SUMS),
-        _merge(parts[2], keys, _STEP_SUMS),
-        _merge(parts[3], ["bs"], _LOAD_SUMS),
-        _merge(parts[4], ["workload", *keys], rates),
-        _merge(parts[5], keys, rates),
+        _merge(list(parts[0]), ["workload", *keys], _REQUEST_SUMS),
+        _merge(list(parts[1]), keys, _REQUEST_SUMS),
+        _merge(list(parts[2]), keys, _STEP_SUMS),
+        _merge(list(parts[3]), ["bs"], _LOAD_SUMS),
+        _merge(list(parts[4]), ["workload", *keys], rates),
+        _merge(list(parts[5]), keys, rates),
     )
 
 
@@ -243,11 +249,9 @@ def _load_rows(load: pl.DataFrame) -> list[dict]:
     ]
 
 
-def _entries(
-    runs: list[Run], nodes: list[str], by: tuple[str, ...]
-) -> tuple[dict, dict, list[dict], list[dict]]:
-    """(overall, workloads, load, groups) of the runs taken together."""
-    per_workload, overall, steps, load, workload_rates, rates = _fold(runs, nodes, by)
+def _entries(merged: tuple, by: tuple[str, ...]) -> tuple[dict, dict, list[dict], list[dict]]:
+    """(overall, workloads, load, groups) of the runs' merged sums (`merge_folds`)."""
+    per_workload, overall, steps, load, workload_rates, rates = merged
     step_rows = {tuple(r[k] for k in by): r for r in steps.iter_rows(named=True)}
     overall_rows = {tuple(r[k] for k in by): r for r in overall.iter_rows(named=True)}
     rate_rows = {tuple(r[k] for k in by): r for r in rates.iter_rows(named=True)}
@@ -296,8 +300,7 @@ def summarize(run: Run) -> dict:
     A part damaged inside its data pages passes `Run.scan`'s footer check and
     only fails when read: that surfaces as the store's RunStoreError too.
     """
-    with reading(run):
-        overall, workloads, load, _ = _entries([run], [str(run.path)], ())
+    overall, workloads, load, _ = _entries(merge_folds([fold_run(run, str(run.path), ())], ()), ())
     m = run.manifest
     return {
         "run": str(run.path),
@@ -318,17 +321,21 @@ def summarize_fleet(fleet: Fleet, by: tuple[str, ...] = ()) -> dict:
     rows would give; `groups` holds one entry per combination of the `by` keys present
     (`node`, `rank`, `mode`), each an `overall` and a `workloads` map as the fleet's.
     """
-    for run in fleet.runs:
-        _require_requests(run)
-    with reading(*fleet.runs):
-        overall, workloads, load, groups = _entries(fleet.runs, fleet.nodes, by)
+    return summary_of_folds(
+        fleet.head, [fold_run(r, n, by) for r, n in zip(fleet.runs, fleet.nodes, strict=True)], by
+    )
+
+
+def summary_of_folds(head: FleetHead, folds: list[tuple], by: tuple[str, ...] = ()) -> dict:
+    """`summarize_fleet` from its runs' `fold_run` sums, wherever they were folded."""
+    overall, workloads, load, groups = _entries(merge_folds(folds, by), by)
     return {
-        "run": str(fleet.runs[0].path) if len(fleet.runs) == 1 else None,
-        "runs": fleet.describe(),
-        "mode": fleet.common("mode"),
-        "shadow": fleet.common("shadow"),
-        "gamma": fleet.gamma,
-        "timing": fleet.common("timing"),
+        "run": head.run,
+        "runs": head.describe(),
+        "mode": head.common("mode"),
+        "shadow": head.common("shadow"),
+        "gamma": head.gamma,
+        "timing": head.common("timing"),
         "overall": overall,
         "workloads": workloads,
         "load": load,

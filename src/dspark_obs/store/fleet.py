@@ -71,6 +71,34 @@ class FleetMismatchError(RunStoreError):
 
 
 @dataclass(frozen=True)
+class FleetHead:
+    """What a fleet's figures say about its runs besides their rows: each run's path, node
+    and manifest. The fold's partial figures of each run travel with it, so a fleet read
+    elsewhere (`dspark_obs.engine`) is merged and described as one read here."""
+
+    paths: list[str]
+    nodes: list[str]
+    manifests: list[dict]
+
+    @property
+    def gamma(self) -> int:
+        return self.manifests[0]["gamma"]
+
+    @property
+    def run(self) -> str | None:
+        """The one run's path, None for several."""
+        return self.paths[0] if len(self.paths) == 1 else None
+
+    def common(self, key: str) -> object:
+        """A manifest value every run shares, else None."""
+        values = {repr(m.get(key)) for m in self.manifests}
+        return self.manifests[0].get(key) if len(values) == 1 else None
+
+    def describe(self) -> list[dict]:
+        return [{"path": p, "node": n} for p, n in zip(self.paths, self.nodes, strict=True)]
+
+
+@dataclass(frozen=True)
 class Fleet:
     """Runs opened for reading, each with the node it stands for."""
 
@@ -78,23 +106,27 @@ class Fleet:
     nodes: list[str]
 
     @property
+    def head(self) -> FleetHead:
+        return FleetHead(
+            [str(r.path) for r in self.runs], self.nodes, [r.manifest for r in self.runs]
+        )
+
+    @property
     def gamma(self) -> int:
         return self.runs[0].gamma
 
     def common(self, key: str) -> object:
         """A manifest value every run shares, else None."""
-        values = {repr(r.manifest.get(key)) for r in self.runs}
-        return self.runs[0].manifest.get(key) if len(values) == 1 else None
+        return self.head.common(key)
 
     def describe(self) -> list[dict]:
-        return [
-            {"path": str(r.path), "node": n} for r, n in zip(self.runs, self.nodes, strict=True)
-        ]
+        return self.head.describe()
 
 
-def _node(run: Run, label: str) -> str:
+def node_of(manifest: dict, label: str) -> str:
+    """The node a run stands for: its manifest's `instance` or `host`, else `label`."""
     for key in NODE_KEYS:
-        value = run.manifest.get(key)
+        value = manifest.get(key)
         if isinstance(value, str) and value:
             return value
     return label
@@ -131,19 +163,24 @@ def open_fleet(paths: list[Path], by: tuple[str, ...] = ()) -> Fleet:
     """
     dirs = expand_run_dirs(paths)
     runs = [open_run(p) for p in dirs]
-    gammas = {r.path: r.manifest.get("gamma") for r in runs}
+    check_mergeable([str(r.path) for r in runs], [r.manifest for r in runs], by)
+    nodes = [node_of(r.manifest, label) for r, label in zip(runs, run_labels(dirs), strict=True)]
+    return Fleet(runs=runs, nodes=nodes)
+
+
+def check_mergeable(paths: list[str], manifests: list[dict], by: tuple[str, ...]) -> None:
+    """A FleetMismatchError (or RunStoreError) where the runs cannot be merged (`open_fleet`)."""
+    gammas = {p: m.get("gamma") for p, m in zip(paths, manifests, strict=True)}
     if None in gammas.values():
         missing = next(p for p, g in gammas.items() if g is None)
-        raise RunStoreError(f"{missing / MANIFEST}: no gamma (the run holds no steps?)")
+        raise RunStoreError(f"{Path(missing) / MANIFEST}: no gamma (the run holds no steps?)")
     if len(set(gammas.values())) > 1:
         listed = ", ".join(f"{p} gamma {g}" for p, g in gammas.items())
         raise FleetMismatchError(f"runs of different gamma cannot be merged: {listed}")
-    modes = {r.path: r.manifest.get("mode") for r in runs}
+    modes = {p: m.get("mode") for p, m in zip(paths, manifests, strict=True)}
     if len(set(modes.values())) > 1 and "mode" not in by:
         listed = ", ".join(f"{p} {m}" for p, m in modes.items())
         raise FleetMismatchError(
             f"runs of different verify modes cannot be pooled: {listed}; "
             "add --by mode to keep them apart"
         )
-    nodes = [_node(r, label) for r, label in zip(runs, run_labels(dirs), strict=True)]
-    return Fleet(runs=runs, nodes=nodes)
