@@ -127,22 +127,29 @@ class StrictRequestHandler:
         except OSError:
             pass  # the client is gone already
 
-    def _line(self, deadline: float, too_long: Refused) -> bytes:
+    def _line(self, deadline: float, too_long: Refused, headers: bool = False) -> bytes:
         """One line, ending in LF, or what came before the client closed (b"" at once).
 
         `peek` makes at most one read on the socket, so the deadline is looked at between
         any two of the client's packets, and each wait is cut to what is left of it."""
         buf = bytearray()
+        slow = Refused(
+            HTTPStatus.REQUEST_TIMEOUT,
+            "slow_request",
+            f"request line and headers not complete within {REQUEST_DEADLINE:g} s",
+        )
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise Refused(
-                    HTTPStatus.REQUEST_TIMEOUT,
-                    "slow_request",
-                    f"request line and headers not complete within {REQUEST_DEADLINE:g} s",
-                )
+                raise slow
             self.connection.settimeout(min(left, self.timeout))
-            chunk = self.rfile.peek(1)
+            try:
+                chunk = self.rfile.peek(1)
+            except TimeoutError:
+                # silence before a request began is an idle connection, closed uncounted
+                if (buf or headers) and time.monotonic() >= deadline:
+                    raise slow from None
+                raise
             if not chunk:
                 return bytes(buf)
             room = MAX_LINE - len(buf)
@@ -204,7 +211,7 @@ class StrictRequestHandler:
             f"headers over {MAX_HEADER_BYTES} bytes or {MAX_HEADERS} lines",
         )
         for _ in range(MAX_HEADERS + 1):
-            line = self._line(deadline, too_big)
+            line = self._line(deadline, too_big, headers=True)
             if not line.endswith(b"\n"):
                 raise ConnectionError("closed inside the headers")
             if line in (b"\r\n", b"\n"):

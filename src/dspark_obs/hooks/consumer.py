@@ -30,23 +30,47 @@ class HookConsumer:
         self.layout = StepLayout(ring.gamma, ring.entries)
         self.seq = int(ring.header[sr.H_CONSUMED])
         self.evicted = 0
+        #: slots skipped as broken (counted as `ring_slot_corrupt` in the pipeline's stats)
+        self.corrupt = 0
 
     def drain(self, limit: int | None = None) -> int:
         """Feed every step that is ready (at most `limit`); how many were fed."""
         n = 0
         while (limit is None or n < limit) and self.ring.ready(self.seq + 1):
             seq = self.seq + 1
-            slot = seq % self.ring.slots
-            meta = self.ring.metas[slot].copy()
-            bs = int(meta[sr.M_BS])
-            block = self.ring.blocks[slot][:bs].copy()
-            rids = bytes(self.ring.rids[slot][: int(meta[sr.M_RID_LEN])]).decode()
+            try:
+                batch, gather = self._read(seq)
+            except (ValueError, IndexError, TypeError) as exc:
+                # another process writes the ring: a slot it left broken is skipped and
+                # counted, and the consumer goes on with the next one
+                batch = None
+                self.corrupt += 1
+                self.pipeline.stats.error(
+                    self.source,
+                    "ring_slot_corrupt",
+                    f"rank {self.rank}: the ring slot of step {seq} is broken ({exc}); skipped",
+                )
             self.ring.release(seq)
             self.seq = seq
-            batch, gather = self.to_batch(meta, rids, block)
-            self.pipeline.ingest(batch, self.source, gather)
+            if batch is not None:
+                self.pipeline.ingest(batch, self.source, gather)
             n += 1
         return n
+
+    def _read(self, seq: int):
+        """Step `seq`'s slot as a batch, copied out of the ring; ValueError where its
+        scalars do not describe a step this ring can hold."""
+        ring = self.ring
+        slot = seq % ring.slots
+        meta = ring.metas[slot].copy()
+        bs, rid_len = int(meta[sr.M_BS]), int(meta[sr.M_RID_LEN])
+        if not 0 <= bs <= ring.max_bs or not 0 <= rid_len <= ring.rid_bytes:
+            raise ValueError(f"batch size {bs}, {rid_len} request-id bytes")
+        block = ring.blocks[slot][:bs].copy()
+        rids = bytes(ring.rids[slot][:rid_len]).decode(errors="surrogateescape")
+        if bs and rids.count("\n") != bs - 1:
+            raise ValueError(f"{rids.count(chr(10)) + 1} request ids for a batch of {bs}")
+        return self.to_batch(meta, rids, block)
 
     def pending(self) -> bool:
         """Whether a step is ready that has not been fed."""

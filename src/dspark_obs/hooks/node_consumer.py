@@ -63,7 +63,19 @@ class NodeConsumer:
             )
             ring.close()
             return False
-        self.consumers[name or ring.name] = HookConsumer(ring, self.pipeline)
+        consumer = HookConsumer(ring, self.pipeline)
+        if consumer.seq > 0 and not ring.header[sr.H_CLOSED]:
+            # a consumer leaves only once no ring is left: one that released steps of a
+            # live ring and is gone died, and this one took over (a hook that dropped a
+            # step found no consumer and started this one)
+            self.pipeline.stats.error(
+                sr.source_name(ring.engine),
+                "consumer_restarted",
+                f"rank {ring.rank}'s ring {ring.name} was left by a consumer that stopped at "
+                f"step {consumer.seq}; this one takes over (steps dropped meanwhile are "
+                "counted as hook_ring_full)",
+            )
+        self.consumers[name or ring.name] = consumer
         return True
 
     def scan(self) -> None:
