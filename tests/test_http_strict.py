@@ -13,12 +13,12 @@ import socket
 import time
 
 import pytest
+from dspark_obs.exporters.http_server import MetricsServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from dspark_obs import http_strict
-from dspark_obs.exporters.http_server import MetricsServer
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime_server import RuntimeFrontend
 from dspark_obs.runtime_server.protocol import MAX_BATCH
@@ -99,7 +99,7 @@ def test_a_content_length_is_ascii_digits_or_refused(value):
 
 
 def test_headers_are_bounded_in_lines_and_bytes(server):
-    addr, refusals, path = server
+    addr, refusals, _ = server
     many = b"".join(b"X-%d: y\r\n" % i for i in range(http_strict.MAX_HEADERS + 1))
     assert status(exchange(addr, b"GET / HTTP/1.1\r\n" + many + b"\r\n")) == 431
     big = b"X: " + b"y" * (http_strict.MAX_LINE + 10) + b"\r\n"

@@ -1,7 +1,10 @@
 """The dashboard uploaded through Grafana's HTTP API (POST /api/dashboards/db, overwrite).
 
-grafana-client is imported only here and only when pushing: exporting or rendering the
-shipped JSON needs no Grafana package at all.
+Three calls at most (find the folder, create it, post the dashboard), each through the
+package's bounded client (`sources.sglang_http`): the token goes to Grafana's origin only,
+each call ends within `timeout` seconds in all however Grafana paces its answer, reads at
+most `MAX_ANSWER_BYTES`, and every answer is checked against the shape the API documents
+before it is used, so a broken or hostile Grafana is one `PushError`, never a traceback.
 """
 
 from __future__ import annotations
@@ -9,16 +12,69 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import urlparse
 
+import msgspec
+
+from ..json_files import decode_json
+from ..names import printable
+from ..secret_text import redact
+from ..sources.sglang_http import HTTPStatusError, SGLangClient
+
+#: Bytes of one Grafana answer (a folder list, or the few fields a saved dashboard returns).
+MAX_ANSWER_BYTES = 8 << 20
+
 
 class PushError(ValueError):
     """Grafana could not be reached or refused the dashboard; the message says which."""
 
 
-def _folder_uid(api, name: str) -> str:
-    for folder in api.folder.get_all_folders():
-        if folder.get("title") == name:
-            return folder["uid"]
-    return api.folder.create_folder(name)["uid"]
+class _Folder(msgspec.Struct):
+    uid: str
+    title: str = ""
+
+
+class _Saved(msgspec.Struct):
+    url: str = ""
+
+
+class _Refusal(msgspec.Struct):
+    message: str = ""
+
+
+class _Grafana:
+    def __init__(self, url: str, token: str, timeout: float) -> None:
+        self.url, self.token = url.rstrip("/"), token
+        self.client = SGLangClient(self.url, api_key=token, timeout=timeout,
+                                   max_bytes=MAX_ANSWER_BYTES)  # fmt: skip
+
+    def call(self, path: str, type_, body: dict | None = None):
+        try:
+            raw = self.client.request(path, body)
+        except HTTPStatusError as exc:
+            try:
+                detail = decode_json(exc.body, _Refusal).message
+            except ValueError:
+                detail = ""
+            raise PushError(
+                f"Grafana at {self.url} refused the dashboard (HTTP {exc.code}): "
+                f"{redact(detail, self.token)[:500]}"
+            ) from None
+        except (OSError, ValueError) as exc:  # connection refused, TLS, DNS, timeout, size
+            raise PushError(
+                f"cannot reach Grafana at {self.url}: {redact(str(exc), self.token)}"
+            ) from None
+        try:
+            return decode_json(bytes(raw), type_)
+        except ValueError as exc:
+            raise PushError(
+                f"Grafana at {self.url}: {path}: not the API's answer: {str(exc)[:200]}"
+            ) from None
+
+
+def _folder_uid(api: _Grafana, name: str) -> str:
+    for folder in api.call("/api/folders", list[_Folder]):
+        if folder.title == name:
+            return folder.uid
+    return api.call("/api/folders", _Folder, {"title": name}).uid
 
 
 def push_dashboard(
@@ -36,28 +92,16 @@ def push_dashboard(
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise PushError(f"--grafana-url must be an http(s) URL, got {url!r}")
-    from grafana_client import GrafanaApi
-    from grafana_client.client import GrafanaException
-
     from .provisioning import shipped_dashboard
 
-    api = GrafanaApi.from_url(url, credential=token(), timeout=timeout)
-    try:
-        payload: dict = {
-            "dashboard": {**shipped_dashboard(dashboard), "id": None},
-            "overwrite": True,
-            "message": "dspark-obs dashboards push",
-        }
-        if folder:
-            payload["folderUid"] = _folder_uid(api, folder)
-        result = api.dashboard.update_dashboard(payload)
-    except GrafanaException as exc:
-        status = getattr(exc, "status_code", None)
-        detail = getattr(exc, "message", None) or str(exc)
-        raise PushError(
-            f"Grafana at {url} refused the dashboard (HTTP {status}): {detail}"
-        ) from None
-    except Exception as exc:  # connection refused, TLS, DNS: niquests' own exception types
-        raise PushError(f"cannot reach Grafana at {url}: {exc}") from None
-    where = result.get("url", "") if isinstance(result, dict) else ""
-    return f"pushed {payload['dashboard']['uid']} to {url.rstrip('/')}{where}"
+    api = _Grafana(url, token(), timeout)
+    payload: dict = {
+        "dashboard": {**shipped_dashboard(dashboard), "id": None},
+        "overwrite": True,
+        "message": "dspark-obs dashboards push",
+    }
+    if folder:
+        payload["folderUid"] = _folder_uid(api, folder)
+    where = api.call("/api/dashboards/db", _Saved, payload).url
+    # Grafana's answer reaches the terminal: shown escaped, never acted on
+    return printable(f"pushed {payload['dashboard']['uid']} to {url.rstrip('/')}{where}")
