@@ -2,8 +2,12 @@
 
 Workload names come from traffic, so their number is not ours to choose: the
 first `workload_cap` names seen keep their own group, every later one is
-counted under `other`. That bounds both memory and Prometheus series however
-many names a source invents.
+counted under `other`. Ranks multiply them: a node of 64 ranks each serving the
+16 workloads would publish 64 × 17 groups of about 165 series each, so at most
+`GROUP_CAP` (workload, mode, rank) groups of named workloads are kept in all, and
+past that a rank's next workload is counted under that rank's `other` too. That
+bounds both memory and Prometheus series however many names and ranks a source
+invents; the rows counted under `other` are `dspark_workload_overflow_total`.
 """
 
 from __future__ import annotations
@@ -19,13 +23,18 @@ OTHER = "other"
 
 #: Most workload tables (one per distinct `workload_names` tuple, mode and rank) kept.
 _LUT_LIMIT = 4096
+#: Most groups of named workloads, over all ranks and modes: 8 ranks × 16 workloads × 2 modes,
+#: about 42,000 series at the series budget's 165 a group (docs/metrics.md).
+GROUP_CAP = 256
 
 
 class GroupIndex:
-    def __init__(self, workload_cap: int = 16) -> None:
-        if workload_cap < 1:
-            raise ValueError("workload cap must be >= 1")
+    def __init__(self, workload_cap: int = 16, group_cap: int = GROUP_CAP) -> None:
+        if workload_cap < 1 or group_cap < 1:
+            raise ValueError("workload cap and group cap must be >= 1")
         self.workload_cap = workload_cap
+        self.group_cap = group_cap
+        self.named_groups = 0
         self.workloads: dict[str, int] = {}
         self.groups: list[tuple[str, str, int]] = []  # group id -> (workload, mode, rank)
         self._ids: dict[tuple[str, str, int], int] = {}
@@ -47,6 +56,12 @@ class GroupIndex:
     def group(self, workload: str, mode: str, rank: int) -> int:
         key = (self._workload(workload), mode, int(rank))
         gid = self._ids.get(key)
+        if gid is None and key[0] != OTHER:
+            if self.named_groups >= self.group_cap:  # this rank's `other`, counted
+                if len(self.overflow_names) < 1024:
+                    self.overflow_names.add(key[0])
+                return self.group(OTHER, mode, rank)
+            self.named_groups += 1
         if gid is None:
             gid = self._ids[key] = len(self.groups)
             self.groups.append(key)

@@ -168,6 +168,9 @@ class SGLangHook:
     def _rids(self, reqs, bs: int) -> bytes:
         """The batch's request ids, newline-joined; taken again only when the batch changed.
 
+        A rid's newline travels as `\r` and a lone surrogate as its bytes, so the consumer
+        reads one rid a row and its gate cleans (`names.clean`) and counts them.
+
         SGLang keeps a running batch's `reqs` list from step to step and replaces it
         (filter) or grows it (merge) when requests leave or join, so the same list at the
         same length, with the same first and last request, holds the same requests. The
@@ -182,7 +185,14 @@ class SGLangHook:
                 joined = "\n".join(map(_RID, reqs[:n]))
             except TypeError:
                 joined = "\n".join(map(str, map(_RID, reqs[:n])))
-            self._rid_bytes = joined.encode()
+            try:
+                data = joined.encode() if joined.count("\n") == max(n - 1, 0) else None
+            except UnicodeEncodeError:  # a lone surrogate
+                data = None
+            if data is None:  # a rid with a newline would split into two rows of the step
+                rids = (str(r.rid).replace("\n", "\r") for r in reqs[:n])
+                data = "\n".join(rids).encode("utf-8", "surrogatepass")
+            self._rid_bytes = data
         return self._rid_bytes
 
     def drain(self) -> int:

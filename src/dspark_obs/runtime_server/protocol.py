@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from http import HTTPStatus
 
+from .. import names
 from ..runtime.language import EOS_TOKEN
 
 #: SGLang's default when `sampling_params` gives none.
@@ -54,8 +55,9 @@ def _as_list(value, n: int, what: str) -> list:
     return [value] * n
 
 
-def parse_generate(body: dict) -> tuple[list[dict], bool]:
-    """SGLang's `/generate` body as per-request keyword sets, and whether it was a batch."""
+def parse_generate(body: dict) -> tuple[list[dict], bool, int]:
+    """SGLang's `/generate` body as per-request keyword sets, whether it was a batch, and
+    how many of its rids and workload names were cleaned (`names.clean`) to be kept."""
     if body.get("stream"):
         raise RequestError("streaming is not supported by the reference front")
     text, input_ids = body.get("text"), body.get("input_ids")
@@ -94,9 +96,16 @@ def parse_generate(body: dict) -> tuple[list[dict], bool]:
                 "workload": wl,
             }
         )
+    cleaned = 0
     for r in out:  # checked here so that the duplicate test below can hash them
         if not isinstance(r["rid"], str):
             raise RequestError(f"rid must be a string, got {type(r['rid']).__name__}")
+        # names.clean: a lone surrogate or a newline in a rid would otherwise reach
+        # /server_info's JSON and every consumer of it, and a huge one every label
+        for key in ("rid", "workload"):
+            if r[key] is not None and not names.is_clean(r[key]):
+                r[key] = names.clean(r[key])
+                cleaned += 1
     if len({r["rid"] for r in out}) != n:
         raise RequestError("rids repeat within the batch")
-    return out, batched
+    return out, batched, cleaned

@@ -18,13 +18,14 @@ guard and route the HTTP requests.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import HTTPServer
 
-from .. import __version__
+from .. import __version__, names
 from ..http_strict import BoundedThreadingServer
 from ..runtime.config import RuntimeConfig
 from ..telemetry.server_info import MAX_DP_RANKS
@@ -32,6 +33,8 @@ from .handler import make_handler
 from .protocol import ClientGone, RequestError, byte_text, detokenize, parse_generate
 from .ranks import MAX_RECORDS, Rank
 from .rate_limit import DEFAULT_RATE_LIMIT, RateLimiter
+
+log = logging.getLogger(__name__)
 
 #: How often a waiting `/generate` checks that its client is still connected.
 _GONE_POLL_S = 0.25
@@ -71,6 +74,8 @@ class RuntimeFrontend:
         self.ranks = [Rank(i, config, speed, max_records) for i in range(dp_size)]
         self._next_rank = itertools.count()
         self._rr_lock = threading.Lock()
+        #: rids and workload names `/generate` cleaned to keep (`names.clean`)
+        self.names_cleaned = 0
         self.httpd = _Server((host, port), make_handler(self))
         #: requests and connections refused, by reason (http_strict)
         self.refusals = self.httpd.refusals
@@ -115,7 +120,9 @@ class RuntimeFrontend:
         """
         if not isinstance(body, dict):
             raise RequestError("the body must be a JSON object")
-        reqs, batched = parse_generate(body)
+        reqs, batched, cleaned = parse_generate(body)
+        if cleaned:
+            self._names_cleaned(cleaned)
         ranks = self.ranks
         try:  # all validated before any is queued: a bad batch runs nothing
             checked = [ranks[0].engine.external_request(kw.pop("rid"), **kw) for kw in reqs]
@@ -155,6 +162,17 @@ class RuntimeFrontend:
                 }
             )
         return answers if batched else answers[0]
+
+    def _names_cleaned(self, n: int) -> None:
+        with self._rr_lock:
+            first, self.names_cleaned = not self.names_cleaned, self.names_cleaned + n
+        if first:
+            log.warning(
+                "/generate: a rid or workload name with unprintable characters or over %d "
+                "characters was cleaned to be kept (names.clean); further ones are only "
+                "counted",
+                names.MAX_LEN,
+            )
 
     def server_info(self) -> dict:
         c = self.config
