@@ -680,11 +680,16 @@ def test_each_part_is_verified_once_per_run_until_it_changes(tmp_path, monkeypat
     write_run(run, make_batches(24, steps=18))
     read: list[str] = []
     original = checksums._crc32_file
-    monkeypatch.setattr(checksums, "_crc32_file", lambda p: read.append(p.name) or original(p))
+    monkeypatch.setattr(
+        checksums, "_crc32_file", lambda p: read.append(f"{p.parent.name}/{p.name}") or original(p)
+    )
     r = open_run(run)
     for _ in range(3):
         r.requests().select(pl.len()).collect()
-    assert sorted(read) == [f"part-00000{n}.parquet" for n in range(3)]
+    # the steps parts too: a request row is held to its step's invariants (store/validate.py)
+    assert sorted(read) == [
+        f"{t}/part-00000{n}.parquet" for t in ("requests", "steps") for n in range(3)
+    ]
     part = run / "requests" / "part-000002.parquet"
     part.write_bytes(part.read_bytes()[:-1])
     with pytest.raises(RunStoreError, match="damaged"):

@@ -41,7 +41,21 @@ from .inventory import (
     take_inventory,
 )
 from .manifest import read_manifest
-from .tables import OPTIONAL_STEP_COLUMNS, frames_to_batches, requests_schema, steps_schema
+from .part_bounds import check_part_bounds
+from .tables import (
+    OPTIONAL_STEP_COLUMNS,
+    frames_to_batches,
+    requests_schema,
+    steps_schema,
+)
+from .validate import (
+    Rejections,
+    clean,
+    flush_rejections,
+    report,
+    tally,
+    within_probabilities,
+)
 
 __all__ = ["MANIFEST", "Run", "check_table_name", "list_parts", "open_run", "part_name"]
 
@@ -68,6 +82,8 @@ class Run:
     _rows: dict[tuple[str, tuple[Path, ...]], int] = field(
         default_factory=dict, repr=False, compare=False
     )
+    #: steps that break the telemetry model (`validate.py`), by the parts they were found in
+    _rejected: dict[tuple, Rejections] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def complete(self) -> bool:
@@ -130,7 +146,58 @@ class Run:
                 except READ_ERRORS as exc:
                     raise unreadable(self.path / table, exc) from exc
             self._check_rows(table, self._rows[key])
+        if table in (STEPS, REQUESTS):
+            rejected = self.rejections()
+            if rejected:
+                frame = _scan_without(files, rejected)
+        if table == REQUESTS:
+            frame = frame.with_columns(within_probabilities(frame.collect_schema().names()))
         return frame
+
+    def _part_key(self, f: Path) -> tuple[str, int, int, int]:
+        st = f.stat()
+        return (str(f), st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def rejections(self) -> Rejections:
+        """The stored steps every reader leaves out, as the pipeline's gate would reject
+        them (`validate.py`): checked once per set of parts, logged once."""
+        steps = self.parts(STEPS)
+        requests = {p.name: p for p in self.parts(REQUESTS)}
+        key = tuple(self._part_key(f) for f in [*steps, *requests.values()])
+        if key in self._rejected:
+            return self._rejected[key]
+        self.check_parts(STEPS, steps)
+        self.check_parts(REQUESTS, list(requests.values()))
+        gamma = self.manifest.get("gamma")
+        try:
+            screen = clean(
+                pl.scan_parquet([str(f) for f in steps], glob=False),
+                pl.scan_parquet([str(f) for f in requests.values()], glob=False)
+                if requests
+                else None,
+                gamma,
+            )
+            if all(f.item() for f in pl.collect_all(screen)):
+                found = []
+            else:
+                found = pl.collect_all(
+                    flush_rejections(
+                        pl.scan_parquet(f, glob=False),
+                        pl.scan_parquet(requests[f.name], glob=False)
+                        if f.name in requests
+                        else None,
+                        gamma,
+                        matrices=False,
+                    )
+                    for f in steps
+                )
+        except READ_ERRORS as exc:
+            raise unreadable(self.path, exc) from exc
+        rejected = self._rejected[key] = tally(
+            {f.name: frame for f, frame in zip(steps, found, strict=False)}
+        )
+        report(self.path, rejected)
+        return rejected
 
     def _expected_schema(self, table: str) -> dict[str, pl.DataType]:
         if table == STEPS:
@@ -158,6 +225,7 @@ class Run:
         for f, key in zip(files, keys, strict=True):
             schema = self._checked.get(key)
             if schema is None:
+                check_part_bounds(f)  # what decoding it takes, before polars reads a byte
                 try:
                     schema = pl.read_parquet_schema(f)
                 except READ_ERRORS as exc:
@@ -186,6 +254,8 @@ class Run:
         if not steps:
             raise RunStoreError(f"{self.path / STEPS}: table 'steps' has no parts")
         rows = {STEPS: 0, REQUESTS: 0}
+        found: dict[str, pl.DataFrame] = {}
+        gamma = self.manifest.get("gamma")
         for number, steps_path in steps:
             req_path = self.path / REQUESTS / part_name(number)
             self.check_parts(STEPS, [steps_path])
@@ -198,17 +268,45 @@ class Run:
                 raise unreadable(steps_path, exc) from exc
             if requests_df is None and steps_df["has_reqs"].any():
                 raise RunStoreError(f"{req_path}: missing, but its steps part has request rows")
+            rows[STEPS] += steps_df.height
+            rows[REQUESTS] += 0 if requests_df is None else requests_df.height
+            # every invariant, the matrices' too: they are in memory already
+            found[steps_path.name] = flush_rejections(
+                steps_df.lazy(), None if requests_df is None else requests_df.lazy(), gamma
+            ).collect()
+            rejected = tally({steps_path.name: found[steps_path.name]})
+            if rejected:
+                steps_df = rejected.without(steps_path, steps_df.lazy()).collect()
+                if requests_df is not None:
+                    requests_df = rejected.without(req_path, requests_df.lazy()).collect()
             try:
                 batches = frames_to_batches(steps_df, requests_df)
             except RunStoreError as exc:
                 raise RunStoreError(f"{steps_path}: {exc}") from exc
             except (*READ_ERRORS, ValueError) as exc:  # values no writer writes
                 raise unreadable(steps_path, exc) from exc
-            rows[STEPS] += steps_df.height
-            rows[REQUESTS] += 0 if requests_df is None else requests_df.height
             yield from batches
+        report(self.path, tally(found))
         for table, n in rows.items():
             self._check_rows(table, n)
+
+
+def _scan_without(files: list[Path], rejected: Rejections) -> pl.LazyFrame:
+    """The parts `files` as one frame in part order, less the steps `rejected` in each
+    flush; the parts with none are scanned together, as `Run.scan` scans a clean table."""
+    frames: list[pl.LazyFrame] = []
+    clean: list[str] = []
+    for f in files:
+        if f.name in rejected.keys:
+            if clean:
+                frames.append(pl.scan_parquet(clean, glob=False))
+                clean = []
+            frames.append(rejected.without(f, pl.scan_parquet(f, glob=False)))
+        else:
+            clean.append(str(f))
+    if clean:
+        frames.append(pl.scan_parquet(clean, glob=False))
+    return pl.concat(frames)
 
 
 def not_a_run_dir(path: Path) -> RunStoreError:

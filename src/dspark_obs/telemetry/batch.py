@@ -49,6 +49,10 @@ MAX_FORWARD_CT = 2**53
 #: followed from its new value, never added to a count of missing steps.
 MAX_STEP_GAP = 2**32
 
+#: Longest time a step's `_ms` fields may hold: an hour. A verify step takes milliseconds;
+#: a larger value is no time (replay would sleep it out, and 1e15 ms overflows the clock).
+MAX_STEP_MS = 3_600_000.0
+
 #: Our vocabulary over SGLang's per-request fields, derived here and nowhere else.
 #:
 #: `StepBatch`, the run store's tables and the wire types keep SGLang's names
@@ -307,9 +311,12 @@ class StepBatch:
             ):
                 raise InvalidBatch("malformed", f"{name}={value!r} is not a number")
             # a time of -1e308 or NaN would turn every mean it enters into -inf or NaN
-            if not math.isfinite(value) or (name.endswith("_ms") and value < 0):
+            if not math.isfinite(value) or (
+                name.endswith("_ms") and not 0 <= value <= MAX_STEP_MS
+            ):
                 raise InvalidBatch(
-                    "time_out_of_range", f"{name}={value!r} is not a finite time >= 0"
+                    "time_out_of_range",
+                    f"{name}={value!r} is not a finite time in 0..{MAX_STEP_MS:.0f} ms",
                 )
 
     def validate_rows(self) -> None:
