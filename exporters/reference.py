@@ -22,7 +22,8 @@ powers of two. Every series leads with the exporter's own two labels, `engine`
 (`sglang`, `vllm`, or `reference` for the reference runtime) and `model_name` (the
 served model, as the engines label their own metrics); one exporter has one value of
 each, so they add no series. The others are only `workload` (at most `--workload-cap`
-values, the rest counted as `other`), `mode`, `rank`, `position` (0..gamma-1), `source`,
+values, the rest counted as `other`; each value at most 128 characters, a longer name cut
+with a hash of the whole), `mode`, `rank`, `position` (0..gamma-1), `source`,
 and `reason` on ingest errors: never a request id. Gauges named "over the last N
 steps" are sliding-window views (a ring of 8 blocks; N is `--window-steps`,
 1024 by default); counters and histograms are cumulative, so PromQL `rate()`
@@ -47,7 +48,11 @@ fewer), measured by tests/test_series_budget.py on a real Prometheus:
 
 So an exporter of R ranks, W workloads and M modes writes at most about
 165·R·W·M + 420·W·M + 93·R·M + 2 series: 28,586 at R = 8, W = 16, M = 1, which is 223 per
-(rank, workload, mode); one rank with one workload is 680. Per-position families scale
+(rank, workload, mode); one rank with one workload is 680. However many ranks and
+workloads a source invents, at most 256 (rank, workload, mode) groups of named workloads
+are kept in all (past that a rank's next workload is counted under its `other`, in
+`dspark_workload_overflow_total`), so the total stays under 165·(256 + R·M) +
+420·(W + 1)·M + 93·R·M + 2: 65,894 at R = 64, W = 16 and `other`, M = 1. Per-position families scale
 with gamma (the 420 are 4 counters × 15 ECE bins × 7 positions); a (rank, mode) gains 6
 series for each further context bucket its steps reach (13 at most); a polled source adds
 its `dspark_source_up`, and each ingest error reason or drop reason one series. The

@@ -174,7 +174,8 @@ def test_runtime_server_cleans_names_at_entry_and_server_info_stays_whole(caplog
 @pytest.fixture(scope="module")
 def hostile_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("hostile") / "run"
-    workloads = ",".join(f"{w}={p}" for w, p in zip(HOSTILE, ["gsm8k", "arena", "poetry", "gsm8k"]))
+    presets = ["gsm8k", "arena", "poetry", "gsm8k"]
+    workloads = ",".join(f"{w}={p}" for w, p in zip(HOSTILE, presets, strict=True))
     cli(
         "run", "--mode", "compact", "--workloads", workloads + ",\x1b[2Jesc=arena",
         "--concurrency", "4", "--steps-per-level", "40", "--sts-warmup-steps", "40",
