@@ -17,10 +17,11 @@ drops them before building batches, and the counts are logged once per run and k
 
 Besides the gate's checks, what only a stored table can get wrong: the derived columns
 (`window`, `ceiling`, `context_tokens`) must equal their derivation, a step's request rows
-number at most its `bs` (a sampled store keeps some) and belong to a step of their flush, and a name (rid, workload, mode)
-must be at most `MAX_STRING_BYTES` (`part_bounds.py` bounds what decoding may allocate
-before any of this runs). A step key may repeat across flushes (the writer keeps a step
-whose counter came round again), so rejections are kept by flush.
+number at most its `bs` (a sampled store keeps some) and belong to a step of their flush,
+and a name (rid, workload, mode) must be at most `MAX_STRING_BYTES` (`part_bounds.py`
+bounds what decoding may allocate before any of this runs). A step key may repeat across
+flushes (the writer keeps a step whose counter came round again), so rejections are kept
+by flush.
 """
 
 from __future__ import annotations
