@@ -12,6 +12,7 @@ from .. import strict_json
 from ..analysis.reliability import calibration_report, fleet_calibration_report
 from ..store.fleet import open_fleet, parse_group_keys, single_run
 from ..terminal import make_console, print_table
+from .engine_args import add_engine_arguments, on_ray, ray_result
 from .fleet_args import add_group_argument
 from .output import add_output_arguments, print_csv
 from .store_args import add_time_range_arguments, run_dirs_of
@@ -24,7 +25,11 @@ def handle(args: argparse.Namespace) -> int:
 
 def _handle(args: argparse.Namespace) -> int:
     by = parse_group_keys(args.by)
-    if single_run(args.run_dirs, by):
+    if on_ray(args):
+        from ..engine.jobs import calibration_job
+
+        report = ray_result(args, calibration_job, args.run_dirs, args.bins, by)
+    elif single_run(args.run_dirs, by):
         report = calibration_report(args.run_dirs[0], args.bins)
     else:
         report = fleet_calibration_report(open_fleet(args.run_dirs, by), args.bins, by)
@@ -89,4 +94,5 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--bins", type=int, default=15, help="equal-width ECE bins (default 15)")
     add_time_range_arguments(p)
+    add_engine_arguments(p)
     p.set_defaults(handler=handle)

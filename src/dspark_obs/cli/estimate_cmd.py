@@ -12,6 +12,7 @@ from ..estimator.fleet import fleet_evaluate
 from ..store import open_run
 from ..store.fleet import open_fleet, parse_group_keys, single_run
 from ..strict_json import clean_json
+from .engine_args import add_engine_arguments, on_ray, ray_result
 from .errors import CliError
 from .fleet_args import add_group_argument
 from .output import add_output_arguments, print_csv
@@ -37,7 +38,11 @@ def _handle(args: argparse.Namespace) -> int:
     if not args.run_dirs:
         raise CliError("give a RUN_DIR or --sglang-jsonl FILE")
     by = parse_group_keys(args.by)
-    if single_run(args.run_dirs, by):
+    if on_ray(args):
+        from ..engine.jobs import estimate_job
+
+        report = clean_json(ray_result(args, estimate_job, args.run_dirs, by))
+    elif single_run(args.run_dirs, by):
         report = clean_json(evaluate(open_run(args.run_dirs[0])))
     else:
         report = clean_json(fleet_evaluate(open_fleet(args.run_dirs, by), by))
@@ -77,4 +82,5 @@ def configure(p: argparse.ArgumentParser) -> None:
         "lines that contradict it are counted as bad lines",
     )
     add_time_range_arguments(p)
+    add_engine_arguments(p)
     p.set_defaults(handler=handle)

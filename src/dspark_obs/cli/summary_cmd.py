@@ -11,6 +11,7 @@ from ..store.fleet import expand_run_dirs, open_fleet, parse_group_keys, single_
 from ..store.production import is_store
 from ..store.sql_script import duckdb_summary_script
 from ..whatif.trim_cost import trim_cost_or_none
+from .engine_args import add_engine_arguments, on_ray, ray_result
 from .errors import CliError
 from .fleet_args import add_group_argument
 from .output import add_output_arguments
@@ -35,6 +36,12 @@ def _handle(args: argparse.Namespace) -> int:
     by = parse_group_keys(args.by)
     if args.sql:
         print(duckdb_summary_script(expand_run_dirs(args.run_dirs)), end="")
+        return 0
+    if on_ray(args):
+        from ..engine.jobs import summary_job
+
+        summary = ray_result(args, summary_job, args.run_dirs, by)
+        print_summary(summary, as_json=args.json, as_csv=args.csv)
         return 0
     if single_run(args.run_dirs, by):
         run_dir = args.run_dirs[0]
@@ -69,4 +76,5 @@ def configure(p: argparse.ArgumentParser) -> None:
         "parts instead of computing it",
     )
     add_time_range_arguments(p)
+    add_engine_arguments(p)
     p.set_defaults(handler=handle)

@@ -10,6 +10,7 @@ from ..store import open_run
 from ..strict_json import clean_json
 from ..terminal import make_console
 from ..whatif.predict import DEFAULT_POLICIES, whatif
+from .engine_args import add_engine_arguments, on_ray, ray_result
 from .output import add_output_arguments, print_csv
 from .store_args import add_time_range_arguments, one_run, run_dirs_of
 from .whatif_views import render_whatif
@@ -22,7 +23,12 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    report = whatif(open_run(args.run_dir), args.policy, use_shadow=not args.no_shadow)
+    if on_ray(args):
+        from ..engine.jobs import whatif_job
+
+        report = ray_result(args, whatif_job, args.run_dir, args.policy, not args.no_shadow)
+    else:
+        report = whatif(open_run(args.run_dir), args.policy, use_shadow=not args.no_shadow)
     if args.json:
         print(strict_json.dumps(clean_json(report), indent=2))
     elif args.csv:
@@ -57,4 +63,5 @@ def configure(p: argparse.ArgumentParser) -> None:
         "one CSV row per cell (policy, level, workload)",
     )
     add_time_range_arguments(p)
+    add_engine_arguments(p)
     p.set_defaults(handler=handle)

@@ -44,7 +44,8 @@ class RayEngine:
         if not ray.is_initialized():
             ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         self._ray = ray
-        self._task = ray.remote(_read_here).options(num_cpus=1, max_retries=max_retries)
+        self._task = ray.remote(_read_here)
+        self._options = {"num_cpus": 1, "max_retries": max_retries}
 
     def map(
         self, fn: MapFn, partitions: list[Partition], args: tuple = ()
@@ -54,7 +55,7 @@ class RayEngine:
         for p in partitions:
             key = NODE_RESOURCE.format(p.node)
             placed = {"resources": {key: _SLIVER}} if key in declared else {}
-            refs.append(self._task.options(**placed).remote(fn, p, args))
+            refs.append(self._task.options(**self._options, **placed).remote(fn, p, args))
         try:
             return self._ray.get(refs)
         except self._ray.exceptions.RayTaskError as exc:

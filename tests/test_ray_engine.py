@@ -1,0 +1,252 @@
+"""The fleet commands on a real Ray cluster (a head and two worker nodes, each its own
+raylet and worker processes on loopback) give what they give in process.
+
+One shared test runs every job through both engines and holds each against the
+in-process fleet functions (`summarize_fleet`, `fleet_calibration_report`,
+`fleet_evaluate`, `whatif`): the engines must agree to 1e-12, as must each command's
+`--json` with `--engine ray` and without. A worker SIGKILLed in the middle of a task is
+retried and changes nothing; an unreadable run is named and counted (an error with
+--strict); a partition of a node some Ray node declares runs on that node; a run behind a
+`file://` URI reads as the same run on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from dspark_obs.estimator.fleet import fleet_evaluate
+
+from dspark_obs.analysis.reliability import fleet_calibration_report
+from dspark_obs.analysis.summary import summarize_fleet
+from dspark_obs.engine import InProcessEngine, Unread, partitions_of
+from dspark_obs.engine.jobs import calibration_job, estimate_job, summary_job, whatif_job
+from dspark_obs.store import open_run
+from dspark_obs.store.fleet import open_fleet
+from dspark_obs.strict_json import clean_json
+from dspark_obs.whatif.predict import whatif
+
+from .conftest import cli
+
+ray = pytest.importorskip("ray", reason="the Ray engine needs dspark-obs[ray]")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from dspark_obs.engine.ray_engine import RayEngine  # noqa: E402
+
+#: The fleet nodes of the runs; each worker node declares one as its resource.
+NODES = ("node-a", "west-7", "east-3")
+BY = ("node", "rank")
+
+
+def assert_same(got, want, where: str = "") -> None:
+    """Equal structures, numbers to 1e-12 (relative, and absolute near zero)."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and set(got) == set(want), (where, set(got) ^ set(want))
+        for k in want:
+            assert_same(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_same(g, w, f"{where}[{i}]")
+    elif isinstance(want, float) and not isinstance(got, bool):
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-12, nan_ok=True), where
+    else:
+        assert got == want, where
+
+
+@pytest.fixture(scope="module")
+def ray_fleet(fleet, tmp_path_factory) -> Path:
+    """Three runs of three nodes: the fleet fixture's two and a copy naming `east-3`."""
+    root = tmp_path_factory.mktemp("ray_fleet") / "fleet"
+    root.mkdir()
+    for run in fleet[1]:
+        shutil.copytree(run, root / run.name)
+    shutil.copytree(fleet[1][0], root / "third")
+    manifest = json.loads((root / "third" / "run.json").read_text())
+    (root / "third" / "run.json").write_text(json.dumps({**manifest, "instance": "east-3"}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head with no CPU (tasks go to the workers) and two one-CPU worker nodes."""
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    try:
+        c.add_node(num_cpus=1, resources={"dspark_node:node-a": 1})
+        c.add_node(num_cpus=1, resources={"dspark_node:west-7": 1})
+        c.wait_for_nodes()
+        ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def engines(cluster):
+    return {"local": InProcessEngine(), "ray": RayEngine(cluster.address)}
+
+
+def _expected(ray_fleet: Path) -> dict:
+    fleet = open_fleet([ray_fleet], BY)
+    return {
+        "summary": summarize_fleet(fleet, BY),
+        "calibration": fleet_calibration_report(fleet, 10, BY),
+        "estimate": clean_json(fleet_evaluate(fleet, BY)),
+    }
+
+
+@pytest.mark.parametrize("name", ["local", "ray"])
+def test_every_job_equals_the_in_process_fleet_on_both_engines(engines, ray_fleet, name):
+    engine = engines[name]
+    want = _expected(ray_fleet)
+    got = {
+        "summary": summary_job(engine, [ray_fleet], BY)[0],
+        "calibration": calibration_job(engine, [ray_fleet], 10, BY)[0],
+        "estimate": clean_json(estimate_job(engine, [ray_fleet], BY)[0]),
+    }
+    for command in want:
+        assert_same(got[command], want[command], command)
+    assert want["summary"]["overall"]["request_steps"] > 0
+    assert [r["node"] for r in want["summary"]["runs"]] == ["node-a", "west-7", "east-3"]
+    run = ray_fleet / "other"
+    predicted, _ = whatif_job(engine, run, ["static", "window=2"])
+    assert_same(clean_json(predicted), clean_json(whatif(open_run(run), ["static", "window=2"])))
+
+
+def test_partitions_run_on_the_node_that_declares_them(engines, ray_fleet):
+    by_resource = {
+        key.split(":", 1)[1]: n["NodeID"]
+        for n in ray.nodes()
+        if n["Alive"]
+        for key in n["Resources"]
+        if key.startswith("dspark_node:")
+    }
+    assert set(by_resource) == {"node-a", "west-7"}
+    assert len(set(by_resource.values())) == 2
+    for _ in range(3):  # a placement that lands right by chance once does not pass
+        _, read = summary_job(engines["ray"], [ray_fleet])
+        placed = dict(zip(read.head.nodes, read.read_on, strict=True))
+        assert placed["node-a"] == by_resource["node-a"]
+        assert placed["west-7"] == by_resource["west-7"]
+        assert placed["east-3"] in set(by_resource.values())  # declared by none: anywhere
+
+
+def test_a_file_uri_reads_as_the_runs_on_disk(engines, ray_fleet):
+    uri = "file://" + str(ray_fleet)
+    assert [p.path for p in partitions_of([uri])] == [
+        "file://" + str(ray_fleet / n) for n in ("node-a", "other", "third")
+    ]
+    got, _ = summary_job(engines["ray"], [uri], BY)
+    want = _expected(ray_fleet)["summary"]
+    assert [r["node"] for r in got["runs"]] == [r["node"] for r in want["runs"]]
+    for key in ("overall", "workloads", "load", "groups"):
+        assert_same(got[key], want[key], key)
+
+
+def _task_pids(name: str) -> list[int]:
+    """Worker processes executing a task of `name` now (Ray titles them `ray::NAME`)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if cmd.startswith(f"ray::{name}".encode()):
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_a_worker_killed_mid_task_changes_nothing(engines, ray_fleet, tmp_path):
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(8):
+        shutil.copytree(ray_fleet / "other", many / f"run-{i}")
+    want = summary_job(engines["local"], [many], BY)[0]
+    out: dict = {}
+    job = threading.Thread(target=lambda: out.update(got=summary_job(engines["ray"], [many], BY)))
+    job.start()
+    killed = []
+    while job.is_alive() and len(killed) < 2:
+        for pid in _task_pids("_read_here"):
+            if pid not in killed:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                break
+        time.sleep(0.005)
+    job.join(timeout=240)
+    assert killed, "no task was caught running: the kill test proved nothing"
+    got, read = out["got"]
+    assert not read.unread
+    assert_same(got, want)
+
+
+def _damage(run: Path) -> Path:
+    part = next(p for p in sorted((run / "requests").rglob("*.parquet")))
+    part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
+    return part
+
+
+def test_an_unreadable_run_is_named_and_counted(engines, ray_fleet, tmp_path):
+    fleet = tmp_path / "fleet"
+    shutil.copytree(ray_fleet, fleet)
+    _damage(fleet / "third")
+    whole = summary_job(engines["local"], [fleet / "node-a", fleet / "other"], BY)[0]
+    for name in ("local", "ray"):
+        got, read = summary_job(engines[name], [fleet], BY)
+        assert read.unread == [Unread(str(fleet / "third"), read.unread[0].error)]
+        assert "third" in read.unread[0].error
+        assert got["unread"] == [{"path": str(fleet / "third"), "error": read.unread[0].error}]
+        assert_same({k: v for k, v in got.items() if k != "unread"}, whole)
+
+
+def _ray_cli(*args: str, check: bool = True):
+    return cli(*args, "--engine", "ray", "--ray-address", ray.get_runtime_context().gcs_address,
+               check=check)  # fmt: skip
+
+
+def test_every_command_json_on_ray_equals_in_process(cluster, ray_fleet, tmp_path):
+    for args in (
+        ("summary", str(ray_fleet), "--by", "node,rank", "--json"),
+        ("calibration", str(ray_fleet), "--by", "node", "--bins", "10", "--json"),
+        ("estimate", str(ray_fleet), "--by", "node", "--json"),
+        ("whatif", str(ray_fleet / "other"), "--policy", "static", "--json"),
+    ):
+        want = json.loads(cli(*args).stdout)
+        assert_same(json.loads(_ray_cli(*args).stdout), want, args[0])
+
+
+def test_an_unreadable_run_on_the_cli_is_named_or_with_strict_an_error(
+    cluster, ray_fleet, tmp_path
+):
+    fleet = tmp_path / "fleet"
+    shutil.copytree(ray_fleet, fleet)
+    _damage(fleet / "other")
+    proc = _ray_cli("summary", str(fleet), "--json")
+    assert proc.returncode == 0
+    assert [u["path"] for u in json.loads(proc.stdout)["unread"]] == [str(fleet / "other")]
+    assert "1 of 3 runs unreadable" in proc.stderr and str(fleet / "other") in proc.stderr
+    strict = _ray_cli("summary", str(fleet), "--json", "--strict", check=False)
+    assert strict.returncode == 2 and strict.stdout == ""
+    assert str(fleet / "other") in strict.stderr and "--strict" in strict.stderr
+
+
+def test_without_ray_the_flag_is_a_one_line_error(ray_fleet):
+    code = (
+        "import sys; sys.modules['ray'] = None; from dspark_obs.cli.main import main; "
+        f"sys.exit(main(['summary', {str(ray_fleet)!r}, '--engine', 'ray']))"
+    )
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert "dspark-obs[ray]" in proc.stderr
