@@ -46,7 +46,7 @@ PY=.venv/bin/python
 $PY -m pip install --quiet --upgrade pip
 # CPU build of torch first: an unpinned install would pull a CUDA build of several GB.
 $PY -m pip install --quiet torch==2.13.0
-$PY -m pip install --quiet -e '.[dev,torch]'
+$PY -m pip install --quiet -e '.[dev,torch,ray]'
 
 # SGLang's own DSpark observer and draft-block types, on CPU (tests/test_sglang_real_types.py;
 # tests/test_sglang_block_accept_writer.py holds our block-accept JSONL against its recorder;
