@@ -1,0 +1,115 @@
+"""The fleet folds on Ray against in process: `summary --by node,rank`, `calibration --by
+node` and `estimate --by node` over 8 run directories of 10 million request-steps in all
+(quick: 200k), each in process and with `--engine ray` on a local cluster of one and of two
+one-CPU worker nodes (a head with no CPU, so every task runs on a worker).
+
+The runs are `fleet_posthoc`'s (one reference run tiled into 8 nodes' runs). Each command
+is a child process, so its time includes start-up, imports and, on Ray, joining the
+cluster; its peak RSS is the driver's alone (`time_child`): the workers' memory is not the
+driver's, and the driver's must not grow with the data. Configurations alternate within
+each repeat (each cluster started afresh), so each sees the same load. Ray's `--json`
+must equal the in-process one to 1e-9, or the benchmark crashes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .common import record, time_child
+from .fleet_posthoc import NODES, make_fleet
+
+FULL_REQUEST_STEPS = 10_000_000
+QUICK_REQUEST_STEPS = 200_000
+COMMANDS = {
+    "summary": ["--by", "node,rank"],
+    "calibration": ["--by", "node"],
+    "estimate": ["--by", "node"],
+}
+#: configuration: worker nodes of one CPU (0: in process)
+CONFIGS = {"in_process": 0, "ray_1_worker": 1, "ray_2_workers": 2}
+
+
+def _same(a, b, where: str) -> None:
+    if isinstance(a, dict):
+        if set(a) != set(b):
+            raise AssertionError(f"{where}: keys differ")
+        for k in a:
+            _same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        if len(a) != len(b):
+            raise AssertionError(f"{where}: lengths differ")
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{where}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        if not (math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12) or (a != a and b != b)):
+            raise AssertionError(f"{where}: {a} != {b}")
+    elif a != b:
+        raise AssertionError(f"{where}: {a!r} != {b!r}")
+
+
+def _cluster(workers: int):
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    for _ in range(workers):
+        c.add_node(num_cpus=1)
+    c.wait_for_nodes()
+    return c
+
+
+def run(quick: bool) -> list[dict]:
+    wanted = QUICK_REQUEST_STEPS if quick else FULL_REQUEST_STEPS
+    repeats = 1 if quick else 2
+    py = [sys.executable, "-m", "dspark_obs"]
+    timings = {(c, n): ([], []) for c in CONFIGS for n in COMMANDS}
+    outputs: dict = {}
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-ray-") as tmp:
+        start = time.perf_counter()
+        fleet, manifest = make_fleet(Path(tmp), wanted)
+        generate_s = time.perf_counter() - start
+        for _ in range(repeats):
+            for config, workers in CONFIGS.items():
+                cluster = _cluster(workers) if workers else None
+                engine = ["--engine", "ray", "--ray-address", cluster.address] if cluster else []
+                try:
+                    for name, extra in COMMANDS.items():
+                        cmd = [*py, name, str(fleet), *extra, "--json", *engine]
+                        seconds, rss, out = time_child(cmd)
+                        timings[config, name][0].append(seconds)
+                        timings[config, name][1].append(rss)
+                        outputs[config, name] = json.loads(out)
+                finally:
+                    if cluster is not None:
+                        cluster.shutdown()
+    for (config, name), got in outputs.items():
+        _same(got, outputs["in_process", name], f"{config} {name}")
+    request_steps = manifest["request_steps"] * NODES
+    out = []
+    for (config, name), (seconds, rss) in timings.items():
+        base = min(timings["in_process", name][0])
+        out.append(
+            record(
+                f"fleet_ray_{name}_{config}",
+                {"runs": NODES, "request_steps": request_steps, "workers": CONFIGS[config]},
+                "s_per_command",
+                seconds,
+                1.0,
+                seconds=seconds,
+                peak_driver_rss_mb=max(rss),
+                rows_per_s=request_steps / min(seconds),
+                speedup_vs_in_process=base / min(seconds),
+                generate_seconds=generate_s,
+            )
+        )
+    return out
+
+
+if __name__ == "__main__":
+    from .common import run_alone
+
+    run_alone(run)
