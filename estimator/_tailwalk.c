@@ -862,6 +862,1178 @@ static PyTypeObject PoolType = {
     .tp_new = Pool_new,
 };
 
+/* ---- the estimator's batch kernels ----------------------------------------------- */
+
+/*
+ * Every 32 steps the estimator checks its extrapolation on the batch's known positions,
+ * teaches the batch to its models, and extrapolates the walks that ended. In numpy each
+ * of those is a few dozen whole-array passes over about 8,000 rows (or 3,000 blocks) of
+ * gamma positions; here each is one loop. The numpy forms stay (population.py,
+ * confidence_rates.py, extrapolation_check.py, interval.py) and give the same numbers to
+ * the last bit: the same operations on the same values, every sum taken in the order
+ * numpy takes it (tests/test_estimator_kernels.py). Nothing transcendental is computed
+ * here, since numpy's exp, log and tanh differ from the C library's in the last bits:
+ * the acceptance ratios arrive exponentiated, the smooth model's rates are numpy's.
+ */
+
+/* numpy's clip of a double: NaN stays NaN, and each bound is taken as numpy's maximum and
+ * minimum take it. */
+static inline double
+clip(double x, double lo, double hi)
+{
+    if (!isnan(x))
+        x = x > lo ? x : lo;
+    if (!isnan(x))
+        x = x < hi ? x : hi;
+    return x;
+}
+
+/* A column of a queued step (the tuple the estimator queues: group, window, accepted,
+ * confidence, greedy, target and draft log-probabilities, forward_ct) as an array of the
+ * type and dimensions (a new reference; None gives NULL with no exception where allowed). */
+static PyArrayObject *
+step_column(PyObject *row, int item, int type, int nd, int optional)
+{
+    PyObject *obj = PyTuple_GET_ITEM(row, item);
+    if (obj == Py_None) {
+        if (!optional)
+            PyErr_Format(PyExc_TypeError, "queued step: item %d is None", item);
+        return NULL;
+    }
+    return as_input(obj, type, nd);
+}
+
+/* The queued steps' columns, row counts and row offsets. */
+typedef struct {
+    Py_ssize_t steps;
+    npy_intp rows;
+    PyArrayObject **col; /* [steps * STEP_COLUMNS] */
+    npy_intp *start;     /* [steps + 1] */
+} Queued;
+
+enum { Q_GROUP, Q_WINDOW, Q_ACCEPTED, Q_CONF, Q_GREEDY, Q_TLP, Q_DLP, STEP_COLUMNS };
+static const struct {
+    int type, nd, optional;
+} Q_SPEC[STEP_COLUMNS] = {
+    {NPY_INT64, 1, 0}, {NPY_INT64, 1, 0}, {NPY_INT64, 1, 0}, {NPY_FLOAT64, 2, 1},
+    {NPY_INT8, 1, 0},  {NPY_FLOAT64, 2, 1}, {NPY_FLOAT64, 2, 1},
+};
+
+static void
+queued_free(Queued *q)
+{
+    if (q->col != NULL)
+        for (Py_ssize_t i = 0; i < q->steps * STEP_COLUMNS; i++)
+            Py_XDECREF(q->col[i]);
+    PyMem_Free(q->col);
+    PyMem_Free(q->start);
+    q->col = NULL;
+    q->start = NULL;
+}
+
+/* Reads the columns `want` (a bit per column) of a list of queued steps, each checked for
+ * shape against the step's rows and gamma; -1 with an exception set. */
+static int
+queued_read(PyObject *list, int g, unsigned want, Queued *q)
+{
+    q->col = NULL;
+    q->start = NULL;
+    if (!PyList_Check(list)) {
+        PyErr_SetString(PyExc_TypeError, "queued steps: expected a list of tuples");
+        return -1;
+    }
+    q->steps = PyList_GET_SIZE(list);
+    q->rows = 0;
+    size_t n = q->steps > 0 ? (size_t)q->steps : 1;
+    q->col = PyMem_Calloc(n * STEP_COLUMNS, sizeof(PyArrayObject *));
+    q->start = PyMem_Malloc((n + 1) * sizeof(npy_intp));
+    if (q->col == NULL || q->start == NULL) {
+        queued_free(q);
+        PyErr_NoMemory();
+        return -1;
+    }
+    q->start[0] = 0;
+    for (Py_ssize_t s = 0; s < q->steps; s++) {
+        PyObject *row = PyList_GET_ITEM(list, s);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < STEP_COLUMNS) {
+            PyErr_SetString(PyExc_TypeError, "queued step: expected a tuple of its columns");
+            queued_free(q);
+            return -1;
+        }
+        PyArrayObject **col = q->col + s * STEP_COLUMNS;
+        npy_intp rows = -1;
+        for (int i = 0; i < STEP_COLUMNS; i++) {
+            if (!(want >> i & 1))
+                continue;
+            col[i] = step_column(row, i, Q_SPEC[i].type, Q_SPEC[i].nd, Q_SPEC[i].optional);
+            if (col[i] == NULL) {
+                if (PyErr_Occurred()) {
+                    queued_free(q);
+                    return -1;
+                }
+                continue;
+            }
+            if (rows < 0)
+                rows = PyArray_DIM(col[i], 0);
+            if (PyArray_DIM(col[i], 0) != rows
+                || (Q_SPEC[i].nd == 2 && PyArray_DIM(col[i], 1) != g)) {
+                PyErr_Format(PyExc_ValueError,
+                             "queued step %zd: item %d does not match the step's rows and "
+                             "gamma",
+                             s, i);
+                queued_free(q);
+                return -1;
+            }
+        }
+        q->rows += rows < 0 ? 0 : rows;
+        q->start[s + 1] = q->rows;
+    }
+    return 0;
+}
+
+#define QCOL(q, s, i) ((q)->col[(s) * STEP_COLUMNS + (i)])
+#define QDATA(q, s, i) (QCOL(q, s, i) ? PyArray_DATA(QCOL(q, s, i)) : NULL)
+#define QROWS(q, s) ((q)->start[(s) + 1] - (q)->start[s])
+
+/* The data of a C-ordered array of this type and `size` elements in all (writable: and
+ * writable), or NULL with an exception set. */
+static char *
+flat_array(PyObject *obj, const char *name, int type, npy_intp size, int writable)
+{
+    PyArrayObject *a = (PyArrayObject *)obj;
+    if (!PyArray_Check(obj) || PyArray_TYPE(a) != type || !PyArray_IS_C_CONTIGUOUS(a)
+        || PyArray_SIZE(a) != size || (writable && !PyArray_ISWRITEABLE(a))) {
+        PyErr_Format(PyExc_ValueError, "%s: wrong dtype, size or layout%s", name,
+                     writable ? ", or not writable" : "");
+        return NULL;
+    }
+    return PyArray_DATA(a);
+}
+
+/* A new zeroed array of these dimensions. */
+static PyObject *
+zeros(int nd, npy_intp *dims, int type)
+{
+    return PyArray_ZEROS(nd, dims, type, 0);
+}
+
+/* A bin of [0, 1] in `bins` equal bins, as numpy's (c * bins).astype(int64) clipped to the
+ * last bin gives it; kept in range whatever c is (validate_steps refuses the others). */
+static inline int
+bin_of(double c, int bins)
+{
+    double x = c * bins;
+    return x > 0.0 ? (x < bins - 1 ? (int)x : bins - 1) : 0;
+}
+
+/* The known positions of a queued step: the verified drafts (j < window) of its sampled
+ * rows (greedy 0) whose acceptance ratio both log-probabilities give (not NaN). Every kernel
+ * walks them in this order, row by row; ratios[k] is the k-th one's. */
+typedef struct {
+    const double *t, *d;
+    const int64_t *w;
+    const int8_t *greedy;
+    npy_intp r, rows;
+    int j, g;
+} KnownPositions;
+
+static void
+known_start(KnownPositions *it, Queued *q, Py_ssize_t s, int g)
+{
+    it->t = QDATA(q, s, Q_TLP);
+    it->d = QDATA(q, s, Q_DLP);
+    it->w = QDATA(q, s, Q_WINDOW);
+    it->greedy = QDATA(q, s, Q_GREEDY);
+    it->rows = it->t && it->d ? QROWS(q, s) : 0;
+    it->r = 0;
+    it->j = -1;
+    it->g = g;
+}
+
+/* The step's next known position (row *r, position *j); 0 once there is none. */
+static inline int
+known_next(KnownPositions *it, npy_intp *r, int *j)
+{
+    for (; it->r < it->rows; it->r++, it->j = -1) {
+        if (it->greedy[it->r] != 0)
+            continue;
+        const int64_t wr = it->w[it->r] < it->g ? it->w[it->r] : it->g;
+        const double *t = it->t + it->r * it->g, *d = it->d + it->r * it->g;
+        while (++it->j < wr)
+            if (!isnan(t[it->j] - d[it->j])) {
+                *r = it->r;
+                *j = it->j;
+                return 1;
+            }
+    }
+    return 0;
+}
+
+enum { KNOWN_COLUMNS = 1u << Q_GROUP | 1u << Q_WINDOW | 1u << Q_GREEDY | 1u << Q_TLP | 1u << Q_DLP };
+
+PyDoc_STRVAR(validate_steps_doc,
+"validate_steps(steps, gamma) -> int\n\n"
+"Refuses queued steps (population.QueuedStep tuples) whose rows are outside the models'\n"
+"bounds, with HazardModel.update's ValueError (windows within 0..gamma, accepted drafts\n"
+"within 0..window, group ids >= 0, confidence within [0, 1]); returns the largest group\n"
+"id (-1: no rows). The kernels below stay in bounds whatever they are given, but only\n"
+"what this passes gives numpy's numbers.");
+
+static PyObject *
+validate_steps(PyObject *self, PyObject *args)
+{
+    PyObject *list;
+    int g;
+    if (!PyArg_ParseTuple(args, "Oi:validate_steps", &list, &g))
+        return NULL;
+    if (g < 1 || g > 64) {
+        PyErr_SetString(PyExc_ValueError, "validate_steps: gamma outside 1..64");
+        return NULL;
+    }
+    Queued q;
+    if (queued_read(list, g, 1u << Q_GROUP | 1u << Q_WINDOW | 1u << Q_ACCEPTED | 1u << Q_CONF, &q)
+        < 0)
+        return NULL;
+    /* each condition over every row, in the order HazardModel.update checks them */
+    int bad_w = 0, bad_a = 0, bad_g = 0, bad_c = 0;
+    int64_t top = -1;
+    for (Py_ssize_t s = 0; s < q.steps; s++) {
+        const int64_t *grp = QDATA(&q, s, Q_GROUP), *w = QDATA(&q, s, Q_WINDOW),
+                      *a = QDATA(&q, s, Q_ACCEPTED);
+        const double *conf = QDATA(&q, s, Q_CONF);
+        const npy_intp m = QROWS(&q, s);
+        for (npy_intp r = 0; r < m; r++) {
+            bad_w |= (w[r] < 0) | (w[r] > g);
+            bad_a |= (a[r] < 0) | (a[r] > w[r]);
+            bad_g |= grp[r] < 0;
+            top = grp[r] > top ? grp[r] : top;
+        }
+        for (npy_intp i = 0; conf && i < m * g; i++)
+            bad_c |= (conf[i] < 0.0) | (conf[i] > 1.0);
+    }
+    queued_free(&q);
+    const char *bad = bad_w ? "window outside 0..gamma" : bad_a ? "accepted outside 0..window"
+                      : bad_g ? "group ids must be >= 0" : bad_c ? "confidence outside [0, 1]"
+                                                                 : NULL;
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, bad);
+        return NULL;
+    }
+    return PyLong_FromLongLong(top);
+}
+
+PyDoc_STRVAR(known_log_ratios_doc,
+"known_log_ratios(steps, gamma) -> (float64 [known], int64 [steps + 1])\n\n"
+"The log acceptance ratios (interval.acceptance_log_ratio) of the queued steps' known\n"
+"positions, in row order, and where each step's begin: what the check and the smooth\n"
+"model take, once exponentiated.");
+
+static PyObject *
+known_log_ratios(PyObject *self, PyObject *args)
+{
+    PyObject *list;
+    int g;
+    if (!PyArg_ParseTuple(args, "Oi:known_log_ratios", &list, &g))
+        return NULL;
+    if (g < 1 || g > 64) {
+        PyErr_SetString(PyExc_ValueError, "known_log_ratios: gamma outside 1..64");
+        return NULL;
+    }
+    Queued q;
+    if (queued_read(list, g, KNOWN_COLUMNS, &q) < 0)
+        return NULL;
+    npy_intp known = 0, nsteps = q.steps + 1, r;
+    int j;
+    KnownPositions it;
+    for (Py_ssize_t s = 0; s < q.steps; s++)
+        for (known_start(&it, &q, s, g); known_next(&it, &r, &j);)
+            known++;
+    PyObject *out = PyArray_SimpleNew(1, &known, NPY_FLOAT64);
+    PyObject *offsets = out ? PyArray_SimpleNew(1, &nsteps, NPY_INT64) : NULL;
+    if (offsets == NULL) {
+        Py_XDECREF(out);
+        queued_free(&q);
+        return NULL;
+    }
+    double *o = PyArray_DATA((PyArrayObject *)out);
+    int64_t *off = PyArray_DATA((PyArrayObject *)offsets);
+    npy_intp k = 0;
+    for (Py_ssize_t s = 0; s < q.steps; s++) {
+        off[s] = k;
+        for (known_start(&it, &q, s, g); known_next(&it, &r, &j);) {
+            /* numpy's clip to [LOG_RATIO_FLOOR, 0] (a NaN never gets here) */
+            const double x = it.t[r * g + j] - it.d[r * g + j];
+            o[k++] = x < -1e300 ? -1e300 : x > 0.0 ? 0.0 : x;
+        }
+    }
+    off[q.steps] = k;
+    queued_free(&q);
+    return Py_BuildValue("(NN)", out, offsets);
+}
+
+/* The known ratios and where each step's begin, checked against the steps. */
+static int
+known_ratios_of(PyObject *ratio_obj, PyObject *offsets_obj, Queued *q, const double **ratio,
+                const int64_t **offsets)
+{
+    npy_intp n = PyArray_Check(ratio_obj) ? PyArray_SIZE((PyArrayObject *)ratio_obj) : 0;
+    if ((*ratio = (double *)checked(ratio_obj, "ratios", NPY_FLOAT64, -1, -1, 0)) == NULL
+        || (*offsets = (int64_t *)checked(offsets_obj, "offsets", NPY_INT64, q->steps + 1, -1, 0))
+               == NULL)
+        return -1;
+    for (Py_ssize_t s = 0; s < q->steps; s++)
+        if ((*offsets)[s] < 0 || (*offsets)[s] > (*offsets)[s + 1]
+            || (*offsets)[s + 1] > n) {
+            PyErr_SetString(PyExc_ValueError, "offsets: not where the steps' ratios begin");
+            return -1;
+        }
+    return 0;
+}
+
+/* A step's rows' groups within [0, groups); -1 with ValueError set. */
+static int
+groups_within(Queued *q, Py_ssize_t s, npy_intp groups)
+{
+    const int64_t *grp = QDATA(q, s, Q_GROUP);
+    int bad = 0;
+    for (npy_intp r = 0; r < QROWS(q, s); r++)
+        bad |= (grp[r] < 0) | (grp[r] >= groups);
+    if (bad)
+        PyErr_SetString(PyExc_ValueError, "group id outside the model's groups");
+    return bad ? -1 : 0;
+}
+
+PyDoc_STRVAR(check_sums_doc,
+"check_sums(steps, checked, ratios, offsets, hazard, data, at_risk, calibration_bins)\n"
+"    -> (sums, (group, position, confidence, rate, ratio))\n\n"
+"ExtrapolationCheck._check over the known positions of the queued steps that `checked`\n"
+"(bool per step) marks, whose acceptance ratios (float64) `ratios[offsets[s]:]` holds\n"
+"(known_log_ratios' order); hazard, data and at_risk [groups, gamma, bins + 1] are the\n"
+"population model's tables. Returns the sums to add, float64 [groups, 2, 5,\n"
+"calibration_bins] (identified cells, then the others), and the known positions in\n"
+"unidentified cells with a confidence, for the blend's moments.");
+
+static PyObject *
+check_sums(PyObject *self, PyObject *args)
+{
+    PyObject *list, *checked_obj, *ratio_obj, *offsets_obj, *hz, *dt, *ar;
+    int cbins;
+    if (!PyArg_ParseTuple(args, "OOOOOOOi:check_sums", &list, &checked_obj, &ratio_obj,
+                          &offsets_obj, &hz, &dt, &ar, &cbins))
+        return NULL;
+    if (!PyArray_Check(hz) || PyArray_NDIM((PyArrayObject *)hz) != 3 || cbins < 1) {
+        PyErr_SetString(PyExc_ValueError,
+                        "hazard: expected a [groups, gamma, bins + 1] array, and bins >= 1");
+        return NULL;
+    }
+    const npy_intp G = PyArray_DIM((PyArrayObject *)hz, 0), W = PyArray_DIM((PyArrayObject *)hz, 2);
+    const int g = (int)PyArray_DIM((PyArrayObject *)hz, 1);
+    const double *hazard, *ratio;
+    const char *data, *checked_steps;
+    const int64_t *at_risk, *offsets;
+    if (g < 1 || g > 64 || W < 2 || W > 255) {
+        PyErr_SetString(PyExc_ValueError, "hazard: gamma or bins out of range");
+        return NULL;
+    }
+    if ((hazard = (double *)flat_array(hz, "hazard", NPY_FLOAT64, G * g * W, 0)) == NULL
+        || (data = flat_array(dt, "data", NPY_BOOL, G * g * W, 0)) == NULL
+        || (at_risk = (int64_t *)flat_array(ar, "at_risk", NPY_INT64, G * g * W, 0)) == NULL)
+        return NULL;
+    Queued q;
+    if (queued_read(list, g, KNOWN_COLUMNS | 1u << Q_CONF, &q) < 0)
+        return NULL;
+    PyObject *sums_out = NULL, *cand[5] = {NULL}, *result = NULL;
+    double *cbuf = NULL;
+    if ((checked_steps = checked(checked_obj, "checked", NPY_BOOL, q.steps, -1, 0)) == NULL
+        || known_ratios_of(ratio_obj, offsets_obj, &q, &ratio, &offsets) < 0)
+        goto done;
+    npy_intp dims[4] = {G, 2, 5, cbins};
+    if ((sums_out = zeros(4, dims, NPY_FLOAT64)) == NULL)
+        goto done;
+    double *sums = PyArray_DATA((PyArrayObject *)sums_out);
+    npy_intp ncand = 0, room = 0;
+    for (Py_ssize_t s = 0; s < q.steps; s++)
+        if (checked_steps[s])
+            room += offsets[s + 1] - offsets[s];
+    if ((cbuf = PyMem_Malloc((size_t)(room > 0 ? room : 1) * 5 * sizeof(double))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int bins = (int)W - 1;
+    /* per known position: its cell's rate and flag, in the calibration bins of the rate,
+       a count and the sums of the rate, the ratio, its square and the rate's standard
+       error, added in row order as calibration_sums adds them */
+    for (Py_ssize_t s = 0; s < q.steps; s++) {
+        if (!checked_steps[s])
+            continue;
+        if (groups_within(&q, s, G) < 0)
+            goto done;
+        const int64_t *grp = QDATA(&q, s, Q_GROUP);
+        const double *conf = QDATA(&q, s, Q_CONF);
+        npy_intp k = offsets[s], r;
+        int j;
+        KnownPositions it;
+        for (known_start(&it, &q, s, g); known_next(&it, &r, &j);) {
+            if (k >= offsets[s + 1]) {
+                PyErr_SetString(PyExc_ValueError, "ratios: fewer than the step's known positions");
+                goto done;
+            }
+            const double x = ratio[k++];
+            const double c = conf ? conf[r * g + j] : NAN;
+            const npy_intp cell = (grp[r] * g + j) * W + (isnan(c) ? bins : bin_of(c, bins));
+            const double h = hazard[cell], rate = 1.0 - h;
+            const int ident = data[cell] != 0;
+            double se = 0.0;
+            if (ident)
+                se = sqrt(h * (1.0 - h) / (double)(at_risk[cell] > 1 ? at_risk[cell] : 1));
+            double *sum = sums + (grp[r] * 2 + !ident) * 5 * cbins + bin_of(rate, cbins);
+            sum[0] += 1.0;
+            sum[cbins] += rate;
+            sum[2 * cbins] += x;
+            sum[3 * cbins] += x * x;
+            sum[4 * cbins] += se;
+            if (!ident && !isnan(c)) {
+                double *e = cbuf + 5 * ncand++;
+                e[0] = (double)grp[r];
+                e[1] = j;
+                e[2] = c;
+                e[3] = rate;
+                e[4] = x;
+            }
+        }
+    }
+    for (int k = 0; k < 5; k++)
+        if ((cand[k] = PyArray_SimpleNew(1, &ncand, k < 2 ? NPY_INT64 : NPY_FLOAT64)) == NULL)
+            goto done;
+    for (npy_intp i = 0; i < ncand; i++) {
+        const double *e = cbuf + 5 * i;
+        ((int64_t *)PyArray_DATA((PyArrayObject *)cand[0]))[i] = (int64_t)e[0];
+        ((int64_t *)PyArray_DATA((PyArrayObject *)cand[1]))[i] = (int64_t)e[1];
+        for (int k = 2; k < 5; k++)
+            ((double *)PyArray_DATA((PyArrayObject *)cand[k]))[i] = e[k];
+    }
+    result = Py_BuildValue("(N(NNNNN))", sums_out, cand[0], cand[1], cand[2], cand[3], cand[4]);
+    sums_out = NULL;
+    for (int k = 0; k < 5; k++)
+        cand[k] = NULL;
+done:
+    Py_XDECREF(sums_out);
+    for (int k = 0; k < 5; k++)
+        Py_XDECREF(cand[k]);
+    PyMem_Free(cbuf);
+    queued_free(&q);
+    return result;
+}
+
+PyDoc_STRVAR(smooth_sums_doc,
+"smooth_sums(steps, ratios, offsets, groups, bins) -> (sums, known)\n\n"
+"ConfidenceRates.update's sums over the queued steps' known positions with a confidence\n"
+"(ratios and offsets as check_sums takes them): float64 [groups, 2, gamma, bins], a\n"
+"count and the sum of the ratio per (group, position, confidence bin) cell, added in row\n"
+"order; known: how many positions they hold.");
+
+static PyObject *
+smooth_sums(PyObject *self, PyObject *args)
+{
+    PyObject *list, *ratio_obj, *offsets_obj;
+    Py_ssize_t groups;
+    int g, sbins;
+    if (!PyArg_ParseTuple(args, "OOOnii:smooth_sums", &list, &ratio_obj, &offsets_obj, &groups,
+                          &g, &sbins))
+        return NULL;
+    if (g < 1 || g > 64 || sbins < 1 || groups < 0) {
+        PyErr_SetString(PyExc_ValueError, "smooth_sums: gamma, groups or bins out of range");
+        return NULL;
+    }
+    Queued q;
+    if (queued_read(list, g, KNOWN_COLUMNS | 1u << Q_CONF, &q) < 0)
+        return NULL;
+    PyObject *sums_out = NULL, *result = NULL;
+    const double *ratio;
+    const int64_t *offsets;
+    if (known_ratios_of(ratio_obj, offsets_obj, &q, &ratio, &offsets) < 0)
+        goto done;
+    npy_intp dims[4] = {groups, 2, g, sbins};
+    if ((sums_out = zeros(4, dims, NPY_FLOAT64)) == NULL)
+        goto done;
+    double *sums = PyArray_DATA((PyArrayObject *)sums_out);
+    long long known = 0;
+    for (Py_ssize_t s = 0; s < q.steps; s++) {
+        const int64_t *grp = QDATA(&q, s, Q_GROUP);
+        const double *conf = QDATA(&q, s, Q_CONF);
+        if (conf == NULL)
+            continue;
+        if (groups_within(&q, s, groups) < 0)
+            goto done;
+        npy_intp k = offsets[s], r;
+        int j;
+        KnownPositions it;
+        for (known_start(&it, &q, s, g); known_next(&it, &r, &j);) {
+            if (k >= offsets[s + 1]) {
+                PyErr_SetString(PyExc_ValueError, "ratios: fewer than the step's known positions");
+                goto done;
+            }
+            const double x = ratio[k++], c = conf[r * g + j];
+            if (!isnan(c)) {
+                double *sum = sums + (grp[r] * 2 * g + j) * sbins + bin_of(c, sbins);
+                sum[0] += 1.0;
+                sum[g * sbins] += x;
+                known++;
+            }
+        }
+    }
+    result = Py_BuildValue("(NL)", sums_out, known);
+    sums_out = NULL;
+done:
+    Py_XDECREF(sums_out);
+    queued_free(&q);
+    return result;
+}
+
+/* A cell's part of a chunk's counts: blocks, blocks at risk, the sum of their confidence. */
+typedef struct {
+    int64_t blocks, at_risk;
+    double conf;
+} CellPart;
+
+PyDoc_STRVAR(count_blocks_doc,
+"count_blocks(steps, bins, chunk, n0, d0, n, d, ccnt, csum, ring, head, fill) -> None\n\n"
+"HazardModel.update over the queued steps' rows, `chunk` rows at a time as it adds them:\n"
+"the counts (n0, d0 int64 [groups, gamma]; n, d, ccnt int64 and csum float64 [groups,\n"
+"gamma, bins]) take each chunk's blocks by reach and by rejected position, and per\n"
+"stratified cell its blocks, those at risk in it, those rejected in it and the sum of\n"
+"their confidence; each row's bin codes go into its group's reservoir (ring uint8\n"
+"[groups, size, gamma], head and fill int64 [groups]) one row after another.");
+
+static PyObject *
+count_blocks(PyObject *self, PyObject *args)
+{
+    PyObject *list, *o[9];
+    int bins;
+    Py_ssize_t chunk;
+    if (!PyArg_ParseTuple(args, "OinOOOOOOOOO:count_blocks", &list, &bins, &chunk, &o[0], &o[1],
+                          &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8]))
+        return NULL;
+    if (bins < 1 || bins > 254 || chunk < 1 || !PyArray_Check(o[0])
+        || PyArray_NDIM((PyArrayObject *)o[0]) != 2 || !PyArray_Check(o[6])
+        || PyArray_NDIM((PyArrayObject *)o[6]) != 3 || PyArray_DIM((PyArrayObject *)o[6], 1) < 1) {
+        PyErr_SetString(PyExc_ValueError, "count_blocks: bins, chunk, n0 or ring out of range");
+        return NULL;
+    }
+    const npy_intp G = PyArray_DIM((PyArrayObject *)o[0], 0), R = PyArray_DIM((PyArrayObject *)o[6], 1);
+    const int g = (int)PyArray_DIM((PyArrayObject *)o[0], 1);
+    const npy_intp strat = G * g * bins;
+    int64_t *n0, *d0, *cn, *cd, *ccnt, *head, *fill;
+    double *csum;
+    uint8_t *ring;
+    if (g < 1 || g > 64) {
+        PyErr_SetString(PyExc_ValueError, "count_blocks: gamma outside 1..64");
+        return NULL;
+    }
+    if ((n0 = (int64_t *)flat_array(o[0], "n0", NPY_INT64, G * g, 1)) == NULL
+        || (d0 = (int64_t *)flat_array(o[1], "d0", NPY_INT64, G * g, 1)) == NULL
+        || (cn = (int64_t *)flat_array(o[2], "n", NPY_INT64, strat, 1)) == NULL
+        || (cd = (int64_t *)flat_array(o[3], "d", NPY_INT64, strat, 1)) == NULL
+        || (ccnt = (int64_t *)flat_array(o[4], "ccnt", NPY_INT64, strat, 1)) == NULL
+        || (csum = (double *)flat_array(o[5], "csum", NPY_FLOAT64, strat, 1)) == NULL
+        || (ring = (uint8_t *)flat_array(o[6], "ring", NPY_UINT8, G * R * g, 1)) == NULL
+        || (head = (int64_t *)flat_array(o[7], "head", NPY_INT64, G, 1)) == NULL
+        || (fill = (int64_t *)flat_array(o[8], "fill", NPY_INT64, G, 1)) == NULL)
+        return NULL;
+    for (npy_intp k = 0; k < G; k++)
+        if (head[k] < 0 || head[k] >= R || fill[k] < 0 || fill[k] > R) {
+            PyErr_SetString(PyExc_ValueError, "count_blocks: a reservoir's head or fill is off");
+            return NULL;
+        }
+    Queued q;
+    if (queued_read(list, g, 1u << Q_GROUP | 1u << Q_WINDOW | 1u << Q_ACCEPTED | 1u << Q_CONF, &q)
+        < 0)
+        return NULL;
+    PyObject *result = NULL;
+    int64_t *hist = NULL;
+    for (Py_ssize_t s = 0; s < q.steps; s++) {
+        const int64_t *w = QDATA(&q, s, Q_WINDOW), *a = QDATA(&q, s, Q_ACCEPTED);
+        int bad = 0;
+        for (npy_intp r = 0; r < QROWS(&q, s); r++)
+            bad |= (w[r] < 0) | (w[r] > g) | (a[r] < 0) | (a[r] > w[r]);
+        if (bad) {
+            PyErr_SetString(PyExc_ValueError, "count_blocks: a row outside 0 <= accepted <= "
+                                              "window <= gamma");
+            goto done;
+        }
+        if (groups_within(&q, s, G) < 0)
+            goto done;
+    }
+    /* per chunk: blocks by reach and by rejected position per group, rejections per cell,
+       and each cell's CellPart */
+    const size_t nhist = (size_t)(2 * G * (g + 1) + strat);
+    if ((hist = PyMem_Malloc(nhist * sizeof(int64_t) + (size_t)strat * sizeof(CellPart)))
+        == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *stop = hist + G * (g + 1), *pd = stop + G * (g + 1);
+    CellPart *part = (CellPart *)(pd + strat);
+    Py_ssize_t s = 0;
+    for (npy_intp lo = 0; lo < q.rows; lo += chunk) {
+        const npy_intp hi = lo + chunk < q.rows ? lo + chunk : q.rows;
+        memset(hist, 0, nhist * sizeof(int64_t));
+        memset(part, 0, (size_t)strat * sizeof(CellPart));
+        for (npy_intp row = lo; row < hi; row++) {
+            while (q.start[s + 1] <= row)
+                s++;
+            const npy_intp r = row - q.start[s];
+            const int64_t grp = ((int64_t *)QDATA(&q, s, Q_GROUP))[r];
+            const int64_t w = ((int64_t *)QDATA(&q, s, Q_WINDOW))[r];
+            const int64_t a = ((int64_t *)QDATA(&q, s, Q_ACCEPTED))[r];
+            const double *conf = QDATA(&q, s, Q_CONF);
+            /* the reservoir keeps the group's newest rows: this one at its head */
+            uint8_t *code = ring + (grp * R + head[grp]) * g;
+            head[grp] = head[grp] + 1 < R ? head[grp] + 1 : 0;
+            fill[grp] += fill[grp] < R;
+            const int64_t reach = a + 1 < w ? a + 1 : w; /* at risk at 0..reach - 1 */
+            hist[grp * (g + 1) + reach]++;
+            if (a < w)
+                stop[grp * (g + 1) + a]++;
+            if (conf == NULL) {
+                memset(code, bins, (size_t)g);
+                continue;
+            }
+            const double *c = conf + r * g;
+            CellPart *cells = part + grp * g * bins;
+            for (int j = 0; j < g; j++, cells += bins) {
+                if (isnan(c[j])) {
+                    code[j] = (uint8_t)bins; /* the pooled stratum */
+                    continue;
+                }
+                const int b = bin_of(c[j], bins);
+                code[j] = (uint8_t)b;
+                cells[b].blocks++;
+                cells[b].at_risk += j < reach;
+                cells[b].conf += c[j];
+            }
+            if (a < w && code[a] != bins)
+                pd[(grp * g + a) * bins + code[a]]++;
+        }
+        for (npy_intp k = 0; k < G; k++) {
+            int64_t past = 0; /* blocks whose reach is past position j - 1 */
+            for (int j = g; j >= 1; j--) {
+                past += hist[k * (g + 1) + j];
+                n0[k * g + j - 1] += past;
+            }
+            for (int j = 0; j < g; j++)
+                d0[k * g + j] += stop[k * (g + 1) + j];
+        }
+        for (npy_intp c = 0; c < strat; c++) {
+            cn[c] += part[c].at_risk;
+            cd[c] += pd[c];
+            ccnt[c] += part[c].blocks;
+            csum[c] += part[c].conf;
+        }
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyMem_Free(hist);
+    queued_free(&q);
+    return result;
+}
+
+PyDoc_STRVAR(cell_rates_doc,
+"cell_rates(hazard, data, groups, confidence) -> (rates, identified)\n\n"
+"HazardModel.acceptance from its tables (hazard float64 and data bool [groups, gamma,\n"
+"bins + 1]): each block's acceptance rate 1 - hazard and from-data flag at its own cell\n"
+"per position (confidence float64 [k, gamma], NaN or None: the pooled stratum), as\n"
+"[k, gamma] views of position-major arrays, the layout numpy's form gives.");
+
+static PyObject *
+cell_rates(PyObject *self, PyObject *args)
+{
+    PyObject *hz, *dt, *grp_obj, *conf_obj;
+    if (!PyArg_ParseTuple(args, "OOOO:cell_rates", &hz, &dt, &grp_obj, &conf_obj))
+        return NULL;
+    if (!PyArray_Check(hz) || PyArray_NDIM((PyArrayObject *)hz) != 3) {
+        PyErr_SetString(PyExc_ValueError, "hazard: expected a [groups, gamma, bins + 1] array");
+        return NULL;
+    }
+    const npy_intp G = PyArray_DIM((PyArrayObject *)hz, 0), g = PyArray_DIM((PyArrayObject *)hz, 1),
+                   W = PyArray_DIM((PyArrayObject *)hz, 2);
+    const double *hazard;
+    const char *data;
+    if (g < 1 || g > 64 || W < 2 || W > 255
+        || (hazard = (double *)flat_array(hz, "hazard", NPY_FLOAT64, G * g * W, 0)) == NULL
+        || (data = flat_array(dt, "data", NPY_BOOL, G * g * W, 0)) == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "hazard: gamma or bins out of range");
+        return NULL;
+    }
+    PyArrayObject *grp = as_input(grp_obj, NPY_INT64, 1), *conf = NULL;
+    if (grp == NULL)
+        return NULL;
+    const npy_intp k = PyArray_DIM(grp, 0);
+    PyObject *rates = NULL, *ident = NULL, *result = NULL;
+    if (conf_obj != Py_None) {
+        if ((conf = as_input(conf_obj, NPY_FLOAT64, 2)) == NULL)
+            goto done;
+        if (PyArray_DIM(conf, 0) != k || PyArray_DIM(conf, 1) != g) {
+            PyErr_Format(PyExc_ValueError, "confidence has shape (%zd, %zd), expected (%zd, %zd)",
+                         (Py_ssize_t)PyArray_DIM(conf, 0), (Py_ssize_t)PyArray_DIM(conf, 1),
+                         (Py_ssize_t)k, (Py_ssize_t)g);
+            goto done;
+        }
+    }
+    const int64_t *gid = PyArray_DATA(grp);
+    const double *c = conf ? PyArray_DATA(conf) : NULL;
+    for (npy_intp b = 0; b < k; b++) {
+        if (gid[b] < 0 || gid[b] >= G) {
+            PyErr_SetString(PyExc_ValueError, gid[b] < 0 ? "group ids must be >= 0"
+                                                         : "group id outside the model's groups");
+            goto done;
+        }
+        for (npy_intp j = 0; c && j < g; j++)
+            if (c[b * g + j] < 0.0 || c[b * g + j] > 1.0) {
+                PyErr_SetString(PyExc_ValueError, "confidence outside [0, 1]");
+                goto done;
+            }
+    }
+    npy_intp dims[2] = {g, k};
+    if ((rates = PyArray_SimpleNew(2, dims, NPY_FLOAT64)) == NULL
+        || (ident = PyArray_SimpleNew(2, dims, NPY_BOOL)) == NULL)
+        goto done;
+    double *r = PyArray_DATA((PyArrayObject *)rates);
+    char *id = PyArray_DATA((PyArrayObject *)ident);
+    const int bins = (int)W - 1;
+    for (npy_intp b = 0; b < k; b++)
+        for (npy_intp j = 0; j < g; j++) {
+            const double x = c ? c[b * g + j] : NAN;
+            npy_intp cell = (gid[b] * g + j) * W + (isnan(x) ? bins : bin_of(x, bins));
+            r[j * k + b] = 1.0 - hazard[cell];
+            id[j * k + b] = data[cell];
+        }
+    result = Py_BuildValue("(NN)", PyArray_Transpose((PyArrayObject *)rates, NULL),
+                           PyArray_Transpose((PyArrayObject *)ident, NULL));
+done:
+    Py_XDECREF(rates);
+    Py_XDECREF(ident);
+    Py_XDECREF(grp);
+    Py_XDECREF(conf);
+    return result;
+}
+
+PyDoc_STRVAR(extra_parts_doc,
+"extra_parts(rates, identified, margin, start) -> float64 [4, k]\n\n"
+"interval.extra_parts over position-major rates (float64 [n, k]) and identified flags\n"
+"(bool [n, k]), margin float64 [k], start int64 [k]: the running products of each\n"
+"block's three sets of rates from `start` on, summed position by position in order, and\n"
+"the part of the first on unidentified positions.");
+
+static PyObject *
+extra_parts(PyObject *self, PyObject *args)
+{
+    PyObject *o[4];
+    if (!PyArg_ParseTuple(args, "OOOO:extra_parts", &o[0], &o[1], &o[2], &o[3]))
+        return NULL;
+    if (!PyArray_Check(o[0]) || PyArray_NDIM((PyArrayObject *)o[0]) != 2) {
+        PyErr_SetString(PyExc_ValueError, "rates: expected a position-major [n, k] array");
+        return NULL;
+    }
+    const npy_intp n = PyArray_DIM((PyArrayObject *)o[0], 0), k = PyArray_DIM((PyArrayObject *)o[0], 1);
+    const double *rates, *margin;
+    const char *ident;
+    const int64_t *start;
+    if ((rates = (double *)checked(o[0], "rates", NPY_FLOAT64, n, k, 0)) == NULL
+        || (ident = checked(o[1], "identified", NPY_BOOL, n, k, 0)) == NULL
+        || (margin = (double *)checked(o[2], "margin", NPY_FLOAT64, k, -1, 0)) == NULL
+        || (start = (int64_t *)checked(o[3], "start", NPY_INT64, k, -1, 0)) == NULL)
+        return NULL;
+    if (n > 64) {
+        PyErr_SetString(PyExc_ValueError, "extra_parts: more positions than a block has");
+        return NULL;
+    }
+    npy_intp dims[2] = {4, k};
+    PyObject *out = PyArray_SimpleNew(2, dims, NPY_FLOAT64);
+    if (out == NULL)
+        return NULL;
+    double *o4 = PyArray_DATA((PyArrayObject *)out);
+    for (npy_intp b = 0; b < k; b++) {
+        const double m = margin[b];
+        double run[3] = {1.0, 1.0, 1.0}, sum[4] = {0.0, 0.0, 0.0, 0.0};
+        for (npy_intp j = 0; j < n; j++) {
+            const double r = rates[j * k + b];
+            const int id = ident[j * k + b] != 0;
+            double t[3] = {1.0, 1.0, 1.0};
+            if (j >= start[b]) {
+                t[0] = clip(r, 0.0, 1.0);
+                t[1] = id ? clip(r - m, 0.0, 1.0) : 0.0;
+                t[2] = id ? clip(r + m, 0.0, 1.0) : 1.0;
+            }
+            for (int i = 0; i < 3; i++) {
+                run[i] = j ? t[i] * run[i] : t[i];
+                /* positions before `start` hold 0 once the products are taken */
+                double term = j >= start[b] ? run[i] : 0.0;
+                sum[i] = j ? sum[i] + term : term;
+            }
+            double unident = j >= start[b] && !id ? run[0] : 0.0;
+            sum[3] = j ? sum[3] + unident : unident;
+        }
+        for (int i = 0; i < 4; i++)
+            o4[i * k + b] = sum[i];
+    }
+    return out;
+}
+
+/* ---- the estimator's folds ------------------------------------------------------- */
+
+PyDoc_STRVAR(window_sums_doc,
+"window_sums(steps, item) -> int64 [steps]\n\n"
+"Per queued step (a tuple), the sum of its int64 array at `item`.");
+
+static PyObject *
+window_sums(PyObject *self, PyObject *args)
+{
+    PyObject *list;
+    int item;
+    if (!PyArg_ParseTuple(args, "O!i:window_sums", &PyList_Type, &list, &item))
+        return NULL;
+    npy_intp n = PyList_GET_SIZE(list);
+    PyObject *out = PyArray_SimpleNew(1, &n, NPY_INT64);
+    if (out == NULL)
+        return NULL;
+    int64_t *o = PyArray_DATA((PyArrayObject *)out);
+    for (npy_intp s = 0; s < n; s++) {
+        PyObject *row = PyList_GET_ITEM(list, s);
+        if (!PyTuple_Check(row) || item < 0 || item >= PyTuple_GET_SIZE(row)) {
+            PyErr_SetString(PyExc_TypeError, "window_sums: expected tuples holding the item");
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyArrayObject *w = as_input(PyTuple_GET_ITEM(row, item), NPY_INT64, 1);
+        if (w == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        const int64_t *x = PyArray_DATA(w);
+        int64_t sum = 0;
+        for (npy_intp r = 0; r < PyArray_DIM(w, 0); r++)
+            sum += x[r];
+        o[s] = sum;
+        Py_DECREF(w);
+    }
+    return out;
+}
+
+/* One queued step's int64 and bool columns `items` (tuple items), each of `rows` rows
+ * (the first sets it); new references in `col`, -1 with an exception set. */
+static int
+tuple_columns(PyObject *row, const int *items, const int *types, int count, PyArrayObject **col,
+              npy_intp *rows)
+{
+    if (!PyTuple_Check(row)) {
+        PyErr_SetString(PyExc_TypeError, "queued step: expected a tuple");
+        return -1;
+    }
+    for (int i = 0; i < count; i++) {
+        if (items[i] >= PyTuple_GET_SIZE(row)) {
+            PyErr_SetString(PyExc_TypeError, "queued step: too few items");
+            return -1;
+        }
+        if ((col[i] = as_input(PyTuple_GET_ITEM(row, items[i]), types[i], 1)) == NULL)
+            return -1;
+        if (i == 0)
+            *rows = PyArray_DIM(col[0], 0);
+        else if (PyArray_DIM(col[i], 0) != *rows) {
+            PyErr_SetString(PyExc_ValueError, "queued step: columns of different lengths");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(count_rows_doc,
+"count_rows(counts, gamma, groups) -> float64 [4, groups]\n\n"
+"The estimator's row counts over its queued steps (tuples: group, window, accepted,\n"
+"opened, skipped) per group: rows whose ceiling is observed (rejected inside the window,\n"
+"or the window is the whole block), the sum of their accepted drafts, rows that opened\n"
+"a walk, rows no walk can follow.");
+
+static PyObject *
+count_rows(PyObject *self, PyObject *args)
+{
+    PyObject *list;
+    int g;
+    Py_ssize_t groups;
+    if (!PyArg_ParseTuple(args, "O!in:count_rows", &PyList_Type, &list, &g, &groups))
+        return NULL;
+    if (groups < 0) {
+        PyErr_SetString(PyExc_ValueError, "count_rows: groups < 0");
+        return NULL;
+    }
+    npy_intp dims[2] = {4, groups};
+    PyObject *out = zeros(2, dims, NPY_FLOAT64);
+    if (out == NULL)
+        return NULL;
+    double *o = PyArray_DATA((PyArrayObject *)out);
+    static const int items[5] = {0, 1, 2, 3, 4};
+    static const int types[5] = {NPY_INT64, NPY_INT64, NPY_INT64, NPY_BOOL, NPY_BOOL};
+    for (Py_ssize_t s = 0; s < PyList_GET_SIZE(list); s++) {
+        PyArrayObject *col[5] = {NULL};
+        npy_intp rows = 0;
+        int rc = tuple_columns(PyList_GET_ITEM(list, s), items, types, 5, col, &rows);
+        if (rc == 0) {
+            const int64_t *grp = PyArray_DATA(col[0]), *w = PyArray_DATA(col[1]),
+                          *a = PyArray_DATA(col[2]);
+            const char *opened = PyArray_DATA(col[3]), *skipped = PyArray_DATA(col[4]);
+            for (npy_intp r = 0; r < rows; r++) {
+                if (grp[r] < 0 || grp[r] >= groups) {
+                    PyErr_SetString(PyExc_ValueError, "count_rows: group id outside the groups");
+                    rc = -1;
+                    break;
+                }
+                double *cell = o + grp[r];
+                if (a[r] < w[r] || w[r] == g) {
+                    cell[0] += 1.0;
+                    cell[groups] += (double)a[r];
+                }
+                cell[2 * groups] += opened[r] != 0;
+                cell[3 * groups] += skipped[r] != 0;
+            }
+        }
+        for (int i = 0; i < 5; i++)
+            Py_XDECREF(col[i]);
+        if (rc < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+static PyObject *name_correct_drafts, *name_cap_trim;
+
+PyDoc_STRVAR(trim_rows_doc,
+"trim_rows(steps, gamma, groups, own, static, priced, modes, forward_ct)\n"
+"    -> (sums, first) or None\n\n"
+"TrimCostFold's sums over its queued steps (tuples: batch, group, window, opened) per\n"
+"group, float64 [6, groups] in TRIM_COLUMNS' order: committed tokens, each priced row's\n"
+"share of its step's own and static seconds (own, static: float64 per step, added in\n"
+"row order), and static's committed lo, point and hi (a bonus token per row plus its\n"
+"ceiling: exact where the step's mode (modes: int8 MODE_CODE per step) reveals it or\n"
+"the row was not trimmed, the window and gamma around a walked tail); only the steps\n"
+"`priced` (bool per step) marks count. `first`: per group the first forward_ct priced\n"
+"(inf: none). None where a priced trimmed row opened no walk: the population model\n"
+"prices its tail, which the numpy form computes.");
+
+static PyObject *
+trim_rows(PyObject *self, PyObject *args)
+{
+    PyObject *list, *own_obj, *static_obj, *priced_obj, *modes_obj, *fct_obj;
+    int g;
+    Py_ssize_t groups;
+    if (!PyArg_ParseTuple(args, "O!inOOOOO:trim_rows", &PyList_Type, &list, &g, &groups, &own_obj,
+                          &static_obj, &priced_obj, &modes_obj, &fct_obj))
+        return NULL;
+    const npy_intp steps = PyList_GET_SIZE(list);
+    const double *own, *stat;
+    const char *priced;
+    const int8_t *modes;
+    const int64_t *fct;
+    if (groups < 0
+        || (own = (double *)checked(own_obj, "own", NPY_FLOAT64, steps, -1, 0)) == NULL
+        || (stat = (double *)checked(static_obj, "static", NPY_FLOAT64, steps, -1, 0)) == NULL
+        || (priced = checked(priced_obj, "priced", NPY_BOOL, steps, -1, 0)) == NULL
+        || (modes = (int8_t *)checked(modes_obj, "modes", NPY_INT8, steps, -1, 0)) == NULL
+        || (fct = (int64_t *)checked(fct_obj, "forward_ct", NPY_INT64, steps, -1, 0)) == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "trim_rows: groups < 0");
+        return NULL;
+    }
+    npy_intp dims[2] = {6, groups}, gdims[1] = {groups};
+    PyObject *sums_out = zeros(2, dims, NPY_FLOAT64), *first_out = NULL, *result = NULL;
+    if (sums_out == NULL || (first_out = PyArray_SimpleNew(1, gdims, NPY_FLOAT64)) == NULL) {
+        Py_XDECREF(sums_out);
+        return NULL;
+    }
+    double *o = PyArray_DATA((PyArrayObject *)sums_out), *first = PyArray_DATA((PyArrayObject *)first_out);
+    int64_t *bonus = PyMem_Calloc(groups > 0 ? (size_t)groups : 1, sizeof(int64_t));
+    if (bonus == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (npy_intp k = 0; k < groups; k++)
+        first[k] = INFINITY;
+    static const int items[3] = {1, 2, 3};
+    static const int types[3] = {NPY_INT64, NPY_INT64, NPY_BOOL};
+    int modelled = 0;
+    for (npy_intp s = 0; s < steps && !modelled; s++) {
+        if (!priced[s])
+            continue;
+        PyObject *row = PyList_GET_ITEM(list, s);
+        PyArrayObject *col[3] = {NULL}, *acc = NULL, *cap = NULL;
+        npy_intp rows = 0;
+        int rc = tuple_columns(row, items, types, 3, col, &rows);
+        if (rc == 0) {
+            PyObject *batch = PyTuple_GET_ITEM(row, 0);
+            PyObject *dict = PyObject_GetAttr(batch, name_dict);
+            if (dict != NULL && !PyDict_Check(dict))
+                Py_CLEAR(dict);
+            PyErr_Clear();
+            PyObject *x = batch_attr(batch, dict, name_correct_drafts);
+            acc = x ? as_input(x, NPY_INT64, 1) : NULL;
+            Py_XDECREF(x);
+            x = acc ? batch_attr(batch, dict, name_cap_trim) : NULL;
+            cap = x ? as_input(x, NPY_INT64, 1) : NULL;
+            Py_XDECREF(x);
+            Py_XDECREF(dict);
+            if (cap == NULL || PyArray_DIM(acc, 0) != rows || PyArray_DIM(cap, 0) != rows) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "trim_rows: a step's columns differ in length");
+                rc = -1;
+            }
+        }
+        if (rc == 0) {
+            const int64_t *grp = PyArray_DATA(col[0]), *w = PyArray_DATA(col[1]),
+                          *a = PyArray_DATA(acc), *ct = PyArray_DATA(cap);
+            const char *opened = PyArray_DATA(col[2]);
+            const double own_share = own[s], static_share = stat[s];
+            for (npy_intp r = 0; r < rows; r++) {
+                if (grp[r] < 0 || grp[r] >= groups) {
+                    PyErr_SetString(PyExc_ValueError, "trim_rows: group id outside the groups");
+                    rc = -1;
+                    break;
+                }
+                /* ceiling_rule, then the row's own rule where the mode censors it */
+                int64_t known = modes[s] == 0 ? a[r] : modes[s] == 2 ? a[r] + ct[r] : -1;
+                int64_t exact = known >= 0 ? known : (a[r] < w[r] || w[r] >= g) ? a[r] : -1;
+                double lo = (double)exact, point = lo, hi = lo;
+                if (exact < 0) {
+                    if (!opened[r]) {
+                        modelled = 1;
+                        break;
+                    }
+                    lo = point = (double)w[r];
+                    hi = g;
+                }
+                double *cell = o + grp[r];
+                cell[0] += (double)(a[r] + 1);
+                cell[groups] += own_share;
+                cell[2 * groups] += static_share;
+                cell[3 * groups] += lo;
+                cell[4 * groups] += point;
+                cell[5 * groups] += hi;
+                bonus[grp[r]]++;
+                if ((double)fct[s] < first[grp[r]])
+                    first[grp[r]] = (double)fct[s];
+            }
+        }
+        for (int i = 0; i < 3; i++)
+            Py_XDECREF(col[i]);
+        Py_XDECREF(acc);
+        Py_XDECREF(cap);
+        if (rc < 0)
+            goto done;
+    }
+    if (modelled) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto done;
+    }
+    /* static's committed tokens: a bonus token per row, then its ceiling's sum */
+    for (npy_intp k = 0; k < groups; k++)
+        for (int c = 3; c < 6; c++)
+            o[c * groups + k] = (double)bonus[k] + o[c * groups + k];
+    result = Py_BuildValue("(NN)", sums_out, first_out);
+    sums_out = first_out = NULL;
+done:
+    PyMem_Free(bonus);
+    Py_XDECREF(sums_out);
+    Py_XDECREF(first_out);
+    return result;
+}
+
+PyDoc_STRVAR(block_ceilings_doc,
+"block_ceilings(f, extra, extra_lo, extra_hi, unidentified, unreached)\n"
+"    -> (lo, point, hi, var, point_lo, point_hi, unidentified, var_hi)\n\n"
+"The settled blocks' ceilings (f float64 [k, FIELDS], their state rows) from their\n"
+"extrapolated parts (float64 [k] each) and unreached positions (int64 [k]): what\n"
+"TailWalker._emit computes with interval.block_interval, point_range and\n"
+"reach_all_variance, block by block.");
+
+/* numpy's maximum(x, 0.0): NaN stays NaN. */
+static inline double
+at_least_zero(double x)
+{
+    return isnan(x) || x >= 0.0 ? x : 0.0;
+}
+
+static PyObject *
+block_ceilings(PyObject *self, PyObject *args)
+{
+    PyObject *f_obj, *o[5];
+    if (!PyArg_ParseTuple(args, "OOOOOO:block_ceilings", &f_obj, &o[0], &o[1], &o[2], &o[3], &o[4]))
+        return NULL;
+    if (!PyArray_Check(f_obj) || PyArray_NDIM((PyArrayObject *)f_obj) != 2) {
+        PyErr_SetString(PyExc_ValueError, "f: expected a [k, FIELDS] array");
+        return NULL;
+    }
+    const npy_intp k = PyArray_DIM((PyArrayObject *)f_obj, 0);
+    const double *f = (double *)checked(f_obj, "f", NPY_FLOAT64, k, FIELDS, 0);
+    if (f == NULL)
+        return NULL;
+    PyArrayObject *in[5] = {NULL};
+    PyObject *out[8] = {NULL}, *result = NULL;
+    for (int i = 0; i < 5; i++) {
+        if ((in[i] = as_input(o[i], i < 4 ? NPY_FLOAT64 : NPY_INT64, 1)) == NULL)
+            goto done;
+        if (PyArray_DIM(in[i], 0) != k) {
+            PyErr_SetString(PyExc_ValueError, "block_ceilings: the parts do not match the blocks");
+            goto done;
+        }
+    }
+    npy_intp dims[1] = {k};
+    for (int i = 0; i < 8; i++)
+        if ((out[i] = PyArray_SimpleNew(1, dims, NPY_FLOAT64)) == NULL)
+            goto done;
+    const double *extra = PyArray_DATA(in[0]), *elo = PyArray_DATA(in[1]),
+                 *ehi = PyArray_DATA(in[2]), *eun = PyArray_DATA(in[3]);
+    const int64_t *unreached = PyArray_DATA(in[4]);
+    double *d[8];
+    for (int i = 0; i < 8; i++)
+        d[i] = PyArray_DATA((PyArrayObject *)out[i]);
+    for (npy_intp b = 0; b < k; b++) {
+        const double *fb = f + b * FIELDS;
+        const int greedy = fb[GREEDY] == 1.0;
+        const int64_t window = (int64_t)fb[WINDOW], reached = (int64_t)fb[NEXT];
+        /* greedy: the matched run is certain (its running products are 1) */
+        const double run = (double)(reached - window), u = (double)unreached[b];
+        const double p = greedy ? 1.0 : fb[CUM];
+        const double lo_extra = greedy ? run : fb[LO_EXTRA];
+        const double var_terms = greedy ? run * run : fb[VAR_TERMS];
+        const double lo = (double)window + lo_extra;
+        double e = isnan(extra[b]) ? 0.0 : extra[b];
+        const double var = at_least_zero(var_terms - lo_extra * lo_extra);
+        d[0][b] = lo;
+        d[1][b] = lo + p * clip(e, 0.0, u);
+        d[2][b] = lo + p * u;
+        d[3][b] = var;
+        d[4][b] = lo + p * clip(elo[b], 0.0, u);
+        d[5][b] = lo + p * clip(ehi[b], 0.0, u);
+        d[6][b] = p * clip(eun[b], 0.0, u);
+        const double walked_extra = lo - (double)window;
+        const double spread = u * u * p * (1.0 - p) + 2.0 * u * p * (run - walked_extra);
+        d[7][b] = at_least_zero(var + spread);
+    }
+    result = Py_BuildValue("(NNNNNNNN)", out[0], out[1], out[2], out[3], out[4], out[5], out[6],
+                           out[7]);
+    for (int i = 0; i < 8; i++)
+        out[i] = NULL;
+done:
+    for (int i = 0; i < 5; i++)
+        Py_XDECREF(in[i]);
+    for (int i = 0; i < 8; i++)
+        Py_XDECREF(out[i]);
+    return result;
+}
+
 /* ---- the arithmetic, for the tests ---------------------------------------------- */
 
 /*
@@ -920,6 +2092,17 @@ running_sums(PyObject *self, PyObject *args)
 }
 
 static PyMethodDef methods[] = {
+    {"validate_steps", validate_steps, METH_VARARGS, validate_steps_doc},
+    {"known_log_ratios", known_log_ratios, METH_VARARGS, known_log_ratios_doc},
+    {"check_sums", check_sums, METH_VARARGS, check_sums_doc},
+    {"smooth_sums", smooth_sums, METH_VARARGS, smooth_sums_doc},
+    {"count_blocks", count_blocks, METH_VARARGS, count_blocks_doc},
+    {"cell_rates", cell_rates, METH_VARARGS, cell_rates_doc},
+    {"window_sums", window_sums, METH_VARARGS, window_sums_doc},
+    {"count_rows", count_rows, METH_VARARGS, count_rows_doc},
+    {"trim_rows", trim_rows, METH_VARARGS, trim_rows_doc},
+    {"block_ceilings", block_ceilings, METH_VARARGS, block_ceilings_doc},
+    {"extra_parts", extra_parts, METH_VARARGS, extra_parts_doc},
     {"running_sums", running_sums, METH_VARARGS,
      "The per-position arithmetic over [k, n] log-probabilities (see interval.running_sums)."},
     {NULL, NULL, 0, NULL},
@@ -938,7 +2121,9 @@ PyInit__tailwalk(void)
             return NULL;
     if ((name_forward_ct = PyUnicode_InternFromString("forward_ct")) == NULL
         || (name_rank = PyUnicode_InternFromString("rank")) == NULL
-        || (name_dict = PyUnicode_InternFromString("__dict__")) == NULL)
+        || (name_dict = PyUnicode_InternFromString("__dict__")) == NULL
+        || (name_correct_drafts = PyUnicode_InternFromString("correct_drafts")) == NULL
+        || (name_cap_trim = PyUnicode_InternFromString("cap_trim")) == NULL)
         return NULL;
     if (PyType_Ready(&PoolType) < 0)
         return NULL;

@@ -104,6 +104,19 @@ class ConfidenceRates:
         size = len(self._sums) * self.gamma * BINS
         for i, w in enumerate((None, a.take(flat))):
             self._sums[:, i] += np.bincount(cell, w, size).reshape(-1, self.gamma, BINS)
+        self._refit_grown()
+
+    def add(self, sums: np.ndarray, known: int) -> None:
+        """`update` from its sums, counted elsewhere (`[groups, 2, gamma, BINS]`: positions
+        and sum of a per cell, over `known` positions): the compiled kernel's form."""
+        if known == 0:
+            return
+        self._grow(len(sums))
+        self._sums[: len(sums)] += sums
+        self._refit_grown()
+
+    def _refit_grown(self) -> None:
+        """Refit the groups whose known positions grew enough (`REFIT_GROWTH`)."""
         self._cumulative_counts = None
         total = self._sums[:, 0].sum(axis=(1, 2))
         for k in np.flatnonzero(total > (1.0 + REFIT_GROWTH) * self._fitted_on).tolist():
@@ -172,8 +185,11 @@ class ConfidenceRates:
         x = features(pos, (b + 0.5) / BINS)
         a = total[pos, b] / n
         mean, scale = np.zeros(_FEATURES), np.ones(_FEATURES)
-        mean[1:] = np.average(x[:, 1:], axis=0, weights=n)
-        spread = np.sqrt(np.average((x[:, 1:] - mean[1:]) ** 2, axis=0, weights=n))
+        # weighted means as np.average takes them (the same products and sums, so the same
+        # bits), without its argument checks, which cost as much as the sums at this size
+        weight, total_weight = n[:, None], n.sum()
+        mean[1:] = (x[:, 1:] * weight).sum(axis=0) / total_weight
+        spread = np.sqrt(((x[:, 1:] - mean[1:]) ** 2 * weight).sum(axis=0) / total_weight)
         scale[1:] = np.where(spread > 0, spread, 1.0)
         # the old coefficients are in the old standardisation: start from them in the new
         old = self._coef[k] / self._scale[k]
@@ -233,7 +249,7 @@ class ConfidenceRates:
         # a few elementwise operations, no [..., features] temporaries
         raw = self._coef / self._scale
         raw[:, 0] -= (raw[:, 1:] * self._mean[:, 1:]).sum(axis=1)
-        b = np.moveaxis(raw[groups], -1, 0)  # [features, *groups.shape]
+        b = np.moveaxis(raw.take(groups, axis=0), -1, 0)  # [features, *groups.shape]
         c = np.clip(confidence, _EPS, 1.0 - _EPS)
         lc = np.log(c) - np.log1p(-c)
         z = b[0] + b[1] * position + lc * (b[2] + b[3] * lc + b[4] * position)

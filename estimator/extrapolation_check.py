@@ -53,9 +53,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .confidence_rates import ConfidenceRates
+from . import compiled
+from .confidence_rates import BINS, ConfidenceRates
 from .interval import acceptance_log_ratio, extra_parts, position_terms, window_rows
-from .population import HazardModel
+from .population import HazardModel, QueuedStep, stacked
 from .tail_model import CALIBRATION_BINS, calibration_report, calibration_sums
 
 #: One step in this many has its rows checked (`checked_steps`).
@@ -140,6 +141,41 @@ class ExtrapolationCheck:
         if confidence is not None:
             self.smooth.update(group, known, a, confidence)
 
+    def observe_steps(self, model: HazardModel, steps: list[QueuedStep]) -> None:
+        """`observe` over the rows of queued steps, in their order (call before the model
+        learns them): compiled where built, reading the steps' own columns, else
+        concatenated. The same sums, moments and smooth model either way."""
+        kernels = compiled.KERNELS
+        if kernels is None:
+            group, w, greedy = (np.concatenate([s[i] for s in steps]) for i in (0, 1, 4))
+            rows = [len(s.group) for s in steps]
+            fct = np.repeat(np.array([s.forward_ct for s in steps], np.int64), rows)
+            conf, target_lp, draft_lp = (
+                stacked(steps, name, self.gamma)
+                for name in ("confidence", "target_logprobs", "draft_logprobs")
+            )
+            self.observe(model, group, w, greedy, conf, target_lp, draft_lp, fct)
+            return
+        top = kernels.validate_steps(steps, self.gamma)
+        if top < 0:
+            return
+        self._ensure_groups(top + 1)
+        model.ensure_groups(top + 1)
+        # the known positions' ratios, exponentiated by numpy as `known_ratios` does
+        ratios, offsets = kernels.known_log_ratios(steps, self.gamma)
+        np.exp(ratios, out=ratios)
+        checked = checked_steps(np.array([s.forward_ct for s in steps], np.int64))
+        hazard, data = model.tables()
+        sums, (group, position, conf, fallback, a) = kernels.check_sums(
+            steps, checked, ratios, offsets, hazard, data, model.at_risk(), CALIBRATION_BINS
+        )
+        self.sums[: len(sums)] += sums[: len(self.sums)]
+        smooth = self.smooth.rates_at(group, position, conf)
+        have = np.flatnonzero(~np.isnan(smooth))
+        if len(have):
+            self._add_moments(smooth[have], fallback[have], a[have], group[have], 1)
+        self.smooth.add(*kernels.smooth_sums(steps, ratios, offsets, top + 1, self.gamma, BINS))
+
     def observe_in_batches(
         self,
         model: HazardModel,
@@ -178,14 +214,19 @@ class ExtrapolationCheck:
     def _grow(self, group: np.ndarray) -> np.ndarray:
         """`group` as int64, the sums grown to hold it."""
         group = np.asarray(group, dtype=np.int64)
-        if len(group) and group.max() >= len(self.sums):
-            grown = np.zeros((int(group.max()) + 1, 2, 5, CALIBRATION_BINS))
+        if len(group):
+            self._ensure_groups(int(group.max()) + 1)
+        return group
+
+    def _ensure_groups(self, n: int) -> None:
+        """The sums and moments grown to at least `n` groups."""
+        if n > len(self.sums):
+            grown = np.zeros((n, 2, 5, CALIBRATION_BINS))
             grown[: len(self.sums)] = self.sums
             self.sums = grown
-            moments = np.zeros((len(grown), 2))
+            moments = np.zeros((n, 2))
             moments[: len(self.blend_moments)] = self.blend_moments
             self.blend_moments = moments
-        return group
 
     def _check(
         self,
@@ -222,15 +263,24 @@ class ExtrapolationCheck:
         self.sums = _added_in_turn(self.sums, per_batch)
         flat = np.flatnonzero(known & ~ident & ~np.isnan(smooth))
         if len(flat):
-            fallback = rates.take(flat)
-            d, e = smooth.take(flat) - fallback, a.take(flat) - fallback
-            k = row_key.take(flat // gamma)
-            moments = np.stack(
-                [np.bincount(k, v, groups * batches) for v in (d * e, d * d)], axis=1
+            self._add_moments(
+                smooth.take(flat),
+                rates.take(flat),
+                a.take(flat),
+                row_key.take(flat // gamma),
+                batches,
             )
-            self.blend_moments = _added_in_turn(
-                self.blend_moments, moments.reshape(batches, groups, 2)
-            )
+
+    def _add_moments(
+        self, smooth: np.ndarray, fallback: np.ndarray, a: np.ndarray, key: np.ndarray, batches: int
+    ) -> None:
+        """The blend's moments of held-out known positions in unidentified cells (their
+        smooth and fallback rates and ratios; `key`: batch * groups + group), each batch's
+        added in turn."""
+        groups = len(self.sums)
+        d, e = smooth - fallback, a - fallback
+        moments = np.stack([np.bincount(key, v, groups * batches) for v in (d * e, d * d)], axis=1)
+        self.blend_moments = _added_in_turn(self.blend_moments, moments.reshape(batches, groups, 2))
 
     def calibration(self, g: int) -> dict:
         """The held-out check of group `g` on positions in identified cells
@@ -317,4 +367,10 @@ class CheckedExtrapolation:
         self, groups: np.ndarray, start: np.ndarray, confidence: np.ndarray | None
     ) -> np.ndarray:
         rates, identified = self.check.rates(self.model, groups, confidence)
-        return extra_parts(rates, identified, self.check.margin(groups), start)
+        margin = self.check.margin(groups)
+        kernels = compiled.KERNELS
+        if kernels is None:
+            return extra_parts(rates, identified, margin, start)
+        # position-major, as the model's rates come (`HazardModel.acceptance`)
+        pm_rates, pm_ident = (np.ascontiguousarray(x.T) for x in (rates, identified))
+        return kernels.extra_parts(pm_rates, pm_ident, margin, np.asarray(start, np.int64))

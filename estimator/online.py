@@ -28,8 +28,9 @@ from dspark_obs.runtime.cost_table import DEFAULT_CAPTURE_TIERS
 from dspark_obs.series import Samples, ratio
 from dspark_obs.telemetry import StepBatch
 
+from . import compiled
 from .extrapolation_check import CheckedExtrapolation, ExtrapolationCheck
-from .population import HazardModel
+from .population import HazardModel, QueuedStep
 from .tails import GROUP, Gather, TailWalker
 from .trim_cost import TRIM_COLUMNS, StepCost, TrimCostFold, TrimCostSeries
 
@@ -50,6 +51,10 @@ COLUMNS = (
     *TRIM_COLUMNS,  # the cost of trimming against static (trim_cost.py)
 )
 _COL = {name: i for i, name in enumerate(COLUMNS)}
+#: The columns counted from the queued rows alone, first in `COLUMNS` (the compiled count
+#: gives them in this order).
+_COUNT_COLUMNS = ("observed_blocks", "observed_sum", "trimmed_blocks", "skipped_blocks")
+assert COLUMNS[: len(_COUNT_COLUMNS)] == _COUNT_COLUMNS
 #: The count column of a walked block, by 2 * greedy + censored.
 _KIND_COLUMNS = [
     _COL[name]
@@ -218,7 +223,7 @@ class CeilingEstimator:
             gamma, step_cost or (lambda mode, rank: None), capture_tiers or DEFAULT_CAPTURE_TIERS
         )
         self._rows: list[dict[str, np.ndarray]] = []
-        self._population_rows: list[tuple] = []
+        self._population_rows: list[QueuedStep] = []
         self._counts: list[tuple] = []  # per-step row classes not yet folded into the sums
         self._lock = threading.Lock()
 
@@ -236,7 +241,7 @@ class CeilingEstimator:
             # the population model learns in batches (its hazards move slowly; the walks'
             # extrapolation reads them between batches)
             self._population_rows.append(
-                (
+                QueuedStep(
                     group, w, a, batch.confidence, batch.greedy,
                     batch.target_logprobs, batch.draft_logprobs, batch.forward_ct,
                 )
@@ -244,10 +249,7 @@ class CeilingEstimator:
             if len(self._population_rows) >= POPULATION_BATCH_STEPS:
                 self._teach_population()
             outcomes = self.walker.step(batch, group, gather, self.extrapolation)
-            observed = (a < w) | (w == self.gamma)
-            self._counts.append(
-                (group, observed, a, self.walker.opened_rows, self.walker.skipped_rows)
-            )
+            self._counts.append((group, w, a, self.walker.opened_rows, self.walker.skipped_rows))
             self.trim.queue(batch, group, w, self.walker.opened_rows)
             # counts fold in with the walk's outcomes, never across a window block's end
             if outcomes or len(self._counts) >= self.sums.room:
@@ -262,10 +264,14 @@ class CeilingEstimator:
         counts, self._counts = self._counts, []
         n = self.sums.groups
         delta = np.zeros((len(COLUMNS), n))  # column-major: each histogram fills one row
-        if counts:
-            group, observed, a, opened, skipped = (
+        kernels = compiled.KERNELS
+        if counts and kernels is not None:
+            delta[: len(_COUNT_COLUMNS)] = kernels.count_rows(counts, self.gamma, n)
+        elif counts:
+            group, w, a, opened, skipped = (
                 np.concatenate([c[i] for c in counts]) for i in range(5)
             )
+            observed = (a < w) | (w == self.gamma)
             delta[_COL["observed_blocks"]] = np.bincount(group, observed, n)
             delta[_COL["observed_sum"]] = np.bincount(group, a * observed, n)
             delta[_COL["trimmed_blocks"]] = np.bincount(group, opened, n)
@@ -279,27 +285,9 @@ class CeilingEstimator:
     def _teach_population(self) -> None:
         """The queued rows are checked against the population model, then taught to it."""
         rows, self._population_rows = self._population_rows, []
-        if not rows:
-            return
-        group, w, a, greedy = (np.concatenate([r[i] for r in rows]) for i in (0, 1, 2, 4))
-        # each row's step, from the steps' forward_ct and row counts
-        fct = np.repeat(np.array([r[7] for r in rows], np.int64), [len(r[1]) for r in rows])
-        conf, target_lp, draft_lp = (self._matrix(rows, i) for i in (3, 5, 6))
-        self.check.observe(self.population, group, w, greedy, conf, target_lp, draft_lp, fct)
-        self.population.update(group, w, a, conf)
-
-    def _matrix(self, rows: list[tuple], i: int) -> np.ndarray | None:
-        """Rows' `[n, gamma]` column `i` concatenated: NaN where a step lacks it, None where
-        every step does."""
-        mats = [r[i] for r in rows]
-        if all(m is None for m in mats):
-            return None
-        return np.concatenate(
-            [
-                m if m is not None else np.full((len(r[1]), self.gamma), np.nan)
-                for m, r in zip(mats, rows, strict=True)
-            ]
-        )
+        if rows:
+            self.check.observe_steps(self.population, rows)
+            self.population.update_steps(rows)
 
     def _fold_outcomes(self, out: dict, delta: np.ndarray) -> None:
         n = delta.shape[1]

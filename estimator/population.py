@@ -64,7 +64,11 @@ informative censoring gives.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
+
+from . import compiled
 
 IDENTIFIABLE_SHARE = 0.95
 
@@ -73,6 +77,34 @@ UPDATE_CHUNK = 1 << 16
 
 #: `HazardModel`'s counts, in the order its `_counts` gives them.
 _STATE = ("_n0", "_d0", "_n", "_d", "_ccnt", "_csum")
+
+
+class QueuedStep(NamedTuple):
+    """One step's rows as the online estimator queues them for its models, which learn
+    in batches of steps (the compiled kernels read the fields by position, in this order)."""
+
+    group: np.ndarray
+    window: np.ndarray
+    accepted: np.ndarray
+    confidence: np.ndarray | None
+    greedy: np.ndarray
+    target_logprobs: np.ndarray | None
+    draft_logprobs: np.ndarray | None
+    forward_ct: int
+
+
+def stacked(steps: list[QueuedStep], name: str, gamma: int) -> np.ndarray | None:
+    """The steps' `[rows, gamma]` column `name` in one: NaN where a step lacks it, None
+    where every step does."""
+    mats = [getattr(s, name) for s in steps]
+    if all(m is None for m in mats):
+        return None
+    return np.concatenate(
+        [
+            m if m is not None else np.full((len(s.group), gamma), np.nan)
+            for m, s in zip(mats, steps, strict=True)
+        ]
+    )
 
 
 def tail_terms(rates: np.ndarray, window: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -183,6 +215,20 @@ class HazardModel:
             for total, part in zip(self._state(), counts, strict=True):
                 total += part
             self._remember(grp[sl], codes)
+        self._cache = None
+
+    def update_steps(self, steps: list[QueuedStep]) -> None:
+        """`update` with the rows of queued steps, in their order: in one compiled pass
+        over the steps' own columns where built (the same counts and reservoir), else
+        concatenated."""
+        kernels = compiled.KERNELS
+        if kernels is None:
+            grp, w, a = (np.concatenate([s[i] for s in steps]) for i in range(3))
+            self.update(grp, w, a, stacked(steps, "confidence", self.gamma))
+            return
+        self.ensure_groups(kernels.validate_steps(steps, self.gamma) + 1)
+        reservoir = (self._ring, self._head, self._fill)
+        kernels.count_blocks(steps, self.bins, UPDATE_CHUNK, *self._state(), *reservoir)
         self._cache = None
 
     def learn_in_batches(
@@ -330,7 +376,7 @@ class HazardModel:
 
     # -- hazards -----------------------------------------------------------
 
-    def _tables(self) -> tuple[np.ndarray, np.ndarray]:
+    def tables(self) -> tuple[np.ndarray, np.ndarray]:
         """Hazard and from-data flag, `[groups, gamma, bins + 1]`; the last column is pooled."""
         if self._cache is not None:
             return self._cache
@@ -364,15 +410,15 @@ class HazardModel:
 
     def hazards(self, g: int) -> np.ndarray:
         """`[gamma, bins]` conditional rejection probability per position and confidence bin."""
-        return self._tables()[0][self._group(g), :, : self.bins].copy()
+        return self.tables()[0][self._group(g), :, : self.bins].copy()
 
     def identified(self, g: int) -> np.ndarray:
         """`[gamma, bins]` True where the hazard came from data, False where extrapolated."""
-        return self._tables()[1][self._group(g), :, : self.bins].copy()
+        return self.tables()[1][self._group(g), :, : self.bins].copy()
 
     def km_hazards(self, g: int) -> np.ndarray:
         """`[gamma]` unstratified Kaplan-Meier hazards (the pooled stratum)."""
-        return self._tables()[0][self._group(g), :, self.bins].copy()
+        return self.tables()[0][self._group(g), :, self.bins].copy()
 
     def naive_km(self, g: int) -> np.ndarray:
         """`[gamma]` Kaplan-Meier survival treating trimmed blocks as independently censored."""
@@ -385,7 +431,7 @@ class HazardModel:
 
         S is NaN (and nothing identifiable) for a group whose reservoir is empty.
         """
-        hazard, data = self._tables()
+        hazard, data = self.tables()
         g = self._group(g)
         codes = self._ring[g, : self._fill[g]]
         if len(codes) == 0:
@@ -470,7 +516,7 @@ class HazardModel:
             empty = np.zeros((0, self.gamma))
             return empty, empty.astype(bool), empty
         hazard, data, cell = self._cells(grp, confidence)
-        at_risk = np.concatenate([self._n, self._n0[:, :, None]], axis=2).take(cell).T
+        at_risk = self.at_risk().take(cell).T
         h, ident = hazard.take(cell).T, data.take(cell).T
         se = np.where(ident, np.sqrt(h * (1.0 - h) / np.maximum(at_risk, 1)), 0.0)
         return 1.0 - h, ident, se
@@ -484,19 +530,32 @@ class HazardModel:
         if len(grp) == 0:
             empty = np.zeros((0, self.gamma))
             return empty, empty.astype(bool)
+        kernels = compiled.KERNELS
+        if kernels is not None:
+            self._ensure_for(grp)
+            return kernels.cell_rates(*self.tables(), grp, confidence)
         hazard, data, cell = self._cells(grp, confidence)
         return 1.0 - hazard.take(cell).T, data.take(cell).T
+
+    def at_risk(self) -> np.ndarray:
+        """`[groups, gamma, bins + 1]` the blocks at risk per cell, the pooled stratum last
+        (the tables' layout)."""
+        return np.concatenate([self._n, self._n0[:, :, None]], axis=2)
+
+    def _ensure_for(self, grp: np.ndarray) -> None:
+        """The state grown to hold groups `grp` (refused where one is negative)."""
+        if (grp < 0).any():
+            raise ValueError("group ids must be >= 0")
+        self.ensure_groups(int(grp.max()) + 1)
 
     def _cells(
         self, grp: np.ndarray, confidence: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The hazard and from-data tables, and `[gamma, k]` flat indices of each block's
         cell per position (position-major)."""
-        if (grp < 0).any():
-            raise ValueError("group ids must be >= 0")
-        self.ensure_groups(int(grp.max()) + 1)
+        self._ensure_for(grp)
         codes = self._bin_codes(confidence, len(grp))
-        hazard, data = self._tables()
+        hazard, data = self.tables()
         gam, width = self.gamma, hazard.shape[2]
         pos = np.arange(gam)[:, None]
         return hazard, data, (grp * (gam * width))[None, :] + pos * width + codes.T

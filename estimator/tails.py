@@ -50,9 +50,11 @@ from itertools import repeat
 
 import numpy as np
 
-from dspark_obs import extensions
 from dspark_obs.telemetry import StepBatch
 
+# the per-step pass in C (see _tailwalk.c); the numpy form below where it did not build or
+# DSPARK_OBS_NO_EXTENSIONS switches it off
+from .compiled import KERNELS as _tailwalk
 from .interval import (
     Extrapolate,
     acceptance_log_ratio,
@@ -62,10 +64,6 @@ from .interval import (
     reach_all_variance,
     running_sums,
 )
-
-#: the per-step pass in C (see _tailwalk.c); the numpy form below where it did not build or
-#: DSPARK_OBS_NO_EXTENSIONS switches it off
-_tailwalk = extensions.load("dspark_obs.estimator._tailwalk")
 
 #: `gather(batch_rows, verify_rows, tokens) -> log p` from the step just verified.
 Gather = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -611,24 +609,16 @@ class TailWalker:
         extra, extra_lo, extra_hi, unidentified = extrapolated_parts(
             extrapolate, group, reached, conf, unreached
         )
-        # greedy: the matched run is certain (each ratio 1, so the running products sum to
-        # its length r, and (2m - 1) times them to r ** 2); sampled: the walk's sums
-        run = (reached - window).astype(np.float64)
-        reach_prob = np.where(greedy, 1.0, f[:, CUM])
-        interval = block_interval(
-            window,
-            np.where(greedy, run, f[:, LO_EXTRA]),
-            np.where(greedy, run**2, f[:, VAR_TERMS]),
-            reach_prob,
-            unreached,
-            extra,
-        )
-        interval.update(
-            point_range(interval["lo"], reach_prob, unreached, extra_lo, extra_hi, unidentified)
-        )
-        interval["var_hi"] = reach_all_variance(
-            interval["var"], interval["lo"] - window, reach_prob, run, unreached
-        )
+        if self.compiled:
+            names = ("lo", "point", "hi", "var", "point_lo", "point_hi", "unidentified", "var_hi")
+            ceilings = _tailwalk.block_ceilings(
+                np.ascontiguousarray(f), extra, extra_lo, extra_hi, unidentified, unreached
+            )
+            interval = dict(zip(names, ceilings, strict=True))
+        else:
+            interval = _ceilings(
+                f, window, greedy, reached, unreached, extra, extra_lo, extra_hi, unidentified
+            )
         return {
             "open_fct": f[:, OPEN_FCT].astype(np.int64),
             "resolved_fct": f[:, RESOLVED_FCT].astype(np.int64),
@@ -643,3 +633,37 @@ class TailWalker:
     def close(self, extrapolate: Extrapolate | None = None) -> dict[str, np.ndarray]:
         """Settle everything: the source ended, so unresolved blocks are censored."""
         return self.settle(extrapolate, -1, final=True)
+
+
+def _ceilings(
+    f: np.ndarray,
+    window: np.ndarray,
+    greedy: np.ndarray,
+    reached: np.ndarray,
+    unreached: np.ndarray,
+    extra: np.ndarray,
+    extra_lo: np.ndarray,
+    extra_hi: np.ndarray,
+    unidentified: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """The settled blocks' ceilings in numpy (the compiled `block_ceilings` is the same
+    arithmetic, block by block)."""
+    # greedy: the matched run is certain (each ratio 1, so the running products sum to
+    # its length r, and (2m - 1) times them to r ** 2); sampled: the walk's sums
+    run = (reached - window).astype(np.float64)
+    reach_prob = np.where(greedy, 1.0, f[:, CUM])
+    interval = block_interval(
+        window,
+        np.where(greedy, run, f[:, LO_EXTRA]),
+        np.where(greedy, run**2, f[:, VAR_TERMS]),
+        reach_prob,
+        unreached,
+        extra,
+    )
+    interval.update(
+        point_range(interval["lo"], reach_prob, unreached, extra_lo, extra_hi, unidentified)
+    )
+    interval["var_hi"] = reach_all_variance(
+        interval["var"], interval["lo"] - window, reach_prob, run, unreached
+    )
+    return interval

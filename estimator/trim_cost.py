@@ -39,6 +39,7 @@ from dspark_obs.series import Samples, ratio
 from dspark_obs.telemetry import StepBatch
 from dspark_obs.telemetry.batch import MODE_CAP_ACCEPT, MODE_CODE, MODE_STATIC, ceiling_rule
 
+from . import compiled
 from .population import HazardModel, tail_terms
 
 #: The estimator's columns this fold writes, in order.
@@ -132,7 +133,32 @@ class TrimCostFold:
             static[sel] = repriced_seconds(table, args[0], args[0] * (self.gamma + 1), *args[1:])
         return own, static
 
+    def _fold_compiled(self, kernels, steps, delta, col) -> bool:
+        """`_fold_steps` in one compiled pass over the steps' rows; False (nothing done)
+        where a priced trimmed row opened no walk, whose tail the numpy form prices."""
+        nreq = np.array([len(g) for _, g, *_ in steps])
+        own, static = self._step_seconds(steps, nreq, kernels.window_sums(steps, 2))
+        priced = np.isfinite(own)
+        if not priced.any():
+            return True
+        modes = np.array([MODE_CODE[b.mode] for b, *_ in steps], np.int8)
+        fct = np.array([b.forward_ct for b, *_ in steps], np.int64)
+        got = kernels.trim_rows(
+            steps, self.gamma, delta.shape[1], own / nreq, static / nreq, priced, modes, fct
+        )
+        if got is None:
+            return False
+        sums, first = got
+        fresh = np.isinf(self._priced_from)
+        self._priced_from[fresh] = first[fresh]
+        for name, values in zip(TRIM_COLUMNS, sums, strict=True):
+            delta[col[name]] += values
+        return True
+
     def _fold_steps(self, steps, delta, col, population: HazardModel) -> None:
+        kernels = compiled.KERNELS
+        if kernels is not None and self._fold_compiled(kernels, steps, delta, col):
+            return
         nreq = np.array([len(g) for _, g, *_ in steps])
         group = np.concatenate([g for _, g, *_ in steps])
         w = np.concatenate([w for _, _, w, _ in steps])
