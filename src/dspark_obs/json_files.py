@@ -9,7 +9,10 @@ then the running count of brackets), so the limit costs a few bytes per input by
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import TypeVar
 
@@ -53,21 +56,85 @@ def decode_json(data: bytes, type_: type[T] = object, limit: int = MAX_DEPTH) ->
         raise ValueError(str(exc)) from exc
 
 
+#: Largest input file read whole (a workload table, a cost table, a config): megabytes at
+#: most; `/dev/zero` or a runaway file must not be read to exhaustion.
+MAX_INPUT_BYTES = 64 << 20
+
+
+def _refuse_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"key {key!r} given twice in one object")
+    return out
+
+
+def check_duplicate_keys(data: bytes | str) -> None:
+    """ValueError naming the first key an object of `data` (JSON) gives twice.
+
+    JSON decoders keep the last value of a repeated key without a word, so a document may
+    say one thing to us and another to any other reader of it; we refuse it instead. Call
+    after `check_nesting` (Python's decoder recurses per level)."""
+    try:
+        json.loads(data, object_pairs_hook=_refuse_duplicates)
+    except RecursionError as exc:
+        raise ValueError("JSON nested too deeply to decode") from exc
+    except json.JSONDecodeError:
+        return  # not JSON: the decoder that follows says where
+
+
+def decode_document(data: bytes, type_: type[T] = object) -> T:  # type: ignore[assignment]
+    """`decode_json` for a document from a user or a client (a file, a request body):
+    also refused when an object gives a key twice."""
+    check_nesting(data)
+    check_duplicate_keys(data)
+    return decode_json(data, type_)
+
+
+def read_input_file(path: str | Path, what: str, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of the regular file `path`, at most `limit`; ValueError, naming `what` and
+    the path, for anything else: a FIFO (which would block), a device (`/dev/zero` never
+    ends), a directory, a file over the limit."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError as exc:
+        raise ValueError(f"{what} {path}: no such file") from exc
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: {exc.strerror or exc}") from exc
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a device"
+                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a directory"
+                if stat.S_ISDIR(mode)
+                else "not a regular file"
+            )
+            raise ValueError(f"{what} {path}: is {kind}, not a regular file")
+        try:
+            data = f.read(limit + 1)
+        except OSError as exc:
+            raise ValueError(f"{what} {path}: {exc.strerror or exc}") from exc
+    if len(data) > limit:
+        raise ValueError(f"{what} {path}: larger than {limit:,} bytes")
+    return data
+
+
 def load_json_file(path: str | Path, type_: type[T], what: str) -> T:
     """`type_` decoded from the JSON file at `path` (msgspec, so the struct's own checks run).
 
     Any problem is a ValueError reading `"{what} {path}: {reason}"`: a missing file, one
-    that cannot be read (a directory, no permission), text that is not JSON, nesting
-    deeper than `MAX_DEPTH`, or a value that is not a valid `type_` (a wrong type, or what
-    its `__post_init__` refuses).
+    that cannot be read (a directory, a FIFO, a device, no permission, over
+    `MAX_INPUT_BYTES`), text that is not JSON, nesting deeper than `MAX_DEPTH`, a key given
+    twice, or a value that is not a valid `type_` (a wrong type, or what its
+    `__post_init__` refuses).
     """
+    data = read_input_file(path, what)
     try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError as exc:
-        raise ValueError(f"{what} {path}: no such file") from exc
-    except OSError as exc:  # a directory, no permission: still one clear line
-        raise ValueError(f"{what} {path}: {exc.strerror or exc}") from exc
-    try:
-        return decode_json(data, type_)
+        return decode_document(data, type_)
     except ValueError as exc:
         raise ValueError(f"{what} {path}: {exc}") from exc

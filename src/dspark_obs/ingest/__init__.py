@@ -6,14 +6,22 @@ Real deployments already produce these files; ingested, every consumer (`summary
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 from pathlib import Path
 
+from ..store.checksums import CHECKSUMS
+from ..store.inventory import MANIFEST
+from ..store.tables import REQUESTS, STEPS
 from ..telemetry.server_info import WorkloadOf
 from .block_accept import ingest_block_accept
 from .follow import follow_file
 from .kinds import BLOCK_ACCEPT, IngestError, not_ours, sniff
 from .lines import DEFAULT_MAX_RECORD_BYTES
 from .server_info import ingest_server_info
+
+#: Tables an ingest writes besides steps and requests.
+_EXTRA_TABLES = ("ceilings",)
 
 __all__ = ["DEFAULT_MAX_RECORD_BYTES", "IngestError", "follow_file", "ingest_files"]
 
@@ -43,4 +51,22 @@ def ingest_files(
         raise IngestError("FILEs mix /server_info dumps and block-accept JSONL; ingest them apart")
     kind = next(iter(kinds.values()))
     ingest = ingest_block_accept if kind == BLOCK_ACCEPT else ingest_server_info
-    return kind, ingest(files, out, workload_of, assume, max_record_bytes)
+    stats = ingest(files, out, workload_of, assume, max_record_bytes)
+    if not stats.get("blocks" if kind == BLOCK_ACCEPT else "ingested_steps"):
+        discard_run(out)
+        bad = stats.get("bad_records") or stats.get("jsonl_counts") or {}
+        raise IngestError(
+            f"every record of {', '.join(map(str, files))} was rejected ({bad}); no run written"
+        )
+    return kind, stats
+
+
+def discard_run(out: Path) -> None:
+    """Remove the run `out` holds, and `out` if that leaves it empty; nothing else in it."""
+    for name in (STEPS, REQUESTS, CHECKSUMS, *_EXTRA_TABLES):
+        table = out / name
+        if table.is_dir() and not table.is_symlink():
+            shutil.rmtree(table)
+    (out / MANIFEST).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        out.rmdir()

@@ -20,7 +20,7 @@ import msgspec
 
 from .. import __version__
 from ..http_strict import StrictRequestHandler
-from ..json_files import decode_json
+from ..json_files import decode_document
 from .protocol import ClientGone, RequestError
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def make_handler(front: RuntimeFrontend) -> type[BaseHTTPRequestHandler]:
             if len(raw) < n:
                 raise ClientGone("closed inside the body")
             try:  # nesting bounded before decoding (json_files.MAX_DEPTH): a 400, never a 500
-                return decode_json(raw)
+                return decode_document(raw)  # no key given twice either
             except ValueError as exc:
                 raise RequestError(f"invalid JSON body: {exc}") from None
 

@@ -11,7 +11,6 @@ cached per rid, so a request costs one match over its whole life, not one per st
 
 from __future__ import annotations
 
-import json
 import operator
 import re
 from collections.abc import Callable
@@ -19,6 +18,8 @@ from itertools import compress
 from pathlib import Path
 
 import numpy as np
+
+from ..json_files import decode_document, read_input_file
 
 OTHER = "other"
 #: The rule without --workload-from-rid or --workload-file: `NAME-N` rids.
@@ -76,18 +77,23 @@ def workload_rule(
 
 
 def _read_side_file(path: Path) -> dict[str, str]:
+    """The rid -> workload table of a JSONL side file: a regular file of at most
+    `MAX_INPUT_BYTES`, each line one flat object read with its nesting bounded and no key
+    given twice (json_files)."""
     table: dict[str, str] = {}
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise ValueError(f"workload file {path}: {exc.strerror or exc}") from None
-    for n, line in enumerate(lines, 1):
+    data = read_input_file(path, "workload file")
+    for n, line in enumerate(data.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-            table[str(obj["rid"])] = str(obj["workload"])
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            obj = decode_document(line)
+            if not isinstance(obj, dict):
+                raise ValueError("not an object")
+            rid, workload = obj["rid"], obj["workload"]
+            if not isinstance(rid, (str, int)) or not isinstance(workload, str):
+                raise ValueError("rid and workload must be a string (or a number for rid)")
+            table[str(rid)] = workload
+        except (ValueError, KeyError) as exc:
             raise ValueError(
                 f'workload file {path}, line {n}: expected {{"rid": ..., "workload": ...}} ({exc})'
             ) from None

@@ -7,6 +7,7 @@ generated here for DuckDB and documented for Spark and Trino (docs/store.md).
 
 from __future__ import annotations
 
+import re
 from importlib.resources import files
 from pathlib import Path
 
@@ -25,6 +26,15 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+_GLOB_CHARS = re.compile(r"([\[*?])")
+
+
+def glob_escape(path: str) -> str:
+    """`path` matching itself only in a DuckDB glob: `[`, `*` and `?` each as a one-character
+    class (a run directory named `r[ab]` would otherwise read runs `ra` and `rb`)."""
+    return _GLOB_CHARS.sub(r"[\1]", path)
+
+
 def duckdb_views(run_dirs: list[Path]) -> str:
     """`requests` and `steps` as DuckDB views over the runs' published parts.
 
@@ -34,7 +44,9 @@ def duckdb_views(run_dirs: list[Path]) -> str:
     """
     out = []
     for table in (REQUESTS, STEPS):
-        globs = ", ".join(_literal(str(Path(d) / table / "part-*.parquet")) for d in run_dirs)
+        globs = ", ".join(
+            _literal(glob_escape(str(Path(d) / table)) + "/part-*.parquet") for d in run_dirs
+        )
         # The view name is one of the store's two table constants and every path is a
         # quoted SQL literal, so nothing a user passes can end the statement.
         source = f"read_parquet([{globs}], filename = true)"
