@@ -84,3 +84,12 @@ def mismatched_runs(tmp_path_factory) -> tuple[Path, Path]:
     cli("run", "--gamma", "5", "--out", str(root / "g5"), *small)
     cli("run", "--mode", "static", "--out", str(root / "static"), *small)
     return root / "g5", root / "static"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files holding a `slow` test first. tools/test.sh runs `-n 2 --dist loadfile
+    --no-loadscope-reorder`, which hands files to the two workers in this order: a long file
+    started last would run alone while the other worker sat idle, so the long ones start
+    first and the many short files fill in beside them."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)

@@ -162,6 +162,7 @@ def _started(run_dir: Path, timeout: float = WAIT_SECONDS) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_loses_at_most_one_flush_interval(tmp_path):
     rng = random.Random(SEED)
     early = {c: rng.sample(range(n), EARLY_KILLS[c]) for c, n in KILLS.items()}

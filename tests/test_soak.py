@@ -266,6 +266,7 @@ def report(name: str, samples: Samples, peak: float, slope: float, busy: float, 
     return line
 
 
+@pytest.mark.slow
 def test_rss_plateaus_and_finished_requests_are_freed(tmp_path):
     samples = soak(
         tmp_path,
@@ -345,6 +346,7 @@ def check_store_bounds(samples: Samples, bound_gb: float, served_steps: float) -
     return most
 
 
+@pytest.mark.slow
 def test_a_store_stays_within_its_bound_and_loses_nothing_uncounted(tmp_path):
     """The production store under the quick soak's traffic with a 48 MiB bound: disk within
     it, memory flat, every step stored or counted as deleted by retention."""
@@ -410,6 +412,7 @@ def test_soak_twenty_million_request_steps(tmp_path):
     report("soak (long)", samples, peak, slope, busy, phases)
 
 
+@pytest.mark.slow
 def test_workload_labels_are_capped_with_ten_thousand_names(tmp_path):
     cap = 16
     names = ",".join(f"w{i}={1 + i % 5}" for i in range(10_000))

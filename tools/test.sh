@@ -83,33 +83,46 @@ $PY tools/audit.py
 # tests of tests/test_extensions.py fail where one is missing instead of skipping.
 # Two workers, a test file each at a time: a file's fixtures are built once, and a test that
 # waits on a subprocess or a server leaves the core to the other worker.
+# Files go out in the order collected, those holding a `slow` test first (tests/conftest.py):
+# a long file handed out last would run alone, the other core idle.
 if ! wait "$prometheus_install"; then
     cat "$prometheus_log"
     echo "tools/test.sh: installing Prometheus failed" >&2
     exit 1
 fi
-DSPARK_OBS_REQUIRE_EXTENSIONS=1 $PY -m pytest -n 2 --dist loadfile "$@"
-# The quick benchmarks are a crash check (they fail on a crash, never on a timing: bench/),
-# so they run beside the last test runs below: they keep about one core busy, those the other.
+DSPARK_OBS_REQUIRE_EXTENSIONS=1 $PY -m pytest -n 2 --dist loadfile --no-loadscope-reorder "$@"
+if ! wait "$sglang_build"; then
+    cat "$sglang_log"
+    echo "tools/test.sh: building the SGLang test environment failed" >&2
+    exit 1
+fi
+# The last three steps overlap: the SGLang environment's tests mostly wait on a Prometheus
+# scrape, the quick benchmarks keep about one core busy, the fallbacks' tests the other.
+# The one-flag deployment: two DP ranks through SGLang's own register_forward_hooks and
+# DsparkStepObservers, one node consumer, a real Prometheus (tests/test_node_consumer.py).
+sglang_tests_log="$(mktemp)"
+.venv-sglang/bin/python -m pytest -p no:cacheprovider tests/test_sglang_real_types.py \
+    tests/test_sglang_block_accept_writer.py \
+    "tests/test_node_consumer.py::test_every_rank_of_a_node_on_one_scrape_target[sglang]" \
+    >"$sglang_tests_log" 2>&1 &
+sglang_tests=$!
+# The quick benchmarks are a crash check (they fail on a crash, never on a timing: bench/).
 $PY -m bench --quick --json > bench-quick.jsonl &
 bench=$!
-trap 'kill "$bench" 2>/dev/null || true' EXIT
+trap 'kill "$bench" "$sglang_tests" 2>/dev/null || true' EXIT
 # The compiled extensions' Python fallbacks, with every extension switched off: the switch itself, the parser's
 # tests and the end-to-end golden outputs. (The row fold's and the tail walk's tests run both
 # passes above already, the numpy one and the compiled one, so they are not repeated here.)
 DSPARK_OBS_NO_EXTENSIONS=1 $PY -m pytest -p no:cacheprovider \
     tests/test_extensions.py tests/test_sglang_json.py tests/test_sglang_columnar.py \
     tests/test_sglang_compiled.py tests/test_golden_outputs.py -k "not across_seeds"
-if ! wait "$sglang_build"; then
-    cat "$sglang_log"
-    echo "tools/test.sh: building the SGLang test environment failed" >&2
+sglang_tests_status=0
+wait "$sglang_tests" || sglang_tests_status=$?
+cat "$sglang_tests_log"
+if [ "$sglang_tests_status" -ne 0 ]; then
+    echo "tools/test.sh: the SGLang environment's tests failed" >&2
     exit 1
 fi
-# the one-flag deployment: two DP ranks through SGLang's own register_forward_hooks and
-# DsparkStepObservers, one node consumer, a real Prometheus (tests/test_node_consumer.py)
-.venv-sglang/bin/python -m pytest -p no:cacheprovider tests/test_sglang_real_types.py \
-    tests/test_sglang_block_accept_writer.py \
-    "tests/test_node_consumer.py::test_every_rank_of_a_node_on_one_scrape_target[sglang]"
 if ! wait "$bench"; then
     echo "tools/test.sh: the quick benchmarks failed (bench-quick.jsonl has what they printed)" >&2
     exit 1
