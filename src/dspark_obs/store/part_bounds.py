@@ -43,6 +43,7 @@ MAX_FOOTER_BYTES = 16 << 20
 _MAX_NESTING = 16
 #: A page header is tens of bytes; with statistics of strings at `MAX_STRING_BYTES`, a few KiB.
 _MAX_PAGE_HEADER = 64 << 10
+_FIRST_READ = 512
 #: Bytes a value takes once decoded, by Parquet physical type (BYTE_ARRAY: a view).
 _WIDTH = {0: 1, 1: 4, 2: 8, 3: 12, 4: 4, 5: 8, 6: 16}
 _BYTE_ARRAY, _FIXED_LEN = 6, 7
@@ -60,12 +61,17 @@ class _Thrift:
         self.data, self.pos = data, pos
 
     def _byte(self) -> int:
-        if self.pos >= len(self.data):
+        pos = self.pos
+        if pos >= len(self.data):
             raise _Malformed("metadata ends early")
-        self.pos += 1
-        return self.data[self.pos - 1]
+        self.pos = pos + 1
+        return self.data[pos]
 
     def _varint(self) -> int:
+        data, pos = self.data, self.pos
+        if pos < len(data) and data[pos] < 0x80:  # most are one byte
+            self.pos = pos + 1
+            return data[pos]
         value = shift = 0
         while True:
             b = self._byte()
@@ -81,12 +87,12 @@ class _Thrift:
         return (n >> 1) ^ -(n & 1)
 
     def _value(self, kind: int, depth: int):
+        if 4 <= kind <= 6:  # integers, most of what metadata holds
+            return self._zigzag()
         if kind in (1, 2):
             return kind == 1
         if kind == 3:
             return self._byte()
-        if kind in (4, 5, 6):
-            return self._zigzag()
         if kind == 7:
             self.pos += 8
             return None
@@ -122,8 +128,13 @@ class _Thrift:
             raise _Malformed("metadata nested too deeply")
         out: dict = {}
         last = 0
+        data = self.data
         while True:
-            head = self._byte()
+            pos = self.pos
+            if pos >= len(data):
+                raise _Malformed("metadata ends early")
+            head = data[pos]
+            self.pos = pos + 1
             kind = head & 0x0F
             if kind == 0:
                 return out
@@ -165,7 +176,17 @@ def _pages(fd: int, start: int, end: int) -> list[dict]:
     pages = []
     pos = start
     while pos < end:
-        window = os.pread(fd, min(end - pos, _MAX_PAGE_HEADER), pos)
+        window = os.pread(fd, min(end - pos, _FIRST_READ), pos)
+        if len(window) == _FIRST_READ:  # a header with statistics may be longer
+            try:
+                head = _Thrift(window)
+                header = head.struct()
+            except _Malformed:
+                window = os.pread(fd, min(end - pos, _MAX_PAGE_HEADER), pos)
+            else:
+                pos += head.pos + _int(header, 3, "a page's compressed size")
+                pages.append(header)
+                continue
         head = _Thrift(window)
         try:
             header = head.struct()
