@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from dspark_obs.runtime.real import corpus  # noqa: E402
 from dspark_obs.runtime.real.evaluate import anchor_contexts, draft_and_verify  # noqa: E402
-from dspark_obs.runtime.real.model import KVCache  # noqa: E402
+from dspark_obs.runtime.real.model import RectangleCache, SlotCache  # noqa: E402
 from dspark_obs.runtime.real.session import RealSession  # noqa: E402
 from dspark_obs.runtime.real.train import CHECK_WINDOWS, METRICS_NAME, WEIGHTS_NAME  # noqa: E402
 from dspark_obs.runtime.real.train import main as train_main  # noqa: E402
@@ -78,77 +78,99 @@ def test_committed_weights_give_their_recorded_heldout_loss(models32, workload):
     assert 0.3 < got < 4.0
 
 
-def test_incremental_forward_with_truncation_equals_the_full_forward(models64):
+@pytest.mark.parametrize("layout", [SlotCache, RectangleCache])
+def test_incremental_forward_with_truncation_equals_the_full_forward(models64, layout):
     x = torch.from_numpy(
         np.frombuffer(corpus.committed_heldout("docs")[:90], dtype=np.uint8).astype(np.int64)
     )[None]
     full, full_hidden = models64.target(x)
-    cache = KVCache(models64.target, slots=3, capacity=16)
-    slot = torch.tensor([1])
+    cache = layout(models64.target, slots=3)
+    slot = np.array([1])
     with torch.no_grad():
-        a, ha = models64.target.extend(cache, slot, x[:, :40], torch.tensor([40]))
-        b, _ = models64.target.extend(cache, slot, x[:, 40:52], torch.tensor([12]))
-        cache.truncate(slot, torch.tensor([45]))  # 7 rejected positions dropped
-        c, hc = models64.target.extend(cache, slot, x[:, 45:], torch.tensor([45]))
+        a, ha = models64.target.extend(cache, slot, x[:, :40], np.array([40]))
+        b, _ = models64.target.extend(cache, slot, x[:, 40:52], np.array([12]))
+        cache.truncate(slot, np.array([45]))  # 7 rejected positions dropped
+        c, hc = models64.target.extend(cache, slot, x[:, 45:], np.array([45]))
     got = torch.cat([a, b[:, :5], c], dim=1)
     assert torch.allclose(got, full, rtol=0, atol=1e-10)
     assert torch.allclose(torch.cat([ha, hc], 1)[:, -1], full_hidden[:, -1], rtol=0, atol=1e-10)
     with pytest.raises(ValueError, match="beyond"):
-        cache.truncate(slot, torch.tensor([91]))
+        cache.truncate(slot, np.array([91]))
 
 
-def test_the_packed_forward_is_the_rectangle_forward_in_packed_order(models64):
+@pytest.mark.parametrize("layout", [SlotCache, RectangleCache])
+def test_the_packed_forward_is_the_rectangle_forward_in_packed_order(models64, layout):
     """Rows of other cache lengths and counts (one of a single token), padded past their
     total: the same outputs at every valid token, and the same cache afterwards."""
     text = corpus.committed_heldout("code")
     ids = torch.from_numpy(np.frombuffer(text[:400], dtype=np.uint8).astype(np.int64))
-    slots, counts = torch.tensor([2, 0, 3]), torch.tensor([5, 1, 8])
+    slots, counts = np.array([2, 0, 3]), np.array([5, 1, 8])
     caches = []
     for _ in range(2):
-        cache = KVCache(models64.target, slots=4, capacity=16)
+        cache = layout(models64.target, slots=4)
         for slot, length in zip(slots.tolist(), (30, 61, 7), strict=True):
             prompt = ids[slot * 100 : slot * 100 + length][None]
-            models64.target.extend(cache, torch.tensor([slot]), prompt, torch.tensor([length]))
+            models64.target.extend(cache, np.array([slot]), prompt, np.array([length]))
         caches.append(cache)
     block = ids[300:324].view(3, 8)
     with torch.no_grad():
         rect, rect_hidden = models64.target.extend(caches[0], slots, block, counts)
         packed, packed_hidden = models64.target.extend_packed(caches[1], slots, block, counts, 32)
-    row, col = torch.nonzero(torch.arange(8)[None] < counts[:, None], as_tuple=True)
+    row, col = torch.nonzero(
+        torch.arange(8)[None] < torch.from_numpy(counts)[:, None], as_tuple=True
+    )
     n = len(row)
     assert packed.shape[0] == 32 and n == 14
     assert torch.allclose(packed[:n], rect[row, col], rtol=0, atol=1e-10)
     assert torch.allclose(packed_hidden[:n], rect_hidden[row, col], rtol=0, atol=1e-10)
-    assert torch.equal(caches[0].length, caches[1].length)
-    for a, b in ((caches[0].k, caches[1].k), (caches[0].v, caches[1].v)):
-        for slot, end in zip(slots.tolist(), caches[0].length[slots].tolist(), strict=True):
-            assert torch.allclose(a[:, slot, :, :end], b[:, slot, :, :end], rtol=0, atol=1e-10)
+    assert np.array_equal(caches[0].length, caches[1].length)
+    ends = caches[0].length[slots]
+    kept = [c.save(slots, np.zeros(3, dtype=np.int64), int(ends.max())) for c in caches]
+    for slot, end in enumerate(ends.tolist()):
+        a, b = (_slot_keys(c, k, slot, end) for c, k in zip(caches, kept, strict=True))
+        assert torch.allclose(a, b, rtol=0, atol=1e-10)
     with pytest.raises(ValueError, match="do not fit"):
         models64.target.extend_packed(caches[1], slots, block, counts, 13)
 
 
+def _slot_keys(cache, saved, row: int, end: int) -> torch.Tensor:
+    """Row `row`'s first `end` keys and values, as `cache.save` returned them."""
+    if isinstance(cache, SlotCache):
+        return saved[3][row][..., :end, :]
+    k, v = saved[3]
+    return torch.stack([k[:, row, :end], v[:, row, :end]])
+
+
 def _step(models, slots, prompts, temperature, uniforms, window):
-    session = RealSession(models, slots=8)
+    session = RealSession(models, slots=24)
     session.prefill(slots, prompts)
     drafted = session.draft(slots, temperature, uniforms)
     return drafted, session.verify(slots, drafted.tokens, window)
 
 
-def test_a_requests_numbers_do_not_depend_on_its_batch(models64):
-    """The same request alone, and in a batch with others of other lengths and temperatures,
-    verifying a shorter or the whole window: identical drafts, draft and target logits."""
+@pytest.mark.parametrize("precision", ["models64", "models32"])
+def test_a_requests_numbers_do_not_depend_on_its_batch(precision, request):
+    """The same request alone, and in batches of 4 and 17 with others of other lengths and
+    temperatures: identical drafts, draft and target logits. In float64 (rounded through
+    float32) also when the batch verifies a longer window; in float32, the precision of a CPU
+    run, at one verify width (a runtime verifies every row's whole block)."""
+    models = request.getfixturevalue(precision)
     text = corpus.committed_heldout("code")
     prompts = [text[1000:1200], text[50:90], text[3000:3333], text[7000:7060]]
-    temp = np.array([0.8, 0.0, 0.0, 1.0])
-    u = np.random.default_rng(0).random((4, 7))
-    alone_d, alone_v = _step(models64, np.array([5]), prompts[:1], temp[:1], u[:1], np.array([3]))
-    slots = np.array([2, 5, 0, 7])
-    batch_d, batch_v = _step(models64, slots, prompts, temp, u, np.array([7, 2, 5, 0]))
-    assert np.array_equal(alone_d.tokens[0], batch_d.tokens[0])
-    assert np.array_equal(alone_d.logprobs[0], batch_d.logprobs[0])
-    assert np.array_equal(alone_d.confidence_logits[0], batch_d.confidence_logits[0])
-    assert np.array_equal(alone_v[0, :4], batch_v[0, :4])
-    assert batch_v.shape == (4, 8, 256)
+    prompts += [text[8000 + 97 * i : 8050 + 131 * i] for i in range(13)]
+    temp = np.resize([0.8, 0.0, 0.0, 1.0], len(prompts))
+    u = np.random.default_rng(0).random((len(prompts), 7))
+    alone = 3 if precision == "models64" else 7
+    alone_d, alone_v = _step(models, np.array([5]), prompts[:1], temp[:1], u[:1], np.array([alone]))
+    for rows in (4, len(prompts)):
+        slots = np.array([2, 5, 0, 7, *range(8, 8 + len(prompts) - 4)])[:rows]
+        window = np.resize([7, 2, 5, 0], rows)
+        batch_d, batch_v = _step(models, slots, prompts[:rows], temp[:rows], u[:rows], window)
+        assert np.array_equal(alone_d.tokens[0], batch_d.tokens[0])
+        assert np.array_equal(alone_d.logprobs[0], batch_d.logprobs[0])
+        assert np.array_equal(alone_d.confidence_logits[0], batch_d.confidence_logits[0])
+        assert np.array_equal(alone_v[0, : alone + 1], batch_v[0, : alone + 1])
+        assert batch_v.shape == (rows, 8, 256)
 
 
 def test_commit_keeps_the_accepted_prefix_and_drafts_from_the_bonus(models64):

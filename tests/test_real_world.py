@@ -22,14 +22,16 @@ import torch
 import torch.nn.functional as F
 
 from dspark_obs.runtime.acceptance import leading_run
-from dspark_obs.runtime.config import RuntimeConfig
+from dspark_obs.runtime.config import STS_WARMUP_STEPS, RuntimeConfig
 from dspark_obs.runtime.factory import make_runtime
 from dspark_obs.runtime.hashing import mix
 from dspark_obs.runtime.real import corpus
 from dspark_obs.runtime.real.model import round_logits
 from dspark_obs.runtime.real.session import RealSession
+from dspark_obs.runtime.real.shipped_sts import default_demo_config, shipped_sts
 from dspark_obs.runtime.real.timed_verify import timed_verify
 from dspark_obs.runtime.real.weights import DEFAULT_WEIGHTS, load
+from dspark_obs.runtime.sts_warmup import warmup_config, warmup_sts
 from dspark_obs.runtime.worlds import REAL_WORKLOADS, WORLDS
 from dspark_obs.runtime_server import RuntimeFrontend
 from dspark_obs.store import open_run
@@ -127,8 +129,8 @@ def _plain_check(models, engine, batch, context, rows) -> int:
         block = drafter.draft(
             round_logits(hidden[:, -1]),
             ctx[:, -1],
-            torch.tensor([0.0 if greedy else temp], dtype=torch.float64),
-            torch.from_numpy(u_draft),
+            torch.tensor([0.0 if greedy else temp], dtype=torch.float32),
+            torch.from_numpy(u_draft).float(),
         )
         assert block.tokens[0].tolist() == batch.draft_tokens[i].tolist()
         logits, _ = target(torch.cat([ctx, block.tokens], dim=1))
@@ -142,12 +144,13 @@ def _plain_check(models, engine, batch, context, rows) -> int:
             ratio = (lp[:g].gather(1, d[:, None]) - lq.gather(1, d[:, None]))[:, 0]
             accepted = u_accept[0] < ratio.clamp(max=0).exp().numpy()
         assert leading_run(accepted[None])[0] == batch.shadow_ceiling[i]
-        # the cache's forward and the plain one agree to float32 rounding of the logits
-        np.testing.assert_allclose(p_all[i], lp.exp().numpy(), rtol=1e-5, atol=1e-9)
-        np.testing.assert_allclose(q_all[i], lq.exp().numpy(), rtol=1e-5, atol=1e-9)
+        # the cache's forward and the plain one agree to float32 arithmetic (a CPU run's
+        # precision; the two sum attention in other orders): logits within a few 1e-6
+        np.testing.assert_allclose(p_all[i], lp.exp().numpy(), rtol=1e-4, atol=1e-9)
+        np.testing.assert_allclose(q_all[i], lq.exp().numpy(), rtol=1e-4, atol=1e-9)
         gathered = engine.gather_target_logprobs(np.full(g, i), np.arange(g), batch.draft_tokens[i])
         np.testing.assert_allclose(
-            gathered, lp[:g].gather(1, d[:, None])[:, 0], rtol=1e-5, atol=1e-5
+            gathered, lp[:g].gather(1, d[:, None])[:, 0], rtol=1e-4, atol=1e-5
         )
     return len(rows)
 
@@ -155,7 +158,7 @@ def _plain_check(models, engine, batch, context, rows) -> int:
 def test_shadow_ceiling_is_the_accept_chain_of_a_plain_forward(weights):
     """Prompts cut at the salt's offset, blocks drafted and judged again without the cache."""
     engine = make_runtime(_config(weights, mode="compact", shadow="cap-accept"))
-    models = load(weights)
+    models = load(weights, dtype=torch.float32)
     texts = {w: corpus.committed_heldout(w) for w in corpus.WORKLOADS}
     context: dict[str, list[int]] = {}
     checked = {"greedy": 0, "sampled": 0}
@@ -300,7 +303,7 @@ def test_runtime_server_answers_a_text_prompt_with_the_targets_greedy_text(weigh
     assert again["output_ids"] == ids and out["meta_info"]["prompt_tokens"] == len(prompt)
     assert status == 400 and "bytes" in bad["error"]["message"]
     assert all(0 <= t < 256 for t in sampled["output_ids"]) and sampled["output_ids"]
-    models = load(weights)
+    models = load(weights, dtype=torch.float32)
     context = list(prompt.encode())
     with torch.inference_mode():
         for _ in range(len(ids)):
@@ -324,9 +327,38 @@ def test_timed_verify_leaves_the_cache_as_it_was(weights):
     start = session.lengths(slots)
     session.verify(slots, drafted.tokens, np.full(3, 7))
     cache = session.cache
-    before = [t.clone() for t in (cache.k, cache.v, cache.length)]
+    ends = cache.length[slots].copy()
+
+    def state():
+        _, _, length, kept = cache.save(slots, np.zeros(3, dtype=np.int64), int(ends.max()))
+        return length.copy(), [t[..., :end, :] for t, end in zip(kept, ends, strict=True)]
+
+    before = state()
     other = np.concatenate([session.last[slots][:, None], drafted.tokens[:, ::-1]], axis=1)
     seconds = timed_verify(session, slots, start, (other + 1) % 256, np.array([2, 7, 0]), 16)
     assert seconds > 0
-    after = (cache.k, cache.v, cache.length)
-    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    after = state()
+    assert np.array_equal(before[0], after[0]) and np.array_equal(after[0], ends)
+    assert all(torch.equal(a, b) for a, b in zip(before[1], after[1], strict=True))
+
+
+def _cli_config(*args) -> RuntimeConfig:
+    """The configuration a command builds from its arguments, as its handler does."""
+    from dspark_obs.cli.main import build_parser
+    from dspark_obs.cli.runtime_args import config_from_args
+
+    return config_from_args(build_parser().parse_args(list(args)))
+
+
+def test_the_default_warm_up_is_shipped_and_is_what_the_warm_up_fits():
+    """`demo --world real` and `run --world real` read the shipped fit, and running the
+    warm-up again gives that fit bit for bit; another seed misses it."""
+    shipped = [
+        shipped_sts(warmup_config(_cli_config(cmd, "--world", "real"), STS_WARMUP_STEPS))
+        for cmd in ("demo", "run")
+    ]
+    assert shipped[0] is not None and shipped[0] == shipped[1]
+    other = _cli_config("demo", "--world", "real", "--seed", "1")
+    assert shipped_sts(warmup_config(other, STS_WARMUP_STEPS)) is None
+    fitted = warmup_sts(default_demo_config(), STS_WARMUP_STEPS, use_shipped=False)
+    assert fitted == shipped[0]

@@ -20,8 +20,9 @@ from .factory import make_runtime
 WARMUP_SEED_OFFSET = 1_000_003
 
 
-def warmup_sts(config: RuntimeConfig, steps: int, concurrency: int = 32) -> StsCalibration:
-    warm = replace(
+def warmup_config(config: RuntimeConfig, steps: int, concurrency: int = 32) -> RuntimeConfig:
+    """The warm-up run `config`'s calibration is fitted on."""
+    return replace(
         config,
         seed=config.seed + WARMUP_SEED_OFFSET,
         mode="cap-accept",
@@ -31,6 +32,20 @@ def warmup_sts(config: RuntimeConfig, steps: int, concurrency: int = 32) -> StsC
         level_steps=None,
         sts_temperatures=None,
     )
+
+
+def warmup_sts(
+    config: RuntimeConfig, steps: int, concurrency: int = 32, use_shipped: bool = True
+) -> StsCalibration:
+    """STS fitted on the warm-up run (the real world's default one is shipped, fitted at
+    build: `real/shipped_sts.py`)."""
+    warm = warmup_config(config, steps, concurrency)
+    if use_shipped and warm.world_spec.target == "real":
+        from .real.shipped_sts import shipped_sts
+
+        shipped = shipped_sts(warm)
+        if shipped is not None:
+            return shipped
     logits, ceilings, accepted, windows = [], [], [], []
     for batch in make_runtime(warm).run():
         logits.append(batch.confidence_logits)

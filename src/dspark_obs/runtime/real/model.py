@@ -17,16 +17,26 @@ turns position i's features, the drafted token and its draft probability into a 
 acceptance, which STS then calibrates per position as for any head.
 
 Batch invariance (compact and cap-accept must commit the same tokens): every row's result
-must not depend on which other rows share the forward. A runtime runs these modules in
-float64 and rounds what it reads to float32 (`round_logits`): summation order may change the
-last float64 bits with the batch's shape, and such a change reaches the float32 value only
-when it straddles a rounding boundary (about one value in 1e8).
+must not depend on which other rows share the forward. Two precisions keep it, one per kind
+of device:
+
+- on an accelerator the modules run in float64 and a runtime rounds what it reads to
+  float32 (`round_logits`): summation order may change the last float64 bits with the
+  batch's shape, and such a change reaches the float32 value only when it straddles a
+  rounding boundary (about one value in 1e8);
+- on a CPU they run in float32 (twice the float64 products' speed, half their memory), where
+  a matrix product's row is the same bits whatever the other rows, once the product has a
+  multiple of `ROW_TILE` rows (BLAS takes other paths for a few rows: a row of a 3-row
+  product differs in its last bits from the same row among 16). So every product of an
+  incremental forward or a draft is padded to that many rows, and attention runs row by row
+  (`SlotCache`); `tests/test_real_models.py` checks the invariance on the machine it runs on.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -54,16 +64,27 @@ class ModelConfig:
         return asdict(self)
 
 
+#: products of an incremental forward or a draft have a multiple of this many rows (see above)
+ROW_TILE = 16
+
+
 def round_logits(x: torch.Tensor) -> torch.Tensor:
-    """float64 rounded through float32: the batch-invariant value a runtime reads."""
-    return x.to(torch.float32).to(torch.float64)
+    """`x` rounded through float32, in its own dtype (float32 values as they are): the
+    batch-invariant value a runtime reads."""
+    return x.to(torch.float32).to(x.dtype)
+
+
+def tiled(n: int) -> int:
+    """`n` rows padded up to a multiple of `ROW_TILE` (at least one tile)."""
+    return max(1, -(-n // ROW_TILE)) * ROW_TILE
 
 
 def _rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """Rotary position on `x [B, H, T, hd]` at integer positions `pos [B, T]`."""
+    """Rotary position on `x [..., hd]` at integer positions `pos`, shaped as `x` without its
+    last dimension or broadcast to it."""
     half = x.shape[-1] // 2
     inv = 10000.0 ** (-torch.arange(half, dtype=torch.float64, device=x.device) / half)
-    ang = pos.to(torch.float64)[:, None, :, None] * inv
+    ang = pos.to(torch.float64)[..., None] * inv
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -81,35 +102,193 @@ class _Block(nn.Module):
         self.down = nn.Linear(4 * width, width, bias=False)
 
     def qkv_heads(self, x: torch.Tensor, pos: torch.Tensor):
+        """Queries, keys and values `[B, H, T, hd]` of `x [B, T, C]` at positions `pos [B, T]`."""
         b, t, c = x.shape
         q, k, v = (
             z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
             for z in self.qkv(self.ln1(x)).split(c, dim=-1)
         )
-        return _rope(q, pos), _rope(k, pos), v
+        return _rope(q, pos[:, None]), _rope(k, pos[:, None]), v
+
+    def project(self, x: torch.Tensor, pos: torch.Tensor):
+        """Queries, keys and values `[N, H, hd]` of packed tokens `x [N, C]` at `pos [N]`."""
+        n, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(n, 3, self.heads, c // self.heads).unbind(1)
+        return _rope(q, pos[:, None]), _rope(k, pos[:, None]), v
 
     def finish(self, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
-        b, _, t, _ = att.shape
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, -1))
+        """The residual stream after attention `att` (heads concatenated, `[..., C]`)."""
+        x = x + self.proj(att)
         return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+def _packing(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) of each row's first `counts[b]` tokens, row after row."""
+    row = np.repeat(np.arange(len(counts)), counts)
+    return row, np.arange(len(row)) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 class KVCache:
     """Keys and values of a fixed set of request slots, and how many positions each holds.
 
-    Tensors are `[layers, slots, heads, capacity, head_dim]`; capacity doubles when a
-    forward needs more. Positions past a slot's length are stale and never read.
+    A forward appending tokens opens with `begin` (where its tokens go), asks `attend` once a
+    layer, and closes with `end` (the slots' new lengths). Positions past a slot's length are
+    stale and never read. Two layouts, picked by `make_cache` for the device.
     """
 
-    def __init__(self, model: TargetLM, slots: int, capacity: int = 256) -> None:
+    def __init__(self, model: TargetLM, slots: int) -> None:
         p = next(model.parameters())
-        c = model.config
-        self.shape = (c.layers, slots, c.heads, capacity, c.width // c.heads)
-        self.k = torch.zeros(self.shape, dtype=p.dtype, device=p.device)
-        self.v = torch.zeros_like(self.k)
-        self.length = torch.zeros(slots, dtype=torch.int64, device=p.device)
+        self.config = model.config
+        self.device, self.dtype = p.device, p.dtype
+        self.length = np.zeros(slots, dtype=np.int64)
 
-    def ensure(self, needed: int) -> None:
+    def truncate(self, slots: np.ndarray, lengths: np.ndarray) -> None:
+        """Keep the first `lengths` positions of `slots` (never more than they hold)."""
+        slots, lengths = np.asarray(slots), np.asarray(lengths)
+        if (lengths > self.length[slots]).any() or (lengths < 0).any():
+            raise ValueError("truncate: a length beyond what the slot holds, or negative")
+        self.length[slots] = lengths
+
+    def begin(self, slots: np.ndarray, counts: np.ndarray) -> torch.Tensor:
+        """Open a forward appending `counts[b]` tokens to slot `slots[b]`; the positions of
+        those tokens, row after row (`[counts.sum()]`, on the device)."""
+        self._slots, self._counts = np.asarray(slots), np.asarray(counts)
+        self._start = self.length[self._slots]
+        self._offsets = np.concatenate([[0], np.cumsum(self._counts)])
+        self._row, self._col = _packing(self._counts)
+        return torch.as_tensor(self._start[self._row] + self._col, device=self.device)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store the open forward's keys and values of `layer` and attend its queries: `q, k, v
+        [M, H, hd]`, the first `counts.sum()` the rows' tokens in order, any further padding.
+        Returns `[M, H * hd]`, zero at padding."""
+        raise NotImplementedError
+
+    def end(self) -> None:
+        self.length[self._slots] = self._start + self._counts
+
+    def save(self, slots: np.ndarray, start: np.ndarray, width: int):
+        """The slots' lengths and their keys and values at positions `start` to `start +
+        width`, which a forward from `start` overwrites (`restore` puts them back)."""
+        raise NotImplementedError
+
+    def restore(self, saved) -> None:
+        raise NotImplementedError
+
+
+def make_cache(model: TargetLM, slots: int) -> KVCache:
+    """`SlotCache` on a CPU, `RectangleCache` on an accelerator."""
+    device = next(model.parameters()).device
+    return SlotCache(model, slots) if device.type == "cpu" else RectangleCache(model, slots)
+
+
+class SlotCache(KVCache):
+    """Each slot's keys and values in a tensor of its own, sized to what it holds.
+
+    Memory follows the tokens the slots hold, not slots times the longest of them (128 slots
+    of up to 1,200 bytes padded to the longest, in float64, took gigabytes). Attention runs
+    row by row over the row's own positions: a row's scores and sums depend on nothing else
+    in the batch, and no row reads another's padding.
+    """
+
+    #: capacity grows by this many positions (64 positions of all layers: 512 KiB), with at
+    #: least half of it free after growing, so a decoding row reallocates every few steps
+    GRANULE = 64
+
+    def __init__(self, model: TargetLM, slots: int) -> None:
+        super().__init__(model, slots)
+        c = self.config
+        self._shape = (c.layers, 2, c.heads, c.width // c.heads)
+        self._store: list[torch.Tensor | None] = [None] * slots
+        self._causal = torch.ones((0, 0), dtype=torch.bool)
+
+    def _reserve(self, slot: int, held: int, total: int) -> None:
+        store = self._store[slot]
+        if store is not None and total <= store.shape[3] and held > 0:
+            return
+        layers, kv, heads, hd = self._shape
+        size = -(-(total + self.GRANULE // 2) // self.GRANULE) * self.GRANULE
+        grown = torch.empty((layers, kv, heads, size, hd), dtype=self.dtype)
+        if held:
+            grown[:, :, :, :held] = store[:, :, :, :held]
+        self._store[slot] = grown
+
+    def _mask(self, held: int, count: int) -> torch.Tensor:
+        """`[count, held + count]`: token i of the forward sees positions up to `held + i`, a
+        view of one banded matrix (true where column minus row is at most its reach)."""
+        rows = self._causal.shape[0]
+        reach = self._causal.shape[1] - rows
+        if count > rows or held > reach:
+            rows, reach = max(count, 2 * rows, 16), max(held, 2 * reach, 256)
+            band = torch.arange(reach + rows)[None, :] - torch.arange(rows)[:, None]
+            self._causal = band <= reach
+        return self._causal[:count, reach - held : reach + count]
+
+    def begin(self, slots: np.ndarray, counts: np.ndarray) -> torch.Tensor:
+        pos = super().begin(slots, counts)
+        self._rows = list(
+            zip(
+                self._slots.tolist(),
+                self._start.tolist(),
+                self._offsets[:-1].tolist(),
+                self._offsets[1:].tolist(),
+                strict=True,
+            )
+        )
+        for slot, held, lo, hi in self._rows:
+            self._reserve(slot, held, held + hi - lo)
+        return pos
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        n = int(self._offsets[-1])
+        qs = q[:n]
+        kv = torch.stack((k[:n], v[:n]), dim=1)
+        out = []
+        for slot, held, lo, hi in self._rows:
+            store = self._store[slot][layer]
+            total = held + hi - lo
+            store[:, :, held:total] = kv[lo:hi].permute(1, 2, 0, 3)
+            att = F.scaled_dot_product_attention(
+                qs[lo:hi].transpose(0, 1),
+                store[0, :, :total],
+                store[1, :, :total],
+                attn_mask=self._mask(held, hi - lo),
+            )
+            out.append(att.transpose(0, 1))
+        att = torch.cat(out).flatten(1)
+        if len(q) > n:
+            att = torch.cat([att, att.new_zeros((len(q) - n, att.shape[1]))])
+        return att
+
+    def save(self, slots: np.ndarray, start: np.ndarray, width: int):
+        slots = np.asarray(slots)
+        kept = [
+            self._store[s][:, :, :, a : a + width].clone()
+            for s, a in zip(slots.tolist(), np.asarray(start).tolist(), strict=True)
+        ]
+        return slots, start, self.length[slots], kept
+
+    def restore(self, saved) -> None:
+        slots, start, length, kept = saved
+        for s, a, t in zip(slots.tolist(), np.asarray(start).tolist(), kept, strict=True):
+            self._store[s][:, :, :, a : a + t.shape[3]] = t
+        self.length[slots] = length
+
+
+class RectangleCache(KVCache):
+    """Keys and values in one tensor `[layers, slots, heads, capacity, head_dim]` of the
+    model's dtype; capacity doubles when a forward needs more. A layer's attention is one
+    call over the rows' keys gathered up to the longest (masked past each row's own): on an
+    accelerator one kernel a layer, where a loop over rows would be one launch a row."""
+
+    def __init__(self, model: TargetLM, slots: int, capacity: int = 256) -> None:
+        super().__init__(model, slots)
+        c = self.config
+        shape = (c.layers, slots, c.heads, capacity, c.width // c.heads)
+        self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v = torch.zeros_like(self.k)
+
+    def _ensure(self, needed: int) -> None:
         cap = self.k.shape[3]
         if needed <= cap:
             return
@@ -120,27 +299,48 @@ class KVCache:
         self.k = torch.cat([self.k, self.k.new_zeros(grow)], dim=3)
         self.v = torch.cat([self.v, self.v.new_zeros(grow)], dim=3)
 
-    def truncate(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
-        """Keep the first `lengths` positions of `slots` (never more than they hold)."""
-        if bool((lengths > self.length[slots]).any()) or bool((lengths < 0).any()):
-            raise ValueError("truncate: a length beyond what the slot holds, or negative")
-        self.length[slots] = lengths
+    def begin(self, slots: np.ndarray, counts: np.ndarray) -> torch.Tensor:
+        pos = super().begin(slots, counts)
+        total = self._start + self._counts
+        self._width = int(total.max())
+        self._ensure(self._width)
+        dev = self.device
+        self._at = tuple(
+            torch.as_tensor(a, device=dev) for a in (self._slots, self._row, self._col)
+        )
+        self._where = (self._at[0][self._at[1]], pos)
+        steps = torch.arange(int(self._counts.max()), device=dev)
+        last = torch.as_tensor(self._start, device=dev)[:, None] + steps
+        self._mask = torch.arange(self._width, device=dev)[None, None, :] <= last[:, :, None]
+        return pos
 
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        slots, row, col = self._at
+        n = len(row)
+        self.k[layer][self._where[0], :, self._where[1]] = k[:n]
+        self.v[layer][self._where[0], :, self._where[1]] = v[:n]
+        rect = q.new_zeros((len(slots), q.shape[1], self._mask.shape[1], q.shape[2]))
+        rect[row, :, col] = q[:n]
+        keys = self.k[layer][slots, :, : self._width]
+        values = self.v[layer][slots, :, : self._width]
+        att = F.scaled_dot_product_attention(rect, keys, values, attn_mask=self._mask[:, None])
+        out = q.new_zeros(q.shape)
+        out[:n] = att[row, :, col]
+        return out.flatten(1)
 
-def _placement(cache: KVCache, slots: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor):
-    """Where a forward appending `counts[b]` of `tokens [B, T]` to each slot puts them: their
-    positions `[B, T]`, the slots' new lengths, the longest, the valid tokens' (row, column),
-    their cache addresses, and the causal mask over the cache; the cache grown to fit."""
-    start = cache.length[slots]
-    steps = torch.arange(tokens.shape[1], device=tokens.device)
-    pos = start[:, None] + steps
-    total = start + counts
-    width = int(total.max())
-    cache.ensure(width)
-    row, col = torch.nonzero(steps[None, :] < counts[:, None], as_tuple=True)
-    where = (slots[row], pos[row, col])
-    mask = torch.arange(width, device=tokens.device)[None, None, :] <= pos[:, :, None]
-    return pos, total, width, row, col, where, mask
+    def save(self, slots: np.ndarray, start: np.ndarray, width: int):
+        slots = np.asarray(slots)
+        dev = self.device
+        first = torch.as_tensor(start, device=dev)[:, None]
+        at = (torch.as_tensor(slots, device=dev)[:, None], first + torch.arange(width, device=dev))
+        kept = self.k[:, at[0], :, at[1]].clone(), self.v[:, at[0], :, at[1]].clone()
+        return slots, self.length[slots], at, kept
+
+    def restore(self, saved) -> None:
+        slots, length, at, (k, v) = saved
+        self.k[:, at[0], :, at[1]] = k
+        self.v[:, at[0], :, at[1]] = v
+        self.length[slots] = length
 
 
 class TargetLM(nn.Module):
@@ -161,38 +361,55 @@ class TargetLM(nn.Module):
         x = self.embed(tokens)
         for blk in self.blocks:
             q, k, v = blk.qkv_heads(x, pos)
-            x = blk.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = blk.finish(x, att.transpose(1, 2).reshape(b, t, -1))
+        h = self.ln_f(x)
+        return self.head(h), h
+
+    def _packed(
+        self, cache: KVCache, slots: np.ndarray, counts: np.ndarray, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The incremental forward over packed `tokens [M]`: the rows' tokens, then padding."""
+        pos = cache.begin(slots, counts)
+        if len(tokens) > len(pos):
+            pos = torch.cat([pos, pos.new_zeros(len(tokens) - len(pos))])
+        x = self.embed(tokens)
+        for layer, blk in enumerate(self.blocks):
+            q, k, v = blk.project(x, pos)
+            x = blk.finish(x, cache.attend(layer, q, k, v))
+        cache.end()
         h = self.ln_f(x)
         return self.head(h), h
 
     def extend(
-        self, cache: KVCache, slots: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor
+        self, cache: KVCache, slots: np.ndarray, tokens: torch.Tensor, counts: np.ndarray
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append `counts[b]` of the tokens `[B, T]` to slot `slots[b]`, attending to its cache.
 
         Returns `(logits, hidden)` `[B, T, ...]`; columns at or past a row's count are padding
-        whose outputs mean nothing. The slots' lengths grow by their counts.
+        (zero). The slots' lengths grow by their counts. Only the rows' tokens are computed,
+        packed and padded to a multiple of `ROW_TILE`.
         """
-        pos, total, width, row, col, where, mask = _placement(cache, slots, tokens, counts)
-        x = self.embed(tokens)
-        for layer, blk in enumerate(self.blocks):
-            q, k, v = blk.qkv_heads(x, pos)
-            cache.k[layer][where[0], :, where[1]] = k.transpose(1, 2)[row, col]
-            cache.v[layer][where[0], :, where[1]] = v.transpose(1, 2)[row, col]
-            keys = cache.k[layer][slots, :, :width]
-            values = cache.v[layer][slots, :, :width]
-            att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None])
-            x = blk.finish(x, att)
-        cache.length[slots] = total
-        h = self.ln_f(x)
-        return self.head(h), h
+        counts = np.asarray(counts)
+        b, t = tokens.shape
+        row, col = (torch.as_tensor(a, device=tokens.device) for a in _packing(counts))
+        n = len(row)
+        flat = tokens.new_zeros(tiled(n))
+        flat[:n] = tokens[row, col]
+        logits, hidden = self._packed(cache, slots, counts, flat)
+        logits, hidden = logits[:n], hidden[:n]
+        if n == b * t:
+            return logits.view(b, t, -1), hidden.view(b, t, -1)
+        out = logits.new_zeros((b, t, logits.shape[1])), hidden.new_zeros((b, t, hidden.shape[1]))
+        out[0][row, col], out[1][row, col] = logits, hidden
+        return out
 
     def extend_packed(
         self,
         cache: KVCache,
-        slots: torch.Tensor,
+        slots: np.ndarray,
         tokens: torch.Tensor,
-        counts: torch.Tensor,
+        counts: np.ndarray,
         padded: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`extend` as a server's verify runs it: the rows' tokens packed one after another
@@ -201,31 +418,14 @@ class TargetLM(nn.Module):
         row's attention reads its own cache. Returns `(logits, hidden)` `[padded, ...]` in
         packed order (row by row, each row's first `counts[b]` tokens); past them, padding.
         """
-        b, t = tokens.shape
+        counts = np.asarray(counts)
         n = int(counts.sum())
         if padded < n:
             raise ValueError(f"extend_packed: {n} tokens do not fit in {padded}")
-        pos, total, width, row, col, where, mask = _placement(cache, slots, tokens, counts)
+        row, col = (torch.as_tensor(a, device=tokens.device) for a in _packing(counts))
         flat = tokens.new_zeros(padded)
         flat[:n] = tokens[row, col]
-        flat_pos = pos.new_zeros((1, padded))
-        flat_pos[0, :n] = pos[row, col]
-        x = self.embed(flat)[None]
-        for layer, blk in enumerate(self.blocks):
-            q, k, v = blk.qkv_heads(x, flat_pos)
-            cache.k[layer][where[0], :, where[1]] = k[0].transpose(0, 1)[:n]
-            cache.v[layer][where[0], :, where[1]] = v[0].transpose(0, 1)[:n]
-            rect = q.new_zeros((b, q.shape[1], t, q.shape[3]))
-            rect[row, :, col] = q[0].transpose(0, 1)[:n]
-            keys = cache.k[layer][slots, :, :width]
-            values = cache.v[layer][slots, :, :width]
-            att = F.scaled_dot_product_attention(rect, keys, values, attn_mask=mask[:, None])
-            out = q.new_zeros((padded, q.shape[1], q.shape[3]))
-            out[:n] = att[row, :, col]
-            x = blk.finish(x, out.transpose(0, 1)[None])
-        cache.length[slots] = total
-        h = self.ln_f(x[0])
-        return self.head(h), h
+        return self._packed(cache, slots, counts, flat)
 
 
 class _Residual(nn.Module):

@@ -47,10 +47,13 @@ def load_models(config: RuntimeConfig) -> RealModels:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {config.device!r}: no CUDA device is available")
     if device.type == "cpu":
-        # a step's products are small (rows x gamma + 1 tokens); torch's thread pool costs
-        # more than it gains there, most of all on a busy host
+        # one thread: torch's pool spins while it waits, and against other processes on a
+        # 2-core host a run with two threads took 9 times as long as with one
         torch.set_num_threads(1)
-    models = load(path, device=device)
+    # float32 on a CPU, float64 elsewhere: how each keeps a row's numbers batch-invariant
+    # (model.py)
+    dtype = torch.float32 if device.type == "cpu" else torch.float64
+    models = load(path, device=device, dtype=dtype)
     if models.config.gamma != config.gamma:
         raise ValueError(
             f"{path}: the drafter proposes {models.config.gamma} tokens, the run asks for "

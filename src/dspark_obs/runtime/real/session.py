@@ -7,10 +7,13 @@ cache keeps the last token and the accepted drafts, drops the rest, and the targ
 state at the last accepted position anchors the next draft. Rows are request slots; every
 call is one batched forward, and nothing loops over requests but the prompt padding.
 
-Everything returned is float64 rounded through float32 (`model.round_logits`), and so are
-the hidden states kept for the next draft: a row's numbers do not depend on which other
-rows, or how many verify columns, shared its forward, so compact (verify the window) and
-cap-accept (verify the block, commit the window) commit the same tokens.
+Everything returned is rounded through float32 (`model.round_logits`; float32 itself on a
+CPU), and so are the hidden states kept for the next draft: a row's numbers do not depend on
+which other rows shared its forward (model.py says how each precision keeps that), so
+compact (verify the window) and cap-accept (verify the block, commit the window) commit the
+same tokens. In float64 they do not depend on how many verify columns it had either; in
+float32 they may in their last bits, which a runtime never meets: it verifies every row's
+whole block, and the modes differ only in how much of the chain they read.
 """
 
 from __future__ import annotations
@@ -20,8 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .model import KVCache, round_logits
+from .model import make_cache, round_logits, tiled
 from .weights import RealModels
+
+#: prompt tokens one prefill forward runs at most: a step's admissions can bring thousands of
+#: prompt bytes, and each holds a few 8 KiB float64 activations (the MLP's) during its forward
+PREFILL_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -35,16 +42,21 @@ class Drafted:
     confidence_logits: np.ndarray
 
 
+def _numpy(x: torch.Tensor) -> np.ndarray:
+    """What a runtime reads: `x` rounded through float32, as float64 numpy."""
+    return round_logits(x).to(torch.float64).cpu().numpy()
+
+
 class RealSession:
     def __init__(self, models: RealModels, slots: int) -> None:
         self.models = models
         p = next(models.target.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.gamma = models.config.gamma
-        self.cache = KVCache(models.target, slots)
+        self.cache = make_cache(models.target, slots)
         self.hidden = torch.zeros((slots, models.config.width), dtype=p.dtype, device=p.device)
         self.last = np.zeros(slots, dtype=np.int64)
-        self._verified: tuple[np.ndarray, torch.Tensor, torch.Tensor] | None = None
+        self._verified: tuple[np.ndarray, np.ndarray, torch.Tensor] | None = None
 
     def _t(self, a: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.asarray(a, dtype=np.int64), device=self.device)
@@ -52,41 +64,58 @@ class RealSession:
     def lengths(self, slots: np.ndarray) -> np.ndarray:
         """Committed positions the target has run, per slot (the prompt's and the output's,
         less the last committed token)."""
-        return self.cache.length[self._t(slots)].cpu().numpy()
+        return self.cache.length[slots]
 
     @torch.no_grad()
     def prefill(self, slots: np.ndarray, prompts: list[bytes]) -> None:
         """Start requests in `slots` (whatever they held before) on prompts of >= 2 bytes."""
         if len(prompts) != len(slots) or any(len(p) < 2 for p in prompts):
             raise ValueError("prefill: one prompt of at least 2 bytes per slot")
+        slots = np.asarray(slots)
         counts = np.array([len(p) - 1 for p in prompts])
         tokens = np.zeros((len(prompts), counts.max()), dtype=np.int64)
         for row, p in enumerate(prompts):
             tokens[row, : len(p) - 1] = np.frombuffer(p[:-1], dtype=np.uint8)
-        s = self._t(slots)
-        self.cache.truncate(s, torch.zeros_like(s))
-        _, hidden = self.models.target.extend(self.cache, s, self._t(tokens), self._t(counts))
-        rows = torch.arange(len(slots), device=self.device)
-        self.hidden[s] = round_logits(hidden[rows, self._t(counts - 1)])
+        self.cache.truncate(slots, np.zeros(len(slots), dtype=np.int64))
+        lo = 0
+        while lo < len(slots):
+            fit = np.searchsorted(np.cumsum(counts[lo:]), PREFILL_TOKENS, side="right")
+            hi = lo + max(1, int(fit))
+            n = counts[lo:hi]
+            chunk = self._t(tokens[lo:hi, : n.max()])
+            _, hidden = self.models.target.extend(self.cache, slots[lo:hi], chunk, n)
+            rows = torch.arange(hi - lo, device=self.device)
+            self.hidden[self._t(slots[lo:hi])] = round_logits(hidden[rows, self._t(n - 1)])
+            lo = hi
         self.last[slots] = [p[-1] for p in prompts]
 
     @torch.no_grad()
     def draft(self, slots: np.ndarray, temperature: np.ndarray, uniforms: np.ndarray) -> Drafted:
         """A block per row: greedy where `temperature == 0`, else sampled at it by inverse CDF
         with the caller's `uniforms [B, gamma]` in [0, 1)."""
-        s = self._t(slots)
+        b = len(slots)
+        # rows padded to a tile, as `TargetLM.extend` pads its tokens (model.py: batch
+        # invariance); the padding drafts greedily from slot 0's state
+        pad = np.zeros(tiled(b) - b, dtype=np.int64)
+        s = self._t(np.concatenate([np.asarray(slots, dtype=np.int64), pad]))
         block = self.models.drafter.draft(
             self.hidden[s],
-            self._t(self.last[slots]),
-            torch.as_tensor(temperature, dtype=self.dtype, device=self.device),
-            torch.as_tensor(uniforms, dtype=self.dtype, device=self.device),
+            self._t(self.last[s.cpu().numpy()]),
+            self._rows(temperature, pad),
+            self._rows(uniforms, pad),
         )
         conf = self.models.confidence(block)
         return Drafted(
-            block.tokens.cpu().numpy(),
-            round_logits(block.logprobs).cpu().numpy(),
-            round_logits(conf).cpu().numpy(),
+            block.tokens[:b].cpu().numpy(),
+            _numpy(block.logprobs[:b]),
+            _numpy(conf[:b]),
         )
+
+    def _rows(self, a: np.ndarray, pad: np.ndarray) -> torch.Tensor:
+        """`a` with `len(pad)` zero rows after it, in the networks' dtype."""
+        a = np.asarray(a, dtype=np.float64)
+        rows = np.concatenate([a, np.zeros((len(pad), *a.shape[1:]))])
+        return torch.as_tensor(rows, dtype=self.dtype, device=self.device)
 
     @torch.no_grad()
     def verify(self, slots: np.ndarray, drafts: np.ndarray, window: np.ndarray) -> np.ndarray:
@@ -97,13 +126,10 @@ class RealSession:
             raise ValueError(f"verify: windows must lie in [0, {drafts.shape[1]}]")
         width = 1 + int(window.max(initial=0))
         tokens = np.concatenate([self.last[slots][:, None], drafts[:, : width - 1]], axis=1)
-        s = self._t(slots)
-        start = self.cache.length[s].clone()
-        logits, hidden = self.models.target.extend(
-            self.cache, s, self._t(tokens), self._t(window + 1)
-        )
+        start = self.cache.length[slots]
+        logits, hidden = self.models.target.extend(self.cache, slots, self._t(tokens), window + 1)
         self._verified = (np.array(slots), start, round_logits(hidden))
-        return round_logits(logits).cpu().numpy()
+        return _numpy(logits)
 
     def commit(self, slots: np.ndarray, accepted: np.ndarray, bonus: np.ndarray) -> None:
         """After `verify` on the same slots: keep the last token and `accepted` drafts in each
@@ -112,7 +138,7 @@ class RealSession:
             raise ValueError("commit: call verify on the same slots first")
         _, start, hidden = self._verified
         self._verified = None
-        acc = self._t(accepted)
-        self.cache.truncate(self._t(slots), start + 1 + acc)
-        self.hidden[self._t(slots)] = hidden[torch.arange(len(slots), device=self.device), acc]
+        self.cache.truncate(slots, start + 1 + accepted)
+        rows = torch.arange(len(slots), device=self.device)
+        self.hidden[self._t(slots)] = hidden[rows, self._t(accepted)]
         self.last[slots] = bonus

@@ -31,23 +31,15 @@ def timed_verify(
     drafts) up to each row's `verified` drafts, packed and padded to `tier` tokens, from the
     cache lengths `start`; the session's cache is left as it was."""
     device = session.device
-    s = torch.as_tensor(slots, device=device)
-    first = torch.as_tensor(start, device=device)
     cache = session.cache
-    where = (s[:, None], first[:, None] + torch.arange(tokens.shape[1], device=device))
-    keys, values = cache.k[:, where[0], :, where[1]].clone(), cache.v[:, where[0], :, where[1]]
-    values = values.clone()
-    length = cache.length[s].clone()
-    cache.length[s] = first
+    saved = cache.save(slots, start, tokens.shape[1])
+    cache.truncate(slots, start)
     batch = torch.as_tensor(tokens[:, : int(verified.max()) + 1], device=device)
-    counts = torch.as_tensor(verified + 1, device=device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
     begin = time.perf_counter()
-    session.models.target.extend_packed(cache, s, batch, counts, tier)
+    session.models.target.extend_packed(cache, slots, batch, verified + 1, tier)
     sync()
     seconds = time.perf_counter() - begin
-    cache.k[:, where[0], :, where[1]] = keys
-    cache.v[:, where[0], :, where[1]] = values
-    cache.length[s] = length
+    cache.restore(saved)
     return seconds
