@@ -16,12 +16,13 @@ logits at temperature 1, which is what STS starts from.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from ..calibration import CalibrationAccumulator
+from ..calibration import CalibrationAccumulator, prefix_labels
 from ..calibration.metrics import EPS_PROB
 from ..store import Run, open_run
 from ..store.fleet import Fleet, FleetHead
@@ -88,6 +89,15 @@ def _group_code(req: pl.LazyFrame, by: tuple[str, ...]) -> tuple[pl.Expr, Callab
     return code.alias("group"), key
 
 
+#: Request-steps binned at a time. Each window's matrices are read while the one
+#: before it is binned, so two are held at once: at 500k rows a stage's columns take
+#: about 30 MB a window, where reading a 10M request-step run whole took over 1 GB.
+WINDOW_ROWS = 500_000
+#: Rows folded at a time: a fold's temporaries stay below the process's mmap threshold
+#: (`allocator.py`), so they are not faulted in afresh for every part of a window.
+FOLD_ROWS = 1 << 15
+
+
 def calibration_histograms(
     run: Run,
     stages: tuple[str, ...] = (RECORDED, RAW),
@@ -96,79 +106,108 @@ def calibration_histograms(
     by: tuple[str, ...] = (),
 ) -> dict[str, dict]:
     """Per stage, one accumulator per workload (per (workload, *by) key when `by` names
-    request columns, e.g. `rank`, `mode`); a stage no row records is left out."""
+    request columns, e.g. `rank`, `mode`); a stage no row records is left out.
+
+    The rows are read in windows (`WINDOW_ROWS`) and binned in numpy as
+    `CalibrationAccumulator.update` bins (`_fold`): grouping tens of millions of
+    (position, bin) keys in polars cost more than reading the matrices, and collecting a
+    stage whole held all its rows at once.
+    """
     gamma = run.gamma
     req = run.requests()
     group, key_of = _group_code(req, by)
-    base = req.select(
+    rows = req.select(pl.len()).collect().item()
+    frame = req.select(
         group,
         pl.col("correct_drafts").cast(pl.Int16),  # counts are at most gamma
         pl.col("window").cast(pl.Int16),
-        pl.coalesce("ceiling", "shadow_ceiling").cast(pl.Int16).alias("known"),
+        pl.coalesce("ceiling", "shadow_ceiling").cast(pl.Int16).fill_null(-1).alias("known"),
         *(_source(s) for s in stages),
     )
-    reach = pl.coalesce("known", "correct_drafts")
-    settled = pl.col("known").is_not_null() | (pl.col("correct_drafts") < pl.col("window"))
-    cells_per_position = bins * auroc_bins
-    out: dict[str, dict[str | None, CalibrationAccumulator]] = {}
-    for stage in stages:
-        # one scan per stage turns its array column into plain columns; the per-position
-        # queries then run on memory instead of decoding the Parquet once each, and a
-        # stage no row records (no confidence head, no raw logits) is seen right here
-        collected = _with_stage(
-            base.drop(*(_source(s) for s in stages if s != stage)), stage, gamma
+    accumulators: dict[str, dict[int, CalibrationAccumulator]] = {s: {} for s in stages}
+    recorded = dict.fromkeys(stages, False)  # whether any row has the stage's position 0
+
+    def read(lo: int) -> dict[str, np.ndarray]:
+        window = frame.slice(lo, WINDOW_ROWS)
+        if RAW in stages:
+            window = _with_stage(window, RAW, gamma)
+        window = window.collect()
+        out = {c: window[c].to_numpy() for c in ("group", "correct_drafts", "window", "known")}
+        for stage in stages:
+            if stage == RAW:
+                out[stage] = window.select(f"{stage}{j}" for j in range(gamma)).to_numpy()
+            else:
+                out[stage] = window[_source(stage)].to_numpy()
+        return out
+
+    with ThreadPoolExecutor(1, thread_name_prefix="calibration-read") as reader:
+        starts = iter(range(WINDOW_ROWS, rows, WINDOW_ROWS))
+        pending = reader.submit(read, 0) if rows else None
+        while pending is not None:
+            window = pending.result()
+            lo = next(starts, None)
+            pending = None if lo is None else reader.submit(read, lo)
+            for stage in stages:
+                for start in range(0, len(window["group"]), FOLD_ROWS):
+                    part = {k: v[start : start + FOLD_ROWS] for k, v in window.items()}
+                    recorded[stage] |= _fold(
+                        accumulators[stage], part, stage, gamma, bins, auroc_bins
+                    )
+    return {
+        stage: dict(
+            sorted(((key_of(g), acc) for g, acc in accumulators[stage].items()), key=_by_key)
         )
-        collected = collected.collect()
-        if collected[f"{stage}0"].null_count() == collected.height:
-            continue
-        rows = collected.lazy()
-        frames = []
-        for j in range(gamma):
-            p = pl.col(f"{stage}{j}").clip(EPS_PROB, 1.0 - EPS_PROB)
-            coarse = (p * bins).cast(pl.Int64).clip(upper_bound=bins - 1)
-            fine = (p * auroc_bins).cast(pl.Int64).clip(upper_bound=auroc_bins - 1)
-            # one integer key (group, position, ECE bin, AUROC bin) groups fastest
-            key = ((pl.col("group") * gamma + j) * bins + coarse) * auroc_bins + fine
-            frames.append(
-                rows.filter(
-                    pl.col(f"{stage}{j}").is_not_null() & (settled | (pl.col("correct_drafts") > j))
-                )
-                .select(key.alias("key"), p.alias("p"), (reach > j).alias("y"))
-                .group_by("key")
-                .agg(
-                    pl.len().alias("n"),
-                    pl.col("y").sum().alias("positives"),
-                    pl.col("p").sum().alias("pred_sum"),
-                    ((pl.col("p") - pl.col("y").cast(pl.Float64)) ** 2).sum().alias("sq_err"),
-                )
-            )
-        cells = pl.concat(frames).collect(engine="streaming")
-        del frames, rows, collected  # free this stage's columns before the next scan
-        key = cells["key"].to_numpy()
-        group, rest = np.divmod(key, gamma * cells_per_position)
-        pos, rest = np.divmod(rest, cells_per_position)
-        coarse, fine = np.divmod(rest, auroc_bins)
-        n = cells["n"].to_numpy().astype(np.int64)
-        positives = cells["positives"].to_numpy().astype(np.int64)
-        pred_sum, sq_err = cells["pred_sum"].to_numpy(), cells["sq_err"].to_numpy()
-        nc, nf = gamma * bins, gamma * auroc_bins
-        per_workload = {}
-        for g in np.unique(group).tolist():
-            m = group == g
-            cidx = pos[m] * bins + coarse[m]
-            fidx = pos[m] * auroc_bins + fine[m]
-            acc = CalibrationAccumulator(gamma, num_bins=bins, auroc_bins=auroc_bins)
-            acc.add_histograms(
-                count=np.bincount(cidx, weights=n[m], minlength=nc),
-                pred_sum=np.bincount(cidx, weights=pred_sum[m], minlength=nc),
-                target_sum=np.bincount(cidx, weights=positives[m], minlength=nc),
-                fine_pos=np.bincount(fidx, weights=positives[m], minlength=nf),
-                fine_neg=np.bincount(fidx, weights=n[m] - positives[m], minlength=nf),
-                sq_err_sum=np.bincount(pos[m], weights=sq_err[m], minlength=gamma),
-            )
-            per_workload[key_of(g)] = acc
-        out[stage] = dict(sorted(per_workload.items(), key=lambda kv: _order(kv[0])))
-    return out
+        for stage in stages
+        if recorded[stage]
+    }
+
+
+def _fold(
+    accumulators: dict[int, CalibrationAccumulator],
+    rows: dict[str, np.ndarray],
+    stage: str,
+    gamma: int,
+    bins: int,
+    auroc_bins: int,
+) -> bool:
+    """Add the rows' `stage` predictions to the accumulators of their groups (a group
+    with no labelled position gets none); returns whether any row records position 0.
+
+    `CalibrationAccumulator.update`'s binning, with the group in every cell's index, so
+    that all groups fold in one pass of bincounts; a position counts where its
+    prediction is recorded and `prefix_labels` labels it.
+    """
+    p = rows[stage]
+    recorded = ~np.isnan(p)
+    labels, labelled = prefix_labels(rows["correct_drafts"], rows["window"], rows["known"], gamma)
+    labelled &= recorded
+    if not labelled.any():
+        return bool(recorded[:, 0].any())
+    cell = (rows["group"][:, None] * gamma + np.arange(gamma))[labelled]
+    labels = labels[labelled]
+    probs = np.clip(p[labelled], EPS_PROB, 1.0 - EPS_PROB)
+    cells = (int(cell.max()) // gamma + 1) * gamma  # whole groups
+    coarse = cell * bins + np.minimum((probs * bins).astype(np.int64), bins - 1)
+    fine = cell * auroc_bins + np.minimum((probs * auroc_bins).astype(np.int64), auroc_bins - 1)
+    fine_all = np.bincount(fine, minlength=cells * auroc_bins)
+    fine_pos = np.bincount(fine[labels], minlength=cells * auroc_bins)
+    sums = {
+        "count": np.bincount(coarse, minlength=cells * bins).reshape(-1, gamma * bins),
+        "pred_sum": np.bincount(coarse, probs, cells * bins).reshape(-1, gamma * bins),
+        "target_sum": np.bincount(coarse[labels], minlength=cells * bins).reshape(-1, gamma * bins),
+        "fine_pos": fine_pos.reshape(-1, gamma * auroc_bins),
+        "fine_neg": (fine_all - fine_pos).reshape(-1, gamma * auroc_bins),
+        "sq_err_sum": np.bincount(cell, (probs - labels) ** 2, cells).reshape(-1, gamma),
+    }
+    for g in np.flatnonzero(sums["count"].any(axis=1)).tolist():
+        if g not in accumulators:
+            accumulators[g] = CalibrationAccumulator(gamma, num_bins=bins, auroc_bins=auroc_bins)
+        accumulators[g].add_histograms(**{k: v[g] for k, v in sums.items()})
+    return bool(recorded[:, 0].any())
+
+
+def _by_key(item: tuple) -> tuple:
+    return _order(item[0])
 
 
 def _order(key) -> tuple:
