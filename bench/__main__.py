@@ -27,6 +27,7 @@ from . import (
     hook_graph,
     hook_import,
     hook_step,
+    ingest_memory,
     real_cost,
     render_scrape,
     report_large,
@@ -57,6 +58,7 @@ BENCHMARKS = {
     "sglang_load": sglang_load,
     "answer_memory": answer_memory,
     "whatif_large": whatif_large,
+    "ingest_memory": ingest_memory,
     "real_cost": real_cost,
     "store_write": store_write,
 }

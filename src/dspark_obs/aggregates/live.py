@@ -111,10 +111,17 @@ class Aggregates:
         flush_rows: int = 4096,
         cost_probes: tuple | None = None,
         compiled: bool | None = None,
+        requests: bool = True,
     ) -> None:
         """`compiled` picks the request-row fold: C where it was built (None, the default)
-        or numpy (False); True insists on C. Both add the same counts."""
+        or numpy (False); True insists on C. Both add the same counts.
+
+        `requests=False` folds in the steps alone (load, the cost model the estimator
+        prices trimming with), never the request rows: for a command that writes a run and
+        publishes nothing, since the rows' histograms cost about 1 MB a label group, and a
+        256-rank file has hundreds of groups whatever its size."""
         self.gamma = gamma
+        self.requests = requests
         self.flush_rows = flush_rows
         self.index = GroupIndex(workload_cap)
         self.step_groups: dict[tuple[str, int], int] = {}
@@ -221,7 +228,7 @@ class Aggregates:
 
     def _fold_requests(self, batches: list[StepBatch]) -> None:
         """Request rows of several steps, folded in together."""
-        batches = [b for b in batches if b.num_reqs]
+        batches = [b for b in batches if b.num_reqs] if self.requests else []
         if not batches:
             return
         group = self.index.rows(batches)

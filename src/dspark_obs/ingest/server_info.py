@@ -34,6 +34,7 @@ class ServerInfoIngest:
             gamma,
             writer=RunWriter(out, self.manifest),
             assume_greedy=None if assume is None else assume == "greedy",
+            publish=False,
         )
         self.timing = False
         self.workloads: set[str] = set()

@@ -163,6 +163,7 @@ def build_pipeline(
     assume_greedy: bool | None = None,
     cost_table: AdditiveCostTable | None = None,
     capture_tiers: tuple[int, ...] | None = None,
+    publish: bool = True,
 ) -> Pipeline:
     """The one way a pipeline is put together: live aggregates and the ceiling estimator over
     the same label groups and window, and the run store when one is open.
@@ -171,9 +172,13 @@ def build_pipeline(
     None leaves their trimmed tails to the population model alone. `cost_table` and
     `capture_tiers` are the server's, where known (the reference runtime's): the cost of
     trimming prices static's steps with them, and otherwise with the aggregates' online
-    refit of each (mode, rank).
+    refit of each (mode, rank). `publish=False` (a command that only writes a run, such as
+    `ingest`) leaves the request rows out of the aggregates, which nothing would read:
+    memory then follows the input, not the number of label groups in it.
     """
-    aggregates = Aggregates(gamma, workload_cap=workload_cap, window_steps=window_steps)
+    aggregates = Aggregates(
+        gamma, workload_cap=workload_cap, window_steps=window_steps, requests=publish
+    )
 
     def step_cost(mode: str, rank: int):
         return cost_table if cost_table is not None else aggregates.cost_table(mode, rank)
