@@ -22,16 +22,6 @@ from dspark_obs.store.fleet import Fleet, FleetHead
 from .evaluate import MAX_AGGS, all_steps, method_aggs, method_entry_from_sums, walked_blocks
 
 _JOIN = ["rank", "forward_ct", "rid"]
-_STAT_SUMS = (
-    "n",
-    "truth_sum",
-    "truth_n",
-    "trimmed",
-    "trimmed_window",
-    "untrimmed_accepted",
-    "observed_blocks",
-    "observed_tokens",
-)
 
 
 def _trimmed(gamma: int) -> pl.Expr:

@@ -714,8 +714,7 @@ CATALOG: tuple[Metric, ...] = (
         "dspark_store_bytes",
         "gauge",
         (),
-        "Bytes the production store holds on disk: its closed hours and the hours being "
-        "written.",
+        "Bytes the production store holds on disk: its closed hours and the hours being written.",
         source=("store", "bytes"),
     ),
     Metric(
@@ -749,5 +748,3 @@ CATALOG: tuple[Metric, ...] = (
         source=("workloads", "overflow"),
     ),
 )
-
-BY_NAME = {m.name: m for m in CATALOG}

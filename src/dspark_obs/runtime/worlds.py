@@ -19,8 +19,6 @@ from .language import PRESETS, WorkloadProfile
 #: that naming a world imports no torch)
 REAL_WORKLOADS = ("code", "docs", "changelog")
 
-CONFIDENCE_SOURCES = ("acceptance", "draft-probability")
-
 
 @dataclass(frozen=True)
 class World:

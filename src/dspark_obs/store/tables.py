@@ -48,9 +48,6 @@ _LEAD = ("rank", "forward_ct", "mode", "gamma")
 _NULL_IF_NAN = ("temperature", "bonus_logprob")
 _NULL_IF_MINUS_ONE = ("shadow_ceiling",)
 
-#: Derived request columns: written for readers' convenience, dropped on read.
-DERIVED_REQUEST_COLUMNS = ("window", "ceiling")
-
 #: Derived step column: the context tokens the step's requests attend to (the sum of
 #: their `prefix_len`), null for a step recorded without request rows. What attention
 #: costs grows with it, and the cost fit reads it from the steps alone; it is dropped on
