@@ -2,8 +2,8 @@
 
 The run store publishes a part per flush by atomic rename, so SIGKILL (the OOM
 killer, a power cut, `kill -9`) may cost what was buffered since the last part
-and nothing else. Each repeat starts a real child writing a run directory and
-kills it with SIGKILL at a seeded random moment: a quarter of the repeats a
+and nothing else. Each repeat (two at a time) starts a real child writing a run
+directory and kills it with SIGKILL at a seeded random moment: a quarter of the repeats a
 random delay after the process starts (often before it has created anything),
 the others a random delay after its first few parts are published (often
 mid-flush). Which repeats have published parts when killed is thus fixed by the
@@ -36,6 +36,8 @@ import os
 import random
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -162,61 +164,90 @@ def _started(run_dir: Path, timeout: float = WAIT_SECONDS) -> bool:
     return True
 
 
-@pytest.mark.slow
-def test_sigkill_at_random_moments_loses_at_most_one_flush_interval(tmp_path):
-    rng = random.Random(SEED)
+@dataclass(frozen=True)
+class Kill:
+    """One repeat: which command, its flush interval, and when it is killed."""
+
+    i: int
+    command: str
+    flush_steps: int
+    flush_seconds: float
+    moment: str  # "early": a delay after the start; "": a delay after `parts` parts
+    parts: int
+    delay: float
+
+
+def _kills(rng: random.Random) -> list[Kill]:
+    """Every repeat's plan, drawn from the seed before any runs, so that which repeats are
+    killed when does not depend on the order or the pace in which they run."""
     early = {c: rng.sample(range(n), EARLY_KILLS[c]) for c, n in KILLS.items()}
-    outcomes = []
+    plans = []
     for i in range(sum(KILLS.values())):
         command = "serve" if i < KILLS["serve"] else "run"
-        out = tmp_path / f"{command}{i}"
-        cwd = tmp_path / f"cwd{i}"
         if command == "serve":
             flush_steps, flush_seconds = rng.choice(SERVE_FLUSH_STEPS), 3600.0
         else:
             flush_steps, flush_seconds = 1_000_000, RUN_FLUSH_SECONDS
-        args = _args(command, out, i, flush_steps, flush_seconds)
         # early: a delay from the start of the process, which often lands before anything
         # exists; otherwise a delay after the first `parts` parts, often mid-flush
         moment = "early" if i - (command == "run") * KILLS["serve"] in early[command] else ""
         parts = 0 if moment else rng.randint(1, 3)
         delay = rng.uniform(0.0, 1.5) if moment else rng.uniform(0.0, 0.6)
-        seen = None  # the last dspark_steps_total scraped (serve)
-        with Child(*args, workdir=cwd) as child:
-            waited = time.monotonic() + WAIT_SECONDS
-            while len(_published(out)) < parts:
-                assert child.proc.poll() is None and time.monotonic() < waited, child.describe()
-                seen = _scrape_steps(child, command, seen)
-                time.sleep(0.01)
-            deadline = time.monotonic() + delay
-            while time.monotonic() < deadline:
-                seen = _scrape_steps(child, command, seen)
-                time.sleep(0.01)
-            killed_at = time.time()
-            child.proc.send_signal(signal.SIGKILL)
-            assert child.proc.wait(10) == -signal.SIGKILL, child.describe()
+        plans.append(Kill(i, command, flush_steps, flush_seconds, moment, parts, delay))
+    return plans
 
-        behind = None  # run: seconds between the last published part and the kill
-        if not (out / "run.json").exists():
-            stored = rows = 0
-            assert seen is None or seen == 0
-        else:
-            manifest = json.loads((out / "run.json").read_text())
-            assert manifest["complete"] is False
-            stored, rows = check_readable(out)
-            if command == "serve" and seen is not None:
-                # everything served up to the last scrape, but one flush interval, is stored
-                assert seen - stored <= flush_steps, (seen, stored, flush_steps)
-            if command == "run":
-                published = _published(out)
-                last = (published[-1] if published else out / "run.json").stat().st_mtime
-                behind = killed_at - last
-                flush = max([FLUSH_SLACK_SECONDS, *_publication_gaps(out)])
-                assert behind <= flush_seconds + flush, (behind, flush, len(published))
-        restart = check_restart(args, out, cwd, command)
-        when = moment or f"after {parts} parts"
-        outcomes.append(
-            (command, when, round(delay, 2), flush_steps, seen, stored, rows, restart, behind)
+
+def _kill_and_check(plan: Kill, tmp_path: Path) -> tuple:
+    """Start the plan's child, SIGKILL it at its moment, check what it left and a restart."""
+    command, flush_steps, flush_seconds = plan.command, plan.flush_steps, plan.flush_seconds
+    out = tmp_path / f"{command}{plan.i}"
+    cwd = tmp_path / f"cwd{plan.i}"
+    args = _args(command, out, plan.i, flush_steps, flush_seconds)
+    seen = None  # the last dspark_steps_total scraped (serve)
+    with Child(*args, workdir=cwd) as child:
+        waited = time.monotonic() + WAIT_SECONDS
+        while len(_published(out)) < plan.parts:
+            assert child.proc.poll() is None and time.monotonic() < waited, child.describe()
+            seen = _scrape_steps(child, command, seen)
+            time.sleep(0.01)
+        deadline = time.monotonic() + plan.delay
+        while time.monotonic() < deadline:
+            seen = _scrape_steps(child, command, seen)
+            time.sleep(0.01)
+        killed_at = time.time()
+        child.proc.send_signal(signal.SIGKILL)
+        assert child.proc.wait(10) == -signal.SIGKILL, child.describe()
+
+    behind = None  # run: seconds between the last published part and the kill
+    if not (out / "run.json").exists():
+        stored = rows = 0
+        assert seen is None or seen == 0
+    else:
+        manifest = json.loads((out / "run.json").read_text())
+        assert manifest["complete"] is False
+        stored, rows = check_readable(out)
+        if command == "serve" and seen is not None:
+            # everything served up to the last scrape, but one flush interval, is stored
+            assert seen - stored <= flush_steps, (seen, stored, flush_steps)
+        if command == "run":
+            published = _published(out)
+            last = (published[-1] if published else out / "run.json").stat().st_mtime
+            behind = killed_at - last
+            flush = max([FLUSH_SLACK_SECONDS, *_publication_gaps(out)])
+            assert behind <= flush_seconds + flush, (behind, flush, len(published))
+    restart = check_restart(args, out, cwd, command)
+    when = plan.moment or f"after {plan.parts} parts"
+    return (command, when, round(plan.delay, 2), flush_steps, seen, stored, rows, restart, behind)
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_loses_at_most_one_flush_interval(tmp_path):
+    # Two repeats at a time: each is mostly a child starting up or waiting on its parts, and
+    # every bound above holds whatever else the machine runs (the serve bound counts steps,
+    # the run bound stretches with the run's own gaps between parts).
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        outcomes = list(
+            pool.map(lambda plan: _kill_and_check(plan, tmp_path), _kills(random.Random(SEED)))
         )
 
     lost = [o[4] - o[5] for o in outcomes if o[0] == "serve" and o[4] is not None]
