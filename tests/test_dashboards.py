@@ -442,7 +442,6 @@ def _default_serve(workdir: Path, request: pytest.FixtureRequest) -> PrometheusS
         "count(rate(dspark_estimator_resolved_blocks_total[1m]) > 0)"
         ' and count(dspark_ceiling_estimate_tokens{source="walk"})',
         lambda r: bool(r),
-        timeout=60,
     )
     return prom
 
@@ -540,7 +539,8 @@ def test_ceiling_panels_fall_back_to_the_walk_estimate(default_serve) -> None:
     the exporter's two sliding gauges), series by series."""
     prom = default_serve
     at = time.time()
-    time.sleep(3)  # every scrape up to `at` is in
+    # every scrape up to `at` is in once one after it is: the queries at `at` are then final
+    prom.wait_for('timestamp(up{job="dspark"})', lambda r: bool(r) and float(r[0]["value"][1]) > at)
     for by in ("", "workload"):
 
         def rate(name: str, by: str = by) -> dict[str, float]:
