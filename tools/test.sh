@@ -72,6 +72,21 @@ build_sglang_env() {
 sglang_log="$(mktemp)"
 build_sglang_env >"$sglang_log" 2>&1 &
 sglang_build=$!
+# vLLM 0.33.0's runner, sampler and adaptive verification types, on CPU (tests/test_vllm_hook.py),
+# in a third environment built as the SGLang one is: vllm without its pins, exactly what its
+# imported modules need (tools/vllm-requirements.txt), the first environment's packages after.
+build_vllm_env() {
+    python3 -m venv .venv-vllm
+    VL=.venv-vllm/bin/python
+    own="$($VL -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    printf 'import site; site.addsitedir(%s)\n' "'$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')'" >"$own/zz-main-environment.pth"
+    $VL -m pip install --quiet --upgrade pip
+    $VL -m pip install --quiet --no-deps vllm==0.33.0
+    $VL -m pip install --quiet -r tools/vllm-requirements.txt pytest
+}
+vllm_log="$(mktemp)"
+build_vllm_env >"$vllm_log" 2>&1 &
+vllm_build=$!
 
 $PY -m ruff check .
 # Static security checks; skips and the few `# nosec` are justified in pyproject / inline.
@@ -128,3 +143,8 @@ if ! wait "$bench"; then
     exit 1
 fi
 trap - EXIT
+if ! wait "$vllm_build" || ! .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_hook.py; then
+    cat "$vllm_log"
+    echo "tools/test.sh: the vLLM environment's tests failed" >&2
+    exit 1
+fi

@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 
 class StepSubmitter:
     def __init__(self, layout: StepLayout, ring: SharedRing, device, pool_slots: int, *,
-                 triton: bool | None = None) -> None:  # fmt: skip
+                 triton: bool | None = None, packer=None) -> None:  # fmt: skip
+        """`packer`: a pass of the torch form's interface (`pack(step, out)`) for an engine
+        whose step the Triton kernel does not read (vLLM's); Triton is then not used."""
         import torch
 
         self.layout, self.ring = layout, ring
@@ -44,7 +46,7 @@ class StepSubmitter:
             self.stamp = torch.zeros(1, dtype=torch.int64, device=self.device)
             self.index = self.device.index if self.device.index is not None else 0
             self.raw_stream = torch._C._cuda_getCurrentRawStream
-            if triton is not False:
+            if triton is not False and packer is None:
                 try:
                     from .pack_triton import TritonPacker
 
@@ -64,7 +66,7 @@ class StepSubmitter:
                 self.packed_at, self.stamp_from = self.packed.data_ptr(), self.stamp.data_ptr()
         self.fused = self.packer is not None
         if self.packer is None:
-            self.packer = TorchPacker(layout, pool_slots, self.device)
+            self.packer = packer or TorchPacker(layout, pool_slots, self.device)
 
     def _map_ring(self) -> bool:
         """The slots' device addresses, where the stream can write the stamps; False (the
