@@ -46,8 +46,26 @@ def clean(name: object) -> str:
     printable = "".join(c if c.isprintable() else REPLACEMENT for c in text)
     if len(printable) <= MAX_LEN:
         return printable
-    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:HASH_LEN]
-    return f"{printable[: MAX_LEN - HASH_LEN - 1]}~{digest}"
+    return f"{printable[: MAX_LEN - HASH_LEN - 1]}~{_digest(text)}"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:HASH_LEN]
+
+
+def fit_bytes(text: str, max_bytes: int, original: str | None = None) -> str:
+    """`text` in at most `max_bytes` bytes of UTF-8, for a part of a file name (a name is
+    at most 255 bytes on most filesystems, so an unbounded label in one fails to write).
+
+    As it is where it fits; else as many of its first characters as fit beside `~` and
+    `HASH_LEN` hex digits of the SHA-256 of `original` (`text` itself by default: give the
+    name `text` was made from, so that two names that make one text stay two).
+    """
+    if len(text.encode("utf-8", "surrogatepass")) <= max_bytes:
+        return text
+    room = max_bytes - HASH_LEN - 1
+    head = text.encode("utf-8", "surrogatepass")[:room].decode("utf-8", "ignore")
+    return f"{head}~{_digest(text if original is None else original)}"
 
 
 def clean_list(names: list) -> tuple[list[str], int]:

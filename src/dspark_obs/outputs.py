@@ -12,6 +12,8 @@ temporary name (`run.json.tmp`) would publish each other's half-written bytes. S
 - `write_file` writes a temporary file of a fresh name (`tempfile.mkstemp`: created with
   `O_EXCL`, so never through a link) in the same directory, fsyncs it and renames it over
   the name, so a reader sees the old file or the new one, whole.
+- `open_append` opens a file that a command adds lines to (a study's JSON Lines) with
+  `O_NOFOLLOW`, and refuses anything but a regular file there.
 - `OwnedFiles` records what a command wrote in a directory (`.dspark-obs-written.json`:
   each file's name and SHA-256). A later run of the command deletes an earlier output's
   file only when the record names it and it still holds the recorded bytes.
@@ -19,6 +21,8 @@ temporary name (`run.json.tmp`) would publish each other's half-written bytes. S
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -26,7 +30,7 @@ import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 #: The record of what a command wrote into a directory (see `OwnedFiles`).
 WRITTEN = ".dspark-obs-written.json"
@@ -70,6 +74,30 @@ def prepare_dir(path: str | Path, what: str = "--out") -> Path:
     return path
 
 
+def open_append(path: str | Path, what: str = "--out") -> TextIO:
+    """`path` opened to add text at its end (created if absent), never through a link.
+
+    OutputRefused where `path` is a symbolic link (`O_NOFOLLOW`: no race between a check
+    and the open) or not a regular file: a FIFO without a reader would block the command
+    for good, a device would swallow what it writes.
+    """
+    path = Path(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            _refuse_link(path, what)
+        if exc.errno == errno.ENXIO:  # a FIFO that nothing reads
+            raise OutputRefused(f"{what} {path}: is not a regular file") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OutputRefused(f"{what} {path}: is not a regular file")
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -81,6 +109,17 @@ def _fsync_dir(path: Path) -> None:
         pass  # some filesystems cannot fsync a directory
     finally:
         os.close(fd)
+
+
+def check_target(path: str | Path, what: str = "--out") -> Path:
+    """`path` as a file `write_file` may publish: OutputRefused where it is a symbolic link
+    or a directory. A command that writes several files checks them all first, so that a
+    refusal leaves the directory as it was."""
+    path = Path(path)
+    st = _refuse_link(path, what)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise OutputRefused(f"{what} {path}: is a directory")
+    return path
 
 
 def write_file(
@@ -97,10 +136,7 @@ def write_file(
     file and the directory (a run's parts must survive a crash; a report's figures can
     simply be made again).
     """
-    path = Path(path)
-    st = _refuse_link(path, what)
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        raise OutputRefused(f"{what} {path}: is a directory")
+    path = check_target(path, what)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:64]}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -30,18 +30,19 @@ from ..analysis.load import load_curve
 from ..analysis.reliability import calibration_histograms, pooled
 from ..analysis.summary import summarize
 from ..analysis.verify_lengths import window_shares
+from ..engine import Engine, InProcessEngine
 from ..estimator.evaluate import evaluate
-from ..outputs import OwnedFiles, prepare_dir, write_file
+from ..outputs import WRITTEN, OwnedFiles, check_target, prepare_dir, write_file
 from ..palette import workload_palette
 from ..store import open_run
-from ..store.fleet import expand_run_dirs, open_fleet, run_labels, single_run
+from ..store.fleet import expand_run_dirs, run_labels, single_run
 from ..strict_json import clean_json
 from .arms import Arm, analyse, has_requests, predict_policies
 from .document import Figure, Section, html_page, markdown
 from .figure_queue import BACKGROUND_FIGURES_ROWS, FigureQueue
 from .figures import load as load_fig
 from .figures import workloads as workloads_fig
-from .fleet_arm import analyse_fleet, fleet_calibration, fleet_estimate
+from .fleet_arm import analyse_fleet, fleet_calibration, fleet_estimate, fleet_predict
 from .sections import (
     calibration_section,
     cost_section,
@@ -66,12 +67,17 @@ class Report:
     json: Path
 
 
+#: The report's files beside its figures: the page, its Markdown and its JSON.
+REPORT_FILES = ("summary.md", "report.html", "report.json")
+
+
 def _json(arms: list[Arm]) -> dict:
     out = {}
     for arm in arms:
         out[arm.label] = {
-            "run": None if arm.fleet else str(arm.run.path),
+            "run": None if arm.fleet or arm.run is None else str(arm.run.path),
             **({"runs": arm.fleet.describe(), "by": list(arm.by)} if arm.fleet else {}),
+            **({"unread": arm.unread} if arm.unread else {}),
             "summary": arm.summary,
             "window_shares": arm.shares.to_dicts(),
             "load": arm.load.to_dicts(),
@@ -114,6 +120,16 @@ def overlay_figures(run_dirs: list[Path], out: Path) -> list[Figure]:
     gamma = max(open_run(p).gamma for p in run_dirs)
     palette = workload_palette(name for _, summary, _, _ in arms for name in summary["workloads"])
     w = FigureQueue(out, background=False)
+    try:
+        figures = _overlays(w, arms, gamma, palette)
+    except BaseException:
+        w.discard()
+        raise
+    w.publish()
+    return figures
+
+
+def _overlays(w: FigureQueue, arms: list[tuple], gamma: int, palette: dict) -> list[Figure]:
     workload_rows = [
         (label, [{"workload": k, **v} for k, v in summary["workloads"].items()])
         for label, summary, _, _ in arms
@@ -144,8 +160,9 @@ def overlay_figures(run_dirs: list[Path], out: Path) -> list[Figure]:
 
 def _meta(arm: Arm) -> str:
     if arm.fleet is not None:
-        where = f"{len(arm.fleet.runs)} runs ({', '.join(arm.fleet.nodes)})"
+        where = f"{len(arm.fleet.paths)} runs ({', '.join(arm.fleet.nodes)})"
     else:
+        assert arm.run is not None
         where = str(arm.run.path)
     shadow = arm.manifest_value("shadow")
     return (
@@ -166,30 +183,41 @@ def build_report(
     progress: Callable[[str], None] | None = None,
     arms: bool = False,
     by: tuple[str, ...] = (),
+    engine: Engine | None = None,
+    strict: bool = True,
 ) -> Report:
     """Analyse the runs and write report.html, summary.md, report.json and the PNGs to `out`.
 
     One run is one arm. Several runs (or a directory of runs) are one fleet arm, refused
     with a RunStoreError where `store.fleet.open_fleet` refuses to merge them; `by` adds
     the per node / rank / mode breakdown. With `arms` each run is its own arm instead.
+    A fleet's runs are read by `engine` (in this process by default; any `engine` makes
+    even one run a fleet of one); a run it cannot read is an error with `strict`, else
+    named in the report (`unread`).
     """
     step = progress or (lambda _msg: None)
-    as_fleet = not arms and not single_run(run_dirs, by)
-    fleet = open_fleet(run_dirs, by) if as_fleet else None
-    if fleet is not None:
-        runs = fleet.runs
-    else:
+    as_fleet = not arms and (engine is not None or not single_run(run_dirs, by))
+    if not as_fleet:
         run_dirs = expand_run_dirs(run_dirs)  # a directory of runs is each of its runs
         runs = [open_run(p) for p in run_dirs]
     out = prepare_dir(out)
+    texts = [out / name for name in (*REPORT_FILES, WRITTEN)]
+    for path in texts:  # refused now, not after minutes of analysis
+        check_target(path)
     owned = OwnedFiles(out)  # what an earlier report wrote there, and only that, is replaced
-    rows = sum(r.requests().select(pl.len()).collect().item() for r in runs if has_requests(r))
-    w = FigureQueue(out, background=rows >= BACKGROUND_FIGURES_ROWS)
+    w = None
+    published = False
     try:
-        if fleet is not None:
-            step(f"fleet of {len(runs)} runs: summary, load, cost model, trim loss")
-            arm_list = [analyse_fleet(fleet, by, top)]
+        if as_fleet:
+            step("fleet: summary, load, cost model, trim loss")
+            arm_list = [analyse_fleet(engine or InProcessEngine(), run_dirs, by, top, strict)]
+            rows = arm_list[0].summary["overall"]["request_steps"]
         else:
+            rows = sum(
+                r.requests().select(pl.len()).collect().item() for r in runs if has_requests(r)
+            )
+        w = FigureQueue(out, background=rows >= BACKGROUND_FIGURES_ROWS)
+        if not as_fleet:
             arm_list = []
             for label, run in zip(run_labels(list(run_dirs)), runs, strict=True):
                 step(f"{label}: summary, load, cost model, trim loss")
@@ -199,7 +227,7 @@ def build_report(
         requests = requests_section(arm_list, w, top)
         for arm in arm_list:
             step(f"{arm.label}: what-if policies, cost of trimming")
-            predict_policies(arm)
+            (fleet_predict if arm.fleet is not None else predict_policies)(arm)
         policies = policies_section(arm_list, w)
         for arm in arm_list:
             step(f"{arm.label}: ceiling estimator")
@@ -217,16 +245,24 @@ def build_report(
                 arm.calibration = calibration_histograms(arm.run)
         calibration = calibration_section(arm_list, w)
         step("drawing figures")
-    finally:
         w.close()
+        w.publish(texts)  # every name checked before any is written
+        published = True
+    finally:
+        if w is not None and not published:
+            try:
+                w.close()
+            finally:
+                w.discard()
     sections = [policies, workloads, load, calibration, cost, estimator, requests]
     title = "DSpark run report: " + ", ".join(a.label for a in arm_list)
     meta = [_meta(a) for a in arm_list]
     meta += [policy_headline(a) for a in arm_list]
-    md = write_file(out / "summary.md", markdown(title, meta, sections), durable=False)
-    page = write_file(out / "report.html", html_page(title, meta, sections), durable=False)
+    md_name, html_name, json_name = REPORT_FILES
+    md = write_file(out / md_name, markdown(title, meta, sections), durable=False)
+    page = write_file(out / html_name, html_page(title, meta, sections), durable=False)
     js_text = strict_json.dumps(_json(arm_list), indent=1)
-    js = write_file(out / "report.json", js_text, durable=False)
+    js = write_file(out / json_name, js_text, durable=False)
     written = {p.name for p in (md, page, js)} | {f.path.name for s in sections for f in s.figures}
     owned.remove_stale(written)
     owned.record(written)

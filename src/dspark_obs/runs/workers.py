@@ -17,6 +17,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..outputs import open_append
+
 
 def add_device_argument(ap: argparse.ArgumentParser) -> None:
     """A study's `--device`: its runs keep the cost table's step times (`RuntimeConfig.
@@ -61,8 +63,9 @@ def in_workers(fn: Callable, calls: list[tuple], jobs: int, sink) -> list[dict]:
 @contextmanager
 def jsonl_sink(path: str | None) -> Iterator[Callable[[list[dict]], None]]:
     """A sink appending each unit's records to `path` as one JSON line (nothing without one);
-    OSError if the file cannot be opened."""
-    out = open(path, "a", encoding="utf-8") if path else None
+    OSError if the file cannot be opened (`OutputRefused` for a link or a non-file: appending
+    is what a study's `--out` does, never through a link)."""
+    out = open_append(path) if path else None
     try:
 
         def sink(part: list[dict]) -> None:

@@ -21,7 +21,7 @@ import msgspec
 from .. import __version__
 from ..http_strict import StrictRequestHandler
 from ..json_files import decode_document
-from .protocol import ClientGone, RequestError
+from .protocol import ClientGone, RequestError, invalid_json
 
 if TYPE_CHECKING:
     from .server import RuntimeFrontend
@@ -73,7 +73,7 @@ def make_handler(front: RuntimeFrontend) -> type[BaseHTTPRequestHandler]:
             try:  # nesting bounded before decoding (json_files.MAX_DEPTH): a 400, never a 500
                 return decode_document(raw)  # no key given twice either
             except ValueError as exc:
-                raise RequestError(f"invalid JSON body: {exc}") from None
+                raise RequestError(invalid_json(raw, exc)) from None
 
         def _client_gone(self) -> bool:
             """Whether the client closed its end (readable with nothing to read)."""

@@ -8,6 +8,7 @@ and sockets, so they can be checked without a server.
 
 from __future__ import annotations
 
+import re
 import uuid
 from http import HTTPStatus
 
@@ -20,6 +21,48 @@ DEFAULT_MAX_NEW_TOKENS = 128
 #: its size bounds the work one request (and one client that hangs up) can start.
 MAX_BATCH = 256
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,;:!?'-()\n"
+
+
+#: A backslash escape in JSON text: `\uXXXX` (its four hex digits grouped) or any other, so
+#: that an escaped backslash (`\\u...`) is never read as the start of a `\u` escape.
+_ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
+
+
+def lone_surrogate(raw: bytes) -> tuple[int, str] | None:
+    """The first `\ud800`..`\udfff` escape of `raw` that is not half of a surrogate pair:
+    its byte offset and text; None where there is none.
+
+    No encoder takes such a string, and msgspec refuses a lone high one by saying the input
+    "was truncated", which sends a client looking for a framing fault."""
+    pending: re.Match | None = None  # a high surrogate awaiting its low half
+    for m in _ESCAPE.finditer(raw):
+        code = int(m.group(1), 16) if m.group(1) else -1
+        low = 0xDC00 <= code <= 0xDFFF
+        if pending is not None:
+            if low and m.start() == pending.end():
+                pending = None
+                continue
+            break
+        if 0xD800 <= code <= 0xDBFF:
+            pending = m
+        elif low:
+            return m.start(), m.group().decode("ascii")
+    if pending is not None:
+        return pending.start(), pending.group().decode("ascii")
+    return None
+
+
+def invalid_json(raw: bytes, exc: ValueError) -> str:
+    """What is wrong with a body that is not JSON, in words a client can act on."""
+    lone = lone_surrogate(raw)
+    if lone is not None:
+        at, escape = lone
+        return (
+            f"invalid JSON body: a lone UTF-16 surrogate escape {escape} at byte {at} is not "
+            "a character (send the text as UTF-8, or a character beyond U+FFFF as a pair "
+            "of escapes)"
+        )
+    return f"invalid JSON body: {exc}"
 
 
 class RequestError(ValueError):

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ..outputs import prepare_dir
 from ..runs.workers import add_device_argument, in_workers, jsonl_sink, read_records
 
 #: Policies the runtime can run for real, and the configuration change that runs each.
@@ -527,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
         try:
+            if args.keep:  # a planted link there would carry every pair's runs away
+                prepare_dir(args.keep, "--keep")
             with jsonl_sink(args.out) as sink:
                 if args.repredict:
                     records = repredict(args.repredict, jobs=args.jobs, sink=sink)
