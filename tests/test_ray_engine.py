@@ -250,3 +250,189 @@ def test_without_ray_the_flag_is_a_one_line_error(ray_fleet):
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0
     assert "dspark-obs[ray]" in proc.stderr
+
+
+# --- report: the fleet arm's light views as a map over runs and a reduce ---------------
+
+
+def _report(engine, paths, out: Path, **options):
+    from dspark_obs.report import build_report
+
+    report = build_report(paths, out, top=5, by=BY, engine=engine, **options)
+    return json.loads(report.json.read_text()), report.markdown.read_text()
+
+
+def _same_tables(got: str, want: str) -> None:
+    """summary.md's tables equal cell by cell, numbers to 1e-12, the text around them too."""
+    from .test_report import parse_tables
+
+    def cell(text: str):
+        try:
+            return float(text.split(" [")[0].replace(",", ""))
+        except ValueError:
+            return text
+
+    g, w = parse_tables(got), parse_tables(want)
+    assert list(g) == list(w) and len(w) > 5
+    for title in w:
+        assert_same(
+            [{k: cell(v) for k, v in r.items()} for r in g[title]],
+            [{k: cell(v) for k, v in r.items()} for r in w[title]],
+            title,
+        )
+    prose = [line for line in want.splitlines() if not line.startswith("|")]
+    assert [line for line in got.splitlines() if not line.startswith("|")] == prose
+
+
+def test_the_report_on_ray_equals_the_in_process_one(engines, ray_fleet, tmp_path):
+    want_json, want_md = _report(None, [ray_fleet], tmp_path / "local")
+    for name in ("local", "ray"):
+        got_json, got_md = _report(engines[name], [ray_fleet], tmp_path / name)
+        assert_same(got_json, want_json, name)
+        _same_tables(got_md, want_md)
+    fleet = want_json["fleet"]
+    assert [r["node"] for r in fleet["runs"]] == list(NODES)
+    for view in ("summary", "window_shares", "load", "cost", "estimate", "top_requests"):
+        assert fleet[view], view
+    assert fleet["calibration"]["survival"]["overall"]
+
+
+def _timed_union(ray_fleet: Path):
+    import polars as pl
+
+    from dspark_obs.analysis.cost_fit import timed_steps
+
+    runs = [open_run(ray_fleet / n) for n in ("node-a", "other", "third")]
+    return runs, pl.concat([r.steps() for r in runs], how="diagonal_relaxed"), timed_steps
+
+
+def test_the_fleet_cost_fit_is_the_concatenated_steps_own(engines, ray_fleet, tmp_path):
+    """Up to the sample's bound every timed step is kept, in the runs' order: the fit is
+    `fit_cost_steps` of the runs' steps concatenated (the in-process definition before)."""
+    from dspark_obs.analysis.cost_fit import fit_cost_steps
+
+    runs, steps, _ = _timed_union(ray_fleet)
+    want = fit_cost_steps(steps, {"cost_table": runs[0].manifest.get("cost_table")})
+    got, _ = _report(engines["ray"], [ray_fleet], tmp_path / "ray")
+    cost = got["fleet"]["cost"]
+    assert cost["cells"] == want.cells and want.steps > 100
+    assert_same(cost["fitted"], clean_json(vars(want.fitted)))
+    assert_same(cost["table"], json.loads(want.table.to_json()))
+
+
+def test_past_its_bound_the_cost_sample_is_the_fleet_s_smallest_priorities(ray_fleet, monkeypatch):
+    """Folded run by run, the sample is the `bound` smallest priorities of all the runs'
+    timed steps together, in the runs' order; the table is the full cells' all the same."""
+    import numpy as np
+    import polars as pl
+
+    from dspark_obs.analysis.cost_fit import cell_sums, fit_cost_cells
+    from dspark_obs.report import fleet_map
+
+    runs, steps, timed_steps = _timed_union(ray_fleet)
+    nodes = ("node-a", "west-7", "east-3")
+    own = [timed_steps(r.steps()).collect() for r in runs]
+    every = pl.concat(
+        [
+            t.with_columns(_p=fleet_map._priorities(fleet_map._seed(n, r.manifest), t.height))
+            for t, r, n in zip(own, runs, nodes, strict=True)
+        ],
+        how="diagonal_relaxed",
+    )
+    bound = every.height // 5
+    threshold = np.sort(every["_p"].to_numpy())[bound - 1]
+    want_sample = every.filter(pl.col("_p") <= threshold).drop("_p")
+    monkeypatch.setattr(fleet_map, "COST_SAMPLE", bound)
+    fold = fleet_map.LightFold()
+    parts = [
+        fold.keep(i, fleet_map.run_part(r, n, (), 5))
+        for i, (r, n) in enumerate(zip(runs, nodes, strict=True))
+    ]
+    assert fold.sample is not None and fold.sample.height == bound
+    got_sample = fold.sample.sort("_run", "_row").drop("_run", "_row", "_priority")
+    assert got_sample.equals(want_sample)
+    fit, missing = fold.cost(parts, {"cost_table": runs[0].manifest.get("cost_table")})
+    assert missing is None
+    want = fit_cost_cells(cell_sums(timed_steps(steps)), want_sample.lazy(), runs[0].manifest)
+    assert fit.steps == every.height and fit.fitted.steps == bound
+    assert_same(clean_json(vars(fit.fitted)), clean_json(vars(want.fitted)))
+    assert_same(json.loads(fit.table.to_json()), json.loads(want.table.to_json()))
+
+
+def test_report_cli_on_ray_equals_in_process_and_names_an_unreadable_run(
+    cluster, ray_fleet, tmp_path
+):
+    args = ("report", str(ray_fleet), "--by", "node", "--quiet", "--top", "3")
+    cli(*args, "--out", str(tmp_path / "local"))
+    _ray_cli(*args, "--out", str(tmp_path / "ray"))
+    want = json.loads((tmp_path / "local" / "report.json").read_text())
+    assert_same(json.loads((tmp_path / "ray" / "report.json").read_text()), want)
+    _same_tables(
+        (tmp_path / "ray" / "summary.md").read_text(),
+        (tmp_path / "local" / "summary.md").read_text(),
+    )
+    fleet = tmp_path / "fleet"
+    shutil.copytree(ray_fleet, fleet)
+    _damage(fleet / "other")
+    proc = _ray_cli("report", str(fleet), "--quiet", "--out", str(tmp_path / "gap"))
+    got = json.loads((tmp_path / "gap" / "report.json").read_text())["fleet"]
+    assert [u["path"] for u in got["unread"]] == [str(fleet / "other")]
+    assert [r["node"] for r in got["runs"]] == ["node-a", "east-3"]
+    assert "1 of 3 runs unreadable" in proc.stderr
+    strict = _ray_cli(
+        "report", str(fleet), "--quiet", "--strict", "--out", str(tmp_path / "s"), check=False
+    )
+    assert strict.returncode == 2 and str(fleet / "other") in strict.stderr
+    assert not (tmp_path / "s" / "report.json").exists()
+    local = cli("report", str(fleet), "--quiet", "--out", str(tmp_path / "l2"), check=False)
+    assert local.returncode == 2 and str(fleet / "other") in local.stderr
+
+
+def test_one_run_on_ray_is_a_fleet_of_one_predicted_where_it_lives(engines, ray_fleet, tmp_path):
+    from dspark_obs.report import build_report
+
+    run = ray_fleet / "other"
+    want = build_report([run], tmp_path / "local", top=5, engine=engines["local"])
+    got = build_report([run], tmp_path / "ray", top=5, engine=engines["ray"])
+    w, g = (json.loads(r.json.read_text())["fleet"] for r in (want, got))
+    assert w["whatif"] and w["whatif_missing"] is None
+    assert_same(g, w)
+
+
+# --- runs on paths only the worker nodes hold --------------------------------------------
+
+
+def test_a_path_the_driver_cannot_see_is_listed_and_read_on_the_nodes(
+    engines, ray_fleet, monkeypatch
+):
+    """On one machine every node sees every path, so the driver is made blind to the
+    fleet's directory (it cannot see it and must not list it): the runs are then those the
+    worker nodes' discovery tasks list, each read on a node that found it, the run of a
+    declared fleet node on the node declaring it; the figures are the in-process ones."""
+    from dspark_obs.engine import partitions
+
+    blind = str(ray_fleet)
+    seen = partitions.visible_here
+    monkeypatch.setattr(partitions, "visible_here", lambda p: str(p) != blind and seen(p))
+
+    def no_listing(paths):
+        raise AssertionError(f"the driver listed {paths}")
+
+    monkeypatch.setattr(partitions, "expand_run_dirs", no_listing)
+    with pytest.raises(AssertionError, match="the driver listed"):
+        summary_job(engines["local"], [ray_fleet], BY)
+    got, read = summary_job(engines["ray"], [ray_fleet], BY)
+    monkeypatch.undo()
+    assert_same(got, _expected(ray_fleet)["summary"])
+    workers = {
+        key.split(":", 1)[1]: n["NodeID"]
+        for n in ray.nodes()
+        if n["Alive"]
+        for key in n["Resources"]
+        if key.startswith("dspark_node:")
+    }
+    found = {p.node: p.found_on for p in read.partitions}
+    assert set(found) == set(NODES) and None not in found.values()
+    assert found["node-a"] == workers["node-a"] and found["west-7"] == workers["west-7"]
+    assert found["east-3"] in workers.values()
+    assert dict(zip(read.head.nodes, read.read_on, strict=True)) == found

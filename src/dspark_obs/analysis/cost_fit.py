@@ -304,7 +304,25 @@ def fit_cost_steps(
     """`fit_cost_table` on any steps table (one run's, or a fleet's runs' of one hardware
     concatenated), with `manifest` the run.json whose `cost_table` gives the probes."""
     timed = timed_steps(steps, time_column)
-    cells = cell_sums(timed)
+    return fit_cost_cells(
+        cell_sums(timed), timed, manifest, bs_probes=bs_probes, m_probes=m_probes,
+        time_column=time_column,
+    )  # fmt: skip
+
+
+def fit_cost_cells(
+    cells: pl.DataFrame,
+    timed: pl.LazyFrame,
+    manifest: dict,
+    *,
+    bs_probes=None,
+    m_probes=None,
+    time_column: str = "auto",
+) -> CostFit:
+    """`fit_cost_steps` from its `cell_sums` and the timed steps its errors, per-step frame
+    and context fit read. The cells add across runs, so a fleet read elsewhere brings them
+    whole; `timed` may then be a sample of the steps (`report.fleet_map`): the table is the
+    cells' either way, and `steps` counts every timed step the cells hold."""
     if cells.height == 0:
         raise CostFitError(NO_TIMES)
     if cells.height < 2:

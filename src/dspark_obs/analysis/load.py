@@ -149,18 +149,29 @@ def load_curve(run: Run) -> pl.DataFrame:
     return _curve(_per_rank(steps, load_level(steps)))
 
 
-def fleet_load_curve(runs: list[Run], nodes: list[str]) -> pl.DataFrame:
-    """`load_curve` of many runs, whose ranks run side by side: a (node, rank) is a rank of
-    the fleet, so throughput sums over every node's ranks. One run's sums at a time; the
-    bands follow the distinct batch sizes of all runs together."""
-    distinct: set[int] = set()
-    for run in runs:
-        distinct.update(_busy_steps(run).select(pl.col("bs").unique()).collect()["bs"].to_list())
-    level = _level(len(distinct))
-    parts = [
-        _per_rank(_busy_steps(run), level)
+def fleet_load_sums(run: Run, node: str) -> pl.DataFrame:
+    """One run's sums per (batch size, rank), its ranks named `node/rank`: the fleet load
+    curve's map. The bands follow the distinct batch sizes of all runs together, known only
+    once every run is read, so a run's sums stay per exact batch size."""
+    return (
+        _per_rank(_busy_steps(run), pl.col("bs"))
         .collect(engine="streaming")
         .with_columns(pl.format("{}/{}", pl.lit(node), pl.col("rank")).alias("rank"))
-        for run, node in zip(runs, nodes, strict=True)
+    )
+
+
+def fleet_load_of_sums(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    """`load_curve` of many runs from their `fleet_load_sums`: the map's reduce. A (node,
+    rank) is a rank of the fleet, so throughput sums over every node's ranks; each run's
+    batch sizes are pooled into the fleet's levels before the runs are put together."""
+    sums = [c for c in parts[0].columns if c not in ("level", "rank")]
+    distinct = pl.concat([p.select("level") for p in parts])["level"].n_unique()
+    level = _level(distinct)
+    leveled = [
+        p.rename({"level": "bs"})
+        .with_columns(level.alias("level"))
+        .group_by("level", "rank")
+        .agg(pl.col(sums).sum())
+        for p in parts
     ]
-    return _curve(pl.concat(parts, how="vertical_relaxed").lazy())
+    return _curve(pl.concat(leveled, how="vertical_relaxed").lazy())

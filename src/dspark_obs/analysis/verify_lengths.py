@@ -49,8 +49,11 @@ def window_shares(requests: pl.LazyFrame, gamma: int) -> pl.DataFrame:
     return shares_from_counts(window_counts(requests), gamma)
 
 
-def fleet_window_shares(requests: list[pl.LazyFrame], gamma: int) -> pl.DataFrame:
-    """The window shares of many runs' request-steps, one run's counts at a time."""
-    counts = pl.concat([window_counts(r) for r in requests], how="vertical_relaxed")
-    added = counts.group_by("workload", "window").agg(pl.col("request_steps").sum())
+def fleet_window_shares(counts: list[pl.DataFrame], gamma: int) -> pl.DataFrame:
+    """The window shares of many runs from each run's `window_counts` (the map), added."""
+    added = (
+        pl.concat(counts, how="vertical_relaxed")
+        .group_by("workload", "window")
+        .agg(pl.col("request_steps").sum())
+    )
     return shares_from_counts(added, gamma)

@@ -38,26 +38,38 @@ def on_ray(args: argparse.Namespace) -> bool:
     return args.engine == "ray"
 
 
-def ray_result(args: argparse.Namespace, job, *job_args) -> dict:
-    """`job(engine, *job_args)` on the Ray engine; its unread partitions named on stderr
-    (and in the result), or an error under `--strict`."""
+def ray_engine(args: argparse.Namespace):
+    """The Ray engine `--ray-address` names; a one-line error without the extra."""
     from ..engine import make_engine
 
     try:
-        engine = make_engine("ray", args.ray_address)
+        return make_engine("ray", args.ray_address)
     except ModuleNotFoundError as exc:
         if exc.name != "ray" and not (exc.name or "").startswith("ray."):
             raise
         raise CliError("--engine ray needs Ray: pip install 'dspark-obs[ray]'") from None
-    result, fleet = job(engine, *job_args)
-    if fleet.unread:
-        total = len(fleet.unread) + len(fleet.partials)
-        listed = "; ".join(f"{u.path}: {u.error}" for u in fleet.unread)
-        if args.strict:
-            raise CliError(f"{len(fleet.unread)} of {total} runs unreadable (--strict): {listed}")
+
+
+def name_unread(args: argparse.Namespace, unread: list, total: int) -> None:
+    """The runs a command left out, on stderr (`unread`: paths and errors)."""
+    if unread:
+        listed = "; ".join(f"{u['path']}: {u['error']}" for u in unread)
         print(
-            f"dspark-obs {args.command}: {len(fleet.unread)} of {total} runs unreadable, "
+            f"dspark-obs {args.command}: {len(unread)} of {total} runs unreadable, "
             f"left out of every figure: {listed}",
             file=sys.stderr,
         )
+
+
+def ray_result(args: argparse.Namespace, job, *job_args) -> dict:
+    """`job(engine, *job_args)` on the Ray engine; its unread partitions named on stderr
+    (and in the result), or an error under `--strict`."""
+    from ..engine.jobs import unread_line
+
+    result, fleet = job(ray_engine(args), *job_args)
+    if fleet.unread:
+        if args.strict:
+            raise CliError(f"{unread_line(fleet)} (--strict)")
+        total = len(fleet.unread) + len(fleet.partials)
+        name_unread(args, result["unread"], total)
     return result

@@ -12,6 +12,7 @@ from ..report import build_report
 from ..report.document import print_sections
 from ..store.fleet import FleetMismatchError, parse_group_keys
 from ..terminal import make_console
+from .engine_args import add_engine_arguments, name_unread, on_ray, ray_engine
 from .errors import CliError
 from .fleet_args import add_group_argument
 from .store_args import add_time_range_arguments, run_dirs_of
@@ -33,6 +34,10 @@ def _handle(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     status = Console(stderr=True)
     options = {"top": args.top, "arms": args.arms, "by": by}
+    if on_ray(args):
+        if args.arms:
+            raise CliError("--arms compares runs side by side in this process; drop --engine ray")
+        options.update(engine=ray_engine(args), strict=args.strict)
     try:
         if args.quiet:
             report = build_report(args.run_dirs, args.out, **options)
@@ -41,6 +46,8 @@ def _handle(args: argparse.Namespace) -> int:
                 report = build_report(args.run_dirs, args.out, progress=spinner.update, **options)
     except FleetMismatchError as exc:
         raise CliError(f"{exc}; --arms compares the runs side by side instead") from exc
+    for arm in report.arms:
+        name_unread(args, arm.unread, len(arm.unread) + len(arm.fleet.paths if arm.fleet else []))
     console = make_console()
     print_sections(console, report.sections, every_table=args.tables)
     figures = sum(len(s.figures) for s in report.sections)
@@ -85,4 +92,5 @@ def configure(p: argparse.ArgumentParser) -> None:
         "trimming, the per-workload table and what is missing)",
     )
     add_time_range_arguments(p)
+    add_engine_arguments(p)
     p.set_defaults(handler=handle)

@@ -8,13 +8,13 @@ never left out in silence. Any other error is the command's and propagates.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..store.errors import READ_ERRORS, RunStoreError
 from ..store.fleet import node_of
-from .partitions import Partition, opened
+from .partitions import Discover, Partition, opened
 
 #: A partition's map: (run, its node, *args) -> its partial figures.
 MapFn = Callable[..., Any]
@@ -54,19 +54,33 @@ def read_partition(fn: MapFn, partition: Partition, args: tuple) -> PartitionRea
 
 class Engine(Protocol):
     name: str
+    #: lists a path this process cannot see on the engine's nodes (None: it is an error)
+    discover: Discover | None
+
+    def imap(
+        self, fn: MapFn, partitions: list[Partition], args: tuple = ()
+    ) -> Iterator[PartitionRead | Unread]:
+        """`read_partition(fn, p, args)` for every partition, yielded in their order, so
+        a caller can fold each partial in and drop it before the next arrives."""
 
     def map(
         self, fn: MapFn, partitions: list[Partition], args: tuple = ()
     ) -> list[PartitionRead | Unread]:
-        """`read_partition(fn, p, args)` for every partition, results in their order."""
+        """`imap`'s results as a list."""
 
 
 class InProcessEngine:
     """Every partition read here, one after another: the fleet commands' own path."""
 
     name = "local"
+    discover = None
+
+    def imap(
+        self, fn: MapFn, partitions: list[Partition], args: tuple = ()
+    ) -> Iterator[PartitionRead | Unread]:
+        return (read_partition(fn, p, args) for p in partitions)
 
     def map(
         self, fn: MapFn, partitions: list[Partition], args: tuple = ()
     ) -> list[PartitionRead | Unread]:
-        return [read_partition(fn, p, args) for p in partitions]
+        return list(self.imap(fn, partitions, args))

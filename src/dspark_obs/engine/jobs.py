@@ -7,8 +7,11 @@ The maps and reduces are the ones `summarize_fleet`, `fleet_calibration_report` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..analysis import reliability, summary
 from ..estimator import fleet as estimator_fleet
@@ -16,7 +19,7 @@ from ..store import Run
 from ..store.errors import RunStoreError
 from ..store.fleet import FleetHead, check_mergeable
 from .base import Engine, MapFn, PartitionRead, Unread
-from .partitions import partitions_of
+from .partitions import Partition, partitions_of
 
 
 @dataclass(frozen=True)
@@ -27,17 +30,33 @@ class FleetRead:
     partials: list
     unread: list[Unread]
     read_on: list[str | None]
+    #: the partitions read, in the partials' order (a later pass reads these again)
+    partitions: list[Partition] = field(default_factory=list)
 
 
 def read_fleet(
-    engine: Engine, paths: list[str | Path], fn: MapFn, args: tuple, by: tuple[str, ...] = ()
+    engine: Engine,
+    paths: list[str | Path],
+    fn: MapFn,
+    args: tuple,
+    by: tuple[str, ...] = (),
+    keep: Callable[[int, Any], Any] | None = None,
 ) -> FleetRead:
     """`fn` over every partition under `paths`; refused where nothing could be read or the
-    runs read cannot be merged (`store.fleet.check_mergeable`)."""
-    partitions = partitions_of(paths)
-    results = engine.map(fn, partitions, args)
-    read = [r for r in results if isinstance(r, PartitionRead)]
-    unread = [r for r in results if isinstance(r, Unread)]
+    runs read cannot be merged (`store.fleet.check_mergeable`).
+
+    `keep(i, partial)` is what is held of the i-th partial read, called as each arrives:
+    a reduce that folds a large part of it (a sample) in at once holds one, not all."""
+    partitions = partitions_of(paths, engine.discover)
+    read: list[PartitionRead] = []
+    partials, unread, placed = [], [], []
+    for partition, result in zip(partitions, engine.imap(fn, partitions, args), strict=True):
+        if isinstance(result, Unread):
+            unread.append(result)
+            continue
+        partials.append(result.partial if keep is None else keep(len(read), result.partial))
+        read.append(dataclasses.replace(result, partial=None))
+        placed.append(partition)
     if not read:
         raise RunStoreError(
             "no partition could be read: " + "; ".join(f"{u.path}: {u.error}" for u in unread)
@@ -46,7 +65,25 @@ def read_fleet(
     manifests = [r.manifest for r in read]
     check_mergeable(paths_read, manifests, by)
     head = FleetHead(paths_read, [r.node for r in read], manifests)
-    return FleetRead(head, [r.partial for r in read], unread, [r.read_on for r in read])
+    return FleetRead(head, partials, unread, [r.read_on for r in read], placed)
+
+
+def read_again(engine: Engine, fleet: FleetRead, fn: MapFn, args: tuple) -> list:
+    """`fn` over the partitions `fleet` read, for a later pass over the same runs; a run
+    that cannot be read this time is an error (the passes' figures would not match)."""
+    out = []
+    for result in engine.imap(fn, fleet.partitions, args):
+        if isinstance(result, Unread):
+            raise RunStoreError(f"{result.path}: read before, unreadable now: {result.error}")
+        out.append(result.partial)
+    return out
+
+
+def unread_line(fleet: FleetRead) -> str:
+    """`N of M runs unreadable: PATH: why; ...`, one line."""
+    total = len(fleet.unread) + len(fleet.partials)
+    listed = "; ".join(f"{u.path}: {u.error}" for u in fleet.unread)
+    return f"{len(fleet.unread)} of {total} runs unreadable: {listed}"
 
 
 def with_unread(result: dict, fleet: FleetRead) -> dict:
@@ -56,7 +93,7 @@ def with_unread(result: dict, fleet: FleetRead) -> dict:
     return result
 
 
-def _estimate_map(run: Run, node: str, by: tuple[str, ...]) -> tuple:
+def estimate_map(run: Run, node: str, by: tuple[str, ...]) -> tuple:
     return estimator_fleet.fold_run(run, node, run.gamma, by)
 
 
@@ -83,7 +120,7 @@ def calibration_job(
 
 
 def estimate_job(engine: Engine, paths, by: tuple[str, ...] = ()) -> tuple[dict, FleetRead]:
-    fleet = read_fleet(engine, paths, _estimate_map, (by,), by)
+    fleet = read_fleet(engine, paths, estimate_map, (by,), by)
     report = estimator_fleet.evaluate_folds(fleet.head, fleet.partials, by)
     return with_unread(report, fleet), fleet
 

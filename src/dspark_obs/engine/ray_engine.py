@@ -14,8 +14,15 @@ again) and reaches the driver as the command's error.
 
 from __future__ import annotations
 
+import copy
+import json
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..store.fleet import node_of, run_labels
 from .base import MapFn, PartitionRead, Unread, read_partition
-from .partitions import Partition
+from .partitions import Partition, runs_here
 
 #: The custom resource a Ray node holding fleet node NAME's runs declares.
 NODE_RESOURCE = "dspark_node:{}"
@@ -45,19 +52,68 @@ class RayEngine:
             ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         self._ray = ray
         self._task = ray.remote(_read_here)
+        self._runs_here = ray.remote(runs_here)
         self._options = {"num_cpus": 1, "max_retries": max_retries}
+
+    def imap(
+        self, fn: MapFn, partitions: list[Partition], args: tuple = ()
+    ) -> Iterator[PartitionRead | Unread]:
+        """Every task submitted at once; results fetched in order, each dropped from the
+        object store once the caller moves past it."""
+        declared = self._ray.cluster_resources()
+        refs = deque()
+        for p in partitions:
+            key = NODE_RESOURCE.format(p.node)
+            if p.found_on is not None:
+                placed = {"scheduling_strategy": self._pinned(p.found_on)}
+            else:
+                placed = {"resources": {key: _SLIVER}} if key in declared else {}
+            refs.append(self._task.options(**self._options, **placed).remote(fn, p, args))
+        while refs:
+            yield self._get(refs.popleft())
+
+    def _pinned(self, node_id: str):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return NodeAffinitySchedulingStrategy(node_id, soft=False)
+
+    def discover(self, path: str) -> list[Partition]:
+        """The runs at `path` on each Ray node that runs tasks, each to be read where found."""
+        nodes = [n for n in self._ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) >= 1]
+        answers = self._ray.get(
+            [
+                self._runs_here.options(
+                    num_cpus=0, scheduling_strategy=self._pinned(n["NodeID"])
+                ).remote(path)
+                for n in nodes
+            ]
+        )
+        found: dict[str, tuple[str, dict, str, bool]] = {}
+        for n, runs in zip(nodes, answers, strict=True):
+            names = {k.split(":", 1)[1] for k in n["Resources"] if k.startswith("dspark_node:")}
+            for run_dir, manifest in runs:
+                owner = node_of(manifest, Path(run_dir).name) in names
+                key = run_dir + "\0" + json.dumps(manifest, sort_keys=True, default=str)
+                if key not in found or (owner and not found[key][3]):
+                    found[key] = (run_dir, manifest, n["NodeID"], owner)
+        runs = sorted(found.values(), key=lambda r: r[0])
+        labels = run_labels([Path(r[0]) for r in runs])
+        return [
+            Partition(run_dir, label, node_of(manifest, label), found_on=node_id)
+            for (run_dir, manifest, node_id, _), label in zip(runs, labels, strict=True)
+        ]
 
     def map(
         self, fn: MapFn, partitions: list[Partition], args: tuple = ()
     ) -> list[PartitionRead | Unread]:
-        declared = self._ray.cluster_resources()
-        refs = []
-        for p in partitions:
-            key = NODE_RESOURCE.format(p.node)
-            placed = {"resources": {key: _SLIVER}} if key in declared else {}
-            refs.append(self._task.options(**self._options, **placed).remote(fn, p, args))
+        return list(self.imap(fn, partitions, args))
+
+    def _get(self, ref):
+        """The task's result, the analysis' own error raised as such. Arrays Ray returns
+        are views of its object store, read-only; a reduce adds into partials in place
+        (histograms), so the driver holds its own copy (partials are small)."""
         try:
-            return self._ray.get(refs)
+            return copy.deepcopy(self._ray.get(ref))
         except self._ray.exceptions.RayTaskError as exc:
             # the analysis' own error, as the in-process engine would raise it
             cause = getattr(exc, "cause", None)

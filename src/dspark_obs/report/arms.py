@@ -8,6 +8,7 @@ turn them into `missing` lines.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import polars as pl
 
@@ -25,7 +26,7 @@ from ..calibration import CalibrationAccumulator
 from ..estimator.evaluate import walked_blocks
 from ..palette import workload_palette
 from ..store import Run
-from ..store.fleet import Fleet
+from ..store.fleet import FleetHead
 from ..whatif.predict import whatif
 from ..whatif.trim_cost import trim_cost_from_cells
 
@@ -43,7 +44,7 @@ class Arm:
     """One run's analyses; fields are None where the run cannot support the view."""
 
     label: str
-    run: Run
+    run: Run | None  # None for a fleet arm: its runs are read where they are (`fleet_arm`)
     gamma: int
     summary: dict
     shares: pl.DataFrame
@@ -57,17 +58,22 @@ class Arm:
     notes: list[str] = field(default_factory=list)
     whatif: dict | None = None  # `whatif` of `report_policies`, with its `trim_cost`
     whatif_missing: str | None = None
-    fleet: Fleet | None = None  # the runs a fleet arm merges (`run` is the first of them)
+    fleet: FleetHead | None = None  # the runs a fleet arm merges: paths, nodes, manifests
     by: tuple[str, ...] = ()  # the fleet's breakdown keys (node, rank, mode)
     calibration_groups: dict[str, list[dict]] = field(default_factory=dict)
+    source: Any = None  # a fleet arm's `fleet_arm.FleetSource`, for its later passes
+    unread: list[dict] = field(default_factory=list)  # a fleet's runs left out, and why
 
     @property
-    def runs(self) -> list[Run]:
-        return self.fleet.runs if self.fleet is not None else [self.run]
+    def manifests(self) -> list[dict]:
+        if self.fleet is not None:
+            return self.fleet.manifests
+        assert self.run is not None
+        return [self.run.manifest]
 
     def manifest_value(self, key: str) -> object:
         """A run.json value of the arm: the run's, or the one every run of a fleet shares."""
-        return self.fleet.common(key) if self.fleet is not None else self.run.manifest.get(key)
+        return self.fleet.common(key) if self.fleet is not None else self.manifests[0].get(key)
 
 
 def arms_palette(arms: list[Arm]) -> dict[str | None, str]:
@@ -141,26 +147,23 @@ def too_large_for_whatif(run: Run) -> str | None:
     )
 
 
-def predict_policies(arm: Arm) -> None:
-    """Fill `arm.whatif` (the policies the run supports, the others under `unavailable`),
-    or `arm.whatif_missing` with why nothing could be predicted. The predictions' intervals
-    are not sums, so a fleet of several runs is left to `whatif` per run."""
-    if arm.fleet is not None and len(arm.fleet.runs) > 1:
-        arm.whatif_missing = (
-            f"predicted per run, not for a fleet of {len(arm.fleet.runs)} runs: "
-            "`dspark-obs whatif RUN_DIR` on each, or `dspark-obs report --arms RUN_DIR...`"
-        )
-        return
-    arm.whatif_missing = too_large_for_whatif(arm.run)
-    if arm.whatif_missing:
-        return
+def predict_run(run: Run, policies: list[str]) -> tuple[dict | None, str | None]:
+    """The what-if of `policies` on `run` (those it supports, the others under
+    `unavailable`) with its cost of trimming, or None and why nothing could be predicted."""
+    missing = too_large_for_whatif(run)
+    if missing:
+        return None, missing
     try:
-        report = whatif(
-            arm.run, report_policies(arm), skip_unavailable=True, same_steps=("static",)
-        )
+        report = whatif(run, policies, skip_unavailable=True, same_steps=("static",))
     except ValueError as exc:
-        arm.whatif_missing = str(exc)
-        return
+        return None, str(exc)
     own = [c for c in report["cells"] if c["policy"] == "own"]
     report["trim_cost"] = trim_cost_from_cells(own + report.pop("same_steps_cells"))
-    arm.whatif = report
+    return report, None
+
+
+def predict_policies(arm: Arm) -> None:
+    """Fill `arm.whatif`, or `arm.whatif_missing` with why nothing could be predicted (a
+    run's arm; a fleet's is `fleet_arm.fleet_predict`)."""
+    assert arm.run is not None
+    arm.whatif, arm.whatif_missing = predict_run(arm.run, report_policies(arm))

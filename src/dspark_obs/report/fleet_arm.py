@@ -1,109 +1,118 @@
-"""Many runs as one arm: the nodes and ranks of one fleet, read a run at a time.
+"""Many runs as one arm: the nodes and ranks of one fleet, read a run at a time, in this
+process or on Ray (`dspark_obs.engine`), the same map and reduce either way.
 
-Every view is built from sums that add across runs (`store/fleet.py` decides which runs
-and whether they can be merged; the summary, the estimate and the calibration
-histograms are the `summary`, `estimate` and `calibration` commands' own fleet folds), so
-the fleet arm's figures are those of the union of the runs' rows without ever holding
-that union. The drill-down takes each run's top requests and keeps the fleet's top among
-them (a request lives on one run), its ids prefixed with the run's node.
+Every view is built from what adds across runs (`store/fleet.py` decides whether the runs
+can be merged; the summary, the estimate and the calibration histograms are the
+`summary`, `estimate` and `calibration` commands' own fleet folds; the window shares, the
+load curve, the cost fit and the drill-down are `fleet_map`'s), so the fleet arm's
+figures are those of the union of the runs' rows without ever holding that union. The
+light views come from one pass over the runs; the estimator's and the calibration's
+passes read the same runs again later, so the light figures draw meanwhile.
 """
 
 from __future__ import annotations
 
-import polars as pl
+from dataclasses import dataclass
+from pathlib import Path
 
-from ..analysis.cost_fit import CostFitError, fit_cost_steps
-from ..analysis.load import fleet_load_curve
-from ..analysis.reliability import fleet_histograms, group_entries, per_workload
-from ..analysis.summary import summarize_fleet
-from ..analysis.trim_loss import (
-    request_steps_with_ceiling,
-    request_traces,
-    top_requests,
-    trimmed_with_ceiling,
+from ..analysis.reliability import (
+    RAW,
+    RECORDED,
+    add_histograms,
+    group_entries,
+    per_workload,
+    run_histograms,
 )
-from ..analysis.verify_lengths import fleet_window_shares
-from ..estimator.evaluate import walked_blocks
-from ..estimator.fleet import fleet_evaluate
-from ..store.fleet import Fleet
-from .arms import TRACED_REQUESTS, Arm, has_requests
+from ..analysis.summary import summary_of_folds
+from ..engine import Engine
+from ..engine.jobs import FleetRead, estimate_map, read_again, read_fleet, unread_line
+from ..estimator.fleet import evaluate_folds
+from ..store.errors import RunStoreError
+from .arms import Arm, predict_run, report_policies
+from .fleet_map import LightFold, drill_down, load, run_part, shares
 
 FLEET_LABEL = "fleet"
 
-
-def _cost(fleet: Fleet):
-    """The step-cost model of the fleet's steps together (one hardware: one table)."""
-    steps = pl.concat([r.steps() for r in fleet.runs], how="diagonal_relaxed")
-    try:
-        return fit_cost_steps(steps, {"cost_table": fleet.common("cost_table")}), None
-    except CostFitError as exc:
-        return None, str(exc)
+#: Calibration bins of the report (the `calibration` command's default).
+_BINS = 15
 
 
-def _drill_down(fleet: Fleet, top: int) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
-    gamma = fleet.gamma
-    rows, tops = [], []
-    for i, (run, node) in enumerate(zip(fleet.runs, fleet.nodes, strict=True)):
-        own = request_steps_with_ceiling(run, walked_blocks(run)).with_columns(
-            pl.format("{}/{}", pl.lit(node), pl.col("rid")).alias("rid")
-        )
-        rows.append(own)
-        if trimmed_with_ceiling(own, gamma) > 0:
-            tops.append(top_requests(own, top).with_columns(pl.lit(i).alias("run")))
-    if not tops:
-        return None, None
-    best = (
-        pl.concat(tops, how="vertical_relaxed")
-        .sort(["trim_loss", "rid"], descending=[True, False])
-        .head(top)
-    )
-    traced = best.head(TRACED_REQUESTS)
-    traces = pl.concat(
-        [
-            request_traces(rows[i], part["rid"].to_list())
-            for (i,), part in traced.group_by("run", maintain_order=True)
-        ],
-        how="vertical_relaxed",
-    ).sort("rid", "prefix_len")
-    return best.drop("run"), traces
+@dataclass(frozen=True)
+class FleetSource:
+    """Where a fleet arm's runs are read, for its later passes: the engine and the first
+    pass's partitions (those it read; any it could not are `unread`)."""
+
+    engine: Engine
+    read: FleetRead
 
 
-def analyse_fleet(fleet: Fleet, by: tuple[str, ...], top: int) -> Arm:
-    """The fleet's light analyses; `fleet_estimate` and `fleet_calibration` fill the rest."""
-    for run in fleet.runs:
-        if not has_requests(run):
-            raise ValueError(
-                f"{run.path}: no request-steps (a block-accept-only ingest); "
-                "`dspark-obs estimate` reads those"
-            )
-    cost, cost_missing = _cost(fleet)
-    best, traces = _drill_down(fleet, top)
+def analyse_fleet(
+    engine: Engine, paths: list[str | Path], by: tuple[str, ...], top: int, strict: bool = True
+) -> Arm:
+    """The fleet's light analyses; `fleet_estimate` and `fleet_calibration` fill the rest.
+    A run that cannot be read is an error with `strict`, else named in `arm.unread`."""
+    fold = LightFold()
+    read = read_fleet(engine, paths, run_part, (by, top), by, keep=fold.keep)
+    if read.unread and strict:
+        raise RunStoreError(unread_line(read))
+    head, parts = read.head, read.partials
+    cost, cost_missing = fold.cost(parts, {"cost_table": head.common("cost_table")})
+    best, traces = drill_down(parts, top)
     return Arm(
         label=FLEET_LABEL,
-        run=fleet.runs[0],
-        gamma=fleet.gamma,
-        summary=summarize_fleet(fleet, by),
-        shares=fleet_window_shares([r.requests() for r in fleet.runs], fleet.gamma),
-        load=fleet_load_curve(fleet.runs, fleet.nodes),
+        run=None,
+        gamma=head.gamma,
+        summary=summary_of_folds(head, [p.summary for p in parts], by),
+        shares=shares(parts, head.gamma),
+        load=load(parts),
         estimate=None,
         calibration={},
         cost=cost,
         cost_missing=cost_missing,
         top=best,
         traces=traces,
-        fleet=fleet,
+        fleet=head,
         by=by,
+        source=FleetSource(engine, read),
+        unread=[{"path": u.path, "error": u.error} for u in read.unread],
     )
 
 
+def _source(arm: Arm) -> FleetSource:
+    assert isinstance(arm.source, FleetSource)
+    return arm.source
+
+
 def fleet_estimate(arm: Arm) -> None:
-    assert arm.fleet is not None
-    arm.estimate = fleet_evaluate(arm.fleet, arm.by)
+    src = _source(arm)
+    folds = read_again(src.engine, src.read, estimate_map, (arm.by,))
+    arm.estimate = evaluate_folds(src.read.head, folds, arm.by)
 
 
 def fleet_calibration(arm: Arm) -> None:
     """Both stages' histograms added over the runs, pooled per workload, and per group."""
-    assert arm.fleet is not None
-    groups = fleet_histograms(arm.fleet, by=arm.by)
+    src = _source(arm)
+    stages = (RECORDED, RAW)
+    parts = read_again(src.engine, src.read, run_histograms, (stages, _BINS, arm.by))
+    groups = add_histograms(parts, stages)
     arm.calibration = {stage: per_workload(g) for stage, g in groups.items()}
     arm.calibration_groups = {stage: group_entries(g, arm.by) for stage, g in groups.items()}
+
+
+def _predict_map(run, node: str, policies: list[str]) -> tuple:
+    return predict_run(run, policies)
+
+
+def fleet_predict(arm: Arm) -> None:
+    """A fleet of one run is predicted where the run is read; the predictions' intervals
+    are not sums, so a fleet of several runs is left to `whatif` per run."""
+    src = _source(arm)
+    if len(src.read.head.paths) > 1:
+        arm.whatif_missing = (
+            f"predicted per run, not for a fleet of {len(src.read.head.paths)} runs: "
+            "`dspark-obs whatif RUN_DIR` on each, or `dspark-obs report --arms RUN_DIR...`"
+        )
+        return
+    [(arm.whatif, arm.whatif_missing)] = read_again(
+        src.engine, src.read, _predict_map, (report_policies(arm),)
+    )

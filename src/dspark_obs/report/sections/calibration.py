@@ -54,7 +54,7 @@ def calibration_section(arms: list[Arm], w: FigureQueue) -> Section:
             row += [fmt(first["pred_mean"], 4), fmt(first["target_mean"], 4)]
             rows.append(row)
         note = "after: the survival the scheduler used; before: raw confidence at temperature 1"
-        if all(run.manifest.get("sts") is None for run in arm.runs):
+        if all(m.get("sts") is None for m in arm.manifests):
             note += " (this run had no STS, so both are the raw confidence)"
         s.tables.append(Table(f"{arm.label}: calibration per position", columns, rows, note))
         s.figures += arm_figures(
