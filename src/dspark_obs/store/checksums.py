@@ -17,7 +17,7 @@ part has one (`store_version` 2 and later, `inventory.py`); only runs written
 before parts had checksums are read unverified.
 
 CRC-32 runs at about 4 GB/s in `zlib` and releases the GIL on large buffers,
-so a run's parts are verified on a thread pool, each once per `Run` (see
+so a run's parts are verified on a thread pool, each once a process until the file changes (see
 `Run.check_parts`). Where the optional `isal` package is installed (the `fast`
 extra), its CRC-32 is used instead: the same polynomial and the same values as
 `zlib.crc32`, about four times faster, which matters when a report verifies a

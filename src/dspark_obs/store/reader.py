@@ -22,7 +22,7 @@ so a missing, extra or unreadable part is an error naming it, never a hole.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,39 @@ from .validate import (
 
 __all__ = ["MANIFEST", "Run", "check_table_name", "list_parts", "open_run", "part_name"]
 
+#: A part as it is on disk: (path, device, inode, size, mtime, ctime). A verdict on a part
+#: holds while its key does: a write to the file moves its ctime, a replacement its inode.
+PartKey = tuple[str, int, int, int, int, int]
+
+#: Parts whose checksum, bounds and footer were checked, with their schema: kept for the
+#: process, not per `Run`, since a command opens one run more than once (`summary` reads
+#: the table and then the trim cost, `report` each section) and each would pay again.
+_VERIFIED: dict[PartKey, pl.Schema] = {}
+#: Rows of a table's parts (held to the manifest), and the steps every reader leaves out
+#: (`validate.py`), by the keys of the parts they were counted or found in.
+_ROWS: dict[tuple[PartKey, ...], int] = {}
+_REJECTED: dict[tuple, Rejections] = {}
+#: Entries kept at most: a reader of a fleet of runs opens many parts, each entry is small.
+_MAX_VERIFIED = 1 << 17
+_MAX_RUNS = 256
+
+
+def _remember(cache: dict, key, value, most: int) -> None:
+    """`cache[key] = value`, the oldest entry dropped past `most` (one pass over a fleet
+    must not keep every part it ever read)."""
+    if len(cache) >= most:
+        del cache[next(iter(cache))]
+    cache[key] = value
+
+
+def part_key(f: Path) -> PartKey:
+    """The key a verdict on part `f` is kept under (`unreadable` when it cannot be stat'ed)."""
+    try:
+        st = f.stat()
+    except OSError as exc:
+        raise unreadable(f, exc) from exc
+    return (str(f), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
 
 def check_table_name(table: str) -> str:
     """Table names become directory names: none may leave the run or be `_checksums`."""
@@ -73,17 +106,6 @@ class Run:
 
     path: Path
     manifest: dict[str, Any]
-    #: parts whose checksum, footer and schema were checked, by (path, inode, size, mtime):
-    #: checked once, so a report's many queries over one table pay for one verification
-    _checked: dict[tuple[str, int, int, int], pl.Schema] = field(
-        default_factory=dict, repr=False, compare=False
-    )
-    #: rows of a table's parts, by (table, parts): counted once, held to the manifest
-    _rows: dict[tuple[str, tuple[Path, ...]], int] = field(
-        default_factory=dict, repr=False, compare=False
-    )
-    #: steps that break the telemetry model (`validate.py`), by the parts they were found in
-    _rejected: dict[tuple, Rejections] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def complete(self) -> bool:
@@ -139,13 +161,14 @@ class Run:
         self.check_parts(table, files)
         frame = pl.scan_parquet([str(f) for f in files], glob=False)
         if table in (STEPS, REQUESTS) and self.complete:
-            key = (table, tuple(files))
-            if key not in self._rows:
+            key = tuple(map(part_key, files))
+            if key not in _ROWS:
                 try:
-                    self._rows[key] = frame.select(pl.len()).collect().item()
+                    rows = frame.select(pl.len()).collect().item()
                 except READ_ERRORS as exc:
                     raise unreadable(self.path / table, exc) from exc
-            self._check_rows(table, self._rows[key])
+                _remember(_ROWS, key, rows, _MAX_RUNS)
+            self._check_rows(table, _ROWS[key])
         if table in (STEPS, REQUESTS):
             rejected = self.rejections()
             if rejected:
@@ -154,21 +177,17 @@ class Run:
             frame = frame.with_columns(within_probabilities(frame.collect_schema().names()))
         return frame
 
-    def _part_key(self, f: Path) -> tuple[str, int, int, int]:
-        st = f.stat()
-        return (str(f), st.st_ino, st.st_size, st.st_mtime_ns)
-
     def rejections(self) -> Rejections:
         """The stored steps every reader leaves out, as the pipeline's gate would reject
         them (`validate.py`): checked once per set of parts, logged once."""
         steps = self.parts(STEPS)
         requests = {p.name: p for p in self.parts(REQUESTS)}
-        key = tuple(self._part_key(f) for f in [*steps, *requests.values()])
-        if key in self._rejected:
-            return self._rejected[key]
+        gamma = self.manifest.get("gamma")
+        key = (gamma, *map(part_key, [*steps, *requests.values()]))
+        if key in _REJECTED:
+            return _REJECTED[key]
         self.check_parts(STEPS, steps)
         self.check_parts(REQUESTS, list(requests.values()))
-        gamma = self.manifest.get("gamma")
         try:
             screen = clean(
                 pl.scan_parquet([str(f) for f in steps], glob=False),
@@ -193,9 +212,8 @@ class Run:
                 )
         except READ_ERRORS as exc:
             raise unreadable(self.path, exc) from exc
-        rejected = self._rejected[key] = tally(
-            {f.name: frame for f, frame in zip(steps, found, strict=False)}
-        )
+        rejected = tally({f.name: frame for f, frame in zip(steps, found, strict=False)})
+        _remember(_REJECTED, key, rejected, _MAX_RUNS)
         report(self.path, rejected)
         return rejected
 
@@ -213,17 +231,11 @@ class Run:
     def check_parts(self, table: str, files: list[Path]) -> None:
         """RunStoreError unless each part matches its checksum and has the table's schema."""
         expected = self._expected_schema(table)
-        keys = []
-        for f in files:
-            try:
-                st = f.stat()
-            except OSError as exc:
-                raise unreadable(f, exc) from exc
-            keys.append((str(f), st.st_ino, st.st_size, st.st_mtime_ns))
-        verify_parts([f for f, key in zip(files, keys, strict=True) if key not in self._checked])
+        keys = list(map(part_key, files))
+        verify_parts([f for f, key in zip(files, keys, strict=True) if key not in _VERIFIED])
         first: pl.Schema | None = None
         for f, key in zip(files, keys, strict=True):
-            schema = self._checked.get(key)
+            schema = _VERIFIED.get(key)
             if schema is None:
                 check_part_bounds(f)  # what decoding it takes, before polars reads a byte
                 try:
@@ -240,7 +252,8 @@ class Run:
                 first = schema
             elif schema != first:
                 raise RunStoreError(f"{f}: schema differs from {files[0].name}")
-            self._checked[key] = schema
+            if key not in _VERIFIED:
+                _remember(_VERIFIED, key, schema, _MAX_VERIFIED)
 
     def steps(self) -> pl.LazyFrame:
         return self.scan(STEPS)
