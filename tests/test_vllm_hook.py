@@ -350,3 +350,19 @@ def test_the_ring_names_the_engine():
     hook = attach_runner(runner, consumer="inline", pipeline=build_pipeline(GAMMA))
     assert sr.ENGINES[int(hook.ring.header[sr.H_ENGINE])] == "vllm"
     hook.close()
+
+
+def test_a_bad_setting_is_one_warning_and_the_hook_stays_off(monkeypatch, caplog):
+    import sys
+
+    monkeypatch.setenv(vllm_plugin.ENV, "127.0.0.1:9464")
+    monkeypatch.setenv(vllm_plugin.ENV_SLOTS, "many")
+    before = list(sys.meta_path)
+    with caplog.at_level(logging.WARNING):
+        vllm_plugin.register()
+    assert sys.meta_path == before
+    assert [r.message for r in caplog.records if "dspark-obs" in r.message] == [
+        "dspark-obs: the vLLM hook is off in this process: DSPARK_OBS_VLLM_RING_SLOTS must "
+        "be a whole number of steps in 1..65536, not 'many'"
+    ]
+    assert vllm_plugin.ring_slots({vllm_plugin.ENV_SLOTS: "4"}) == 4

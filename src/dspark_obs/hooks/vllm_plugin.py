@@ -12,7 +12,8 @@ samples) attaches; its ring joins the node's one consumer serving `/metrics` on 
 Without the variable nothing is done. Where vLLM's interface is not 0.33.0's, or DSpark is
 not speculating, it logs one warning and does nothing else; it never raises into vLLM. No
 vLLM file is changed: the runner class's `sample` is wrapped when its module is imported.
-`DSPARK_OBS_VLLM_MODEL` names the `model_name` label (default: vLLM's served model name).
+`DSPARK_OBS_VLLM_MODEL` names the `model_name` label (default: vLLM's served model name),
+`DSPARK_OBS_VLLM_RING_SLOTS` the steps a rank's ring holds before it drops (default 16).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 #: the environment variable that turns the hook on, with the node's `/metrics` address
 ENV = "DSPARK_OBS_VLLM"
 ENV_MODEL = "DSPARK_OBS_VLLM_MODEL"
+#: steps a rank's ring holds before it drops (default 16, as the SGLang hook's)
+ENV_SLOTS = "DSPARK_OBS_VLLM_RING_SLOTS"
 #: the module and class the hook wraps (vLLM 0.33.0)
 RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
 RUNNER_CLASS = "GPUModelRunner"
@@ -46,6 +49,7 @@ def register() -> None:
         from ..listen import parse_listen
 
         parse_listen(listen)
+        ring_slots(os.environ)
         module = sys.modules.get(RUNNER_MODULE)
         if module is not None:
             wrap_runner_class(module, listen)
@@ -109,6 +113,14 @@ def wrap_runner_class(module, listen: str) -> None:
     cls.sample = sample
 
 
+def ring_slots(environ) -> int:
+    """The ring's steps from `DSPARK_OBS_VLLM_RING_SLOTS`; ValueError naming a bad value."""
+    text = environ.get(ENV_SLOTS) or "16"
+    if not text.isdigit() or not 1 <= int(text) <= 1 << 16:
+        raise ValueError(f"{ENV_SLOTS} must be a whole number of steps in 1..65536, not {text!r}")
+    return int(text)
+
+
 def _attach(runner, listen: str) -> None:
     import warnings
 
@@ -120,7 +132,10 @@ def _attach(runner, listen: str) -> None:
         model = os.environ.get(ENV_MODEL) or _served_model_name(runner)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            hook = attach_runner(runner, rank=int(runner.dp_rank), model_name=model, listen=listen)
+            hook = attach_runner(
+                runner, rank=int(runner.dp_rank), model_name=model, listen=listen,
+                ring_slots=ring_slots(os.environ),
+            )  # fmt: skip
         for w in caught[:1]:
             log.warning("%s", w.message)
         if hook is not None:
