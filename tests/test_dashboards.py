@@ -101,6 +101,7 @@ def test_layout_ids_units_descriptions() -> None:
         "Estimator health",
         "Sources",
         "Held against SGLang",
+        "Held against vLLM",
     ]
     kinds = {p["type"] for p in data_panels(d)}
     assert {"timeseries", "stat", "bargauge", "heatmap"} <= kinds
@@ -139,6 +140,7 @@ REASONS: dict[str, tuple[re.Pattern[str], str | None]] = {
     "refit": (re.compile(r"dspark_cost_model_refit_"), "no refit yet"),
     "priced steps": (re.compile(r"dspark_trim_(committed|step|static)"), "cost table"),
     "sglang": (re.compile(r'sglang\[|engine="sglang"'), "--enable-metrics"),
+    "vllm": (re.compile(r'vllm\[|engine="vllm"'), "vLLM's own /metrics"),
     "source state": (re.compile(r"dspark_source_up"), "reports its state"),
 }
 #: per dashboard: every query reads series that may be absent from a data source
@@ -406,6 +408,9 @@ def substitute(expr: str) -> str:
 
 
 SGLANG_CHECK_PANELS = ("Ours and SGLang's, per request-step", "Disagreement with SGLang")
+#: the "Held against vLLM" row needs a vLLM server's own counters beside series of engine
+#: vllm (deploy/rules/tests/vllm_check_test.yml holds the same figures in its rules)
+VLLM_CHECK_PANELS = ("Ours and vLLM's", "Disagreement with vLLM")
 #: the panels that read the ceiling, which `serve` as first started (compact, no shadow
 #: twin) never observes: the review that found them showing "No data"
 CEILING_PANELS = (
@@ -485,7 +490,10 @@ def test_every_panel_query_returns_data(
     deadline = time.monotonic() + WAIT
     # the "Held against SGLang" row needs an SGLang server's own metrics beside series of
     # engine sglang: tests/test_sglang_check.py runs its queries on those
-    checked = [p for p in data_panels(dashboard) if p["title"] not in SGLANG_CHECK_PANELS]
+    checked = [
+        p for p in data_panels(dashboard)
+        if p["title"] not in SGLANG_CHECK_PANELS + VLLM_CHECK_PANELS
+    ]  # fmt: skip
     while True:
         empty, blank, ceilings = [], [], {}
         for p in checked:

@@ -14,6 +14,7 @@ from . import (
     sglang_check,
     sources,
     trim_cost,
+    vllm_check,
 )
 
 ROWS = (
@@ -26,4 +27,5 @@ ROWS = (
     ("Estimator health", estimator.panels),
     ("Sources", sources.panels),
     ("Held against SGLang", sglang_check.panels),
+    ("Held against vLLM", vllm_check.panels),
 )
