@@ -111,8 +111,14 @@ if ! wait "$sglang_build"; then
     echo "tools/test.sh: building the SGLang test environment failed" >&2
     exit 1
 fi
-# The last three steps overlap: the SGLang environment's tests mostly wait on a Prometheus
-# scrape, the quick benchmarks keep about one core busy, the fallbacks' tests the other.
+if ! wait "$vllm_build"; then
+    cat "$vllm_log"
+    echo "tools/test.sh: building the vLLM test environment failed" >&2
+    exit 1
+fi
+# The last steps overlap: the SGLang and vLLM environments' tests (mostly starting up, or
+# waiting on a Prometheus scrape), the quick benchmarks (about one core) and the fallbacks'
+# tests (the other).
 # The one-flag deployment: two DP ranks through SGLang's own register_forward_hooks and
 # DsparkStepObservers, one node consumer, a real Prometheus (tests/test_node_consumer.py).
 sglang_tests_log="$(mktemp)"
@@ -121,30 +127,31 @@ sglang_tests_log="$(mktemp)"
     "tests/test_node_consumer.py::test_every_rank_of_a_node_on_one_scrape_target[sglang]" \
     >"$sglang_tests_log" 2>&1 &
 sglang_tests=$!
+vllm_tests_log="$(mktemp)"
+.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_hook.py \
+    >"$vllm_tests_log" 2>&1 &
+vllm_tests=$!
 # The quick benchmarks are a crash check (they fail on a crash, never on a timing: bench/).
 $PY -m bench --quick --json > bench-quick.jsonl &
 bench=$!
-trap 'kill "$bench" "$sglang_tests" 2>/dev/null || true' EXIT
+trap 'kill "$bench" "$sglang_tests" "$vllm_tests" 2>/dev/null || true' EXIT
 # The compiled extensions' Python fallbacks, with every extension switched off: the switch itself, the parser's
 # tests and the end-to-end golden outputs. (The row fold's and the tail walk's tests run both
 # passes above already, the numpy one and the compiled one, so they are not repeated here.)
 DSPARK_OBS_NO_EXTENSIONS=1 $PY -m pytest -p no:cacheprovider \
     tests/test_extensions.py tests/test_sglang_json.py tests/test_sglang_columnar.py \
     tests/test_sglang_compiled.py tests/test_golden_outputs.py -k "not across_seeds"
-sglang_tests_status=0
-wait "$sglang_tests" || sglang_tests_status=$?
-cat "$sglang_tests_log"
-if [ "$sglang_tests_status" -ne 0 ]; then
-    echo "tools/test.sh: the SGLang environment's tests failed" >&2
-    exit 1
-fi
-if ! wait "$bench"; then
-    echo "tools/test.sh: the quick benchmarks failed (bench-quick.jsonl has what they printed)" >&2
-    exit 1
-fi
+# A background run's output once it ends, and its failure as the command's.
+finish() {
+    local status=0
+    wait "$1" || status=$?
+    cat "$2"
+    if [ "$status" -ne 0 ]; then
+        echo "tools/test.sh: $3 failed" >&2
+        exit 1
+    fi
+}
+finish "$sglang_tests" "$sglang_tests_log" "the SGLang environment's tests"
+finish "$vllm_tests" "$vllm_tests_log" "the vLLM environment's tests"
+finish "$bench" /dev/null "the quick benchmarks (bench-quick.jsonl has what they printed)"
 trap - EXIT
-if ! wait "$vllm_build" || ! .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_hook.py; then
-    cat "$vllm_log"
-    echo "tools/test.sh: the vLLM environment's tests failed" >&2
-    exit 1
-fi
