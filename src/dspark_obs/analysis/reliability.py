@@ -1,12 +1,12 @@
-"""Per-position calibration histograms of a stored run, binned in polars.
+"""Per-position calibration histograms of a stored run, read in windows, binned in numpy.
 
-The live aggregates and `CalibrationAccumulator` bin in numpy, a step at a
-time. A stored run of tens of millions of request-steps is better binned where
-it lies: one lazy query per block position reads only the columns it needs,
-labels each row with SGLang's prefix rule, and groups by (workload, ECE bin,
-AUROC bin). The result fills the same accumulators, so the report, the
-`calibration` command and the live exporter share one reduction (ECE, Brier,
-AUROC) and agree bit for bit on counts.
+The live aggregates and `CalibrationAccumulator` bin in numpy, a step at a time; a
+stored run of tens of millions of request-steps is read a window of rows at a time
+(the matrices only as plain `[rows, gamma]` arrays) and each window binned the same
+way, every (workload, *by) group in one pass of bincounts. The result fills the same
+accumulators, so the report, the `calibration` command and the live exporter share one
+reduction (ECE, Brier, AUROC) and agree exactly on counts; memory follows the window,
+not the run.
 
 Two predictions can be binned: the recorded survival (what the scheduler used,
 after STS when the run had one) and `raw`, the survival of the raw confidence
