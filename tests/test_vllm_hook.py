@@ -366,3 +366,47 @@ def test_a_bad_setting_is_one_warning_and_the_hook_stays_off(monkeypatch, caplog
         "be a whole number of steps in 1..65536, not 'many'"
     ]
     assert vllm_plugin.ring_slots({vllm_plugin.ENV_SLOTS: "4"}) == 4
+
+
+def test_the_node_consumer_process_serves_the_steps_as_engine_vllm():
+    """The deployment's path: the hook starts the node's `dspark-obs hook-consumer` process
+    on its port, which finds the ring and serves the steps on `/metrics` under
+    `engine="vllm"`, the model's name and the DP rank."""
+    import re
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    runner = make_runner()
+    hook = attach_runner(runner, rank=2, model_name="m-v", listen=f"127.0.0.1:{port}")
+    assert hook.process is not None
+    try:
+        traffic = Traffic(runner, seed=13)
+        rows = 0
+        for k in range(6):
+            batch, reference, _ = traffic.step(n_verify=2 + k, n_prefill=1)
+            runner.sample(None, batch, None)
+            rows += len(reference["rid"])
+        line = re.compile(r"^dspark_request_steps_total\{([^}]*)\} (\S+)$", re.M)
+        deadline, total, labels = time.monotonic() + 60, 0.0, ""
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    found = line.findall(r.read().decode())
+            except OSError:
+                found = []
+            total = sum(float(v) for _, v in found)
+            if total == rows:
+                labels = found[0][0]
+                break
+            time.sleep(0.2)
+        assert total == rows
+        assert 'engine="vllm"' in labels and 'model_name="m-v"' in labels
+        assert 'rank="2"' in labels and 'mode="compact"' in labels
+    finally:
+        hook.close()
+        hook.process.terminate()
+        hook.process.wait(30)
