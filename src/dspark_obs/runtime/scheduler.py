@@ -15,6 +15,10 @@ to the highest survivals of the current block, as SGLang's planner splits the tw
 
 The scaled budget (`budget_scale`) is not SGLang's: it exists so that another budget
 rule can be run for real against what `dspark-obs whatif` predicts for it.
+
+vLLM 0.33.0's adaptive verification (`topk_schedule`) is the same objective over the same
+cost form, planned differently in time: its budget always comes from the previous step's
+confidences, and the slots are admitted by a global top-k of the current ones.
 """
 
 from __future__ import annotations
@@ -62,3 +66,21 @@ def schedule(
         k = min(int(np.rint(budget_scale * k)), len(flat))
     windows = np.bincount(order[:k] // gamma, minlength=bs).astype(np.int64)
     return Schedule(windows, k, float(seconds[k]), float(objective[k]))
+
+
+def topk_schedule(
+    survival: np.ndarray, table: AdditiveCostTable, stale_survival: np.ndarray
+) -> Schedule:
+    """vLLM 0.33.0's admission: the budget from last step's survivals, the slots by this one's.
+
+    `AdaptiveVerificationManager.get_num_tokens` picks the budget K on the host as the
+    argmax over K of `(sampling requests + sum of the K largest stale survivals) /
+    (draft_cost[bs] + verify_cost[bs + K])`, the stale survivals being the running products
+    of the confidences recorded one step before (a request new to its slot: 1);
+    `_assign_draft_token_budget` then admits on the device the K slots of highest current
+    survival across the batch. With the additive table as the cost (`draft_cost[bs]` its
+    bias and per-request part, `verify_cost[m]` its per-token part), every request decoding
+    (each one samples) and every draft scheduled, that is `schedule` with the budget planned
+    on `stale_survival`; tests/test_vllm_topk.py holds it to vLLM's own two functions.
+    """
+    return schedule(survival, table, budget_survival=stale_survival)
