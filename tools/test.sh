@@ -129,6 +129,7 @@ sglang_tests_log="$(mktemp)"
 sglang_tests=$!
 vllm_tests_log="$(mktemp)"
 .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_hook.py \
+    tests/test_vllm_topk.py \
     >"$vllm_tests_log" 2>&1 &
 vllm_tests=$!
 # The quick benchmarks are a crash check (they fail on a crash, never on a timing: bench/).
