@@ -53,6 +53,13 @@ def add_runtime_arguments(
         help=f"verify mode, as SGLANG_RAGGED_VERIFY_MODE (default {mode})",
     )
     g.add_argument(
+        "--scheduler",
+        choices=("sps", "topk"),
+        default="sps",
+        help="how compact mode picks windows: SGLang's SPS rule (default) or vLLM 0.33.0's "
+        "top-k admission, its budget from last step's confidences",
+    )
+    g.add_argument(
         "--shadow",
         choices=("cap-accept",),
         default=None,
@@ -279,6 +286,7 @@ def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
         gamma=args.gamma,
         vocab_size=args.vocab_size,
         mode=args.mode,
+        scheduler=args.scheduler,
         shadow=args.shadow,
         shadow_fraction=args.shadow_fraction,
         workloads=workloads,

@@ -23,6 +23,9 @@ class RuntimeConfig:
     #: None: the world's own (the real world's 256 bytes), else 128
     vocab_size: int | None = None
     mode: str = "compact"
+    #: how a compact step's windows are chosen: SGLang's SPS rule, or vLLM 0.33.0's top-k
+    #: admission with its budget from last step's confidences (`scheduler.topk_schedule`)
+    scheduler: str = "sps"
     shadow: str | None = None
     shadow_fraction: float = 1.0
     world: str = "reference"
@@ -153,6 +156,10 @@ class RuntimeConfig:
             raise ValueError("level steps: one count >= 1 per concurrency level")
         if self.max_new_tokens < 1:
             raise ValueError("max new tokens must be >= 1")
+        if self.scheduler not in ("sps", "topk"):
+            raise ValueError(f"scheduler must be sps or topk, not {self.scheduler!r}")
+        if self.scheduler == "topk" and self.budget_scale != 1.0:
+            raise ValueError("a scaled budget is an SPS rule; the topk scheduler takes none")
         if not (np.isfinite(self.budget_scale) and self.budget_scale >= 0):
             raise ValueError("budget scale must be finite and >= 0")
         if self.step_noise < 0:

@@ -53,7 +53,7 @@ from .external import (
 )
 from .hashing import extend, mix, uniform, unit
 from .language import EOS_TOKEN, SyntheticTarget
-from .scheduler import schedule
+from .scheduler import schedule, topk_schedule
 from .traffic import Traffic
 from .worlds import World
 
@@ -120,6 +120,9 @@ class DSparkRuntime:
                 "runtime.factory.make_runtime"
             )
         self.gamma = c.gamma
+        #: steps between the confidences a budget is planned on and the step's own: the
+        #: world's relay, or vLLM's one step under the topk scheduler (in any world)
+        self.relay_lag = 1 if c.scheduler == "topk" else self.world.lag_steps
         self.traffic = Traffic(
             seed=c.seed,
             mix_weights=c.mix,
@@ -157,7 +160,7 @@ class DSparkRuntime:
         # SGLang's req_generation: counts admissions into a slot, so a relayed value can
         # tell whether the request it came from still holds the slot
         self.generation = np.zeros(cap, dtype=np.int64)
-        lag = self.world.lag_steps
+        lag = self.relay_lag
         self._relay_confidence = np.ones((lag, cap, c.gamma))
         self._relay_generation = np.full((lag, cap), -1, dtype=np.int64)
         self._conf_buf = np.ones((cap, c.gamma))
@@ -520,7 +523,11 @@ class DSparkRuntime:
             windows = np.full(b, g, dtype=np.int64)
             budget = predicted = theta = None
         else:
-            plan = schedule(survival, c.cost_table, budget_survival, c.budget_scale)
+            plan = (
+                topk_schedule(survival, c.cost_table, budget_survival)
+                if c.scheduler == "topk"
+                else schedule(survival, c.cost_table, budget_survival, c.budget_scale)
+            )
             windows = plan.windows
             budget, predicted, theta = plan.budget, plan.predicted_seconds * 1e3, plan.objective
         chain = leading_run(acc)
@@ -551,7 +558,7 @@ class DSparkRuntime:
             rank=0,
             bs=b,
             budget=budget,
-            lag_steps=self.world.lag_steps,
+            lag_steps=self.relay_lag,
             num_running_reqs=b,
             predicted_step_ms=predicted,
             predicted_theta=theta,
@@ -590,7 +597,7 @@ class DSparkRuntime:
         the slots' generations, and a step reads the snapshot of `lag` steps before; a row
         whose slot has changed hands since (or that was not there) plans on survival 1.
         """
-        lag = self.world.lag_steps
+        lag = self.relay_lag
         if lag == 0:
             return None
         ring = self.forward_ct % lag
