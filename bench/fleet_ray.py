@@ -1,34 +1,44 @@
 """The fleet folds on Ray against in process: `summary --by node,rank`, `calibration --by
-node` and `estimate --by node` over 8 run directories of 10 million request-steps in all
-(quick: 200k), each in process and with `--engine ray` on a local cluster of one and of two
-one-CPU worker nodes (a head with no CPU, so every task runs on a worker).
+node`, `estimate --by node` and `report --by node` over 8 run directories of 10 million
+request-steps in all (quick: 200k; `BENCH_FLEET_RAY_REQUEST_STEPS` sets another size),
+each in process and with `--engine ray` on a local cluster of one and of two one-CPU
+worker nodes (a head with no CPU, so every task runs on a worker).
 
-The runs are `fleet_posthoc`'s (one reference run tiled into 8 nodes' runs). Each command
-is a child process, so its time includes start-up, imports and, on Ray, joining the
-cluster; its peak RSS is the driver's alone (`time_child`): the workers' memory is not the
-driver's, and the driver's must not grow with the data. Configurations alternate within
-each repeat (each cluster started afresh), so each sees the same load. Ray's `--json`
-must equal the in-process one to 1e-9, or the benchmark crashes.
+The runs are `fleet_posthoc`'s reference run tiled once into one node's run; the other 7
+nodes' runs hard-link its parts (each with its own run.json naming its node), so the
+generation and the disk are one run's. Each command is a child process, so its time
+includes start-up, imports and, on Ray, joining the cluster; its peak RSS is the driver's
+alone (`time_child`): the workers' memory is not the driver's, and the driver's must not
+grow with the data. Configurations alternate within each repeat (each cluster started
+afresh), so each sees the same load; the load average is recorded before and after. Ray's
+`--json` (and the report's report.json) must equal the in-process one to 1e-9, or the
+benchmark crashes.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from dspark_obs.store.reader import MANIFEST
+
 from .common import record, time_child
-from .fleet_posthoc import NODES, make_fleet
+from .fleet_posthoc import NODES
+from .report_large import base_run, tile_run
 
 FULL_REQUEST_STEPS = 10_000_000
 QUICK_REQUEST_STEPS = 200_000
 COMMANDS = {
-    "summary": ["--by", "node,rank"],
-    "calibration": ["--by", "node"],
-    "estimate": ["--by", "node"],
+    "summary": ["--by", "node,rank", "--json"],
+    "calibration": ["--by", "node", "--json"],
+    "estimate": ["--by", "node", "--json"],
+    "report": ["--by", "node", "--quiet", "--out"],  # + its directory; report.json compared
 }
 #: configuration: worker nodes of one CPU (0: in process)
 CONFIGS = {"in_process": 0, "ray_1_worker": 1, "ray_2_workers": 2}
@@ -52,6 +62,24 @@ def _same(a, b, where: str) -> None:
         raise AssertionError(f"{where}: {a!r} != {b!r}")
 
 
+def make_linked_fleet(root: Path, wanted: int) -> tuple[Path, dict]:
+    """8 nodes' runs of `wanted` request-steps in all: one tiled run, hard-linked 7 times."""
+    base, _ = base_run()
+    base_rs = int(json.loads((base / MANIFEST).read_text(encoding="utf-8"))["request_steps"])
+    copies = math.ceil(wanted / NODES / base_rs)
+    fleet = root / "fleet"
+    manifest = tile_run(base, fleet / "node-0", copies)
+    for i in range(NODES):
+        node = fleet / f"node-{i}"
+        if i:
+            shutil.copytree(fleet / "node-0", node, copy_function=os.link)
+        (node / MANIFEST).unlink()  # its own file, not the linked one
+        (node / MANIFEST).write_text(
+            json.dumps({**manifest, "instance": f"node-{i}"}, indent=2) + "\n", encoding="utf-8"
+        )
+    return fleet, {"copies": copies, "base_request_steps": base_rs, **manifest}
+
+
 def _cluster(workers: int):
     from ray.cluster_utils import Cluster
 
@@ -62,15 +90,25 @@ def _cluster(workers: int):
     return c
 
 
+def _output(name: str, stdout: bytes, out_dir: Path) -> dict:
+    if name == "report":
+        return json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
+    return json.loads(stdout)
+
+
 def run(quick: bool) -> list[dict]:
-    wanted = QUICK_REQUEST_STEPS if quick else FULL_REQUEST_STEPS
-    repeats = 1 if quick else 2
+    wanted = int(
+        os.environ.get("BENCH_FLEET_RAY_REQUEST_STEPS")
+        or (QUICK_REQUEST_STEPS if quick else FULL_REQUEST_STEPS)
+    )
+    repeats = 1 if quick else int(os.environ.get("BENCH_FLEET_RAY_REPEATS", "2"))
     py = [sys.executable, "-m", "dspark_obs"]
     timings = {(c, n): ([], []) for c in CONFIGS for n in COMMANDS}
     outputs: dict = {}
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-fleet-ray-") as tmp:
         start = time.perf_counter()
-        fleet, manifest = make_fleet(Path(tmp), wanted)
+        fleet, manifest = make_linked_fleet(Path(tmp), wanted)
         generate_s = time.perf_counter() - start
         for _ in range(repeats):
             for config, workers in CONFIGS.items():
@@ -78,14 +116,17 @@ def run(quick: bool) -> list[dict]:
                 engine = ["--engine", "ray", "--ray-address", cluster.address] if cluster else []
                 try:
                     for name, extra in COMMANDS.items():
-                        cmd = [*py, name, str(fleet), *extra, "--json", *engine]
-                        seconds, rss, out = time_child(cmd)
+                        out_dir = Path(tmp) / f"report-{config}"
+                        cmd = [*py, name, str(fleet), *extra]
+                        cmd += [str(out_dir)] if name == "report" else []
+                        seconds, rss, out = time_child([*cmd, *engine])
                         timings[config, name][0].append(seconds)
                         timings[config, name][1].append(rss)
-                        outputs[config, name] = json.loads(out)
+                        outputs[config, name] = _output(name, out, out_dir)
                 finally:
                     if cluster is not None:
                         cluster.shutdown()
+    load_after = os.getloadavg()
     for (config, name), got in outputs.items():
         _same(got, outputs["in_process", name], f"{config} {name}")
     request_steps = manifest["request_steps"] * NODES
@@ -104,6 +145,8 @@ def run(quick: bool) -> list[dict]:
                 rows_per_s=request_steps / min(seconds),
                 speedup_vs_in_process=base / min(seconds),
                 generate_seconds=generate_s,
+                load_average_before=load_before,
+                load_average_after=load_after,
             )
         )
     return out
