@@ -3,9 +3,10 @@
 All are `optional=True`: where no C compiler is available the install still
 succeeds without them, and the package falls back to its numpy forms (same results):
 `telemetry/server_info_columnar.py` decodes with msgspec and numpy alone,
-`aggregates/tokens.py` and `aggregates/confidence.py` fold request rows with numpy, and
-`estimator/tails.py` walks with numpy. `DSPARK_OBS_NO_EXTENSIONS=1` makes an install that
-has them use those forms too (`dspark_obs/extensions.py`; README, "C extensions").
+`aggregates/tokens.py` and `aggregates/confidence.py` fold request rows with numpy,
+`estimator/tails.py` walks with numpy, and `store/part_bounds.py` reads Parquet metadata
+in Python. `DSPARK_OBS_NO_EXTENSIONS=1` makes an install that has them use those forms
+too (`dspark_obs/extensions.py`; README, "C extensions").
 """
 
 import numpy
@@ -22,6 +23,11 @@ setup(
             "dspark_obs.aggregates._rowfold",
             sources=["src/dspark_obs/aggregates/_rowfold.c"],
             include_dirs=[numpy.get_include()],
+            optional=True,
+        ),
+        Extension(
+            "dspark_obs.store._thrift_compact",
+            sources=["src/dspark_obs/store/_thrift_compact.c"],
             optional=True,
         ),
         Extension(

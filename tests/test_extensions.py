@@ -4,7 +4,8 @@ requires it, is the one its Python side uses, and one switch turns them all off.
 With `DSPARK_OBS_REQUIRE_EXTENSIONS=1` (tools/test.sh sets it for the main run) a
 missing or unused extension fails here; without it these checks skip, as an install
 without a C compiler is valid. Parity with the Python forms is tested beside each one:
-tests/test_sglang_compiled.py, tests/test_rowfold.py, tests/test_tails_compiled.py.
+tests/test_sglang_compiled.py, tests/test_rowfold.py, tests/test_tails_compiled.py,
+tests/test_hostile_parquet.py.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ PYTHON_SIDE = {
     ),
     "dspark_obs.aggregates._rowfold": ("dspark_obs.aggregates.rows", "_rowfold"),
     "dspark_obs.estimator._tailwalk": ("dspark_obs.estimator.tails", "_tailwalk"),
+    "dspark_obs.store._thrift_compact": ("dspark_obs.store.part_bounds", "_compiled"),
 }
 SETUP = Path(__file__).parent.parent / "setup.py"
 
@@ -61,6 +63,7 @@ import json
 from dspark_obs.aggregates import rows
 from dspark_obs.aggregates.live import Aggregates
 from dspark_obs.estimator import tails
+from dspark_obs.store import part_bounds
 from dspark_obs.telemetry import server_info_columnar
 refused = []
 for make in (lambda: tails.TailWalker(4, compiled=True), lambda: Aggregates(4, compiled=True)):
@@ -69,7 +72,8 @@ for make in (lambda: tails.TailWalker(4, compiled=True), lambda: Aggregates(4, c
     except RuntimeError:
         refused.append(True)
 print(json.dumps({"held": [server_info_columnar._compiled is None, rows._rowfold is None,
-                           tails._tailwalk is None], "refused": refused}))
+                           tails._tailwalk is None, part_bounds._compiled is None],
+                  "refused": refused}))
 """
 
 
@@ -84,10 +88,10 @@ def probe(value: str | None) -> dict:
 
 
 def test_the_switch_turns_every_extension_off():
-    """`DSPARK_OBS_NO_EXTENSIONS=1`: all three Python sides take their fallback at import,
+    """`DSPARK_OBS_NO_EXTENSIONS=1`: every Python side take their fallback at import,
     and asking for a compiled form explicitly is refused."""
     off = probe("1")
-    assert off == {"held": [True, True, True], "refused": [True, True]}
+    assert off == {"held": [True] * len(extensions.MODULES), "refused": [True, True]}
     # empty or 0 leaves them as built
     built = [importlib.util.find_spec(name) is None for name in extensions.MODULES]
     for value in ("0", ""):

@@ -32,10 +32,12 @@ from dspark_obs.store import RunStoreError, open_run
 from dspark_obs.store.part_bounds import (
     MAX_PART_ROWS,
     MAX_STRING_BYTES,
+    _Malformed,
     _Thrift,
     check_part_bounds,
 )
 from dspark_obs.store.tables import STEP_KEY, frames_to_batches
+from dspark_obs.store.validate import clean
 from dspark_obs.store.writer import publish_part
 from dspark_obs.telemetry.batch import MODE_CODE, InvalidBatch, ceiling_rule
 
@@ -167,6 +169,11 @@ def test_a_stored_step_is_read_exactly_when_the_gate_accepts_it(honest, tmp_path
 
     # scans: the same steps, less the matrices, whose bad rows read as not recorded
     scan_reason = None if table == "matrix" else reason
+    # the whole-run screen passes exactly the runs with nothing to leave out (so an honest
+    # run's scan is one pass; a failing one is then checked flush by flush)
+    parts = [pl.scan_parquet(run / t / PART) for t in ("steps", "requests")]
+    screened = all(f.item() for f in pl.collect_all(clean(*parts, GAMMA)))
+    assert screened == (scan_reason is None)
     rejected = r.rejections()
     assert dict(rejected.steps) == ({scan_reason: 1} if scan_reason else {})
     assert rejected.request_rows == (n_rows if scan_reason else 0)
@@ -379,3 +386,67 @@ def test_estimate_replays_without_the_hostile_steps(hostile_cli_run):
     proc = cli("estimate", str(run), "--json", check=False)
     assert proc.returncode == 0, proc.stderr
     assert "accepted_out_of_range 1" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# -- the metadata reader: compiled and Python forms alike, bounded on any bytes ---------------
+
+
+def _footer_of(part: Path) -> bytes:
+    data = part.read_bytes()
+    length = int.from_bytes(data[-8:-4], "little")
+    return data[-8 - length : -8]
+
+
+def _both_forms(data: bytes) -> list[tuple[str, object]]:
+    """What the compiled reader (where built) and the Python one make of `data`."""
+    out = []
+    for read in (lambda t: t.struct(), lambda t: t.read_struct()):
+        try:
+            out.append(("ok", read(_Thrift(data))))
+        except _Malformed as exc:
+            out.append(("malformed", str(exc)))
+    return out
+
+
+def test_the_compiled_metadata_reader_is_the_python_one(honest):
+    for table in ("steps", "requests"):
+        footer = _footer_of(honest / table / PART)
+        compiled, python = _both_forms(footer)
+        assert compiled == python and compiled[0] == "ok"
+        assert python[1][3] == pl.read_parquet(honest / table / PART).height
+
+
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.data())
+def test_mutated_metadata_reads_alike_in_both_forms_or_is_malformed(honest, data):
+    footer = bytearray(_footer_of(honest / "requests" / PART))
+    cut = data.draw(st.integers(1, len(footer)))
+    footer = footer[:cut]
+    for _ in range(data.draw(st.integers(0, 8))):
+        footer[data.draw(st.integers(0, len(footer) - 1))] = data.draw(st.integers(0, 255))
+    compiled, python = _both_forms(bytes(footer))
+    assert compiled == python
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (bytes([0x19]) * 100_000 + b"\x00", "metadata nested too deeply"),  # lists of lists
+        (b"\x1c" * 100 + b"\x00", "metadata nested too deeply"),  # structs in structs
+        (b"\x15" + b"\xff" * 9 + b"\x02" + b"\x00", "varint too long"),  # past 64 bits
+        (b"\x15" + b"\x80" * 11 + b"\x00", "varint too long"),
+        (b"\x05" + b"\x80\x80\x04" + b"\x00\x00", "field id out of range"),
+        (b"\x18\x7f", "string longer than the metadata"),
+        (b"\x19\xf5\xff\xff\x03", "list longer than the metadata"),
+        (b"\x1d", "unknown field type 13"),
+        (b"\x15\x02", "metadata ends early"),
+    ],
+    ids=["nested-lists", "nested-structs", "varint-bits", "varint-bytes", "field-id",
+         "string", "list", "type", "short"],
+)  # fmt: skip
+def test_metadata_that_is_no_struct_is_malformed_in_both_forms(data, message):
+    """Each is `malformed Parquet metadata` naming the part; a list of lists nested 100,000
+    deep was a RecursionError (a traceback from every reader) before lists counted depth."""
+    assert _both_forms(data) == [("malformed", message)] * 2

@@ -1,6 +1,6 @@
 """The optional compiled extensions, and the switch that turns them all off.
 
-Three parts of the package have a C twin, built by `pip install` where a compiler is
+Four parts of the package have a C twin, built by `pip install` where a compiler is
 present (setup.py, `optional=True`) and checked against the Python form by parity
 tests; the Python form gives the same results everywhere (README, "C extensions"):
 
@@ -9,7 +9,9 @@ tests; the Python form gives the same results everywhere (README, "C extensions"
 - `aggregates._rowfold`: the live aggregates' request-row fold (numpy form in
   `aggregates/tokens.py` and `aggregates/confidence.py`);
 - `estimator._tailwalk`: the tail walker's per-step pass (numpy form in
-  `estimator/tails.py`).
+  `estimator/tails.py`);
+- `store._thrift_compact`: a Parquet part's footer and page headers, read before it is
+  decoded (Python form: `store/part_bounds.py`'s `_Thrift`).
 
 `DSPARK_OBS_NO_EXTENSIONS=1` in the environment makes every one of them use its
 Python form, decided at import, so that the fallbacks can be run (and tested) on an
@@ -33,6 +35,7 @@ MODULES = (
     "dspark_obs.telemetry._server_info_parser",
     "dspark_obs.aggregates._rowfold",
     "dspark_obs.estimator._tailwalk",
+    "dspark_obs.store._thrift_compact",
 )
 
 

@@ -102,19 +102,20 @@ def read_input_file(path: str | Path, what: str, limit: int = MAX_INPUT_BYTES) -
         raise ValueError(f"{what} {path}: no such file") from exc
     except OSError as exc:
         raise ValueError(f"{what} {path}: {exc.strerror or exc}") from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # before fdopen, which refuses a directory with a bare errno
+        os.close(fd)
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a directory"
+            if stat.S_ISDIR(mode)
+            else "not a regular file"
+        )
+        raise ValueError(f"{what} {path}: is {kind}, not a regular file")
     with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = (
-                "a FIFO"
-                if stat.S_ISFIFO(mode)
-                else "a device"
-                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                else "a directory"
-                if stat.S_ISDIR(mode)
-                else "not a regular file"
-            )
-            raise ValueError(f"{what} {path}: is {kind}, not a regular file")
         try:
             data = f.read(limit + 1)
         except OSError as exc:

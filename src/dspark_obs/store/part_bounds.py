@@ -23,8 +23,12 @@ import os
 import struct
 from pathlib import Path
 
+from .. import extensions
 from .errors import RunStoreError
 from .files import open_regular
+
+#: The compiled twin of `_Thrift.struct` (same dicts, same errors), or None.
+_compiled = extensions.load("dspark_obs.store._thrift_compact")
 
 #: Rows a part may declare: a flush holds a few thousand steps of at most a few thousand
 #: requests each; this is a thousand times that.
@@ -55,7 +59,9 @@ class _Malformed(ValueError):
 
 
 class _Thrift:
-    """Thrift's compact protocol, read into `{field id: value}` dicts, bounded by its bytes."""
+    """Thrift's compact protocol, read into `{field id: value}` dicts, bounded by its bytes:
+    a varint of at most 64 bits, field ids in i16, strings, lists and maps no longer than
+    the bytes left, containers nested at most `_MAX_NESTING` deep."""
 
     def __init__(self, data: bytes, pos: int = 0) -> None:
         self.data, self.pos = data, pos
@@ -75,7 +81,10 @@ class _Thrift:
         value = shift = 0
         while True:
             b = self._byte()
-            value |= (b & 0x7F) << shift
+            bits = b & 0x7F
+            if shift == 63 and bits > 1:
+                raise _Malformed("varint too long")
+            value |= bits << shift
             if not b & 0x80:
                 return value
             shift += 7
@@ -102,6 +111,8 @@ class _Thrift:
                 raise _Malformed("string longer than the metadata")
             self.pos += n
             return self.data[self.pos - n : self.pos]
+        if kind in (9, 10, 11) and depth > _MAX_NESTING:  # a list of lists never meets a struct
+            raise _Malformed("metadata nested too deeply")
         if kind in (9, 10):
             head = self._byte()
             n, inner = head >> 4, head & 0x0F
@@ -120,10 +131,20 @@ class _Thrift:
                 for _ in range(n)
             ]
         if kind == 12:
-            return self.struct(depth + 1)
+            return self.read_struct(depth + 1)
         raise _Malformed(f"unknown field type {kind}")
 
     def struct(self, depth: int = 0) -> dict:
+        if depth == 0 and _compiled is not None:
+            try:
+                out, self.pos = _compiled.read_struct(self.data, self.pos)
+            except ValueError as exc:
+                raise _Malformed(str(exc)) from None
+            return out
+        return self.read_struct(depth)
+
+    def read_struct(self, depth: int = 0) -> dict:
+        """`struct` in Python (where the compiled form is not built, and to test it)."""
         if depth > _MAX_NESTING:
             raise _Malformed("metadata nested too deeply")
         out: dict = {}
@@ -140,6 +161,8 @@ class _Thrift:
                 return out
             delta = head >> 4
             last = last + delta if delta else self._zigzag()
+            if not -(1 << 15) <= last < 1 << 15:
+                raise _Malformed("field id out of range")
             out[last] = self._value(kind, depth)
 
 

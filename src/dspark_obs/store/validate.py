@@ -283,26 +283,27 @@ def flush_rejections(
 
 
 def _all_ok(checks: list[tuple[str, pl.Expr]]) -> pl.Expr:
-    return pl.all_horizontal([ok.fill_null(False) for _, ok in checks]).all()
+    return pl.all_horizontal([ok.fill_null(False) for _, ok in checks])
 
 
 def clean(
     steps: pl.LazyFrame, requests: pl.LazyFrame | None, gamma: int | None
 ) -> list[pl.LazyFrame]:
     """Queries over a whole run whose one boolean each is true where no step of it breaks the
-    model (its probability matrices aside: `within_probabilities`): reductions over whole
-    columns and one grouping of the request rows, much cheaper than naming each rejected
-    step (`flush_rejections`), which only a run they fail needs. A step key repeated in a
-    later flush fails the count here, and its flushes are then checked one by one."""
+    model (its probability matrices aside: `within_probabilities`): one pass over each table
+    and one grouping of the request rows (each row's checks folded into its step's group),
+    much cheaper than naming each rejected step (`flush_rejections`), which only a run they
+    fail needs. A step key repeated in a later flush fails the count here, and its flushes
+    are then checked one by one."""
     step_cols = steps.collect_schema().names()
-    queries = [steps.select(_all_ok(_step_checks(gamma, step_cols)))]
+    step_ok = _all_ok(_step_checks(gamma, step_cols))
     if requests is None:
-        queries.append(steps.select((~pl.col("has_reqs").fill_null(True)).all()))
-        return queries
+        return [steps.select((step_ok & ~pl.col("has_reqs").fill_null(True)).all())]
     req_cols = requests.collect_schema().names()
-    queries.append(requests.select(_all_ok(_request_checks(gamma, req_cols, matrices=False))))
     per_step = requests.group_by(STEP_KEY).agg(
-        pl.len().alias("__rows"), pl.col("prefix_len").sum().alias("__context")
+        pl.len().alias("__rows"),
+        pl.col("prefix_len").sum().alias("__context"),
+        _all_ok(_request_checks(gamma, req_cols, matrices=False)).all().alias("__rows_ok"),
     )
     rows = pl.col("__rows").fill_null(0)
     count_ok = (
@@ -314,10 +315,19 @@ def clean(
         context = pl.col(CONTEXT_TOKENS)
         count_ok = count_ok & (context.is_null() | (context == pl.col("__context").fill_null(0)))
     joined = steps.select(
-        *STEP_KEY, "has_reqs", "bs", *([CONTEXT_TOKENS] if CONTEXT_TOKENS in step_cols else [])
+        *STEP_KEY,
+        "has_reqs",
+        "bs",
+        *([CONTEXT_TOKENS] if CONTEXT_TOKENS in step_cols else []),
+        step_ok.alias("__step_ok"),
     ).join(per_step, on=STEP_KEY, how="full", coalesce=True)
-    queries.append(joined.select((pl.col("has_reqs").is_not_null() & count_ok).all()))
-    return queries
+    ok = (  # a request row of no step has no has_reqs; a step without rows, no __rows_ok
+        pl.col("has_reqs").is_not_null()
+        & pl.col("__step_ok")
+        & pl.col("__rows_ok").fill_null(True)
+        & count_ok
+    )
+    return [joined.select(ok.fill_null(False).all())]
 
 
 def tally(found: dict[str, pl.DataFrame]) -> Rejections:
