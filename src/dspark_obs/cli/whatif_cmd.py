@@ -49,7 +49,8 @@ def configure(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="SPEC",
         help="own, static, window=K, sps, sps:scale=F, sps:per-request=N, sps:table=FILE, "
-        f"sps:sts=none|FILE (repeatable; default: {' '.join(DEFAULT_POLICIES)})",
+        f"sps:sts=none|FILE, topk (vLLM's admission) (repeatable; default: "
+        f"{' '.join(DEFAULT_POLICIES)})",
     )
     p.add_argument(
         "--no-shadow",

@@ -20,7 +20,10 @@ Policy specs (`dspark-obs whatif --policy`):
 - `sps:scale=F`: its budget times F (rounded), split by survival as usual;
 - `sps:per-request=N`: a fixed budget of N extra tokens per request, split by survival;
 - `sps:table=FILE`: planned on another cost table (step costs stay the run's);
-- `sps:sts=none|FILE`: planned on the raw confidence, or another STS calibration.
+- `sps:sts=none|FILE`: planned on the raw confidence, or another STS calibration;
+- `topk`: vLLM 0.33.0's adaptive verification (`runtime/scheduler.topk_schedule`): the
+  same objective and slots, its budget always planned on each request's survivals of the
+  step before (1 for a request that was not in the batch then), whatever the run's relay.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class Policy:
     """One verify policy; `spec` is how the user wrote it, and its label in every output."""
 
     spec: str
-    kind: str  # own, static, window, sps
+    kind: str  # own, static, window, sps, topk
     window: int | None = None
     scale: float = 1.0
     per_request: int | None = None
@@ -53,14 +56,14 @@ class Policy:
 
     @property
     def needs_survival(self) -> bool:
-        return self.kind == "sps"
+        return self.kind in ("sps", "topk")
 
 
 def parse_policy(spec: str, gamma: int) -> Policy:
     """A `Policy` from its spec, or ValueError naming what is wrong; a window may not
     exceed the run's `gamma` (the block has no more drafts to verify)."""
     text = spec.strip()
-    if text in ("own", "static", "sps"):
+    if text in ("own", "static", "sps", "topk"):
         return Policy(text, text)
     if text.startswith("window="):
         value = text.partition("=")[2]
@@ -95,7 +98,7 @@ def parse_policy(spec: str, gamma: int) -> Policy:
         temps = [] if value == "none" else list(load_sts(Path(value)).temperatures)
         return Policy(text, "sps", sts=temps)
     raise ValueError(
-        f"unknown policy {spec!r}: give own, static, window=K, sps or sps:OPTION=VALUE"
+        f"unknown policy {spec!r}: give own, static, window=K, sps, sps:OPTION=VALUE or topk"
     )
 
 
@@ -207,12 +210,13 @@ def policies_windows(
     step_bs: np.ndarray,
     table: AdditiveCostTable,
     relayed: tuple[np.ndarray | None, np.ndarray | None] | None = None,
+    last_step: tuple[np.ndarray | None, np.ndarray | None] | None = None,
 ) -> list[np.ndarray]:
     """`[rows]` drafts each policy verifies per request-step of the run; SPS policies
     that plan on the same survivals and table (differing in their budget rule) are
     scheduled together (`sps_windows`). `relayed`: the (survival, logits) rows each
     request-step's budget is planned on under a confidence relay (`predict.relayed`),
-    None without one."""
+    None without one; `last_step`: the same one step back, which `topk` plans on."""
     out: list[np.ndarray | None] = [None] * len(policies)
     planned: dict = {}
     for i, policy in enumerate(policies):
@@ -228,10 +232,16 @@ def policies_windows(
                     f"policy {policy.spec}: the SPS scheduler needs every request-step's "
                     "survival (confidence), which this run does not record for all of them"
                 )
-            plan = (None if policy.sts is None else tuple(policy.sts), id(policy.table))
-            planned.setdefault(plan, []).append(i)
-    for members in planned.values():
+            if policy.kind == "topk" and last_step is None:
+                raise ValueError(
+                    "policy topk: its budget is planned on the step before's survivals, "
+                    "which were not read for this prediction"
+                )
+            sts = None if policy.sts is None else tuple(policy.sts)
+            planned.setdefault((policy.kind, sts, id(policy.table)), []).append(i)
+    for (kind, _, _), members in planned.items():
         first = policies[members[0]]
+        budget = last_step if kind == "topk" else relayed
         rules = [(policies[i].scale, policies[i].per_request) for i in members]
         windows = sps_windows(
             policy_survival(first, survival, logits),
@@ -239,7 +249,7 @@ def policies_windows(
             step_bs,
             first.table or table,
             rules,
-            None if relayed is None else policy_survival(first, *relayed),
+            None if budget is None else policy_survival(first, *budget),
         )
         for i, w in zip(members, windows, strict=True):
             out[i] = w

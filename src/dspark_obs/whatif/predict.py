@@ -128,6 +128,9 @@ class RunFrame:
     #: [rows] under a confidence relay, the row whose survival each row's budget is planned
     #: on (-1: survival 1); None without a relay (`relay_rows`)
     relay_row: np.ndarray | None = None
+    #: [rows] the same one step back, whatever the run's relay (the `topk` policy's); None
+    #: where no such policy was asked for
+    last_step_row: np.ndarray | None = None
 
 
 def _matrix(req: pl.LazyFrame, name: str, gamma: int, order: np.ndarray | None, wanted: bool):
@@ -192,7 +195,8 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame
     req = run.requests()
     names = req.select(pl.col("workload").unique()).collect()["workload"].to_list()
     known = sorted(n for n in names if n is not None)
-    sps = policies is None or any(p.kind == "sps" for p in policies)
+    sps = policies is None or any(p.kind in ("sps", "topk") for p in policies)
+    topk = policies is not None and any(p.kind == "topk" for p in policies)
     recalibrated = policies is None or any(p.sts is not None for p in policies)
     shadow = pl.col("shadow_ceiling") if use_shadow else pl.lit(None, pl.Int64)
     steps = run.steps().filter(pl.col("bs") > 0)
@@ -207,7 +211,7 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame
     df = req.select(
         "rank",
         "forward_ct",
-        *([pool] if lagged else []),
+        *([pool] if lagged or topk else []),
         workload_code(known),
         "window",
         "correct_drafts",
@@ -264,6 +268,7 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame
         "observed_or_shadow": int(np.isfinite(inputs.ceiling).sum()),
         "walked": int(np.isfinite(inputs.walk_point).sum()),
     }
+    recorded_keys = _step_keys(run.steps()) if lagged or topk else None
     return RunFrame(
         gamma=gamma,
         step=step,
@@ -283,11 +288,21 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame
         if not lagged
         else relay_rows(
             key[start],
-            _step_keys(run.steps()),
+            recorded_keys,
             step,
             rid,
             df["req_pool_index"].to_numpy(),
             step_cols["lag_steps"].to_numpy()[step_row],
+        ),
+        last_step_row=None
+        if not topk
+        else relay_rows(
+            key[start],
+            recorded_keys,
+            step,
+            rid,
+            df["req_pool_index"].to_numpy(),
+            np.ones(len(start), np.int64),
         ),
     )
 
@@ -342,13 +357,15 @@ def _step_keys(steps: pl.LazyFrame) -> np.ndarray:
     return np.unique((keys["rank"].to_numpy() << 40) + keys["forward_ct"].to_numpy())
 
 
-def relayed(frame: RunFrame, rows: np.ndarray | None = None):
+def relayed(frame: RunFrame, rows: np.ndarray | None = None, *, last_step: bool = False):
     """`(survival, logits)` each row's budget is planned on under the run's confidence relay
     (`relay_row`; rows `rows` of the run, all by default), a row planned on survival 1
-    holding 1 (and logits of +inf, 1 under any STS); None without a relay."""
-    if frame.relay_row is None:
+    holding 1 (and logits of +inf, 1 under any STS); None without a relay. `last_step`:
+    one step back instead (`last_step_row`, the `topk` policy's)."""
+    relay = frame.last_step_row if last_step else frame.relay_row
+    if relay is None:
         return None
-    source = frame.relay_row if rows is None else frame.relay_row[rows]
+    source = relay if rows is None else relay[rows]
     fresh = (source >= 0)[:, None]
     take = np.maximum(source, 0)
 
@@ -555,6 +572,7 @@ def _recomposed(frame: RunFrame, policy: Policy, shapes, exact, weight, same) ->
         step_bs=bs,
         table=frame.table,
         relayed=relayed(frame, rows),
+        last_step=relayed(frame, rows, last_step=True),
     )
     drawn = accepted_under(inp, exact, shapes, windows, rows)
     cell, n = c.cell[rows], len(c.levels) * len(c.workloads)
@@ -730,6 +748,7 @@ def _windows(frame: RunFrame, policies: list[Policy]) -> list[np.ndarray]:
         step_bs=frame.step_bs,
         table=frame.table,
         relayed=relayed(frame),
+        last_step=relayed(frame, last_step=True),
     )
 
 
@@ -772,7 +791,7 @@ def predict_policy(
         committed = np.bincount(c.pair, accepted[0] + 1.0, minlength=len(c.pair_rows))
         weight = closed_loop_weights(frame, committed)
         row_weight = weight[c.pair]
-        if policy.kind == "sps":
+        if policy.kind in ("sps", "topk"):
             windows, accepted = _recomposed(frame, policy, shapes, exact, row_weight, same)
             # the mix and the budget split over it move together: the mix again from what
             # the recomposed batches commit, and the batches again over that mix
