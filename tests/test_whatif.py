@@ -22,10 +22,11 @@ from dspark_obs.runtime.scheduler import schedule
 from dspark_obs.store import open_run
 from dspark_obs.store.inventory import list_parts, part_name
 from dspark_obs.store.writer import publish_part
+from dspark_obs.whatif import predict
 from dspark_obs.whatif.counterfactual_accept import accepted_under, exact_ceiling, tail_shapes
 from dspark_obs.whatif.policies import parse_policy, policies_windows, policy_windows
 from dspark_obs.whatif.predict import load_run_frame, whatif
-from dspark_obs.whatif.trim_cost import trim_cost
+from dspark_obs.whatif.trim_cost import trim_cost, trim_cost_from_cells
 
 from .conftest import cli
 
@@ -347,3 +348,48 @@ def test_closed_loop_moves_the_mix_by_committed_tokens_per_request_step(runs):
             assert c["tokens_per_s_lo"] <= min(c["tokens_per_s"], b["tokens_per_s"])
             assert c["tokens_per_s_hi"] >= max(c["tokens_per_s"], b["tokens_per_s"])
     assert _cells(moved, "own") == _cells(whatif(run, ["own"], use_shadow=False), "own")
+
+
+@pytest.mark.parametrize("use_shadow", [True, False])
+def test_points_without_clusters_equal_the_full_prediction(runs, monkeypatch, use_shadow):
+    """The cost of trimming's load (`intervals=False`: no request clusters, the walks read
+    only for the request-steps whose ceiling is unknown) gives every cell the same points
+    and accepted-draft brackets, to the bit, as the full prediction; with every ceiling
+    known (the shadow twin) neither the walks nor the request ids are read."""
+    run = runs["compact"]
+    full = whatif(run, ["own", "static"], use_shadow=use_shadow, closed_loop=False)
+    if use_shadow:
+
+        def unread(*args, **kwargs):
+            raise AssertionError("read although every ceiling is known")
+
+        monkeypatch.setattr(predict, "walked_blocks", unread)
+        monkeypatch.setattr(predict, "request_codes", unread)
+    points = whatif(
+        run, ["own", "static"], use_shadow=use_shadow, closed_loop=False, intervals=False
+    )
+    rates = ("tokens_per_s", "per_request_tokens_per_s")
+    interval_keys = {f"{r}_{side}" for r in rates for side in ("lo", "hi")}
+    assert len(points["cells"]) == len(full["cells"]) > 0
+    for ours, theirs in zip(points["cells"], full["cells"], strict=True):
+        assert ours == {k: v for k, v in theirs.items() if k not in interval_keys}
+    assert trim_cost(run, use_shadow=use_shadow) == trim_cost_from_cells(full["cells"])
+    if not use_shadow:
+        frame = load_run_frame(run, use_shadow=False, clusters=False)
+        whole = load_run_frame(run, use_shadow=False)
+        unknown = np.isnan(
+            exact_ceiling(
+                dataclasses.replace(
+                    whole.inputs, walk_exact=np.zeros(len(whole.inputs.window), bool)
+                )
+            )
+        )
+        assert unknown.any() and not unknown.all()
+        for c in ("walk_lo", "walk_point", "walk_hi"):
+            np.testing.assert_array_equal(
+                getattr(frame.inputs, c)[unknown], getattr(whole.inputs, c)[unknown]
+            )
+            assert np.isnan(getattr(frame.inputs, c)[~unknown]).all()
+        assert frame.cells.pair is None and whole.cells.pair is not None
+    with pytest.raises(ValueError, match="closed loop"):
+        whatif(run, ["static"], intervals=False)

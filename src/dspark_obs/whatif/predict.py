@@ -86,24 +86,28 @@ class CellCodes:
     request), the clusters of the interval's cluster-robust part; `part` a dense code of
     (step, workload), the rows that share a step time and a cell, over which the
     interval's row-level spread is summed (about 80 times fewer than the rows on P3's run).
+    The pairs and parts serve the intervals and the closed loop alone: a frame loaded
+    without `clusters` (`load_run_frame`) holds None there.
     """
 
     levels: np.ndarray  # the level of each level code
     workloads: list  # the name of each workload code (None: rows without one)
     cell: np.ndarray  # [rows] (level, workload) code
-    pair: np.ndarray  # [rows] (level, request) code
-    pair_cell: np.ndarray  # [pairs] the pair's (level, workload) code
-    pair_level: np.ndarray  # [pairs] the pair's level code
     step_level: np.ndarray  # [steps] level code
     cell_rows: np.ndarray  # [cells] request-steps, as float64
     cell_steps: np.ndarray  # [cells] distinct steps holding the cell's rows
-    part: np.ndarray  # [rows] (step, workload) code
-    part_step: np.ndarray  # [parts] the part's step
-    part_cell: np.ndarray  # [parts] the part's (level, workload) code
-    part_rows: np.ndarray  # [parts] its request-steps, as float64
     level_steps: np.ndarray  # [levels] steps
-    pair_rows: np.ndarray  # [pairs] request-steps, as float64
-    pair_inside: np.ndarray  # [pairs] the request began and ended in the level's stretch
+    pair: np.ndarray | None = None  # [rows] (level, request) code
+    pair_cell: np.ndarray | None = None  # [pairs] the pair's (level, workload) code
+    pair_level: np.ndarray | None = None  # [pairs] the pair's level code
+    part: np.ndarray | None = None  # [rows] (step, workload) code
+    part_step: np.ndarray | None = None  # [parts] the part's step
+    part_cell: np.ndarray | None = None  # [parts] the part's (level, workload) code
+    part_rows: np.ndarray | None = None  # [parts] its request-steps, as float64
+    pair_rows: np.ndarray | None = None  # [pairs] request-steps, as float64
+    pair_inside: np.ndarray | None = (
+        None  # [pairs] the request began and ended in the level's stretch
+    )
 
 
 @dataclass
@@ -169,7 +173,11 @@ def _tiers(run: Run) -> tuple[int, ...]:
 
 
 def load_run_frame(
-    run: Run, *, use_shadow: bool = True, policies: list[Policy] | None = None
+    run: Run,
+    *,
+    use_shadow: bool = True,
+    policies: list[Policy] | None = None,
+    clusters: bool = True,
 ) -> RunFrame:
     """The run's request-steps and steps as arrays; its walks joined where it has them.
 
@@ -177,15 +185,20 @@ def load_run_frame(
     rests on the ceiling estimator alone (how it is held to a real run). `policies`
     (default: any) decides which `[rows, gamma]` columns are read: the survivals for an
     SPS policy, the logits for one with another STS, the confidence only where some
-    ceiling is unknown (the population model reads it).
+    ceiling is unknown (the population model reads it). `clusters=False` leaves out
+    what only the rates' intervals and the closed loop read (the (level, request) pairs
+    and (step, workload) parts, `CellCodes`) and looks the walks up only for the
+    request-steps whose ceiling is unknown, the only ones a prediction reads them for
+    (`ceiling_sources` then counts those): on a run whose every ceiling is known, and
+    whose requests no relay or `topk` follows, the ids and the walks are not read at all.
     """
     try:
-        return _load(run, use_shadow, policies)
+        return _load(run, use_shadow, policies, clusters)
     except READ_ERRORS as exc:
         raise unreadable(run.path, exc) from exc
 
 
-def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame:
+def _load(run: Run, use_shadow: bool, policies: list[Policy] | None, clusters: bool) -> RunFrame:
     gamma = run.gamma
     if "requests" not in run.tables():
         raise ValueError(
@@ -217,9 +230,13 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame
         "correct_drafts",
         pl.coalesce(pl.col("ceiling"), shadow).cast(pl.Float64).alias("known_ceiling"),
     ).collect()
-    blocks = walked_blocks(run)
-    walks = blocks if blocks.collect_schema().names() else None
-    rid, *walk_rid = request_codes(req, *([walks] if walks is not None else []))
+    unknown = _unknown_ceilings(df, gamma)
+    walks = rid = None
+    walk_rid: list = []
+    if clusters or lagged or topk or unknown.any():
+        blocks = walked_blocks(run)
+        walks = blocks if blocks.collect_schema().names() else None
+        rid, *walk_rid = request_codes(req, *([walks] if walks is not None else []))
     key = (df["rank"].to_numpy() << 40) + df["forward_ct"].to_numpy()
     # `order`: the requests table's row of each row kept, None where it is the table's own.
     # A run's parts in step order need no sort: checking the order costs milliseconds.
@@ -246,12 +263,14 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame
     if len(key) == 0:
         raise ValueError(f"{run.path} holds no request-steps of a step with requests")
     if order is not None:
-        df, rid = df[order], rid[order]
+        df, unknown = df[order], unknown[order]
+        rid = None if rid is None else rid[order]
     bs = np.diff(np.append(start, len(key)))
     step = np.repeat(np.arange(len(start)), bs)
     step_row = by_key[found]
     levels = step_cols["level"].to_numpy()[step_row]
-    walk = _walk_columns(walks, walk_rid, key[start], step, rid)
+    looked_up = None if clusters else np.flatnonzero(unknown)
+    walk = _walk_columns(walks, walk_rid, key[start], step, rid, looked_up)
     inputs = AcceptInputs(
         gamma=gamma,
         window=df["window"].to_numpy(),
@@ -272,7 +291,7 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None) -> RunFrame
     return RunFrame(
         gamma=gamma,
         step=step,
-        cells=_cell_codes(levels, inputs.group, rid, step, [*known, None]),
+        cells=_cell_codes(levels, inputs.group, rid if clusters else None, step, [*known, None]),
         inputs=inputs,
         survival=_matrix(req, "survival", gamma, order, sps),
         logits=_matrix(req, "confidence_logits", gamma, order, recalibrated),
@@ -375,14 +394,26 @@ def relayed(frame: RunFrame, rows: np.ndarray | None = None, *, last_step: bool 
     return gather(frame.survival, 1.0), gather(frame.logits, np.inf)
 
 
+def _unknown_ceilings(df: pl.DataFrame, gamma: int) -> np.ndarray:
+    """`[rows]` the request-steps whose ceiling neither the run (`known_ceiling`) nor their
+    own untrimmed window gives (`counterfactual_accept.exact_ceiling` before the walks):
+    the rows a walk is read for."""
+    window, accepted = df["window"].to_numpy(), df["correct_drafts"].to_numpy()
+    trimmed = (accepted >= window) & (window < gamma)
+    return df["known_ceiling"].is_null().to_numpy() & trimmed
+
+
 def _starts(key: np.ndarray) -> np.ndarray:
     """The first row of each run of equal `key`s."""
     return np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
 
 
-def _walk_columns(walks, walk_rid: list, step_keys, step: np.ndarray, rid: np.ndarray) -> dict:
+def _walk_columns(
+    walks, walk_rid: list, step_keys, step: np.ndarray, rid, rows: np.ndarray | None = None
+) -> dict:
     """Each row's walk (`walk_exact`, `walk_lo`, `walk_point`, `walk_hi`; NaN and False where
-    none covered it), the last of a block's walks where the table holds more than one.
+    none covered it), the last of a block's walks where the table holds more than one;
+    looked up for rows `rows` alone where given.
 
     A walk names its block by (rank, forward_ct, rid): matched here as the integer pair
     (the row's step, its request code) by a sort and a binary search, where a join on
@@ -405,9 +436,13 @@ def _walk_columns(walks, walk_rid: list, step_keys, step: np.ndarray, rid: np.nd
     by_key = by_key[np.argsort(walk_key[by_key], kind="stable")]
     walk_key = walk_key[by_key]
     last = np.append(walk_key[1:] != walk_key[:-1], True)  # a block's last walk
-    hit = positions(walk_key[last], step * span + rid)
-    rows = np.flatnonzero(hit >= 0)
-    take = by_key[last][hit[rows]]
+    if rows is None:
+        hit = positions(walk_key[last], step * span + rid)
+        rows = np.flatnonzero(hit >= 0)
+    else:
+        hit = positions(walk_key[last], step[rows] * span + rid[rows])
+        rows = rows[hit >= 0]
+    take = by_key[last][hit[hit >= 0]]
     out["walk_exact"][rows] = w["exact"].fill_null(False).to_numpy()[take]
     for c in ("lo", "point", "hi"):
         out[f"walk_{c}"][rows] = w[c].to_numpy()[take]
@@ -415,39 +450,45 @@ def _walk_columns(walks, walk_rid: list, step_keys, step: np.ndarray, rid: np.nd
 
 
 def _cell_codes(
-    step_values: np.ndarray, group: np.ndarray, rid: np.ndarray, step: np.ndarray, names: list
+    step_values: np.ndarray, group: np.ndarray, rid, step: np.ndarray, names: list
 ) -> CellCodes:
     """The cells from each step's level (`step_values`) and each row's workload code,
-    request code and step, all by integer tables (no sort of the rows)."""
+    request code and step, all by integer tables (no sort of the rows); without `rid`
+    (None) the cells alone, no pairs or parts."""
     levels, step_level = np.unique(step_values, return_inverse=True)
     level = step_level[step]
     n_wl, n_cells = len(names), len(levels) * len(names)
     cell = level * n_wl + group
-    pair, n_pairs = dense_codes(level * (int(rid.max()) + 1) + rid)
-    pair_cell = np.zeros(n_pairs, np.int64)
-    pair_cell[pair] = cell
     # a cell's steps: the distinct (step, workload) pairs of its rows, its parts
     key = step * n_wl + group
     seen = np.zeros(len(step_level) * n_wl, bool)
     seen[key] = True
-    part = (np.cumsum(seen) - 1)[key]
     held = np.flatnonzero(seen)
     part_cell = step_level[held // n_wl] * n_wl + held % n_wl
-    return CellCodes(
+    cells = CellCodes(
         levels=levels,
         workloads=names,
         cell=cell,
-        pair=pair,
-        pair_cell=pair_cell,
-        pair_level=pair_cell // n_wl,
         step_level=step_level,
         cell_rows=np.bincount(cell, minlength=n_cells).astype(np.float64),
         cell_steps=np.bincount(part_cell, minlength=n_cells),
+        level_steps=np.bincount(step_level, minlength=len(levels)),
+    )
+    if rid is None:
+        return cells
+    pair, n_pairs = dense_codes(level * (int(rid.max()) + 1) + rid)
+    pair_cell = np.zeros(n_pairs, np.int64)
+    pair_cell[pair] = cell
+    part = (np.cumsum(seen) - 1)[key]
+    return dataclasses.replace(
+        cells,
+        pair=pair,
+        pair_cell=pair_cell,
+        pair_level=pair_cell // n_wl,
         part=part,
         part_step=held // n_wl,
         part_cell=part_cell,
         part_rows=np.bincount(part, minlength=len(held)).astype(np.float64),
-        level_steps=np.bincount(step_level, minlength=len(levels)),
         pair_rows=np.bincount(pair, minlength=n_pairs).astype(np.float64),
         pair_inside=np.bincount(pair, _inside(step_level, rid, step), minlength=n_pairs) > 0,
     )
@@ -629,9 +670,10 @@ def _rate_interval(
     return rate, lo, hi
 
 
-def _figures(sums: dict, pair_scope, pair_sums: dict, parts: dict) -> dict:
+def _figures(sums: dict, pair_scope, pair_sums: dict | None, parts: dict | None) -> dict:
     """A scope's cell figures from its sums (`pair_scope`: the (level, request) pairs'
-    cells; `parts`: what the row-level spread reads, `_spread_parts`)."""
+    cells; `parts`: what the row-level spread reads, `_spread_parts`); the rates' points
+    alone, without their intervals, where `parts` is None."""
     count = sums["count"]
     with np.errstate(divide="ignore", invalid="ignore"):
         out = {
@@ -645,6 +687,10 @@ def _figures(sums: dict, pair_scope, pair_sums: dict, parts: dict) -> dict:
             "step_ms": sums["t"] / count * 1e3,
         }
     for key, den in (("tokens_per_s", "share"), ("per_request_tokens_per_s", "t")):
+        if parts is None:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out[key] = (sums["acc"] + count) / sums[den]
+            continue
         rate, lo, hi = _rate_interval(sums, pair_scope, pair_sums, parts, den)
         out[key], out[f"{key}_lo"], out[f"{key}_hi"] = rate, lo, hi
     return out
@@ -683,7 +729,8 @@ def _cell_figures(frame: RunFrame, windows, accepted, seconds, weight=None) -> t
     """Every (level, workload) cell's figures and every level's (`all`): one `np.bincount`
     per sum over the rows (over the parts for the spread's squares), the levels' sums those of
     their workloads; each request-step weighted by its (level, request) pair's `weight`
-    where given (`closed_loop_weights`), the cell's request-steps still the recorded ones."""
+    where given (`closed_loop_weights`), the cell's request-steps still the recorded ones.
+    The rates' points alone where the frame holds no clusters (`load_run_frame`)."""
     point, lo, hi = accepted
     c = frame.cells
     com = point + 1.0
@@ -695,10 +742,15 @@ def _cell_figures(frame: RunFrame, windows, accepted, seconds, weight=None) -> t
         return np.bincount(c.cell, v if row_weight is None else v * row_weight, minlength=n)
 
     per_wl = _per_array(cell_sum, {"window": windows, "acc": point, "lo": lo, "hi": hi})
+    row_seconds = _row_seconds(frame, seconds)
+    if c.pair is None:
+        per_wl.update({k: cell_sum(v) for k, v in row_seconds.items()}, count=c.cell_rows)
+        whole = {k: v.reshape(n_levels, n_wl).sum(axis=1) for k, v in per_wl.items()}
+        return _figures(per_wl, None, None, None), _figures(whole, None, None, None)
     n_pairs = len(c.pair_cell)
     pair_weight = 1.0 if weight is None else weight
     pair_sums = {"com": np.bincount(c.pair, com, minlength=n_pairs) * pair_weight}
-    for k, v in _row_seconds(frame, seconds).items():
+    for k, v in row_seconds.items():
         per_wl[k] = cell_sum(v)
         pair_sums[k] = np.bincount(c.pair, v, minlength=n_pairs) * pair_weight
     per_wl["count"] = c.cell_rows if row_weight is None else cell_sum(np.ones(len(c.cell)))
@@ -834,7 +886,8 @@ def predict_policy(
             cell = {"policy": policy.spec, "level": level, "workload": workload,
                     "steps": int(steps), "request_steps": int(fig["request_steps"][j])}  # fmt: skip
             for key in CELL_KEYS[5:]:
-                cell[key] = float(fig[key][j])
+                if key in fig:  # a rate's interval only where the frame has clusters
+                    cell[key] = float(fig[key][j])
             out.append(cell)
     return out
 
@@ -847,6 +900,7 @@ def whatif(
     skip_unavailable: bool = False,
     closed_loop: bool = True,
     same_steps: tuple[str, ...] = (),
+    intervals: bool = True,
 ) -> dict:
     """The `dspark-obs whatif --json` object: every policy's cells on the run's traffic.
 
@@ -855,11 +909,17 @@ def whatif(
     report draws what it can; without it such a policy is refused. `closed_loop=False`
     predicts on the request-steps as recorded (`predict_policy`); `same_steps` names
     policies (of `policies`) predicted that way too, under `same_steps_cells`.
+    `intervals=False` (with `closed_loop=False` only) leaves the rates' intervals out of
+    the cells (their `_lo` and `_hi` keys) and loads the run without what only they
+    read (`load_run_frame`'s `clusters`): the cost of trimming reads the points and the
+    accepted drafts' bracket alone.
     """
+    if not intervals and closed_loop:
+        raise ValueError("the closed loop moves requests: it needs the run's intervals' clusters")
     gamma = run.gamma
     defaults = [p for p in DEFAULT_POLICIES if not p.startswith("window=") or int(p[7:]) < gamma]
     parsed = [parse_policy(p, gamma) for p in (policies or defaults)]
-    frame = load_run_frame(run, use_shadow=use_shadow, policies=parsed)
+    frame = load_run_frame(run, use_shadow=use_shadow, policies=parsed, clusters=intervals)
     inp = frame.inputs
     exact = exact_ceiling(inp)
     shapes = tail_shapes(inp, exact, int(inp.group.max()) + 1)

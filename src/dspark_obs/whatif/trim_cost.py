@@ -80,7 +80,9 @@ def trim_cost_from_cells(cells: list[dict]) -> list[dict]:
 
 def trim_cost(run: Run, *, use_shadow: bool = True) -> list[dict]:
     """Per (level, workload), `all` first in each level: the run's policy against static."""
-    cells = whatif(run, ["own", "static"], use_shadow=use_shadow, closed_loop=False)["cells"]
+    cells = whatif(
+        run, ["own", "static"], use_shadow=use_shadow, closed_loop=False, intervals=False
+    )["cells"]
     return trim_cost_from_cells(cells)
 
 
