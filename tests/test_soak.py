@@ -83,9 +83,23 @@ def _du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _closed_segments(root: Path) -> dict[Path, int]:
+    """A production store's closed segments (an hour's run directory whose writer closed
+    it) and the steps each holds: what retention may delete, oldest first."""
+    out = {}
+    for manifest in root.glob("node=*/rank=*/hour=*/run.json"):
+        try:
+            m = json.loads(manifest.read_text())
+        except (OSError, ValueError):  # deleted or replaced while read: not closed here
+            continue
+        if m.get("complete") is True:
+            out[manifest.parent] = m.get("steps") or 0
+    return out
+
+
 def _store_manifest(root: Path, deleted: float) -> dict:
     """A production store's hours summed as one manifest, with the steps retention deleted
-    (as last scraped: the store counts them, and a stop deletes nothing)."""
+    (`deleted`: as last scraped, and those of the closed segments gone since)."""
     out = {"steps": 0, "request_steps": 0, "requests_finished": 0, "complete": True}
     for manifest in root.glob("node=*/rank=*/hour=*/run.json"):
         m = json.loads(manifest.read_text())
@@ -159,6 +173,8 @@ def soak(
             time.sleep(every)
             t = time.monotonic() - start
             samples.rss.append((t, _rss_mb(child.proc.pid)))
+            if store_gb is not None:  # before the scrape: what it may since delete
+                closed = _closed_segments(out)
             text = scrape(url)
             rows = sample_sum(text, "dspark_request_steps_total")
             samples.scraped.append(
@@ -173,6 +189,11 @@ def soak(
                 samples.disk.append((rows, sample_sum(text, "dspark_store_bytes"), _du(out)))
                 deleted = sample_sum(text, "dspark_store_deleted_steps_total")
         assert child.stop(signal.SIGTERM) == 0, child.describe()
+    if store_gb is not None:
+        # closing the last segment at the stop runs retention once more, after the last
+        # scrape: the closed segments listed before that scrape and gone now were deleted
+        # (one deleted between the listing and the scrape counts twice: a window of one request)
+        deleted += sum(steps for path, steps in closed.items() if not path.exists())
     if store_gb is None:
         samples.manifest = json.loads((out / "run.json").read_text())
     else:
