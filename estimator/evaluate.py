@@ -175,13 +175,29 @@ def all_steps(stats: dict, walked: dict, gamma: int) -> dict:
     }
 
 
-def _walk_sums(walked: pl.DataFrame) -> dict:
-    sums = {k: float(walked[k].sum()) if walked.height else 0.0 for k in ("lo", "point", "hi")}
-    return {
-        **sums,
-        "window": float(walked["window"].sum()) if walked.height else 0.0,
-        "blocks": walked.height,
-    }
+#: The walked blocks' sums `all_steps` reads, besides their count.
+_WALK_SUMS = ("lo", "point", "hi", "window")
+
+
+def _workload_sums(blocks: pl.DataFrame, gamma: int) -> tuple[dict, dict]:
+    """Per (workload, method) `method_aggs`' sums, and per workload the walked blocks'
+    count, lo, point, hi and window sums and their censored and resolved counts: two
+    group-bys over the joined blocks, where a copy of them per workload and a filter per
+    method cost several times as much on a large run."""
+    if not blocks.height:
+        return {}, {}
+    by_method = blocks.group_by("workload", "method").agg(method_aggs(blocks.columns, gamma))
+    status = pl.col("status")
+    per_workload = blocks.group_by("workload").agg(
+        pl.len().alias("blocks"),
+        *(pl.col(c).sum().cast(pl.Float64) for c in _WALK_SUMS),
+        (status == "censored").sum().alias("censored"),
+        (status != "censored").sum().alias("resolved"),
+    )
+    return (
+        {(r["workload"], r["method"]): r for r in by_method.iter_rows(named=True)},
+        {r["workload"]: r for r in per_workload.iter_rows(named=True)},
+    )
 
 
 #: Request-steps `population_replay` reads at a time (see there). Two windows are held
@@ -383,28 +399,33 @@ def evaluate(run: Run) -> dict:
             )
         else:
             blocks = pl.DataFrame()
-        by_workload = blocks.partition_by("workload", as_dict=True) if blocks.height else {}
+        by_method, by_workload = _workload_sums(blocks, gamma)
     pops, checks = fit.result()
-    empty = blocks.clear() if blocks.width else blocks
     out = {"run": str(run.path), "gamma": gamma, "workloads": {}}
+    none = {"blocks": 0, "censored": 0, "resolved": 0, **dict.fromkeys(_WALK_SUMS, 0.0)}
     for name, pop, check in zip(names, pops, checks, strict=True):
         st = stats[name]
-        walked = by_workload.get((name,), empty)
+        walked = by_workload.get(name, none)
         has_truth = st["truth_nulls"] == 0
+        methods = {
+            m: method_entry_from_sums(by_method[name, m], m, gamma)
+            if (name, m) in by_method
+            else {"blocks": 0}
+            for m in ("greedy", "sampled")
+        }
         entry = {
             "truth": st["truth_mean"] if has_truth else None,
-            "greedy": _method_entry(walked, "greedy", gamma) if walked.height else {"blocks": 0},
-            "sampled": _method_entry(walked, "sampled", gamma) if walked.height else {"blocks": 0},
+            **methods,
             "population": {k: pop[k] for k in ("mean", "survival", "identifiable", "naive_km")},
-            "all_steps": all_steps(st, _walk_sums(walked), gamma),
+            "all_steps": all_steps(st, walked, gamma),
             "extrapolation_check": check,
             "counts": {
                 "blocks": st["n"],
                 "trimmed": st["trimmed"],
-                "walked": walked.height,
-                "resolved": int((walked["status"] != "censored").sum()) if walked.height else 0,
-                "censored": int((walked["status"] == "censored").sum()) if walked.height else 0,
-                "skipped": st["trimmed"] - walked.height,
+                "walked": walked["blocks"],
+                "resolved": walked["resolved"],
+                "censored": walked["censored"],
+                "skipped": st["trimmed"] - walked["blocks"],
             },
         }
         if has_truth:
