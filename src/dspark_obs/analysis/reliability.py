@@ -241,21 +241,6 @@ def calibration_report(run_dir: Path, bins: int = 15) -> dict:
     }
 
 
-def fleet_histograms(
-    fleet: Fleet,
-    stages: tuple[str, ...] = (RECORDED, RAW),
-    bins: int = 15,
-    by: tuple[str, ...] = (),
-) -> dict[str, dict[tuple, CalibrationAccumulator]]:
-    """Per stage, one accumulator per (workload, *by) key of the fleet, one run at a time.
-
-    Histograms add, so each run is binned on its own (`run_histograms`) and added into the
-    fleet's accumulators (`add_histograms`); a stage no run records is left out.
-    """
-    runs = zip(fleet.runs, fleet.nodes, strict=True)
-    return add_histograms([run_histograms(r, n, stages, bins, by) for r, n in runs], stages)
-
-
 def run_histograms(
     run: Run, node: str, stages: tuple[str, ...], bins: int, by: tuple[str, ...]
 ) -> dict[str, dict[tuple, CalibrationAccumulator]]:
@@ -308,8 +293,8 @@ def group_entries(groups: dict[tuple, CalibrationAccumulator], by: tuple[str, ..
 
 
 def fleet_calibration_report(fleet: Fleet, bins: int = 15, by: tuple[str, ...] = ()) -> dict:
-    """`calibration_report` of many runs taken together (`fleet_histograms`): ECE, Brier and
-    AUROC computed once from the added histograms."""
+    """`calibration_report` of many runs taken together (each run's `run_histograms`,
+    added): ECE, Brier and AUROC computed once from the added histograms."""
     if bins < 1:
         raise ValueError("--bins must be >= 1")
     runs = zip(fleet.runs, fleet.nodes, strict=True)
