@@ -1,0 +1,135 @@
+"""A server restarted under `serve --out`: its new steps follow the old ones, never mix.
+
+A real `runtime-server` process (SGLang's protocol) is polled by a real `serve` process
+storing a run; the server is killed and started again on the same port mid-serve, so its
+step counter starts over. Before, the second life's steps were stored under the first
+life's keys, and every reader pooled two steps under one: `report`'s load read 41 tokens a
+step at batch 1, where gamma + 1 = 8 is the most.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import polars as pl
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.sglang_load import polling_args
+from dspark_obs.analysis.load import step_tokens
+from dspark_obs.store import open_run
+
+from .prometheus_harness import free_port
+from .test_serve_cli import OPENER, WAIT, Child
+
+GAMMA = 7
+
+
+def _server(port: int, workdir: Path) -> subprocess.Popen:
+    workdir.mkdir(parents=True, exist_ok=True)
+    with (workdir / "out.txt").open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dspark_obs", "runtime-server", "--port", str(port),
+             "--mode", "compact", "--gamma", str(GAMMA), "--concurrency", "4", "--seed", "5"],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        try:
+            with OPENER.open(f"http://127.0.0.1:{port}/health", timeout=5):
+                return proc
+        except OSError:
+            assert proc.poll() is None, (workdir / "out.txt").read_text()
+            time.sleep(0.1)
+    raise AssertionError(f"runtime-server not up after {WAIT} s")
+
+
+def _generate(port: int, n: int, tag: str) -> None:
+    """`n` requests one after another: every step runs at batch size 1."""
+    for i in range(n):
+        body = {
+            "rid": f"{tag}-{i}",
+            "text": f"prompt {tag} {i}",
+            "sampling_params": {"temperature": 0, "max_new_tokens": 24},
+        }
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/generate",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with OPENER.open(req, timeout=WAIT) as resp:
+            assert resp.status == 200
+
+
+def _metric(url: str, name: str, **labels: str) -> float:
+    """The sum of the samples `name` whose labels include `labels`."""
+    with OPENER.open(url, timeout=10) as resp:
+        text = resp.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
+
+
+def _wait(condition, what: str, child: Child) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        assert child.proc.poll() is None, child.describe()
+        assert time.monotonic() < deadline, f"{what} not after {WAIT} s\n{child.describe()}"
+        time.sleep(0.1)
+
+
+def test_a_server_restarted_mid_serve_is_stored_after_its_first_life(tmp_path, request):
+    port = free_port()
+    server = _server(port, tmp_path / "server")
+    request.addfinalizer(server.kill)
+    run_dir = tmp_path / "run"
+    args = polling_args(f"http://127.0.0.1:{port}", poll_interval=0.2, out=run_dir)
+    child = Child(*args, workdir=tmp_path / "serve")
+    request.addfinalizer(child.kill)
+    metrics = child.url()
+
+    def accounted() -> float:
+        """Steps ingested, and steps the read/clear race lost (counted once a later one came)."""
+        lost = _metric(metrics, "dspark_ingest_errors_total", reason="dropped_steps")
+        return _metric(metrics, "dspark_steps_total") + lost
+
+    _generate(port, 3, "first")
+    with OPENER.open(f"http://127.0.0.1:{port}/server_info", timeout=10) as resp:
+        first_life = json.loads(resp.read())["internal_states"][0]["dspark_steps"]
+    _wait(lambda: accounted() >= first_life, "the first life's steps", child)
+
+    server.send_signal(signal.SIGKILL)  # the server dies; a new one takes its port
+    server.wait(WAIT)
+    server = _server(port, tmp_path / "server")
+    request.addfinalizer(server.kill)
+    _generate(port, 3, "second")
+    with OPENER.open(f"http://127.0.0.1:{port}/server_info", timeout=10) as resp:
+        second_life = json.loads(resp.read())["internal_states"][0]["dspark_steps"]
+    assert second_life > 0
+    _wait(lambda: accounted() >= first_life + second_life, "the second life's steps", child)
+    lost = accounted() - _metric(metrics, "dspark_steps_total")
+    assert _metric(metrics, "dspark_ingest_errors_total", reason="server_restart") == 1
+    assert child.stop(signal.SIGINT) == 0, child.describe()
+    assert "the server restarted" in child.stderr, child.stderr
+
+    run = open_run(run_dir)
+    stored = run.steps().collect()
+    assert stored.height + lost == first_life + second_life
+    # each step its own key, the second life numbered after the first, in order
+    assert stored.select(pl.struct("rank", "forward_ct").is_unique().all()).item()
+    fct = stored.sort("forward_ct")["forward_ct"].to_list()
+    assert fct == sorted(fct) and stored["forward_ct"].to_list() == sorted(fct)
+    # the load every reader computes: at batch 1, at most gamma + 1 tokens a step
+    load = step_tokens(run).collect()
+    assert load.height == stored.height
+    assert (load["committed"] <= (GAMMA + 1) * load["bs"]).all(), load.sort("committed").tail(3)
+    assert (load["committed"] > 0).sum() == load.filter(pl.col("bs") > 0).height
