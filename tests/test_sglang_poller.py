@@ -154,7 +154,7 @@ def test_without_draining_overlapping_reads_are_deduplicated(sample_info):
     stub.close()
 
 
-def test_gaps_count_dropped_steps_and_a_restart_starts_over(sample_info):
+def test_gaps_count_dropped_steps_and_a_restart_follows_the_old_steps(sample_info):
     info = copy.deepcopy(sample_info)
     records = info["records"]
     info["records"] = records[:10] + records[15:20]  # five steps never seen
@@ -164,11 +164,37 @@ def test_gaps_count_dropped_steps_and_a_restart_starts_over(sample_info):
     got = collect(poller, threading.Event(), lambda out: len(out) >= 15)
     assert poller.dropped_steps == 5 and len(got) == 15
     assert stats.snapshot()[1][(poller.name, "dropped_steps")] == 5
-    # the server restarts: its step counter starts again from 0
+    # the server restarts: its step counter starts again from 0, and its steps are stored
+    # after the last one taken (the same key twice would pool two steps into one)
     stop = threading.Event()
     stub.add(copy.deepcopy(records[:3]))
     again = collect(poller, stop, lambda out: len(out) >= 3)
-    assert [b.forward_ct for b in again] == [0, 1, 2]
+    last = records[19]["forward_ct"]
+    assert [b.forward_ct for b in again] == [last + 1 + r["forward_ct"] for r in records[:3]]
+    assert stats.snapshot()[1][(poller.name, "server_restart")] == 1
+    stub.close()
+
+
+def test_without_draining_a_restart_past_the_old_counter_is_seen_by_its_records(sample_info):
+    """Its newest step is no older than the last one taken, but the step of that number is
+    another step: a new life, stored after the old one; the same records again are not."""
+    records = sample_info["records"]
+    stub = Stub(copy.deepcopy(sample_info))
+    stub.records = copy.deepcopy(records[:5])
+    stats = IngestStats()
+    poller = SGLangPoller(stub.url, stats=stats, interval=0.05, clear=False)
+    first = collect(poller, threading.Event(), lambda out: len(out) >= 5 and poller.duplicates)
+    assert [b.forward_ct for b in first] == [r["forward_ct"] for r in records[:5]]
+    assert (poller.name, "server_restart") not in stats.snapshot()[1]
+    second_life = copy.deepcopy(records[:10])
+    for r in second_life:  # the same numbers, other steps: their requests differ
+        for req in r["reqs"]:
+            req["rid"] = f"again-{req['rid']}"
+    with stub.lock:
+        stub.records = second_life
+    again = collect(poller, threading.Event(), lambda out: len(out) >= 10)
+    last = records[4]["forward_ct"]
+    assert [b.forward_ct for b in again] == [last + 1 + r["forward_ct"] for r in second_life]
     assert stats.snapshot()[1][(poller.name, "server_restart")] == 1
     stub.close()
 

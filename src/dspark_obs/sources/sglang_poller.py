@@ -12,11 +12,18 @@ de-duplicated by (rank, forward_ct): without draining, consecutive reads
 overlap; with it, steps recorded in that window are lost, and show up as gaps
 once a later step of the rank arrives.
 
-A step counter that goes backwards means the server restarted: the rank starts
-over. Gaps are counted as dropped steps; a jump wider than MAX_STEP_GAP is a
-counter that cannot be trusted, counted as such and followed, never as a gap. A
-component the server does not dump (no `reqs`: no per-request metrics) is
-reported once, clearly. Every failure
+A step counter that goes backwards means the server restarted: with draining on, a
+step no newer than the last one taken (the drain left only newer ones); without it,
+an answer whose newest step is older than that, or whose step of the last one's
+number is not that step (its record's text differs). The rank's new life is stored after
+its old one, not over it: its step numbers are shifted past the last step taken
+(`forward_ct` is the server's counter plus the rank's offset, logged once a restart
+and counted as `server_restart`), so each stored step keeps its own key and a
+reader never pools the steps of two lives under one (a restart under `serve --out`
+otherwise summed two steps' tokens into one step's load). Gaps are counted as
+dropped steps; a jump wider than MAX_STEP_GAP is a counter that cannot be trusted,
+counted as such and followed, never as a gap. A component the server does not dump
+(no `reqs`: no per-request metrics) is reported once, clearly. Every failure
 (connection refused, timeout, HTTP error, truncated JSON, an answer over the
 byte limit, a record that breaks the schema) is counted by reason and logged
 once per reason; the poller backs off and keeps trying, and `dspark_source_up`
@@ -125,7 +132,16 @@ class SGLangPoller:
         # for both conversions (their default: no workload)
         self._workload = {} if workload_of is None else {"workload_of": workload_of}
         self.client = SGLangClient(self.url, api_key, timeout, max_bytes)
+        #: the newest step taken of each rank, as the server numbers it
         self.last_fct: dict[int, int] = {}
+        #: what each rank's step numbers are shifted by: the steps of its earlier lives
+        self.fct_offset: dict[int, int] = {}
+        #: whether the answer before this one was cleared on the server (so this one holds
+        #: only newer steps, and an older one means a restart)
+        self._drained = False
+        #: the record text of each rank's newest step taken: without draining, the next
+        #: answer holds it again unless the server restarted
+        self._last_text: dict[int, bytes] = {}
         self.dropped_steps = 0
         self.duplicates = 0
         self.dropped_at_stop = 0
@@ -160,13 +176,16 @@ class SGLangPoller:
         check_rank_count(states)
         return states
 
-    def _clear(self, stop: threading.Event) -> None:
+    def _clear(self, stop: threading.Event) -> bool:
+        """Clear the server's records; whether it did."""
         try:
             self.client.clear_records(stop)
         except Cancelled:
-            pass  # stopping: the answer in hand is converted all the same
+            return False  # stopping: the answer in hand is converted all the same
         except Exception as exc:
             self.stats.error(self.name, "clear_failed", repr(exc))
+            return False
+        return True
 
     def _report_once(self, key: str, message: str) -> None:
         if key not in self._reported:
@@ -184,8 +203,7 @@ class SGLangPoller:
                 # Drain at once: what a rank records between the read and the clear is lost,
                 # so nothing (decoding a large answer, ingesting it) may sit in between.
                 # HTTP framing already guarantees the answer arrived whole.
-                if self.clear:
-                    self._clear(stop)
+                drained = self.clear and self._clear(stop)
                 states = self._decode(raw)
             except Cancelled:
                 return  # stopped before an answer was taken: nothing to drain
@@ -207,6 +225,7 @@ class SGLangPoller:
             failures = 0
             self.stats.set_up(self.name, True)
             yield from self._records(states, stop)
+            self._drained = drained
             del raw, states  # not held through the wait
             stop.wait(max(0.0, self.interval - (time.monotonic() - start)))
 
@@ -251,12 +270,10 @@ class SGLangPoller:
         rank = self.rank_offset + dp_rank
         fcts = step_numbers(record, records)
         valid = fcts[fcts >= 0]
-        if len(valid) and rank in self.last_fct and valid.max() < self.last_fct[rank]:
-            self._report_once(
-                f"restart{rank}", f"rank {dp_rank}: step counter went back; server restarted"
-            )
-            self.stats.error(self.name, "server_restart", "step counter went backwards")
-            del self.last_fct[rank]
+        last = self.last_fct.get(rank)
+        if len(valid) and last is not None and self._restart_seen(rank, last, fcts, records):
+            self._restarted(rank, dp_rank, last, int(valid.min()))
+        before = self.last_fct.get(rank)
         in_order = len(fcts) < 2 or bool((fcts[1:] >= fcts[:-1]).all())
         order = np.arange(len(fcts)) if in_order else np.argsort(fcts, kind="stable")
         done = 0
@@ -276,6 +293,38 @@ class SGLangPoller:
             texts = [records[i] for i in chunk.tolist()]
             steps = convert_records(texts, fields, rank, self._refuse, **self._workload)
             yield from self._fresh(rank, dp_rank, steps)
+        newest = self.last_fct.get(rank)
+        taken = np.flatnonzero(fcts == newest) if newest != before else ()
+        if len(taken):
+            self._last_text[rank] = bytes(records[int(taken[-1])])
+
+    def _restart_seen(self, rank: int, last: int, fcts: np.ndarray, records: list[Raw]) -> bool:
+        """Whether this answer of a rank whose newest step taken is `last` comes from a new
+        life of its server."""
+        valid = fcts[fcts >= 0]
+        if self._drained:
+            return bool(valid.min() <= last)
+        if valid.max() < last:
+            return True
+        again = np.flatnonzero(fcts == last)
+        text = self._last_text.get(rank)
+        return (
+            bool(len(again))
+            and text is not None
+            and all(bytes(records[i]) != text for i in again.tolist())
+        )
+
+    def _restarted(self, rank: int, dp_rank: int, last: int, first: int) -> None:
+        """The rank's server restarted: its new steps are numbered after the old ones."""
+        offset = self.fct_offset[rank] = self.fct_offset.get(rank, 0) + last + 1
+        del self.last_fct[rank]
+        message = (
+            f"rank {dp_rank}: step counter went back from {last} to {first}; the server "
+            f"restarted, and its steps are stored from here on as forward_ct + {offset} so "
+            "that they follow, not mix with, the steps of its earlier run"
+        )
+        self._report_once(f"restart{rank}", message)
+        self.stats.error(self.name, "server_restart", message)
 
     def _refuse(self, exc: SGLangFormatError) -> None:
         self.stats.error(self.name, exc.reason, str(exc))
@@ -311,4 +360,5 @@ class SGLangPoller:
                     self.dropped_steps += gap
                     self.stats.error(self.name, "dropped_steps", f"{gap} steps missing", count=gap)
             self.last_fct[rank] = step.forward_ct
+            step.forward_ct += self.fct_offset.get(rank, 0)
             yield step
