@@ -5,18 +5,22 @@ whole under a bounded name."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 
+import polars as pl
 import pytest
 
 from dspark_obs import names, outputs
 from dspark_obs.report.figure_queue import LABEL_BYTES, _slug
 from dspark_obs.runs.workers import jsonl_sink
 from dspark_obs.runtime_server.protocol import invalid_json, lone_surrogate
+from dspark_obs.store.writer import publish_part
 from tests.conftest import cli
 
 # -- a study's --out: appended to, never through a link --------------------------------------
@@ -176,3 +180,50 @@ def test_a_lone_surrogate_escape_is_found_and_named(body, found):
         message = invalid_json(body, ValueError("Input data was truncated"))
         assert f"lone UTF-16 surrogate escape {found[1]} at byte {found[0]}" in message
         assert "truncated" not in message
+
+
+# -- a full disk: the error names the file --------------------------------------------------
+
+
+def test_a_full_disk_names_the_file_it_could_not_write(tmp_path, monkeypatch):
+    """A write or an fsync that fails for want of space says so without a file name;
+    `write_file` (every --out file, every part of a run) adds the file it was writing and
+    leaves no temporary file."""
+
+    def full(_f):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    target = tmp_path / "summary.md"
+    with pytest.raises(OSError, match=r"No space left on device: '.*summary\.md'") as caught:
+        outputs.write_file(target, full)
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(target)
+    monkeypatch.setattr(os, "fsync", full)
+    part = tmp_path / "run" / "steps" / "part-000001.parquet"
+    with pytest.raises(
+        OSError, match=r"No space left on device: '.*steps/part-000001\.parquet(\.json)?'"
+    ):
+        publish_part(part, pl.DataFrame({"x": [1, 2, 3]}))
+    assert not list(tmp_path.rglob("*.tmp")) and not target.exists() and not part.exists()
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.geteuid() != 0, reason="mounts a tmpfs (root)"
+)
+def test_a_run_into_a_full_filesystem_is_one_line_naming_the_part(tmp_path):
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(tiny)], capture_output=True
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.decode().strip()}")
+    try:
+        proc = cli(
+            "run", "--concurrency", "8", "--steps-per-level", "200", "--quiet",
+            "--out", str(tiny / "run"), check=False,
+        )  # fmt: skip
+    finally:
+        subprocess.run(["umount", str(tiny)], check=True)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr
+    assert re.search(r"No space left on device: '.*tiny/run/\w+/part-\d+\.parquet'", lines[0])

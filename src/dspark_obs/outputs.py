@@ -139,14 +139,20 @@ def write_file(
     path = check_target(path, what)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:64]}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            if callable(data):
-                data(f)
-            else:
-                f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
+        try:
+            with os.fdopen(fd, "wb") as f:
+                if callable(data):
+                    data(f)
+                else:
+                    f.write(data.encode("utf-8") if isinstance(data, str) else data)
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+        except OSError as exc:
+            if exc.filename is not None or exc.errno is None:
+                raise
+            # a full disk (ENOSPC, EDQUOT) or an I/O error says no file: name the one
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
