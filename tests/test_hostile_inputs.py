@@ -473,6 +473,31 @@ def test_values_the_engine_cannot_hold_are_400(front, body, message):
     assert status == 200 and answer["meta_info"]["completion_tokens"] == 4
 
 
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        (b'{"input_ids": [1], "rid": "a", "rid": "b"}', "rid"),
+        (b'{"input_ids": [1], "sampling_params": {"max_new_tokens": 2, "max_new_tokens": 9}}',
+         "max_new_tokens"),
+    ],
+    ids=["top-level", "nested"],
+)  # fmt: skip
+def test_a_body_giving_a_key_twice_is_400_naming_the_key(front, raw, key):
+    """JSON parsers keep the first or the last of two values silently; which one a proxy in
+    front kept is unknowable, so the body is refused whole, naming the key."""
+    host, port = front.httpd.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    conn.request("POST", "/generate", raw, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    status, answer = resp.status, json.loads(resp.read())
+    conn.close()
+    assert status == 400, answer
+    message = answer["error"]["message"]
+    assert message.startswith("invalid JSON body") and f"key '{key}' given twice" in message
+    status, answer = _post(front, {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4}})
+    assert status == 200 and answer["meta_info"]["completion_tokens"] == 4
+
+
 def test_a_request_whose_client_left_is_stopped(front):
     rank = front.ranks[0]
     before = rank.aborted
