@@ -12,6 +12,10 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import duckdb
@@ -64,15 +68,18 @@ def test_json_input_refuses_a_key_given_twice(tmp_path):
         load_json_file(table, dict, "cost table")
 
 
-def test_ingest_that_rejects_every_record_exits_2_and_writes_nothing(tmp_path):
+def _every_record_bad() -> tuple[dict, int]:
+    """The sample answer with every step's requests accepting past their window; its steps."""
     doc = json.loads(SAMPLE.read_text())
     records = doc["internal_states"][0]["dspark_info_record"]["records"]
-    rows = 0
     for record in records:
         for req in record.get("reqs") or []:
             req["correct_drafts"] = 99  # accepted beyond any window
-            rows += 1
-    steps = sum(1 for r in records if r.get("reqs"))
+    return doc, sum(1 for r in records if r.get("reqs"))
+
+
+def test_ingest_that_rejects_every_record_exits_2_and_writes_nothing(tmp_path):
+    doc, steps = _every_record_bad()
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
     out = tmp_path / "run"
@@ -80,6 +87,43 @@ def test_ingest_that_rejects_every_record_exits_2_and_writes_nothing(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"every record of {bad} was rejected" in proc.stderr
     assert f"'accepted_out_of_range': {steps}" in proc.stderr and "no run written" in proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("case", ["all-rejected", "empty"])
+def test_ingest_follow_that_ingested_nothing_exits_2_when_it_stops(tmp_path, case):
+    """As without --follow: a run of no steps is not written, and the exit says why."""
+    live = tmp_path / "live.jsonl"
+    doc, steps = _every_record_bad()
+    live.write_text(json.dumps(doc) + "\n" if case == "all-rejected" else "")
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dspark_obs", "ingest", str(live), "--out", str(out), "--follow"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180  # generous: a loaded machine only makes it slower
+        # the signal handlers are set before the file is opened, so once it is open (and,
+        # with records, once they made a run) a signal stops it cleanly
+        while not (
+            (out / "run.json").exists()
+            if case == "all-rejected"
+            else any(p.resolve() == live for p in Path(f"/proc/{proc.pid}/fd").iterdir())
+        ):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "ingest --follow never read its file"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2 and "Traceback" not in stderr, stderr
+    if case == "all-rejected":
+        assert f"every record of {live} was rejected" in stderr
+        assert f"'accepted_out_of_range': {steps}" in stderr and "no run written" in stderr
+    else:
+        assert f"nothing ingested from {live} before the stop; no run written" in stderr
     assert not out.exists()
 
 

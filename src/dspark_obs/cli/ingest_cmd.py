@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..ingest import DEFAULT_MAX_RECORD_BYTES, follow_file, ingest_files
+from ..ingest import DEFAULT_MAX_RECORD_BYTES, follow_file, ingest_files, require_ingested
 from ..ingest.kinds import BLOCK_ACCEPT
 from ..sources.workloads import workload_rule
 from ..store import check_new_run_dir
@@ -67,10 +67,10 @@ def handle(args: argparse.Namespace) -> int:
         done = follow_file(
             files[0], args.out, workload_of, args.assume, args.max_record_bytes, stop
         )
-        if done is None:
-            print(f"nothing ingested from {files[0]}; no run written")
-            return 0
+        if done is None:  # as a file in which nothing is usable: exit 2
+            raise CliError(f"nothing ingested from {files[0]} before the stop; no run written")
         kind, stats = done
+        require_ingested(kind, stats, files, args.out)
     else:
         kind, stats = ingest_files(
             files,

@@ -52,13 +52,19 @@ def ingest_files(
     kind = next(iter(kinds.values()))
     ingest = ingest_block_accept if kind == BLOCK_ACCEPT else ingest_server_info
     stats = ingest(files, out, workload_of, assume, max_record_bytes)
+    require_ingested(kind, stats, files, out)
+    return kind, stats
+
+
+def require_ingested(kind: str, stats: dict, files: list[Path], out: Path) -> None:
+    """IngestError, and the run `out` removed, where `stats` says nothing was ingested: a
+    run of no steps would read as a quiet server, not as input that was all refused."""
     if not stats.get("blocks" if kind == BLOCK_ACCEPT else "ingested_steps"):
         discard_run(out)
         bad = stats.get("bad_records") or stats.get("jsonl_counts") or {}
         raise IngestError(
             f"every record of {', '.join(map(str, files))} was rejected ({bad}); no run written"
         )
-    return kind, stats
 
 
 def discard_run(out: Path) -> None:
