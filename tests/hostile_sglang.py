@@ -24,6 +24,7 @@ class HostileServer:
         self.mode = "normal"
         self.redirect_to = ""
         self.redirect_status = 302
+        self.redirect_from = ("/server_info",)  # the GET paths redirected, query aside
         self.drip_every = 0.5
         self.payload = b""
         self.after_clear: bytes | None = None  # what `payload` becomes once cleared
@@ -54,7 +55,7 @@ class HostileServer:
                     server.auth_seen.append(self.headers.get("Authorization"))
                     server.paths.append(self.path)
                 mode = server.mode
-                if mode == "redirect" and self.path == "/server_info":
+                if mode == "redirect" and self.path.split("?")[0] in server.redirect_from:
                     self._send(b"", server.redirect_status, {"Location": server.redirect_to})
                 elif mode == "drip":
                     self.send_response(200)

@@ -121,6 +121,7 @@ def test_prometheus_queries_refuse_a_redirect_to_another_origin(hostile):
     server.mode = "redirect"
     server.redirect_status = 307
     server.redirect_to = f"{elsewhere.url}/api/v1/query"
+    server.redirect_from = ("/api/v1/query",)  # the client asks with GET
     server.paths.clear()
     with pytest.raises(RenderError, match="another origin: refused"):
         Prometheus(server.url, timeout=10).check()
