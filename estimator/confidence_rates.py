@@ -243,8 +243,14 @@ class ConfidenceRates:
     ) -> np.ndarray:
         """`rates` at given (group, position, confidence) triples, broadcast together."""
         groups = np.asarray(groups, dtype=np.int64)
-        if groups.size:
-            self._grow(int(groups.max()) + 1)
+        # a group the model never learned has no rate: asking grows nothing, so the model's
+        # state is what it learned, however it was asked (and whichever form asked it)
+        inside = groups < len(self._sums)
+        if not inside.all():
+            shape = np.broadcast_shapes(groups.shape, np.shape(position), np.shape(confidence))
+            if len(self._sums) == 0:
+                return np.full(shape, np.nan)
+            groups = np.where(inside, groups, 0)
         # the standardised coefficients as raw ones, per group: the linear predictor is then
         # a few elementwise operations, no [..., features] temporaries
         raw = self._coef / self._scale
@@ -253,5 +259,5 @@ class ConfidenceRates:
         c = np.clip(confidence, _EPS, 1.0 - _EPS)
         lc = np.log(c) - np.log1p(-c)
         z = b[0] + b[1] * position + lc * (b[2] + b[3] * lc + b[4] * position)
-        fitted = self._sums[:, 0].any(axis=(1, 2))[groups]
+        fitted = self._sums[:, 0].any(axis=(1, 2))[groups] & inside
         return np.where(np.isnan(confidence) | ~fitted, np.nan, sigmoid(z))
