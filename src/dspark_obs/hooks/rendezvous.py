@@ -82,3 +82,18 @@ def start_consumer(listen: str, args: list[str] | None = None) -> subprocess.Pop
         start_new_session=True,
         close_fds=True,
     )
+
+
+def join_consumer(hook, ring, consumer: str, port: int | None, listen: str | None, pipeline,
+                  gamma: int) -> None:  # fmt: skip
+    """Give a new hook's `ring` to its consumer: an inline one built here (`consumer="inline"`:
+    tests, notebooks; on `pipeline` or a new one), or the node's consumer process on `port`,
+    started for `listen` if none holds the port. Every engine's hook joins one this way."""
+    if consumer == "inline":
+        from ..pipeline import build_pipeline
+        from .node_consumer import NodeConsumer
+
+        hook.consumer = NodeConsumer(pipeline or build_pipeline(gamma))
+        hook.consumer.add(ring)
+    elif not consumer_running(port):
+        hook.process = start_consumer(listen, hook.consumer_args)

@@ -305,14 +305,7 @@ def attach_observers(
         layout, ring, pool_slots, triton=triton, listen=None if port is None else listen,
         consumer_args=consumer_args,
     )  # fmt: skip
-    if consumer == "inline":
-        from ..pipeline import build_pipeline
-        from .node_consumer import NodeConsumer
-
-        hook.consumer = NodeConsumer(pipeline or build_pipeline(gamma))
-        hook.consumer.add(ring)
-    elif not rendezvous.consumer_running(port):
-        hook.process = rendezvous.start_consumer(listen, hook.consumer_args)
+    rendezvous.join_consumer(hook, ring, consumer, port, listen, pipeline, gamma)
     method = observers.observe_verify_step
 
     def observe_verify_step(**kw):
