@@ -96,6 +96,25 @@ def record(
     return out
 
 
+def skipped_without(name: str, module: str | None = None) -> list[dict] | None:
+    """The record a GPU benchmark gives where it cannot run (no CUDA, or `module` not
+    installed), or None where it can: CI and CPU machines run every benchmark, and these
+    say why they measured nothing instead of failing."""
+    import importlib.util
+
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is None or not torch.cuda.is_available():
+        reason = "no CUDA"
+    elif module is not None and importlib.util.find_spec(module) is None:
+        reason = f"no {module}"
+    else:
+        return None
+    return [{**record(name, {}, "ms", [0.0], 1.0), "repeats": 0, "skipped": reason}]
+
+
 def with_baseline(
     rec: dict,
     baseline_values: list[float],

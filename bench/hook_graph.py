@@ -45,7 +45,6 @@ Needs CUDA and the `sglang` package; skipped without either.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import re
 import statistics
@@ -54,7 +53,7 @@ import sys
 import time
 import urllib.request
 
-from .common import record, run_alone
+from .common import record, run_alone, skipped_without
 from .hook_step import (
     BATCHES,
     GAMMA,
@@ -80,14 +79,9 @@ SUMMED = re.compile(r"^(dspark_\w+?(?:_total|_bucket|_sum|_count))(?:\{(.*)\})? 
 
 
 def run(quick: bool) -> list[dict]:
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if torch is None or not torch.cuda.is_available():
-        return [{**record(NAME, {}, "ms", [0.0], 1.0), "repeats": 0, "skipped": "no CUDA"}]
-    if importlib.util.find_spec("sglang") is None:
-        return [{**record(NAME, {}, "ms", [0.0], 1.0), "repeats": 0, "skipped": "no sglang"}]
+    skipped = skipped_without(NAME, "sglang")
+    if skipped is not None:
+        return skipped
     return measure((16, 256) if quick else BATCHES, quick)
 
 

@@ -22,12 +22,11 @@ ones). Needs CUDA and the `sglang` package; skipped without either.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import statistics
 import tempfile
 
-from .common import record, run_alone
+from .common import record, run_alone, skipped_without
 from .hook_step import BATCHES, GAMMA, StandInStep, V, _steps, interleave
 
 NAME = "H2_sglang_paths"
@@ -39,14 +38,9 @@ ARMS = {
 
 
 def run(quick: bool) -> list[dict]:
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if torch is None or not torch.cuda.is_available():
-        return [{**record(NAME, {}, "ms", [0.0], 1.0), "repeats": 0, "skipped": "no CUDA"}]
-    if importlib.util.find_spec("sglang") is None:
-        return [{**record(NAME, {}, "ms", [0.0], 1.0), "repeats": 0, "skipped": "no sglang"}]
+    skipped = skipped_without(NAME, "sglang")
+    if skipped is not None:
+        return skipped
     return [_record(b, quick) for b in ((16, 256) if quick else BATCHES)]
 
 
