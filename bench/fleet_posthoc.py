@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -52,7 +53,10 @@ WHAT = {
 }
 
 
-def make_fleet(root: Path, wanted: int) -> tuple[Path, dict]:
+def make_fleet(root: Path, wanted: int, link: bool = False) -> tuple[Path, dict]:
+    """8 nodes' runs of `wanted` request-steps in all, tiled from one run: copied, or with
+    `link` hard-linked (a reader that caches nothing per file sees the same data, for an
+    eighth of the disk)."""
     base, _ = base_run()
     base_rs = int(json.loads((base / MANIFEST).read_text(encoding="utf-8"))["request_steps"])
     copies = math.ceil(wanted / NODES / base_rs)
@@ -61,7 +65,8 @@ def make_fleet(root: Path, wanted: int) -> tuple[Path, dict]:
     for i in range(NODES):
         node = fleet / f"node-{i}"
         if i:
-            shutil.copytree(fleet / "node-0", node)
+            shutil.copytree(fleet / "node-0", node, copy_function=os.link if link else shutil.copy2)
+        (node / MANIFEST).unlink()  # its own file, never one linked to another node's
         (node / MANIFEST).write_text(
             json.dumps({**manifest, "instance": f"node-{i}"}, indent=2) + "\n", encoding="utf-8"
         )

@@ -20,17 +20,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from dspark_obs.store.reader import MANIFEST
-
 from .common import record, time_child
-from .fleet_posthoc import NODES
-from .report_large import base_run, tile_run
+from .fleet_posthoc import NODES, make_fleet
 
 FULL_REQUEST_STEPS = 10_000_000
 QUICK_REQUEST_STEPS = 200_000
@@ -62,24 +58,6 @@ def _same(a, b, where: str) -> None:
         raise AssertionError(f"{where}: {a!r} != {b!r}")
 
 
-def make_linked_fleet(root: Path, wanted: int) -> tuple[Path, dict]:
-    """8 nodes' runs of `wanted` request-steps in all: one tiled run, hard-linked 7 times."""
-    base, _ = base_run()
-    base_rs = int(json.loads((base / MANIFEST).read_text(encoding="utf-8"))["request_steps"])
-    copies = math.ceil(wanted / NODES / base_rs)
-    fleet = root / "fleet"
-    manifest = tile_run(base, fleet / "node-0", copies)
-    for i in range(NODES):
-        node = fleet / f"node-{i}"
-        if i:
-            shutil.copytree(fleet / "node-0", node, copy_function=os.link)
-        (node / MANIFEST).unlink()  # its own file, not the linked one
-        (node / MANIFEST).write_text(
-            json.dumps({**manifest, "instance": f"node-{i}"}, indent=2) + "\n", encoding="utf-8"
-        )
-    return fleet, {"copies": copies, "base_request_steps": base_rs, **manifest}
-
-
 def _cluster(workers: int):
     from ray.cluster_utils import Cluster
 
@@ -108,7 +86,7 @@ def run(quick: bool) -> list[dict]:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-fleet-ray-") as tmp:
         start = time.perf_counter()
-        fleet, manifest = make_linked_fleet(Path(tmp), wanted)
+        fleet, manifest = make_fleet(Path(tmp), wanted, link=True)
         generate_s = time.perf_counter() - start
         for _ in range(repeats):
             for config, workers in CONFIGS.items():
