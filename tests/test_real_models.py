@@ -3,6 +3,7 @@ the full one, a row's numbers do not depend on its batch, and the training scrip
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
@@ -78,7 +79,13 @@ def test_committed_weights_give_their_recorded_heldout_loss(models32, workload):
     assert 0.3 < got < 4.0
 
 
-@pytest.mark.parametrize("layout", [SlotCache, RectangleCache])
+class _ShortSlotCache(SlotCache):
+    """Mappings of 16 positions: every slot outgrows its first one, and its second."""
+
+    RESERVE = 16
+
+
+@pytest.mark.parametrize("layout", [SlotCache, _ShortSlotCache, RectangleCache])
 def test_incremental_forward_with_truncation_equals_the_full_forward(models64, layout):
     x = torch.from_numpy(
         np.frombuffer(corpus.committed_heldout("docs")[:90], dtype=np.uint8).astype(np.int64)
@@ -131,6 +138,46 @@ def test_the_packed_forward_is_the_rectangle_forward_in_packed_order(models64, l
         assert torch.allclose(a, b, rtol=0, atol=1e-10)
     with pytest.raises(ValueError, match="do not fit"):
         models64.target.extend_packed(caches[1], slots, block, counts, 13)
+
+
+def _resident_pages(at: tuple[int, int]) -> int | None:
+    """Pages of a mapping (address, bytes) resident in memory (`mincore`), None once it is
+    unmapped."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    pages = -(-at[1] // page)
+    vec = (ctypes.c_ubyte * pages)()
+    mincore = ctypes.CDLL(None, use_errno=True).mincore
+    mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    if mincore(at[0], pages * page, vec) != 0:
+        return None
+    return sum(v & 1 for v in vec)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore, private mappings")
+def test_a_slot_cache_is_resident_for_what_it_holds_and_freed_at_release(models32):
+    """A slot of 100 positions reserves 1,024 of them: 8 MiB of address space, of which the
+    pages written are resident (per layer, key or value, and head: 100 positions of 256
+    bytes, 7 pages), and `release` unmaps it."""
+    cache = SlotCache(models32.target, slots=8)
+    slots = np.arange(8)
+    tokens = torch.from_numpy(
+        np.frombuffer(corpus.committed_heldout("code")[:800], dtype=np.uint8).astype(np.int64)
+    ).view(8, 100)
+    with torch.no_grad():
+        models32.target.extend(cache, slots, tokens, np.full(8, 100))
+    assert all(s.shape[3] == SlotCache.RESERVE for s in cache._store)
+    stores = [(s.data_ptr(), s.numel() * s.element_size()) for s in cache._store]
+    config = models32.config
+    planes = config.layers * 2 * config.heads
+    per_plane = -(-100 * (config.width // config.heads) * 4 // os.sysconf("SC_PAGE_SIZE"))
+    assert [_resident_pages(s) for s in stores] == [planes * per_plane] * 8
+    cache.release(slots[::2])
+    assert cache.length.tolist() == [0, 100] * 4
+    assert [_resident_pages(s) is None for s in stores] == [True, False] * 4
+    with torch.no_grad():  # a released slot prefills afresh
+        again, _ = models32.target.extend(cache, slots[:4:2], tokens[:2], np.full(2, 100))
+        fresh, _ = models32.target(tokens[:2])
+    assert torch.allclose(again, fresh, rtol=0, atol=1e-4)
 
 
 def _slot_keys(cache, saved, row: int, end: int) -> torch.Tensor:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import subprocess
 import sys
 from collections import defaultdict
+from contextlib import contextmanager
 from itertools import pairwise
 
 import numpy as np
@@ -317,6 +319,20 @@ def test_runtime_server_answers_a_text_prompt_with_the_targets_greedy_text(weigh
     assert out["text"] == text.decode("utf-8", errors="replace")
 
 
+def test_a_finished_requests_cache_is_freed_at_once(weights):
+    """After every step, a slot whose request finished in it holds nothing (a CPU run's
+    caches are mappings of their own, given back to the system)."""
+    engine = make_runtime(_config(weights))
+    cache = engine.session.cache
+    for _ in engine.run():
+        idle = np.flatnonzero(~engine.active)
+        assert (cache.length[idle] == 0).all()
+        assert all(cache._store[s] is None for s in idle.tolist())
+        busy = np.flatnonzero(engine.active)
+        assert all(cache._store[s] is not None for s in busy.tolist())
+    assert engine.finished >= 2
+
+
 def test_timed_verify_leaves_the_cache_as_it_was(weights):
     """Timed over other tokens than the ones verified, so that an undone write shows."""
     session = RealSession(load(weights), 6)
@@ -362,3 +378,50 @@ def test_the_default_warm_up_is_shipped_and_is_what_the_warm_up_fits():
     assert shipped_sts(warmup_config(other, STS_WARMUP_STEPS)) is None
     fitted = warmup_sts(default_demo_config(), STS_WARMUP_STEPS, use_shipped=False)
     assert fitted == shipped[0]
+
+
+def test_a_warm_up_that_runs_is_shown_step_by_step_and_a_shipped_one_is_not(weights):
+    seen = []
+
+    @contextmanager
+    def progress(warm):
+        seen.append((warm.mode, warm.concurrency, warm.steps_per_level))
+        yield lambda batch: seen.append(batch.bs)
+        seen.append("done")
+
+    config = _config(weights, seed=5)
+    fitted = warmup_sts(config, 6, concurrency=4, progress=progress)
+    assert seen == [("cap-accept", [4], 6), 4, 4, 4, 4, 4, 4, "done"]
+    assert fitted == warmup_sts(config, 6, concurrency=4)  # the same fit without it
+    seen.clear()
+    assert warmup_sts(default_demo_config(), STS_WARMUP_STEPS, progress=progress) is not None
+    assert seen == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pseudo-terminal")
+def test_the_demo_shows_its_warm_up_before_its_run(tmp_path):
+    """On a terminal, `demo --world real` with a warm-up that is not shipped draws the
+    warm-up's bar, then the run's."""
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen(
+        [*CLI, "demo", "--world", "real", "--no-serve", "--concurrency", "2",
+         "--steps-per-level", "4", "--sts-warmup-steps", "4", "--max-new-tokens", "20",
+         "--seed", "3", "--out", str(tmp_path / "run")],
+        stdout=subprocess.DEVNULL, stderr=secondary, env={**os.environ, "COLUMNS": "120"},
+    )  # fmt: skip
+    os.close(secondary)
+    screen = b""
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        screen += chunk
+    os.close(primary)
+    assert proc.wait(timeout=300) == 0
+    text = screen.decode(errors="replace")
+    assert "STS warm-up" in text and "compact run" in text
+    assert text.index("STS warm-up") < text.index("compact run")
+    assert "4/4 steps" in text[: text.index("compact run")]

@@ -38,7 +38,9 @@ def handle(args: argparse.Namespace) -> int:
     listen = None if args.no_serve else (args.listen or DEFAULT_LISTEN)
     if listen is not None and chosen:
         check_can_listen(listen)
-    sts = calibration_from_args(args, config)
+    sts = calibration_from_args(
+        args, config, lambda warm: step_progress(warm, "STS warm-up", not args.quiet)
+    )
     with step_progress(config, f"{config.mode} run", not args.quiet) as advance:
         exporter = record_while_serving(
             config,

@@ -309,8 +309,9 @@ def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
     return config
 
 
-def calibration_from_args(args: argparse.Namespace, config: RuntimeConfig):
-    """The STS calibration `--sts` names for this configuration (None: raw confidence)."""
+def calibration_from_args(args: argparse.Namespace, config: RuntimeConfig, progress=None):
+    """The STS calibration `--sts` names for this configuration (None: raw confidence);
+    `progress` shows a warm-up run while it runs (`sts_warmup.Progress`)."""
     from ..runtime.sts_warmup import resolve_sts
 
-    return resolve_sts(args.sts, config, args.sts_warmup_steps)
+    return resolve_sts(args.sts, config, args.sts_warmup_steps, progress)

@@ -34,6 +34,8 @@ of device:
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -149,6 +151,10 @@ class KVCache:
             raise ValueError("truncate: a length beyond what the slot holds, or negative")
         self.length[slots] = lengths
 
+    def release(self, slots: np.ndarray) -> None:
+        """Forget what `slots` hold (their requests finished); their next forward prefills."""
+        self.length[np.asarray(slots)] = 0
+
     def begin(self, slots: np.ndarray, counts: np.ndarray) -> torch.Tensor:
         """Open a forward appending `counts[b]` tokens to slot `slots[b]`; the positions of
         those tokens, row after row (`[counts.sum()]`, on the device)."""
@@ -176,6 +182,15 @@ class KVCache:
         raise NotImplementedError
 
 
+def _mapped(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor on an anonymous private mapping of its own: its pages become resident
+    when first written, and go back to the system when the tensor is freed."""
+    if not hasattr(mmap, "MAP_PRIVATE"):  # no such mappings (Windows): the heap's
+        return torch.zeros(shape, dtype=dtype)
+    buf = mmap.mmap(-1, math.prod(shape) * dtype.itemsize, flags=mmap.MAP_PRIVATE)
+    return torch.frombuffer(buf, dtype=dtype).view(shape)
+
+
 def make_cache(model: TargetLM, slots: int) -> KVCache:
     """`SlotCache` on a CPU, `RectangleCache` on an accelerator."""
     device = next(model.parameters()).device
@@ -183,17 +198,25 @@ def make_cache(model: TargetLM, slots: int) -> KVCache:
 
 
 class SlotCache(KVCache):
-    """Each slot's keys and values in a tensor of its own, sized to what it holds.
+    """Each slot's keys and values in a tensor of its own, on a memory mapping of its own.
 
     Memory follows the tokens the slots hold, not slots times the longest of them (128 slots
-    of up to 1,200 bytes padded to the longest, in float64, took gigabytes). Attention runs
-    row by row over the row's own positions: a row's scores and sums depend on nothing else
-    in the batch, and no row reads another's padding.
+    of up to 1,200 bytes padded to the longest, in float64, took gigabytes). A slot's mapping
+    reserves `RESERVE` positions of address space, and a page of it becomes resident only
+    when a token is first written there, so a slot costs what it holds (and at most a page
+    per layer, key or value, and head beyond it) without being copied as it grows. A finished
+    request's mapping goes back to the system at once (`release`, or the slot's next
+    prefill). glibc's heap would keep it: the CLI raises the heap's mmap threshold above a
+    slot's size (`allocator.py`), and slots of ever-changing sizes freed into the heap left a
+    sixth of a run's resident memory as free holes.
+
+    Attention runs row by row over the row's own positions: a row's scores and sums depend
+    on nothing else in the batch, and no row reads another's padding.
     """
 
-    #: capacity grows by this many positions (64 positions of all layers: 512 KiB), with at
-    #: least half of it free after growing, so a decoding row reallocates every few steps
-    GRANULE = 64
+    #: positions a new mapping reserves (8 MiB of address space at the shipped sizes: a
+    #: closed-loop request's whole context); a longer one moves to a mapping twice as long
+    RESERVE = 1024
 
     def __init__(self, model: TargetLM, slots: int) -> None:
         super().__init__(model, slots)
@@ -207,11 +230,16 @@ class SlotCache(KVCache):
         if store is not None and total <= store.shape[3] and held > 0:
             return
         layers, kv, heads, hd = self._shape
-        size = -(-(total + self.GRANULE // 2) // self.GRANULE) * self.GRANULE
-        grown = torch.empty((layers, kv, heads, size, hd), dtype=self.dtype)
+        size = max(self.RESERVE, 1 << max(total - 1, 0).bit_length())
+        grown = _mapped((layers, kv, heads, size, hd), self.dtype)
         if held:
             grown[:, :, :, :held] = store[:, :, :, :held]
         self._store[slot] = grown
+
+    def release(self, slots: np.ndarray) -> None:
+        super().release(slots)
+        for s in np.asarray(slots).tolist():
+            self._store[s] = None
 
     def _mask(self, held: int, count: int) -> torch.Tensor:
         """`[count, held + count]`: token i of the forward sees positions up to `held + i`, a

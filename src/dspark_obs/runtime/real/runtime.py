@@ -174,5 +174,8 @@ class RealRuntime(DSparkRuntime):
         return ctx[0], timed_verify(self.session, *ctx[1:], verified, tier)
 
     def _commit(self, slots, draft, accepted, bonus) -> None:
+        """Commit, and free the caches of the requests that finished at once: a slot's next
+        request may come steps later, or (a server's) never."""
         super()._commit(slots, draft, accepted, bonus)
         self.session.commit(slots, accepted, bonus)
+        self.session.release(slots[self._finished_rows])

@@ -142,3 +142,7 @@ class RealSession:
         rows = torch.arange(len(slots), device=self.device)
         self.hidden[self._t(slots)] = hidden[rows, self._t(accepted)]
         self.last[slots] = bonus
+
+    def release(self, slots: np.ndarray) -> None:
+        """Free what `slots` hold: their requests finished (a slot's next request prefills)."""
+        self.cache.release(slots)
