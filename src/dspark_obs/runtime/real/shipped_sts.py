@@ -24,7 +24,7 @@ import msgspec
 
 from ...calibration import StsCalibration
 from ..config import STS_WARMUP_STEPS, RuntimeConfig
-from .weights import DEFAULT_WEIGHTS
+from . import DEFAULT_WEIGHTS
 
 SHIPPED_STS = Path(__file__).parent / "data" / "real-sts.json"
 

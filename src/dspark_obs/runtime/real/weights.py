@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import DEFAULT_WEIGHTS
 from .model import BlockDrafter, ConfidenceHead, ModelConfig, TargetLM
 
 _QUANTIZE_MIN = 4096
 _PARTS = ("target", "drafter", "confidence")
-DEFAULT_WEIGHTS = Path(__file__).parent / "data" / "real-models.npz"
 
 
 @dataclass
