@@ -31,7 +31,7 @@ from typing import Any
 class ObservedStep:
     """Slotted and built positionally: on the serving thread, whose caches SGLang's own work
     has cooled by the time its observers run, every object and dict the hook touches costs
-    a fetch (bench/RESULTS.md, H1)."""
+    a fetch."""
 
     forward_ct: int
     bs: int
