@@ -224,6 +224,8 @@ class SlotCache(KVCache):
         self._shape = (c.layers, 2, c.heads, c.width // c.heads)
         self._store: list[torch.Tensor | None] = [None] * slots
         self._causal = torch.ones((0, 0), dtype=torch.bool)
+        # the square root of attention's scale, applied to queries and keys apiece
+        self._scale = math.sqrt(1 / math.sqrt(c.width // c.heads))
 
     def _reserve(self, slot: int, held: int, total: int) -> None:
         store = self._store[slot]
@@ -241,16 +243,13 @@ class SlotCache(KVCache):
         for s in np.asarray(slots).tolist():
             self._store[s] = None
 
-    def _mask(self, held: int, count: int) -> torch.Tensor:
-        """`[count, held + count]`: token i of the forward sees positions up to `held + i`, a
-        view of one banded matrix (true where column minus row is at most its reach)."""
-        rows = self._causal.shape[0]
-        reach = self._causal.shape[1] - rows
-        if count > rows or held > reach:
-            rows, reach = max(count, 2 * rows, 16), max(held, 2 * reach, 256)
-            band = torch.arange(reach + rows)[None, :] - torch.arange(rows)[:, None]
-            self._causal = band <= reach
-        return self._causal[:count, reach - held : reach + count]
+    def _upper(self, count: int) -> torch.Tensor:
+        """`[count, count]`, true above the diagonal: token i of a forward does not see the
+        forward's tokens after it (a corner of one cached matrix)."""
+        if count > self._causal.shape[0]:
+            size = max(count, 2 * self._causal.shape[0], 16)
+            self._causal = torch.ones((size, size), dtype=torch.bool).triu(1)
+        return self._causal[:count, :count]
 
     def begin(self, slots: np.ndarray, counts: np.ndarray) -> torch.Tensor:
         pos = super().begin(slots, counts)
@@ -268,21 +267,24 @@ class SlotCache(KVCache):
         return pos
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """A row's attention is `scaled_dot_product_attention`'s own arithmetic on a CPU (its
+        math path: queries and keys each scaled by the square root of the scale, their
+        product, the causal mask, softmax, the product with the values), bit for bit, with
+        less around it: keys are stored already scaled, so a call does not scale the whole
+        cache again, and only the forward's own columns are masked. Half the time of the
+        library call on a row of a few hundred positions."""
         n = int(self._offsets[-1])
-        qs = q[:n]
-        kv = torch.stack((k[:n], v[:n]), dim=1)
+        qs = q[:n] * self._scale
+        kv = torch.stack((k[:n] * self._scale, v[:n]), dim=1)
         out = []
         for slot, held, lo, hi in self._rows:
             store = self._store[slot][layer]
             total = held + hi - lo
             store[:, :, held:total] = kv[lo:hi].permute(1, 2, 0, 3)
-            att = F.scaled_dot_product_attention(
-                qs[lo:hi].transpose(0, 1),
-                store[0, :, :total],
-                store[1, :, :total],
-                attn_mask=self._mask(held, hi - lo),
-            )
-            out.append(att.transpose(0, 1))
+            att = torch.matmul(qs[lo:hi].transpose(0, 1), store[0, :, :total].transpose(1, 2))
+            if hi - lo > 1:
+                att[:, :, held:].masked_fill_(self._upper(hi - lo), float("-inf"))
+            out.append(torch.matmul(torch.softmax(att, -1), store[1, :, :total]).transpose(0, 1))
         att = torch.cat(out).flatten(1)
         if len(q) > n:
             att = torch.cat([att, att.new_zeros((len(q) - n, att.shape[1]))])
