@@ -1083,7 +1083,7 @@ def _patched_heavy_work():
         (ingest_cmd, "follow_file", ingest_cmd.follow_file),
     ]
     run_cmd.record_reference_run = reached
-    sts_warmup.warmup_sts = lambda config, steps: Cal(temperatures=[1.0] * config.gamma)
+    sts_warmup.warmup_sts = lambda config, steps, **_: Cal(temperatures=[1.0] * config.gamma)
     serve.Exporter = reached
     runtime_server_cmd.RuntimeFrontend = reached
     ingest_cmd.follow_file = reached
