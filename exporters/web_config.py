@@ -166,7 +166,11 @@ def _parse(path: Path, text: str) -> Any:
                 "not installed (pip install pyyaml, or write the file as JSON)"
             ) from None
         try:
-            loaded = yaml.load(text, Loader=_unique_key_loader(yaml))
+            loader = _unique_key_loader(yaml)(text)  # a SafeLoader: plain data only
+            try:
+                loaded = loader.get_single_data()
+            finally:
+                loader.dispose()
         except _RepeatedKey as exc:
             raise ValueError(f"{path}: key {exc} given twice; say it once") from None
         except yaml.YAMLError as exc:

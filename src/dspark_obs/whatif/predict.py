@@ -85,7 +85,8 @@ class CellCodes:
     `cell` is `level_code * len(workloads) + group`; `pair` a dense code of (level,
     request), the clusters of the interval's cluster-robust part; `part` a dense code of
     (step, workload), the rows that share a step time and a cell, over which the
-    interval's row-level spread is summed (about 80 times fewer than the rows on a 10M request-step run).
+    interval's row-level spread is summed (about 80 times fewer than the rows of a 10M
+    request-step run).
     The pairs and parts serve the intervals and the closed loop alone: a frame loaded
     without `clusters` (`load_run_frame`) holds None there.
     """
