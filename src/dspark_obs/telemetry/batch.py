@@ -311,9 +311,7 @@ class StepBatch:
             ):
                 raise InvalidBatch("malformed", f"{name}={value!r} is not a number")
             # a time of -1e308 or NaN would turn every mean it enters into -inf or NaN
-            if not math.isfinite(value) or (
-                name.endswith("_ms") and not 0 <= value <= MAX_STEP_MS
-            ):
+            if not math.isfinite(value) or (name.endswith("_ms") and not 0 <= value <= MAX_STEP_MS):
                 raise InvalidBatch(
                     "time_out_of_range",
                     f"{name}={value!r} is not a finite time in 0..{MAX_STEP_MS:.0f} ms",
