@@ -33,7 +33,9 @@ def handle(args: argparse.Namespace) -> int:
     store = store_options(args)
     # SIGTERM and Ctrl-C end the run between steps; what ran is flushed and closed.
     stop = stop_on_signals()
-    sts = calibration_from_args(args, config)
+    sts = calibration_from_args(
+        args, config, lambda warm: step_progress(warm, "STS warm-up", not args.quiet)
+    )
     if stop.is_set():
         print("interrupted before the first step; nothing stored", file=sys.stderr)
         return 0
