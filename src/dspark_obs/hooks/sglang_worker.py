@@ -122,15 +122,10 @@ class SGLangHook:
         bs = int(kw["bs"])
         if bs <= 0:
             return  # an idle DP rank: nothing verified
-        ring = self.ring
-        if bs > ring.max_bs:
-            ring.header[sr.H_DROPPED_OTHER] += 1
+        claimed = self._claim(bs)
+        if claimed is None:
             return
-        seq = self.seq + 1
-        slot = ring.slot_for(seq)
-        if slot is None:
-            self._look_for_consumer()
-            return
+        ring, seq, slot = claimed
         step = ObservedStep.from_observer(kw)
         flags = (
             (sr.HAS_CONFIDENCE if step.confidence is not None else 0)
@@ -148,6 +143,21 @@ class SGLangHook:
             )
         self.submitter.submit(step, slot, seq)
         self.seq = seq
+
+    def _claim(self, bs: int):
+        """The ring, the next step's sequence number and its free slot; None where the step
+        is dropped: more rows than a slot holds (counted), or no slot free (the consumer
+        lags or is gone: looked for)."""
+        ring = self.ring
+        if bs > ring.max_bs:
+            ring.header[sr.H_DROPPED_OTHER] += 1
+            return None
+        seq = self.seq + 1
+        slot = ring.slot_for(seq)
+        if slot is None:
+            self._look_for_consumer()
+            return None
+        return ring, seq, slot
 
     def _look_for_consumer(self) -> None:
         """A step was dropped: the consumer lags, or it is gone. At most once every

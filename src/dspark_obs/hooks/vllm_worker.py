@@ -89,15 +89,10 @@ class VLLMHook(SGLangHook):
         bs = int(np.count_nonzero(scheduled))
         if bs == 0:
             return
-        ring = self.ring
-        if bs > ring.max_bs:
-            ring.header[sr.H_DROPPED_OTHER] += 1
+        claimed = self._claim(bs)
+        if claimed is None:
             return
-        seq = self.seq + 1
-        slot = ring.slot_for(seq)
-        if slot is None:
-            self._look_for_consumer()
-            return
+        ring, seq, slot = claimed
         pool = batch.idx_mapping_np[:bs]
         host = np.empty((bs, 5), dtype=np.float64)
         host[:, 0] = batch.num_computed_tokens_np[:bs]
