@@ -108,14 +108,19 @@ def _serve_peak(body: bytes, n: int, workdir: Path) -> float:
         )
     try:
         url = None
-        want = f'dspark_ingest_records_total{{source="sglang:{stub.url}"}} {n}'
+        # the series whatever other labels it carries (engine, model_name)
+        want = re.compile(
+            rf'^dspark_ingest_records_total{{[^}}]*source="sglang:{re.escape(stub.url)}"[^}}]*}} '
+            rf"{n}(\.0)?$",
+            re.M,
+        )
         deadline = time.monotonic() + 1800
         while time.monotonic() < deadline and proc.poll() is None:
             if url is None and (m := SERVING.search(log.read_text(errors="replace"))):
                 url = m.group("url")
             if url is not None:
                 with _OPENER.open(url, timeout=30) as resp:
-                    if want in resp.read().decode():
+                    if want.search(resp.read().decode()):
                         return _peak_mb(proc.pid)
             time.sleep(0.5)
         raise RuntimeError(f"serve did not ingest {n} records: {log.read_text()[-2000:]}")
