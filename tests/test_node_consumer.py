@@ -149,7 +149,9 @@ def differences(want: dict[tuple, float], got: dict[tuple, float]) -> list[tuple
     out = []
     for key in sorted(set(want) | set(got)):
         a, b = want.get(key), got.get(key)
-        tol = MODELLED.get(key[0], 0.0)
+        # float sums folded at other step boundaries (how the consumer drains the rings) may
+        # differ in their last bit; 1e-12 of a count still tells any whole step apart
+        tol = MODELLED.get(key[0], 1e-12)
         if a is None or b is None or abs(a - b) > tol * max(abs(a), abs(b)):
             out.append((key, a, b))
     return out
