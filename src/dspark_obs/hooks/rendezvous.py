@@ -19,6 +19,8 @@ import subprocess  # nosec B404
 import sys
 import tempfile
 
+from ..listen import parse_listen
+
 #: where POSIX shared memory lives on Linux, the one system SGLang and vLLM serve on: the
 #: rings' own namespace, listed by name (the lock file beside them is opened without
 #: following a link)
@@ -97,3 +99,15 @@ def join_consumer(hook, ring, consumer: str, port: int | None, listen: str | Non
         hook.consumer.add(ring)
     elif not consumer_running(port):
         hook.process = start_consumer(listen, hook.consumer_args)
+
+
+def consumer_port(consumer: str, listen: str | None) -> int | None:
+    """The node consumer's port a hook's ring joins (`consumer="process"`), or None for an
+    inline consumer; ValueError for another kind, or a process consumer with no `listen`."""
+    if consumer not in ("process", "inline"):
+        raise ValueError(f"consumer must be 'process' or 'inline', not {consumer!r}")
+    if consumer == "inline":
+        return None
+    if listen is None:
+        raise ValueError("a consumer process needs listen=HOST:PORT to serve /metrics on")
+    return parse_listen(listen)[1]

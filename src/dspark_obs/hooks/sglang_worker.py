@@ -25,7 +25,6 @@ import warnings
 from operator import attrgetter
 from typing import Any
 
-from ..listen import parse_listen
 from . import rendezvous
 from . import shared_ring as sr
 from .observed_step import ObservedStep
@@ -299,13 +298,7 @@ def attach_observers(
     notebooks), on `pipeline` or a new one. `consumer_args`: the node consumer's options,
     for the hook that starts it (`sglang_plugin.consumer_args`).
     """
-    if consumer not in ("process", "inline"):
-        raise ValueError(f"consumer must be 'process' or 'inline', not {consumer!r}")
-    port = None
-    if consumer == "process":
-        if listen is None:
-            raise ValueError("a consumer process needs listen=HOST:PORT to serve /metrics on")
-        port = parse_listen(listen)[1]
+    port = rendezvous.consumer_port(consumer, listen)
     layout = StepLayout(gamma)
     ring = _make_ring(
         port, slots=ring_slots, max_bs=pool_slots, width=layout.width, gamma=gamma,

@@ -22,7 +22,6 @@ import warnings
 
 import numpy as np
 
-from ..listen import parse_listen
 from . import rendezvous
 from . import shared_ring as sr
 from .sglang_worker import SGLangHook, _make_ring
@@ -168,13 +167,7 @@ def attach_runner(
             stacklevel=2,
         )
         return None
-    if consumer not in ("process", "inline"):
-        raise ValueError(f"consumer must be 'process' or 'inline', not {consumer!r}")
-    port = None
-    if consumer == "process":
-        if listen is None:
-            raise ValueError("a consumer process needs listen=HOST:PORT to serve /metrics on")
-        port = parse_listen(listen)[1]
+    port = rendezvous.consumer_port(consumer, listen)
     layout = StepLayout(gamma)
     mode = "static" if manager is None else "compact"
     max_bs = int(runner.req_states.max_num_reqs)
