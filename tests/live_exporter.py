@@ -11,8 +11,9 @@ from .prometheus_harness import PrometheusServer
 from .test_serve_cli import Child
 
 
-def serve_scraped(tmp_path: Path, request: pytest.FixtureRequest) -> PrometheusServer:
-    """Start both (reaped at teardown) and return once every rate() has two samples."""
+def start_scraped(workdir: Path, request: pytest.FixtureRequest, *args: str) -> PrometheusServer:
+    """`serve` on the runtime, small and fast (`args` added), scraped every second by a real
+    Prometheus; both reaped at teardown. Returns once Prometheus sees the target up."""
     child = Child(
         "serve",
         "--source", "runtime",
@@ -21,16 +22,21 @@ def serve_scraped(tmp_path: Path, request: pytest.FixtureRequest) -> PrometheusS
         "--concurrency", "8,32",
         "--steps-per-level", "40",
         "--sts-warmup-steps", "20",
-        "--shadow", "cap-accept",
-        "--mode", "compact",
-        workdir=tmp_path / "serve",
+        *args,
+        workdir=workdir / "serve",
     )  # fmt: skip
     request.addfinalizer(child.kill)
     target = re.sub(r"^https?://", "", child.url()).split("/")[0]
-    prom = PrometheusServer({"dspark": [target]}, scrape_interval="1s", workdir=tmp_path / "prom")
+    prom = PrometheusServer({"dspark": [target]}, scrape_interval="1s", workdir=workdir / "prom")
     prom.start()
     request.addfinalizer(prom.stop)
     prom.wait_until_up("dspark")
+    return prom
+
+
+def serve_scraped(tmp_path: Path, request: pytest.FixtureRequest) -> PrometheusServer:
+    """Start both (reaped at teardown) and return once every rate() has two samples."""
+    prom = start_scraped(tmp_path, request, "--shadow", "cap-accept", "--mode", "compact")
     # rate() over 1m needs two samples of every counter; the first panels' data is the proof
     prom.wait_for(
         "count(rate(dspark_request_steps_total[1m]) > 0)",

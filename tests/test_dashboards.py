@@ -33,9 +33,8 @@ from dspark_obs.dashboards.querying import RATE_INTERVAL, substitutions
 from dspark_obs.dashboards.querying import substitute as render_substitute
 from dspark_obs.dashboards.values import format_value
 
-from .live_exporter import serve_scraped
+from .live_exporter import serve_scraped, start_scraped
 from .prometheus_harness import WAIT, PrometheusServer, prometheus_available
-from .test_serve_cli import Child
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "dashboards" / "dspark.json"
@@ -425,22 +424,7 @@ live = pytest.mark.skipif(not prometheus_available(), reason="needs prometheus (
 def _default_serve(workdir: Path, request: pytest.FixtureRequest) -> PrometheusServer:
     """`serve` as a new user first starts it: the runtime in compact mode, no shadow twin
     (so no ceiling is ever observed), fast and small as `serve_scraped` runs it."""
-    child = Child(
-        "serve",
-        "--source", "runtime",
-        "--speed", "0",
-        "--listen", "127.0.0.1:0",
-        "--concurrency", "8,32",
-        "--steps-per-level", "40",
-        "--sts-warmup-steps", "20",
-        workdir=workdir / "serve",
-    )  # fmt: skip
-    request.addfinalizer(child.kill)
-    target = re.sub(r"^https?://", "", child.url()).split("/")[0]
-    prom = PrometheusServer({"dspark": [target]}, scrape_interval="1s", workdir=workdir / "prom")
-    prom.start()
-    request.addfinalizer(prom.stop)
-    prom.wait_until_up("dspark")
+    prom = start_scraped(workdir, request)
     # rate() needs two samples of every counter, walks must have ended, and the sliding
     # estimate be published: the fallback's own inputs are the proof
     prom.wait_for(
