@@ -1,8 +1,9 @@
 """The fleet folds on Ray against in process: `summary --by node,rank`, `calibration --by
 node`, `estimate --by node` and `report --by node` over 8 run directories of 10 million
-request-steps in all (quick: 200k; `BENCH_FLEET_RAY_REQUEST_STEPS` sets another size),
-each in process and with `--engine ray` on a local cluster of one and of two one-CPU
-worker nodes (a head with no CPU, so every task runs on a worker).
+request-steps in all (quick: 200k; `BENCH_FLEET_RAY_REQUEST_STEPS` sets another size,
+`BENCH_FLEET_RAY_COMMANDS` a comma-separated subset of the commands), each in process and
+with `--engine ray` on a local cluster of one and of two one-CPU worker nodes (a head with
+no CPU, so every task runs on a worker).
 
 The runs are `fleet_posthoc`'s reference run tiled once into one node's run; the other 7
 nodes' runs hard-link its parts (each with its own run.json naming its node), so the
@@ -81,7 +82,9 @@ def run(quick: bool) -> list[dict]:
     )
     repeats = 1 if quick else int(os.environ.get("BENCH_FLEET_RAY_REPEATS", "2"))
     py = [sys.executable, "-m", "dspark_obs"]
-    timings = {(c, n): ([], []) for c in CONFIGS for n in COMMANDS}
+    chosen = os.environ.get("BENCH_FLEET_RAY_COMMANDS")
+    commands = {n: COMMANDS[n] for n in chosen.split(",")} if chosen else COMMANDS
+    timings = {(c, n): ([], []) for c in CONFIGS for n in commands}
     outputs: dict = {}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-fleet-ray-") as tmp:
@@ -93,7 +96,7 @@ def run(quick: bool) -> list[dict]:
                 cluster = _cluster(workers) if workers else None
                 engine = ["--engine", "ray", "--ray-address", cluster.address] if cluster else []
                 try:
-                    for name, extra in COMMANDS.items():
+                    for name, extra in commands.items():
                         out_dir = Path(tmp) / f"report-{config}"
                         cmd = [*py, name, str(fleet), *extra]
                         cmd += [str(out_dir)] if name == "report" else []
