@@ -54,10 +54,6 @@ class Policy:
     table: AdditiveCostTable | None = None
     sts: list[float] | None = None  # None: the run's own confidence; [] none (all 1)
 
-    @property
-    def needs_survival(self) -> bool:
-        return self.kind in ("sps", "topk")
-
 
 def parse_policy(spec: str, gamma: int) -> Policy:
     """A `Policy` from its spec, or ValueError naming what is wrong; a window may not
