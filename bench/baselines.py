@@ -48,18 +48,18 @@ import numpy as np
 import polars as pl
 
 from dspark_obs.aggregates import Aggregates
-from dspark_obs.aggregates.cost_model import (
+from dspark_obs.aggregates.cost_model import REL_BUCKETS
+from dspark_obs.aggregates.steps import COUNT_BUCKETS, QUANTITIES
+from dspark_obs.aggregates.tokens import histogram_slices
+from dspark_obs.calibration.metrics import EPS_PROB
+from dspark_obs.domain.step_cost import (
     DEFAULT_BS_PROBES,
     DEFAULT_M_PROBES,
     M_BIN,
     MAX_STEP_S,
     MIN_STEP_S,
-    REL_BUCKETS,
     fit_cell_map,
 )
-from dspark_obs.aggregates.steps import COUNT_BUCKETS, QUANTITIES
-from dspark_obs.aggregates.tokens import histogram_slices
-from dspark_obs.calibration.metrics import EPS_PROB
 from dspark_obs.telemetry import StepBatch
 
 OTHER = "other"

@@ -11,7 +11,7 @@ instead, per (workload, mode, rank) group, since start and over its window:
 - `trim_static_lo|point|hi`: what static would have committed, `C_s` with its bracket.
 
 Any set of series and window then gives the net exactly as sums of sums (the fleet
-rules). A step is priced as `whatif` prices it (`runtime.cost_table.repriced_seconds`:
+rules). A step is priced as `whatif` prices it (`domain.cost_table.repriced_seconds`:
 its measured time scaled by the cost table between its recorded tier and the tier of
 `bs * (gamma + 1)` tokens, the table's own time where untimed), with the table it is
 given (the server's) or else the aggregates' online refit of its (mode, rank); steps
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dspark_obs.aggregates.cost_model import MAX_STEP_S, MIN_STEP_S
 from dspark_obs.aggregates.published import RequestLabels
-from dspark_obs.runtime.cost_table import DEFAULT_CAPTURE_TIERS, repriced_seconds
+from dspark_obs.domain.cost_table import DEFAULT_CAPTURE_TIERS, repriced_seconds
+from dspark_obs.domain.step_cost import MAX_STEP_S, MIN_STEP_S
 from dspark_obs.series import Samples, ratio
 from dspark_obs.telemetry import StepBatch
 from dspark_obs.telemetry.batch import MODE_CAP_ACCEPT, MODE_CODE, MODE_STATIC, ceiling_rule

@@ -24,10 +24,10 @@ from torchmetrics.classification import BinaryCalibrationError
 
 from dspark_obs.aggregates import Aggregates, cost_model
 from dspark_obs.aggregates import rows as request_rows
-from dspark_obs.aggregates.cost_model import DEFAULT_BS_PROBES, DEFAULT_M_PROBES
 from dspark_obs.aggregates.steps import quantity_histogram
 from dspark_obs.aggregates.tokens import histogram_slices
 from dspark_obs.calibration import prefix_labels
+from dspark_obs.domain.step_cost import DEFAULT_BS_PROBES, DEFAULT_M_PROBES
 from dspark_obs.pipeline import Pipeline
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime

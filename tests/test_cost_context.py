@@ -23,13 +23,13 @@ import pytest
 from dspark_obs.aggregates import Aggregates
 from dspark_obs.analysis.cost_context import NO_CONTEXT_COLUMN, NO_CONTEXT_STEPS, _solve, _Steps
 from dspark_obs.analysis.cost_fit import fit_cost_table
-from dspark_obs.runs.reference import record_reference_run
-from dspark_obs.runtime.config import RuntimeConfig
-from dspark_obs.runtime.cost_table import (
+from dspark_obs.domain.cost_table import (
     AdditiveCostTable,
     ContextCostTable,
     load_cost_table,
 )
+from dspark_obs.runs.reference import record_reference_run
+from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.language import WorkloadProfile
 from dspark_obs.store import RunWriter, open_run
 

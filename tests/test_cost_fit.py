@@ -18,11 +18,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-from dspark_obs.aggregates.cost_model import M_BIN
 from dspark_obs.analysis.cost_canonical import BIAS_FLOOR, canonical_table, nonnegative_lstsq
 from dspark_obs.analysis.cost_fit import CostFitError, fit_cost_table, interp_expr
+from dspark_obs.domain.cost_table import AdditiveCostTable, load_cost_table
+from dspark_obs.domain.step_cost import M_BIN
 from dspark_obs.report.figures.cost import cost_figures, sample_steps
-from dspark_obs.runtime.cost_table import AdditiveCostTable, load_cost_table
 from dspark_obs.store import RunWriter, open_run
 from dspark_obs.telemetry.batch import StepBatch
 

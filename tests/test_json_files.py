@@ -8,8 +8,8 @@ import msgspec
 import pytest
 
 from dspark_obs.calibration.sts import load_sts
+from dspark_obs.domain.cost_table import load_cost_table
 from dspark_obs.json_files import load_json_file
-from dspark_obs.runtime.cost_table import load_cost_table
 
 
 class Thing(msgspec.Struct, frozen=True):

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dspark_obs.runtime.cost_table import AdditiveCostTable, default_cost_table, round_to_tier
+from dspark_obs.domain.cost_table import AdditiveCostTable, default_cost_table, round_to_tier
 from dspark_obs.runtime.scheduler import schedule
 
 TABLE = AdditiveCostTable(

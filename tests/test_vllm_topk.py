@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 av = pytest.importorskip("vllm.v1.worker.gpu.spec_decode.adaptive_verification")
 
-from dspark_obs.runtime.cost_table import default_cost_table  # noqa: E402
+from dspark_obs.domain.cost_table import default_cost_table  # noqa: E402
 from dspark_obs.runtime.scheduler import topk_schedule  # noqa: E402
 
 GAMMA = 7

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..domain.step_cost import DEFAULT_BS_PROBES, DEFAULT_M_PROBES, Refit
 from ..telemetry import StepBatch
 from .confidence import ConfidenceAggregate
-from .cost_model import DEFAULT_BS_PROBES, DEFAULT_M_PROBES, CostModelAggregate, Refit
+from .cost_model import CostModelAggregate
 from .exemplars import RecentObservations
 from .groups import GroupIndex
 from .published import (

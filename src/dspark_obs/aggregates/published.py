@@ -14,9 +14,10 @@ from functools import cached_property, lru_cache
 
 import numpy as np
 
+from ..domain.step_cost import CONTEXT_BUCKETS, Refit
 from ..series import Buckets, Exemplars, Labels, Samples, ratio
 from .confidence import ECE_BINS
-from .cost_model import CONTEXT_BUCKETS, CONTEXT_COLUMNS, Refit
+from .cost_model import CONTEXT_COLUMNS
 from .steps import COUNT_BUCKETS, quantity_histogram
 from .tokens import histogram_slices
 

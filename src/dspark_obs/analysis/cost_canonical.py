@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime.cost_table import AdditiveCostTable
+from ..domain.cost_table import AdditiveCostTable
 
 #: Smallest bias a written table gets, seconds (the table format requires bias > 0).
 BIAS_FLOOR = 1e-6

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ..aggregates.cost_model import CONTEXT_BUCKETS, M_BIN, cell_m, context_bucket, cost_design
-from ..runtime.cost_table import AdditiveCostTable, ContextCostTable
+from ..domain.cost_table import AdditiveCostTable, ContextCostTable
+from ..domain.step_cost import CONTEXT_BUCKETS, M_BIN, cell_m, context_bucket, cost_design
 from .cost_canonical import canonical_table
 
 #: Fewest timed steps with a context for the held-out comparison (each half needs cells).

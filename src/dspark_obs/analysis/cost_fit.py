@@ -47,7 +47,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from ..aggregates.cost_model import (
+from ..domain.cost_table import AdditiveCostTable
+from ..domain.step_cost import (
     DEFAULT_BS_PROBES,
     DEFAULT_M_PROBES,
     M_BIN,
@@ -58,7 +59,6 @@ from ..aggregates.cost_model import (
     cost_design,
     fit_cells,
 )
-from ..runtime.cost_table import AdditiveCostTable
 from ..store import Run, RunStoreError
 from .cost_canonical import canonical_table
 from .cost_context import ContextFit, fit_context

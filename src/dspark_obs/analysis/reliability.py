@@ -24,9 +24,9 @@ import polars as pl
 
 from ..calibration import CalibrationAccumulator, prefix_labels
 from ..calibration.metrics import EPS_PROB
+from ..domain.workload_codes import workload_code
 from ..store import Run, open_run
 from ..store.fleet import Fleet, FleetHead
-from .workload_codes import workload_code
 
 RECORDED = "survival"
 RAW = "raw"

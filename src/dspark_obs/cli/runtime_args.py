@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..domain.cost_table import load_cost_table
 from ..runtime.config import STS_WARMUP_STEPS, RuntimeConfig
-from ..runtime.cost_table import load_cost_table
 from ..runtime.language import WorkloadProfile, parse_workload
 from ..runtime.worlds import WORLDS
 from ..store.writer import FLUSH_SECONDS, FLUSH_STEPS

@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..domain.cost_table import DEFAULT_CAPTURE_TIERS, AdditiveCostTable, default_cost_table
 from ..telemetry.batch import MODES
-from .cost_table import DEFAULT_CAPTURE_TIERS, AdditiveCostTable, default_cost_table
 from .drafter import DrafterConfig
 from .language import WorkloadProfile
 from .worlds import REAL_WORKLOADS, REFERENCE, WORLDS, World, get_world

@@ -37,10 +37,10 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from ..domain.cost_table import attention_seconds, round_to_tier
 from ..telemetry.batch import StepBatch
 from .acceptance import accept_probability, leading_run, log_softmax, residual, sample
 from .config import RuntimeConfig
-from .cost_table import attention_seconds, round_to_tier
 from .drafter import BlockDrafter
 from .external import (
     MAX_NEW_TOKENS,

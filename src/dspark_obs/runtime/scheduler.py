@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cost_table import AdditiveCostTable
+from ..domain.cost_table import AdditiveCostTable
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from ...aggregates.cost_model import M_BIN
 from ...analysis.cost_fit import CostFit
+from ...domain.step_cost import M_BIN
 from ...numbers import number
 from ...outputs import prepare_dir
 from ...palette import INK, MUTED, tones
