@@ -18,15 +18,16 @@ import polars as pl
 import pytest
 from dspark_obs.exporters.collector import Collector
 
+from dspark_obs.domain.cost_table import AdditiveCostTable
 from dspark_obs.pipeline import build_pipeline
 from dspark_obs.runs import record_reference_run
 from dspark_obs.runtime.config import RuntimeConfig
-from dspark_obs.runtime.cost_table import AdditiveCostTable
 from dspark_obs.sources.replay import ReplaySource
 from dspark_obs.store import open_run
 from dspark_obs.whatif.counterfactual_accept import exact_ceiling, tail_shapes
+from dspark_obs.whatif.frame_loader import load_run_frame
 from dspark_obs.whatif.policies import parse_policy
-from dspark_obs.whatif.predict import load_run_frame, predict_policy, whatif
+from dspark_obs.whatif.predict import predict_policy, whatif
 
 BASE = RuntimeConfig(seed=5, concurrency=[4, 48], steps_per_level=60)
 _SAMPLE = re.compile(r'^(dspark_trim_\w+)\{workload="(\w+)",mode="([\w-]+)",rank="0"\} (\S+)$')

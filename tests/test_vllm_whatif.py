@@ -17,8 +17,9 @@ import pytest
 from dspark_obs.runs import record_reference_run
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.store import open_run
+from dspark_obs.whatif.frame_loader import load_run_frame
 from dspark_obs.whatif.policies import parse_policy
-from dspark_obs.whatif.predict import _windows, load_run_frame, whatif
+from dspark_obs.whatif.predict import frame_windows, whatif
 from dspark_obs.whatif.study import TARGET_ERROR, TARGET_SEEDS
 
 STS = [1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4]
@@ -53,7 +54,7 @@ def test_topk_replay_is_the_runtime_scheduler(pairs):
     topk = parse_policy("topk", 7)
     for _, run in pairs[:3]:
         frame = load_run_frame(run, policies=[topk])
-        assert (_windows(frame, [topk])[0] == frame.inputs.window).all()
+        assert (frame_windows(frame, [topk])[0] == frame.inputs.window).all()
 
 
 def test_topk_predicted_from_a_compact_run_holds_against_real_topk_runs(pairs):

@@ -22,10 +22,11 @@ from dspark_obs.runtime.scheduler import schedule
 from dspark_obs.store import open_run
 from dspark_obs.store.inventory import list_parts, part_name
 from dspark_obs.store.writer import publish_part
-from dspark_obs.whatif import predict
+from dspark_obs.whatif import frame_loader
 from dspark_obs.whatif.counterfactual_accept import accepted_under, exact_ceiling, tail_shapes
+from dspark_obs.whatif.frame_loader import load_run_frame
 from dspark_obs.whatif.policies import parse_policy, policies_windows, policy_windows
-from dspark_obs.whatif.predict import load_run_frame, whatif
+from dspark_obs.whatif.predict import whatif
 from dspark_obs.whatif.trim_cost import trim_cost, trim_cost_from_cells
 
 from .conftest import cli
@@ -363,8 +364,8 @@ def test_points_without_clusters_equal_the_full_prediction(runs, monkeypatch, us
         def unread(*args, **kwargs):
             raise AssertionError("read although every ceiling is known")
 
-        monkeypatch.setattr(predict, "walked_blocks", unread)
-        monkeypatch.setattr(predict, "request_codes", unread)
+        monkeypatch.setattr(frame_loader, "walked_blocks", unread)
+        monkeypatch.setattr(frame_loader, "request_codes", unread)
     points = whatif(
         run, ["own", "static"], use_shadow=use_shadow, closed_loop=False, intervals=False
     )

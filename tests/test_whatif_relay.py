@@ -13,8 +13,10 @@ import pytest
 from dspark_obs.runs import record_reference_run
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.store import open_run
+from dspark_obs.whatif.frame_loader import load_run_frame
 from dspark_obs.whatif.policies import parse_policy, policy_windows
-from dspark_obs.whatif.predict import load_run_frame, relay_rows, relayed, whatif
+from dspark_obs.whatif.predict import whatif
+from dspark_obs.whatif.relay import relay_rows, relayed
 from dspark_obs.whatif.study import measured_cells
 
 STS = [1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4]

@@ -123,3 +123,16 @@ def accepted_under(
     point[r] = np.clip(p, lo_r, hi_r)
     lo[r], hi[r] = lo_r, hi_r
     return point, lo, hi
+
+
+def per_array(fn, values: dict) -> dict:
+    """`fn` of each value, once for values that are the same objects (`accepted_under`'s
+    point and bounds, one array where every ceiling is known)."""
+    done: dict = {}
+    out = {}
+    for key, v in values.items():
+        ids = tuple(map(id, v)) if isinstance(v, tuple) else id(v)
+        if ids not in done:
+            done[ids] = fn(v)
+        out[key] = done[ids]
+    return out

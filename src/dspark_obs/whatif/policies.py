@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ..calibration.sts import apply_sts, load_sts
-from ..runtime.cost_table import AdditiveCostTable, load_cost_table
+from ..domain.cost_table import AdditiveCostTable, load_cost_table
 
 #: Entries of a `[steps, bs * gamma]` scheduling chunk (bounds its memory to ~100 MB).
 CHUNK_ENTRIES = 1 << 22
@@ -211,7 +211,7 @@ def policies_windows(
     """`[rows]` drafts each policy verifies per request-step of the run; SPS policies
     that plan on the same survivals and table (differing in their budget rule) are
     scheduled together (`sps_windows`). `relayed`: the (survival, logits) rows each
-    request-step's budget is planned on under a confidence relay (`predict.relayed`),
+    request-step's budget is planned on under a confidence relay (`relay.relayed`),
     None without one; `last_step`: the same one step back, which `topk` plans on."""
     out: list[np.ndarray | None] = [None] * len(policies)
     planned: dict = {}
