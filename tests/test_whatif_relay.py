@@ -67,10 +67,16 @@ def test_relay_rows_follow_the_request_and_its_slot():
     lag = np.where(np.arange(len(keys)) % 5 == 0, 1, 2)
     want = _walk(keys, recorded, step, rid, pool, lag)
     sorted_recorded = np.array(sorted(recorded))
-    got = relay_rows(keys, sorted_recorded, step, rid, pool, lag)
+    got = relay_rows(keys, sorted_recorded, step, rid, pool, [lag])[0]
     assert (got == want).all()
     assert (want == -1).any() and (want == np.arange(len(step))).any() and (want >= 0).any()
-    assert relay_rows(keys, sorted_recorded, step, rid, pool, np.zeros(len(keys), int)) is None
+    none = np.zeros(len(keys), int)
+    assert relay_rows(keys, sorted_recorded, step, rid, pool, [none]) == [None]
+    # several lags in one pass (a relayed run asked for topk): each as on its own
+    one = np.ones(len(keys), int)
+    together = relay_rows(keys, sorted_recorded, step, rid, pool, [lag, none, one])
+    assert (together[0] == want).all() and together[1] is None
+    assert (together[2] == _walk(keys, recorded, step, rid, pool, one)).all()
 
 
 def test_sps_replay_plans_the_budget_on_relayed_survivals(run):

@@ -177,7 +177,16 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None, clusters: b
         "observed_or_shadow": int(np.isfinite(inputs.ceiling).sum()),
         "walked": int(np.isfinite(inputs.walk_point).sum()),
     }
-    recorded_keys = _step_keys(run.steps()) if lagged or topk else None
+    relay_row = last_step_row = None
+    if lagged or topk:
+        lags = [
+            step_cols["lag_steps"].to_numpy()[step_row] if lagged else np.zeros(len(start), int),
+            np.full(len(start), int(topk)),
+        ]
+        slot = df["req_pool_index"].to_numpy()
+        relay_row, last_step_row = relay_rows(
+            key[start], _step_keys(run.steps()), step, rid, slot, lags
+        )
     return RunFrame(
         gamma=gamma,
         step=step,
@@ -193,26 +202,8 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None, clusters: b
         table_source=source,
         tiers=_tiers(run),
         ceiling_sources=sources,
-        relay_row=None
-        if not lagged
-        else relay_rows(
-            key[start],
-            recorded_keys,
-            step,
-            rid,
-            df["req_pool_index"].to_numpy(),
-            step_cols["lag_steps"].to_numpy()[step_row],
-        ),
-        last_step_row=None
-        if not topk
-        else relay_rows(
-            key[start],
-            recorded_keys,
-            step,
-            rid,
-            df["req_pool_index"].to_numpy(),
-            np.ones(len(start), np.int64),
-        ),
+        relay_row=relay_row,
+        last_step_row=last_step_row,
     )
 
 

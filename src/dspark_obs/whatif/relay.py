@@ -22,42 +22,51 @@ def relay_rows(
     recorded: np.ndarray,
     step: np.ndarray,
     rid: np.ndarray,
-    pool: np.ndarray,
-    lag: np.ndarray,
-) -> np.ndarray | None:
-    """`[rows]` under a confidence relay, the row whose survival each request-step's budget
-    was planned on: the same request's row `lag` steps before (`step_keys`: each step's
-    `(rank << 40) + forward_ct`, ascending) where it held the same slot (`pool`, its
-    `req_pool_index`; -1 where not recorded) in every step since, -1 where it did not (the
-    relay hands a slot that changed hands survival 1: a new request, or one back from a
-    retraction, or any request of the rank's first steps), and the row itself where a step
-    in between is not among the `recorded` keys (every step the run holds, empty ones too:
-    no better guess there). None where no step has a lag (`lag`, per step)."""
-    if not (lag > 0).any():
-        return None
+    slot: np.ndarray,
+    lags: list[np.ndarray],
+) -> list[np.ndarray | None]:
+    """Per lag of `lags` (each per step), `[rows]` the row whose survival each
+    request-step's budget was planned on under a relay of that lag: the same request's row
+    `lag` steps before (`step_keys`: each step's `(rank << 40) + forward_ct`, ascending)
+    where it held the same slot (`slot`, its `req_pool_index`; -1 where not recorded) in
+    every step since, -1 where it did not (the relay hands a slot that changed hands
+    survival 1: a new request, or one back from a retraction, or any request of the rank's
+    first steps), and the row itself where a step in between is not among the `recorded`
+    keys (every step the run holds, empty ones too: no better guess there). None for a lag
+    that no step has.
+
+    The lags share one pass: the sort of the rows and each step distance's look-up serve
+    all of them (a run under a relay asked for `topk` reads its own lag and one step)."""
+    out: list[np.ndarray | None] = [None] * len(lags)
+    wanted = [i for i, lag in enumerate(lags) if (lag > 0).any()]
+    if not wanted:
+        return out
     n = len(step)
     span = int(rid.max()) + 1
     by_row = np.argsort(step * span + rid, kind="stable")
     sorted_rows = (step * span + rid)[by_row]
-    row_lag = lag[step]
-    out = np.arange(n)
-    stale = np.zeros(n, bool)
-    unknown = np.zeros(n, bool)
-    for d in range(1, int(lag.max()) + 1):
-        due = row_lag >= d
+    row_lags = {i: lags[i][step] for i in wanted}
+    stale = {i: np.zeros(n, bool) for i in wanted}
+    unknown = {i: np.zeros(n, bool) for i in wanted}
+    for i in wanted:
+        out[i] = np.arange(n)
+    for d in range(1, max(int(lags[i].max()) for i in wanted) + 1):
         before = positions(step_keys, step_keys - d)[step]  # the step d before, -1 if absent
         hit = positions(sorted_rows, np.where(before >= 0, before * span + rid, -1))
         prev = np.where(hit >= 0, by_row[np.maximum(hit, 0)], -1)
-        moved = (prev < 0) | ((pool >= 0) & (pool[np.maximum(prev, 0)] != pool))
+        moved = (prev < 0) | ((slot >= 0) & (slot[np.maximum(prev, 0)] != slot))
         # a step before the rank's first (forward_ct < 0) relayed nothing: held, and empty
         none = (step_keys & ((1 << 40) - 1)) < d
         held = ((positions(recorded, step_keys - d) >= 0) | none)[step]
-        stale |= due & held & moved
-        unknown |= due & ~held
-        at_lag = row_lag == d
-        out[at_lag] = prev[at_lag]
-    out[unknown] = np.arange(n)[unknown]
-    out[stale & ~unknown] = -1
+        for i in wanted:
+            due = row_lags[i] >= d
+            stale[i] |= due & held & moved
+            unknown[i] |= due & ~held
+            at_lag = row_lags[i] == d
+            out[i][at_lag] = prev[at_lag]
+    for i in wanted:
+        out[i][unknown[i]] = np.arange(n)[unknown[i]]
+        out[i][stale[i] & ~unknown[i]] = -1
     return out
 
 
