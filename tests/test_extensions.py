@@ -61,7 +61,7 @@ def test_the_extension_is_built_and_used(name):
 _PROBE = """
 import json
 from dspark_obs.aggregates import rows
-from dspark_obs.aggregates.live import Aggregates
+from dspark_obs.aggregates.aggregates import Aggregates
 from dspark_obs.estimator import tails
 from dspark_obs.store import part_bounds
 from dspark_obs.telemetry import server_info_columnar

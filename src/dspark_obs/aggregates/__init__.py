@@ -4,6 +4,6 @@ Each concern has its own module (tokens, confidence, load, cost model) over a
 shared windowed-sums store; `Aggregates` folds StepBatches into all of them.
 """
 
-from .live import Aggregates, Snapshot
+from .aggregates import Aggregates, Snapshot
 
 __all__ = ["Aggregates", "Snapshot"]
