@@ -98,29 +98,60 @@ def analyse(label: str, run: Run, top: int) -> Arm:
             f"{run.path}: no request-steps (a block-accept-only ingest); "
             "`dspark-obs estimate` reads those"
         )
-    try:
-        cost, cost_missing = fit_cost_table(run), None
-    except CostFitError as exc:
-        cost, cost_missing = None, str(exc)
     rows = request_steps_with_ceiling(run, walked_blocks(run))
     known = trimmed_with_ceiling(rows, gamma) > 0
     best = top_requests(rows, top) if known else None
     traces = None
     if best is not None:
         traces = request_traces(rows, best["rid"].head(TRACED_REQUESTS).to_list())
+    return light_arm(
+        label,
+        gamma,
+        summarize(run),
+        window_shares(run.requests(), gamma),
+        load_curve(run),
+        _cost_fit(run),
+        (best, traces),
+        run=run,
+    )
+
+
+def _cost_fit(run: Run) -> tuple[CostFit | None, str | None]:
+    """The run's fitted cost table, or None and why it could not be fitted."""
+    try:
+        return fit_cost_table(run), None
+    except CostFitError as exc:
+        return None, str(exc)
+
+
+def light_arm(
+    label: str,
+    gamma: int,
+    summary: dict,
+    shares: pl.DataFrame,
+    load: pl.DataFrame,
+    cost: tuple[CostFit | None, str | None],
+    drill_down: tuple[pl.DataFrame | None, pl.DataFrame | None],
+    **where: Any,
+) -> Arm:
+    """An arm of the light views, a run's or a fleet's alike (`where` says which: `run`,
+    or a fleet's `fleet`, `by`, `source` and `unread`); the later passes fill in
+    `estimate` and `calibration`. `cost` is the fit or why there is none, `drill_down`
+    the top requests and their traces (None where no ceiling is known)."""
+    (fit, cost_missing), (top, traces) = cost, drill_down
     return Arm(
         label=label,
-        run=run,
         gamma=gamma,
-        summary=summarize(run),
-        shares=window_shares(run.requests(), gamma),
-        load=load_curve(run),
+        summary=summary,
+        shares=shares,
+        load=load,
         estimate=None,
         calibration={},
-        cost=cost,
+        cost=fit,
         cost_missing=cost_missing,
-        top=best,
+        top=top,
         traces=traces,
+        **where,
     )
 
 

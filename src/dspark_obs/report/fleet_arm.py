@@ -28,7 +28,7 @@ from ..engine import Engine
 from ..engine.jobs import FleetRead, estimate_map, read_again, read_fleet, unread_line
 from ..estimator.fleet import evaluate_folds
 from ..store.errors import RunStoreError
-from .arms import Arm, predict_run, report_policies
+from .arms import Arm, light_arm, predict_run, report_policies
 from .fleet_map import LightFold, drill_down, load, run_part, shares
 
 FLEET_LABEL = "fleet"
@@ -56,21 +56,15 @@ def analyse_fleet(
     if read.unread and strict:
         raise RunStoreError(unread_line(read))
     head, parts = read.head, read.partials
-    cost, cost_missing = fold.cost(parts, {"cost_table": head.common("cost_table")})
-    best, traces = drill_down(parts, top)
-    return Arm(
-        label=FLEET_LABEL,
+    return light_arm(
+        FLEET_LABEL,
+        head.gamma,
+        summary_of_folds(head, [p.summary for p in parts], by),
+        shares(parts, head.gamma),
+        load(parts),
+        fold.cost(parts, {"cost_table": head.common("cost_table")}),
+        drill_down(parts, top),
         run=None,
-        gamma=head.gamma,
-        summary=summary_of_folds(head, [p.summary for p in parts], by),
-        shares=shares(parts, head.gamma),
-        load=load(parts),
-        estimate=None,
-        calibration={},
-        cost=cost,
-        cost_missing=cost_missing,
-        top=best,
-        traces=traces,
         fleet=head,
         by=by,
         source=FleetSource(engine, read),
