@@ -8,7 +8,7 @@ Per verify step the hook gathers, from the target's verify logits
   requests sampled, two pending tail tokens each, at verify rows drawn from the
   request's gamma + 1, so rows repeat.
 
-Three forms, from `dspark_obs.kernels.token_logprobs`: `naive` (the hook's old
+Three forms, from `dspark_obs.hooks.token_logprobs`: `naive` (the hook's old
 `logits[rows].float() / T` then logsumexp), `torch` (chunked, in place), and
 `triton` (fused; each row read once). Two times per form, both after warm-up
 and with the L2 cache flushed before every call (the logits of a real step may
@@ -141,7 +141,7 @@ def run(quick: bool) -> list[dict]:
     if torch is None or not torch.cuda.is_available():
         # zeros, not NaN, keep the JSON strict and `python -m bench`'s printer working
         return [{**record(NAME, {}, "us", [0.0], 1.0), "repeats": 0, "skipped": "no CUDA device"}]
-    from dspark_obs.kernels import token_logprobs as tl
+    from dspark_obs.hooks import token_logprobs as tl
 
     repeats = 20 if quick else 100
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -349,7 +349,7 @@ def _check(b, step, plain, steps, hooked, prefixes, reference, counters, listen,
     from dspark_obs.exporters.collector import Collector
 
     from dspark_obs.hooks.sglang_worker import SOURCE
-    from dspark_obs.kernels.token_logprobs import token_logprobs_reference
+    from dspark_obs.hooks.token_logprobs import token_logprobs_reference
     from tests.hook_reference import reference_batch
     from tests.test_sglang_hook import rows_the_hook_reads
 

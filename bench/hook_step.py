@@ -201,7 +201,7 @@ def _step_record(b: int, quick: bool) -> dict:
     import torch
 
     from dspark_obs.hooks.sglang_worker import SOURCE, attach
-    from dspark_obs.kernels.token_logprobs import token_logprobs
+    from dspark_obs.hooks.token_logprobs import token_logprobs
     from dspark_obs.pipeline import build_pipeline
     from tests.hook_reference import reference_batch
     from tests.prometheus_harness import free_port

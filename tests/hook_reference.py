@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from dspark_obs.kernels.token_logprobs import token_logprobs_torch
+from dspark_obs.hooks.token_logprobs import token_logprobs_torch
 from dspark_obs.telemetry import StepBatch
 
 
@@ -36,7 +36,7 @@ def reference_batch(
     kw: dict, gamma: int, mode: str = "compact", rank: int = 0, logprobs=token_logprobs_torch
 ):
     """`logprobs` is the torch form in tests; the old hook dispatched to the fused kernel on
-    a GPU (`kernels.token_logprobs.token_logprobs`), which bench/hook_step.py passes."""
+    a GPU (`hooks.token_logprobs.token_logprobs`), which bench/hook_step.py passes."""
     g = gamma
     draft = kw["draft_tokens"]
     dev = draft.device

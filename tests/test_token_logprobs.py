@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dspark_obs.kernels.token_logprobs import (  # noqa: E402
+from dspark_obs.hooks.token_logprobs import (  # noqa: E402
     token_logprobs,
     token_logprobs_reference,
     token_logprobs_torch,
