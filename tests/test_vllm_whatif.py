@@ -20,7 +20,7 @@ from dspark_obs.store import open_run
 from dspark_obs.whatif.frame_loader import load_run_frame
 from dspark_obs.whatif.policies import parse_policy
 from dspark_obs.whatif.predict import frame_windows, whatif
-from dspark_obs.whatif.study import TARGET_ERROR, TARGET_SEEDS
+from dspark_obs.whatif.study_summary import TARGET_ERROR, TARGET_SEEDS
 
 STS = [1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4]
 LEVEL = 64

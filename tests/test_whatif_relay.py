@@ -17,7 +17,7 @@ from dspark_obs.whatif.frame_loader import load_run_frame
 from dspark_obs.whatif.policies import parse_policy, policy_windows
 from dspark_obs.whatif.predict import whatif
 from dspark_obs.whatif.relay import relay_rows, relayed
-from dspark_obs.whatif.study import measured_cells
+from dspark_obs.whatif.study_truth import measured_cells
 
 STS = [1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4]
 

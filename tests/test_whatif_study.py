@@ -17,22 +17,18 @@ from statistics import mean
 import pytest
 
 from dspark_obs.analysis.load import load_curve
-from dspark_obs.whatif.study import (
-    PAIR_FILE,
+from dspark_obs.runs.workers import read_records
+from dspark_obs.whatif.study import PAIR_FILE, kept_pairs, level_steps, repredict, whatif_study
+from dspark_obs.whatif.study_summary import (
     TARGET_ERROR,
     Z95_2,
     format_summary,
     format_totals,
-    kept_pairs,
-    level_steps,
-    measured_cells,
-    read_records,
-    repredict,
     study_noise,
     study_totals,
     summarize_whatif_study,
-    whatif_study,
 )
+from dspark_obs.whatif.study_truth import measured_cells
 
 
 @pytest.fixture(scope="module")
