@@ -70,10 +70,24 @@ def _variables() -> list:
     return out
 
 
-def assemble(d: dashboard.Dashboard, rows) -> dm.Dashboard:
-    """Each row of `rows` ((title, panels function) pairs) in order, panel ids from 1."""
-    for title, panels in rows:
-        d = d.with_row(dashboard.Row(title))
+def assemble(
+    title: str, uid: str, description: str, tags: list[str], variables: list, rows
+) -> dm.Dashboard:
+    """A dashboard of this project's look (refresh, range, shared crosshair) holding each
+    row of `rows` ((title, panels function) pairs) in order, panel ids from 1."""
+    d = (
+        dashboard.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(tags)
+        .refresh("30s")
+        .time("now-1h", "now")
+        .timezone("browser")
+        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+        .variables(variables)
+    )
+    for row_title, panels in rows:
+        d = d.with_row(dashboard.Row(row_title))
         for panel in panels():
             d = d.with_panel(panel)
     built = d.build()
@@ -83,21 +97,15 @@ def assemble(d: dashboard.Dashboard, rows) -> dm.Dashboard:
 
 
 def build() -> dm.Dashboard:
-    d = (
-        dashboard.Dashboard(TITLE)
-        .uid(DASHBOARD_UID)
-        .description(
-            "DSpark speculative decoding on SGLang: acceptance against the full-block ceiling, "
-            "load, calibration, cost model, estimator health and sources (dspark-obs exporter)."
-        )
-        .tags(["dspark", "sglang", "speculative-decoding"])
-        .refresh("30s")
-        .time("now-1h", "now")
-        .timezone("browser")
-        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
-        .variables(_variables())
+    return assemble(
+        TITLE,
+        DASHBOARD_UID,
+        "DSpark speculative decoding on SGLang: acceptance against the full-block ceiling, "
+        "load, calibration, cost model, estimator health and sources (dspark-obs exporter).",
+        ["dspark", "sglang", "speculative-decoding"],
+        _variables(),
+        ROWS,
     )
-    return assemble(d, ROWS)
 
 
 def to_dict(built: dm.Dashboard) -> dict[str, Any]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from grafana_foundation_sdk.builders import dashboard
 from grafana_foundation_sdk.models import dashboard as dm
 
 from .definition import assemble, datasource_variable, query_variable, to_dict, to_json
@@ -46,22 +45,16 @@ def _variables() -> list:
 
 
 def build() -> dm.Dashboard:
-    d = (
-        dashboard.Dashboard(TITLE)
-        .uid(FLEET_UID)
-        .description(
-            "DSpark across clusters, nodes and ranks: throughput, acceptance, utilisation, "
-            "ceilings and calibration, each computed from summed counters (never an average "
-            "of per-process ratios)."
-        )
-        .tags(["dspark", "sglang", "speculative-decoding", "fleet"])
-        .refresh("30s")
-        .time("now-1h", "now")
-        .timezone("browser")
-        .tooltip(dm.DashboardCursorSync.CROSSHAIR)
-        .variables(_variables())
+    return assemble(
+        TITLE,
+        FLEET_UID,
+        "DSpark across clusters, nodes and ranks: throughput, acceptance, utilisation, "
+        "ceilings and calibration, each computed from summed counters (never an average "
+        "of per-process ratios).",
+        ["dspark", "sglang", "speculative-decoding", "fleet"],
+        _variables(),
+        ROWS,
     )
-    return assemble(d, ROWS)
 
 
 def generate() -> dict[str, Any]:

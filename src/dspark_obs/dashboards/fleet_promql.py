@@ -18,66 +18,44 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
+
+def _counter(name: str) -> tuple[str, str]:
+    """A counter's node sum (fleet.yml's `instance:<name>:sum`) and the counter itself."""
+    return f"instance:{name}:sum", f"{name}_total"
+
+
+def _histogram(name: str) -> tuple[str, str]:
+    """A histogram's `_sum` or `_count` series: its node sum and the series itself."""
+    return f"instance:{name}:sum", name
+
+
 #: counter key: (its node-level `instance:` series, the exporter's own counter)
 COUNTERS = {
-    "rows": ("instance:dspark_confidence_bin_rows:sum", "dspark_confidence_bin_rows_total"),
-    "positives": (
-        "instance:dspark_confidence_bin_positives:sum",
-        "dspark_confidence_bin_positives_total",
-    ),
-    "predicted": (
-        "instance:dspark_confidence_bin_predicted:sum",
-        "dspark_confidence_bin_predicted_total",
-    ),
-    "labelled": ("instance:dspark_confidence_labelled:sum", "dspark_confidence_labelled_total"),
-    "position_positives": (
-        "instance:dspark_confidence_positives:sum",
-        "dspark_confidence_positives_total",
-    ),
-    "positive_predicted": (
-        "instance:dspark_confidence_positive_predicted:sum",
-        "dspark_confidence_positive_predicted_total",
-    ),
-    "predicted_squared": (
-        "instance:dspark_confidence_predicted_squared:sum",
-        "dspark_confidence_predicted_squared_total",
-    ),
-    "negatives_below": (
-        "instance:dspark_confidence_bin_negatives_below:sum",
-        "dspark_confidence_bin_negatives_below_total",
-    ),
-    "ceiling_sum": ("instance:dspark_ceiling_tokens_sum:sum", "dspark_ceiling_tokens_sum"),
-    "ceiling_count": ("instance:dspark_ceiling_tokens_count:sum", "dspark_ceiling_tokens_count"),
-    "trim_loss": ("instance:dspark_trim_loss_tokens:sum", "dspark_trim_loss_tokens_total"),
-    "observed_blocks": (
-        "instance:dspark_estimator_observed_blocks:sum",
-        "dspark_estimator_observed_blocks_total",
-    ),
-    "observed_ceiling": (
-        "instance:dspark_estimator_observed_ceiling_tokens:sum",
-        "dspark_estimator_observed_ceiling_tokens_total",
-    ),
+    "rows": _counter("dspark_confidence_bin_rows"),
+    "positives": _counter("dspark_confidence_bin_positives"),
+    "predicted": _counter("dspark_confidence_bin_predicted"),
+    "labelled": _counter("dspark_confidence_labelled"),
+    "position_positives": _counter("dspark_confidence_positives"),
+    "positive_predicted": _counter("dspark_confidence_positive_predicted"),
+    "predicted_squared": _counter("dspark_confidence_predicted_squared"),
+    "negatives_below": _counter("dspark_confidence_bin_negatives_below"),
+    "ceiling_sum": _histogram("dspark_ceiling_tokens_sum"),
+    "ceiling_count": _histogram("dspark_ceiling_tokens_count"),
+    "trim_loss": _counter("dspark_trim_loss_tokens"),
+    "observed_blocks": _counter("dspark_estimator_observed_blocks"),
+    "observed_ceiling": _counter("dspark_estimator_observed_ceiling_tokens"),
     # ended walks, resolved and censored: the walks' denominator
     "walked": (
         "instance:dspark_estimator_walked_blocks:sum",
         ("dspark_estimator_resolved_blocks_total", "dspark_estimator_censored_blocks_total"),
     ),
-    "walk_lower": (
-        "instance:dspark_estimator_walk_lower_tokens:sum",
-        "dspark_estimator_walk_lower_tokens_total",
-    ),
-    "walk_point": (
-        "instance:dspark_estimator_walk_point_tokens:sum",
-        "dspark_estimator_walk_point_tokens_total",
-    ),
-    "walk_upper": (
-        "instance:dspark_estimator_walk_upper_tokens:sum",
-        "dspark_estimator_walk_upper_tokens_total",
-    ),
-    "request_steps": ("instance:dspark_request_steps:sum", "dspark_request_steps_total"),
-    "committed": ("instance:dspark_committed_tokens_sum:sum", "dspark_committed_tokens_sum"),
-    "accepted": ("instance:dspark_accepted_tokens_sum:sum", "dspark_accepted_tokens_sum"),
-    "window": ("instance:dspark_window_tokens_sum:sum", "dspark_window_tokens_sum"),
+    "walk_lower": _counter("dspark_estimator_walk_lower_tokens"),
+    "walk_point": _counter("dspark_estimator_walk_point_tokens"),
+    "walk_upper": _counter("dspark_estimator_walk_upper_tokens"),
+    "request_steps": _counter("dspark_request_steps"),
+    "committed": _histogram("dspark_committed_tokens_sum"),
+    "accepted": _histogram("dspark_accepted_tokens_sum"),
+    "window": _histogram("dspark_window_tokens_sum"),
 }
 
 _NODE_SEL = (

@@ -18,6 +18,8 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import heatmap as hm
 from grafana_foundation_sdk.models import prometheus as pm
 
+from ..aggregates.confidence import ECE_BINS
+
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 
 GREEN, YELLOW, RED, BLUE = "green", "yellow", "red", "blue"
@@ -86,7 +88,20 @@ def _targets(panel, queries: list[tuple[str, str]], **kw):
     return panel
 
 
-def _common(panel, title: str, description: str, unit: str, thresholds, w: int, h: int, empty):
+def _common(
+    panel,
+    title: str,
+    description: str,
+    unit: str,
+    *,
+    empty: tuple[str, ...],
+    thresholds=NEUTRAL,
+    w: int = 12,
+    h: int = 8,
+):
+    """The look every panel shares, whatever its kind (each kind's `**look`): `empty`, why
+    it can be empty (required), `thresholds`, what colours its values, and its width `w`
+    and height `h` in grid units."""
     if not empty:
         raise ValueError(f"{title!r}: say why it can be empty")
     why = why_empty(empty)
@@ -102,20 +117,25 @@ def _common(panel, title: str, description: str, unit: str, thresholds, w: int, 
     )
 
 
+def _bounds(panel, min_val: float | None, max_val: float | None):
+    if min_val is not None:
+        panel = panel.min(min_val)
+    if max_val is not None:
+        panel = panel.max(max_val)
+    return panel
+
+
 def timeseries(
     title: str,
     description: str,
     unit: str,
     queries: list[tuple[str, str]],
     *,
-    empty: tuple[str, ...],
-    thresholds=NEUTRAL,
-    w: int = 12,
-    h: int = 8,
     min_val: float | None = None,
     max_val: float | None = None,
+    **look,
 ):
-    p = _common(ts.Panel(), title, description, unit, thresholds, w, h, empty)
+    p = _common(ts.Panel(), title, description, unit, **look)
     # Grafana cannot key a colour on one label; by name, a series at least keeps its colour
     # from panel to panel and from one reload to the next, whatever else is shown beside it.
     p = p.color_scheme(dashboard.FieldColor().mode(dm.FieldColorModeId.PALETTE_CLASSIC_BY_NAME))
@@ -125,11 +145,7 @@ def timeseries(
         .placement(cm.LegendPlacement.BOTTOM)
         .show_legend(True)
     )
-    if min_val is not None:
-        p = p.min(min_val)
-    if max_val is not None:
-        p = p.max(max_val)
-    return _targets(p, queries)
+    return _targets(_bounds(p, min_val, max_val), queries)
 
 
 def stat_panel(
@@ -138,16 +154,14 @@ def stat_panel(
     unit: str,
     queries: list[tuple[str, str]],
     *,
-    empty: tuple[str, ...],
-    thresholds=NEUTRAL,
-    w: int = 4,
-    h: int = 4,
     decimals: float | None = 2,
     named: bool = False,
+    **look,
 ):
-    """`named`: the value's series name shown under it even when alone, for a value whose
-    name says what it rests on (a known or an estimated ceiling)."""
-    p = _common(stat.Panel(), title, description, unit, thresholds, w, h, empty)
+    """A big number, 4 x 4 unless `look` says otherwise. `named`: the value's series name
+    shown under it even when alone, for a value whose name says what it rests on (a known
+    or an estimated ceiling)."""
+    p = _common(stat.Panel(), title, description, unit, **{"w": 4, "h": 4, **look})
     p = p.color_mode(cm.BigValueColorMode.VALUE).graph_mode(cm.BigValueGraphMode.AREA)
     if named:
         p = p.text_mode(cm.BigValueTextMode.VALUE_AND_NAME)
@@ -163,39 +177,67 @@ def bar_gauge(
     unit: str,
     queries: list[tuple[str, str]],
     *,
-    empty: tuple[str, ...],
-    thresholds=NEUTRAL,
     fmt: str | None = None,
-    w: int = 12,
-    h: int = 8,
     min_val: float | None = 0,
     max_val: float | None = None,
+    **look,
 ):
-    p = _common(bargauge.Panel(), title, description, unit, thresholds, w, h, empty)
+    p = _common(bargauge.Panel(), title, description, unit, **look)
     p = (
         p.display_mode(cm.BarGaugeDisplayMode.GRADIENT)
         .orientation(cm.VizOrientation.VERTICAL)
         .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
     )
-    if min_val is not None:
-        p = p.min(min_val)
-    if max_val is not None:
-        p = p.max(max_val)
-    return _targets(p, queries, instant=True, fmt=fmt)
+    return _targets(_bounds(p, min_val, max_val), queries, instant=True, fmt=fmt)
 
 
-def heatmap_panel(
-    title: str,
-    description: str,
-    unit: str,
-    expr: str,
-    *,
-    empty: tuple[str, ...],
-    w: int = 12,
-    h: int = 8,
-):
-    p = _common(heatmap.Panel(), title, description, unit, NEUTRAL, w, h, empty)
+def heatmap_panel(title: str, description: str, unit: str, expr: str, **look):
+    p = _common(heatmap.Panel(), title, description, unit, **look)
     p = p.calculate(False).color(
         heatmap.HeatmapColorOptions().mode(hm.HeatmapColorMode.SCHEME).scheme("Oranges").steps(64)
     )
     return p.with_target(_q(expr, "{{le}}", "A", fmt="heatmap"))
+
+
+#: how each calibration figure is drawn, on either dashboard: its unit, the thresholds that
+#: colour it and its top (ECE is a share, Brier a score, AUROC a probability)
+CALIBRATION_FIGURES = {
+    "ECE": ("percentunit", ECE, None),
+    "Brier": ("none", BRIER, None),
+    "AUROC": ("none", AUROC, 1),
+}
+
+
+def calibration_timeseries(
+    figure: str, title: str, description: str, queries: list[tuple[str, str]], **look
+):
+    """One calibration figure (a key of CALIBRATION_FIGURES) over time, from 0."""
+    unit, thresholds, top = CALIBRATION_FIGURES[figure]
+    return timeseries(
+        title, description, unit, queries, thresholds=thresholds, min_val=0, max_val=top, **look
+    )
+
+
+def utilisation_timeseries(title: str, description: str, queries: list[tuple[str, str]], **look):
+    """Accepted / ceiling over time: a share up to 1, coloured where trimming loses."""
+    return timeseries(
+        title, description, "percentunit", queries, thresholds=UTILISATION, max_val=1, **look
+    )
+
+
+def reliability_bars(description: str, bin_query, **look):
+    """The observed share of accepted prefixes per predicted-survival bin, one bar a bin,
+    `bin_query(k)` the query of bin k; a calibrated predictor's bars stand at their bins'
+    centres."""
+    queries = [
+        (bin_query(k), f"{k / ECE_BINS:.2f}-{(k + 1) / ECE_BINS:.2f}") for k in range(ECE_BINS)
+    ]
+    return bar_gauge(
+        "Reliability by bin",
+        description,
+        "percentunit",
+        queries,
+        thresholds=threshold_steps((None, BLUE)),
+        max_val=1,
+        **look,
+    )

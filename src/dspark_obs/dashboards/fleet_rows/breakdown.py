@@ -11,47 +11,30 @@ and leaves them to the per-node and per-workload rows.
 
 from __future__ import annotations
 
-from ..fleet_promql import (
-    NODE,
-    RANK,
-    Level,
-    auroc,
-    brier,
-    ceiling_estimate,
-    ceiling_mean,
-    ece,
-    per_request_step,
-    total,
-    utilisation,
-    utilisation_estimate,
+from ..fleet_promql import NODE, RANK, Level, ceiling_mean, per_request_step
+from ..panels import NO_CONFIDENCE, NO_NODE_SUMS, NO_RANK_COUNTERS, timeseries
+from ..promql import CEILING_SOURCE
+from .over_time import (
+    RATE,
+    Grouping,
+    calibration_over_time,
+    ceiling_bounds,
+    committed_rate,
+    utilisation_over_time,
 )
-from ..panels import (
-    AUROC,
-    BRIER,
-    ECE,
-    NO_CONFIDENCE,
-    NO_NODE_SUMS,
-    NO_RANK_COUNTERS,
-    UTILISATION,
-    timeseries,
-)
-from ..promql import CEILING_LEGEND, CEILING_SOURCE, RI, known_or_estimated
 
 
 def _panels(level: Level, by: tuple[str, ...], legend: str, noun: str) -> list:
-    w = RI.strip("[]")
     binned = "rank" not in by  # the calibration bins are summed over ranks
     empty = (NO_RANK_COUNTERS if level.rank else NO_NODE_SUMS,)
     calibration = (NO_CONFIDENCE, *empty)
+    group = Grouping(level, by, legend)
     panels = [
-        timeseries(
+        committed_rate(
             f"Committed tokens/s by {noun}",
             f"Tokens committed per second per {noun}, over the selected workloads and modes.",
-            "suffix: tok/s",
-            [(total(level, "committed", by, w), legend)],
+            group,
             empty=empty,
-            w=8,
-            min_val=0,
         ),
         timeseries(
             f"Accepted and window by {noun}",
@@ -59,82 +42,58 @@ def _panels(level: Level, by: tuple[str, ...], legend: str, noun: str) -> list:
             "interval.",
             "suffix: tok",
             [
-                (per_request_step(level, "accepted", by, w), f"accepted {legend}"),
-                (per_request_step(level, "window", by, w), f"window {legend}"),
+                (per_request_step(level, "accepted", by, RATE), f"accepted {legend}"),
+                (per_request_step(level, "window", by, RATE), f"window {legend}"),
             ],
             empty=empty,
             w=8,
             min_val=0,
         ),
-        timeseries(
+        utilisation_over_time(
             f"Utilisation by {noun}",
             f"(ceiling - trim loss) / ceiling per {noun} over the rate interval, on "
             "request-steps whose ceiling is known; else accepted per request-step / the "
             "estimated mean ceiling. " + CEILING_SOURCE,
-            "percentunit",
-            [
-                (
-                    known_or_estimated(
-                        utilisation(level, by, w), utilisation_estimate(level, by, w)
-                    ),
-                    f"{legend}, {CEILING_LEGEND}",
-                )
-            ],
+            group,
             empty=empty,
-            thresholds=UTILISATION,
-            w=8,
-            max_val=1,
         ),
         timeseries(
             f"Ceiling by {noun}: known mean and estimate with bounds",
             f"Per {noun} over the rate interval: the mean ceiling where known (observed or "
             "shadow) and the estimated mean ceiling with its lower and upper bounds.",
             "suffix: tok",
-            [
-                (ceiling_mean(level, by, w), f"known {legend}"),
-                *(
-                    (ceiling_estimate(level, bound, by, w), f"{bound} {legend}")
-                    for bound in ("lower", "point", "upper")
-                ),
-            ],
+            [(ceiling_mean(level, by, RATE), f"known {legend}"), *ceiling_bounds(group)],
             empty=empty,
             w=12,
             min_val=0,
         ),
         binned
-        and timeseries(
+        and calibration_over_time(
+            "ECE",
             f"ECE by {noun}",
             f"Expected calibration error per {noun}, every position together, from its "
             "summed bins over the rate interval.",
-            "percentunit",
-            [(ece(level, by, w), legend)],
+            group,
             empty=calibration,
-            thresholds=ECE,
             w=4,
-            min_val=0,
         ),
-        timeseries(
+        calibration_over_time(
+            "Brier",
             f"Brier by {noun}",
             f"Brier score per {noun} over the rate interval, every position together.",
-            "none",
-            [(brier(level, by, w), legend)],
+            group,
             empty=calibration,
-            thresholds=BRIER,
             w=4 if binned else 12,
-            min_val=0,
         ),
         binned
-        and timeseries(
+        and calibration_over_time(
+            "AUROC",
             f"AUROC by {noun}",
             f"AUROC per {noun} from its summed ECE bins over the rate interval (ties within "
             "a bin counted half).",
-            "none",
-            [(auroc(level, by, w), legend)],
+            group,
             empty=calibration,
-            thresholds=AUROC,
             w=4,
-            min_val=0,
-            max_val=1,
         ),
     ]
     return [p for p in panels if p]

@@ -15,27 +15,44 @@ from ..fleet_promql import (
     total,
     utilisation_estimate,
 )
-from ..fleet_promql import auroc as auroc_q
-from ..fleet_promql import brier as brier_q
-from ..fleet_promql import ece as ece_q
 from ..fleet_promql import utilisation as utilisation_q
-from ..panels import AUROC, BRIER, ECE, NO_CONFIDENCE, NO_NODE_SUMS, UTILISATION, stat_panel
-from ..promql import CEILING_LEGEND, CEILING_SOURCE, RI, known_or_estimated
+from ..panels import (
+    CALIBRATION_FIGURES,
+    NO_CONFIDENCE,
+    NO_NODE_SUMS,
+    UTILISATION,
+    stat_panel,
+)
+from ..promql import CEILING_LEGEND, CEILING_SOURCE, known_or_estimated
+from .over_time import CALIBRATION_QUERIES, RATE
 
 SINCE = " Since each exporter started, over the selected clusters, nodes, workloads and modes."
 
 
+def _calibration_stat(figure: str, description: str, decimals: int = 2):
+    """ECE, Brier or AUROC since start over every selected series' summed counters."""
+    unit, thresholds, _ = CALIBRATION_FIGURES[figure]
+    return stat_panel(
+        figure,
+        description + SINCE,
+        unit,
+        [(CALIBRATION_QUERIES[figure](NODE, ()), figure)],
+        empty=(NO_CONFIDENCE, NO_NODE_SUMS),
+        thresholds=thresholds,
+        w=8,
+        decimals=decimals,
+    )
+
+
 def panels() -> list:
-    rate = RI.strip("[]")
     empty = (NO_NODE_SUMS,)
-    calibration = (NO_CONFIDENCE, NO_NODE_SUMS)
     return [
         stat_panel(
             "Committed tokens/s",
             "Tokens committed per second (accepted drafts plus the bonus token), summed over "
             "the selected clusters, nodes, workloads and modes.",
             "locale",
-            [(total(NODE, "committed", (), rate), "committed")],
+            [(total(NODE, "committed", (), RATE), "committed")],
             empty=empty,
             w=3,
             decimals=0,
@@ -44,7 +61,7 @@ def panels() -> list:
             "Request-steps/s",
             "Requests verified per second (one request in one verify step), fleet-wide.",
             "locale",
-            [(total(NODE, "request_steps", (), rate), "request-steps")],
+            [(total(NODE, "request_steps", (), RATE), "request-steps")],
             empty=empty,
             w=3,
             decimals=0,
@@ -109,37 +126,22 @@ def panels() -> list:
             empty=empty,
             w=6,
         ),
-        stat_panel(
+        _calibration_stat(
             "ECE",
             "Expected calibration error of predicted survival, every draft position's "
             "predictions together: sum over the 15 bins of |predicted - accepted| / rows, "
-            "bins summed before the difference (ECE cannot be averaged)." + SINCE,
-            "percentunit",
-            [(ece_q(NODE, ()), "ECE")],
-            empty=calibration,
-            thresholds=ECE,
-            w=8,
+            "bins summed before the difference (ECE cannot be averaged).",
         ),
-        stat_panel(
+        _calibration_stat(
             "Brier",
             "Brier score of predicted survival against the prefix label, every position "
-            "together: (sum p² - 2 sum of accepted p + accepted) / rows." + SINCE,
-            "none",
-            [(brier_q(NODE, ()), "Brier")],
-            empty=calibration,
-            thresholds=BRIER,
-            w=8,
+            "together: (sum p² - 2 sum of accepted p + accepted) / rows.",
             decimals=3,
         ),
-        stat_panel(
+        _calibration_stat(
             "AUROC",
             "How well predicted survival ranks accepted above rejected prefixes, from the 30 "
-            "summed AUROC bins (exact for those bins); 0.5 is chance." + SINCE,
-            "none",
-            [(auroc_q(NODE, ()), "AUROC")],
-            empty=calibration,
-            thresholds=AUROC,
-            w=8,
+            "summed AUROC bins (exact for those bins); 0.5 is chance.",
             decimals=3,
         ),
     ]

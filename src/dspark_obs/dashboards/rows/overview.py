@@ -17,6 +17,7 @@ from ..panels import (
     stat_panel,
     threshold_steps,
     timeseries,
+    utilisation_timeseries,
 )
 from ..promql import (
     CEILING_LEGEND,
@@ -120,13 +121,12 @@ def panels() -> list:
             w=16,
             min_val=0,
         ),
-        timeseries(
+        utilisation_timeseries(
             "Utilisation (last N steps)",
             "Accepted / ceiling over the last N steps per workload, mode and rank: "
             "dspark_utilisation_ratio where the ceiling is known, else dspark_accepted_mean_tokens"
             ' / dspark_ceiling_estimate_tokens{source="walk"}; 1 means trimming lost nothing. '
             + CEILING_SOURCE,
-            "percentunit",
             [
                 (
                     utilisation_last_n(REQ),
@@ -134,8 +134,6 @@ def panels() -> list:
                 )
             ],
             empty=empty,
-            thresholds=UTILISATION,
             w=8,
-            max_val=1,
         ),
     ]

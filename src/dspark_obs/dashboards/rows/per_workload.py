@@ -6,7 +6,7 @@ verify-length distribution are shown per workload.
 
 from __future__ import annotations
 
-from ..panels import NO_SERIES, UTILISATION, bar_gauge, timeseries
+from ..panels import NO_SERIES, bar_gauge, timeseries, utilisation_timeseries
 from ..promql import CEILING_LEGEND, CEILING_SOURCE, REQ, rate_mean, utilisation
 
 
@@ -49,16 +49,13 @@ def panels() -> list:
             fmt="heatmap",
             w=6,
         ),
-        timeseries(
+        utilisation_timeseries(
             "Utilisation by workload",
             "Accepted / ceiling over the rate window by workload: 1 - trim loss / ceiling "
             "where the ceiling is known, else mean accepted / the estimated mean ceiling. "
             + CEILING_SOURCE,
-            "percentunit",
             [(utilisation(REQ, "workload"), "{{workload}}, " + CEILING_LEGEND)],
             empty=empty,
-            thresholds=UTILISATION,
             w=6,
-            max_val=1,
         ),
     ]
