@@ -54,7 +54,7 @@ def test_topk_replay_is_the_runtime_scheduler(pairs):
     topk = parse_policy("topk", 7)
     for _, run in pairs[:3]:
         frame = load_run_frame(run, policies=[topk])
-        assert (frame_windows(frame, [topk])[0] == frame.inputs.window).all()
+        assert (frame_windows(frame, [topk])[0] == frame.inputs.recorded_window).all()
 
 
 def test_topk_predicted_from_a_compact_run_holds_against_real_topk_runs(pairs):

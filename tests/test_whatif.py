@@ -56,7 +56,7 @@ def test_sps_replay_is_the_runtime_scheduler(runs):
     run = runs["compact"]
     frame = load_run_frame(run)
     kwargs = {
-        "window": frame.inputs.window,
+        "recorded_window": frame.inputs.recorded_window,
         "gamma": 7,
         "survival": frame.survival,
         "logits": None,
@@ -65,7 +65,7 @@ def test_sps_replay_is_the_runtime_scheduler(runs):
         "table": frame.table,
     }
     sps = policy_windows(parse_policy("sps", 7), **kwargs)
-    assert (sps == frame.inputs.window).all()  # the run's own windows, every request-step
+    assert (sps == frame.inputs.recorded_window).all()  # the run's own windows, every request-step
     half = policy_windows(parse_policy("sps:scale=0.5", 7), **kwargs)
     fixed = policy_windows(parse_policy("sps:per-request=2", 7), **kwargs)
     for s in range(0, len(frame.step_start), 17):  # the scheduler itself, step by step
@@ -117,16 +117,16 @@ def test_counterfactual_accepted_bounds_and_limits(runs):
     exact = exact_ceiling(inp)
     shapes = tail_shapes(inp, exact, int(inp.group.max()) + 1)
     assert len(shapes.rows) > 50  # trimmed rows the estimator fills
-    shorter = np.maximum(inp.window - 1, 0)
+    shorter = np.maximum(inp.recorded_window - 1, 0)
     point, lo, hi = accepted_under(inp, exact, shapes, shorter)
     assert (point == np.minimum(inp.accepted, shorter)).all()  # below the window: what happened
-    full = np.full(len(inp.window), 7)
+    full = np.full(len(inp.recorded_window), 7)
     point, lo, hi = accepted_under(inp, exact, shapes, full)
     r = shapes.rows
     walked = ~np.isnan(inp.walk_point[r])
     assert np.allclose(point[r][walked], inp.walk_point[r][walked])  # gamma: the walk's point
     assert ((lo <= point) & (point <= hi) & (hi <= 7) & (lo >= inp.accepted)).all()
-    mid = np.minimum(inp.window + 2, 7)
+    mid = np.minimum(inp.recorded_window + 2, 7)
     p_mid = accepted_under(inp, exact, shapes, mid)[0]
     assert ((p_mid >= inp.accepted) & (p_mid <= point + 1e-12)).all()
 
@@ -319,7 +319,7 @@ def test_closed_loop_moves_the_mix_by_committed_tokens_per_request_step(runs):
     order = req.with_row_index("i").sort("forward_ct", maintain_order=True)["i"].to_numpy()
     req = req[order]
     for policy, window in (("static", 7), ("window=2", 2)):
-        accepted = accepted_under(inp, exact, shapes, np.full(len(inp.window), window))[0]
+        accepted = accepted_under(inp, exact, shapes, np.full(len(inp.recorded_window), window))[0]
         rows = req.with_columns(pol=pl.Series(accepted + 1.0), own=pl.col("acc_len") * 1.0)
         pairs = rows.group_by("bs", "rid").agg(
             pl.len().alias("n"), pl.col("own").sum(), pl.col("pol").sum(), pl.col("inside").first()
@@ -381,7 +381,7 @@ def test_points_without_clusters_equal_the_full_prediction(runs, monkeypatch, us
         unknown = np.isnan(
             exact_ceiling(
                 dataclasses.replace(
-                    whole.inputs, walk_exact=np.zeros(len(whole.inputs.window), bool)
+                    whole.inputs, walk_exact=np.zeros(len(whole.inputs.recorded_window), bool)
                 )
             )
         )

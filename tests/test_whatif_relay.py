@@ -85,11 +85,12 @@ def test_sps_replay_plans_the_budget_on_relayed_survivals(run):
     frame = load_run_frame(run, use_shadow=False, policies=[parse_policy("sps", 7)])
     assert frame.relay_row is not None and (frame.relay_row == -1).any()
     sps = parse_policy("sps", 7)
-    args = {"window": frame.inputs.window, "gamma": frame.gamma, "survival": frame.survival,
+    recorded = frame.inputs.recorded_window
+    args = {"recorded_window": recorded, "gamma": frame.gamma, "survival": frame.survival,
             "logits": None, "step_start": frame.step_start, "step_bs": frame.step_bs,
             "table": frame.table}  # fmt: skip
-    assert (policy_windows(sps, **args, relayed=relayed(frame)) == frame.inputs.window).all()
-    assert (policy_windows(sps, **args) != frame.inputs.window).mean() > 0.02
+    assert (policy_windows(sps, **args, relayed=relayed(frame)) == recorded).all()
+    assert (policy_windows(sps, **args) != recorded).mean() > 0.02
     report = whatif(run, ["own", "sps"], use_shadow=False)
     own = {(c["level"], c["workload"]): c for c in report["cells"] if c["policy"] == "own"}
     for c in report["cells"]:

@@ -49,20 +49,20 @@ def closed_loop_weights(frame: RunFrame, committed: np.ndarray) -> np.ndarray:
     return np.where(c.pair_inside, ratio * np.nan_to_num(scale)[c.pair_level], 1.0)
 
 
-def recomposed(frame: RunFrame, policy: Policy, shapes, exact, weight, same) -> tuple:
+def recomposed(frame: RunFrame, policy: Policy, shapes, exact, row_weight, on_recorded) -> tuple:
     """An SPS policy's windows and accepted drafts with its budget split over batches of
     the policy's mix, not the run's.
 
     The scheduler splits one budget over a batch, so a request's window depends on who
     else is in it. Each step's batch (at most `RECOMPOSED_ROWS` rows, from every k-th step
-    beyond) is moved to the policy's mix (`weight`, per row, `closed_loop_weights`) by as
-    few changes as it takes: a row of a request the policy holds less of leaves with
-    probability `1 - weight`, and a row of one it holds more of, from the same level, takes
-    its slot. The batches are scheduled again; per cell, the rows' windows and accepted
-    drafts over what the same rows had in their recorded batches (`same`) scale the
-    recorded rows. A policy whose mix is the run's changes nothing (the run's own SPS
-    replay stays exact), and the ratio over the same rows cancels the draw's sampling where
-    the batch does not matter (a batch of one: exactly 1)."""
+    beyond) is moved to the policy's mix (`row_weight`, per row, from `closed_loop_weights`)
+    by as few changes as it takes: a row of a request the policy holds less of leaves with
+    probability `1 - row_weight`, and a row of one it holds more of, from the same level,
+    takes its slot. The batches are scheduled again; per cell, the rows' windows and
+    accepted drafts over what the same rows had in their recorded batches (`on_recorded`)
+    scale the recorded rows. A policy whose mix is the run's changes nothing (the run's own
+    SPS replay stays exact), and the ratio over the same rows cancels the draw's sampling
+    where the batch does not matter (a batch of one: exactly 1)."""
     c, inp = frame.cells, frame.inputs
     every = -(-len(frame.step) // RECOMPOSED_ROWS)
     steps = np.arange(0, len(frame.step_start), every)
@@ -70,24 +70,25 @@ def recomposed(frame: RunFrame, policy: Policy, shapes, exact, weight, same) -> 
     rows = np.repeat(frame.step_start[steps] - np.cumsum(np.append(0, bs[:-1])), bs)
     rows += np.arange(len(rows))  # the sampled steps' own rows
     rng = np.random.default_rng(0)
-    # a row stays with probability min(1, weight); its slot goes to a row of a request
+    # a row stays with probability min(1, row_weight); its slot goes to a row of a request
     # the policy holds more of, drawn in proportion to that excess within the level
-    leave = rng.random(len(rows)) >= weight[rows]
-    excess = np.maximum(weight - 1.0, 0.0)
+    leave = rng.random(len(rows)) >= row_weight[rows]
+    excess = np.maximum(row_weight - 1.0, 0.0)
     row_level = c.cell[rows] // len(c.workloads)
     for i in range(len(c.levels)):
         free = np.flatnonzero(leave & (row_level == i))
         if len(free) == 0:
             continue
-        pool = rows[row_level == i]  # the drawn steps' rows of the level: all, up to 0.5M rows
-        cdf = np.cumsum(excess[pool])
+        # the drawn steps' rows of the level: all, up to 0.5M rows
+        candidates = rows[row_level == i]
+        cdf = np.cumsum(excess[candidates])
         if cdf[-1] <= 0:  # a level has rows leaving only with some excess
             continue
         pick = np.searchsorted(cdf, rng.random(len(free)) * cdf[-1], side="right")
-        rows[free] = pool[np.minimum(pick, len(pool) - 1)]
+        rows[free] = candidates[np.minimum(pick, len(candidates) - 1)]
     windows = policy_windows(
         policy,
-        window=inp.window[rows],
+        recorded_window=inp.recorded_window[rows],
         gamma=frame.gamma,
         survival=None if frame.survival is None else frame.survival[rows],
         logits=None if frame.logits is None else frame.logits[rows],
@@ -105,7 +106,7 @@ def recomposed(frame: RunFrame, policy: Policy, shapes, exact, weight, same) -> 
             f = np.bincount(cell, new, minlength=n) / np.bincount(cell, old[rows], minlength=n)
         return np.where(np.isfinite(f), f, 1.0)[c.cell]
 
-    old_windows, old_accepted = same
+    old_windows, old_accepted = on_recorded
     pairs = dict(enumerate(zip(drawn, old_accepted, strict=True)))
     scaled = per_array(lambda da: da[1] * factor(*da), pairs)
     return old_windows * factor(windows, old_windows), tuple(scaled.values())

@@ -33,9 +33,9 @@ class AcceptInputs:
     `tail_shapes` from them."""
 
     gamma: int
-    window: np.ndarray  # drafts verified (the scheduled window)
+    recorded_window: np.ndarray  # drafts the run verified (its scheduled window)
     accepted: np.ndarray  # correct_drafts
-    ceiling: np.ndarray | None  # float, NaN where unknown (observed or shadow)
+    known_ceiling: np.ndarray | None  # float, NaN where the run (or its shadow) has none
     group: np.ndarray  # workload code
     confidence: np.ndarray | None  # [rows, gamma] calibrated, or None
     walk_exact: np.ndarray | None  # bool: a greedy walk resolved the ceiling exactly
@@ -57,8 +57,8 @@ class TailShapes:
 
 def exact_ceiling(inp: AcceptInputs) -> np.ndarray:
     """`[rows]` the ceiling where it is known exactly, NaN elsewhere."""
-    untrimmed = (inp.accepted < inp.window) | (inp.window >= inp.gamma)
-    c = np.where(np.isnan(inp.ceiling), np.nan, inp.ceiling)
+    untrimmed = (inp.accepted < inp.recorded_window) | (inp.recorded_window >= inp.gamma)
+    c = np.where(np.isnan(inp.known_ceiling), np.nan, inp.known_ceiling)
     c = np.where(untrimmed & np.isnan(c), inp.accepted, c)
     return np.where(np.isnan(c) & inp.walk_exact, inp.walk_point, c)
 
@@ -72,10 +72,10 @@ def tail_shapes(inp: AcceptInputs, exact: np.ndarray, groups: int) -> TailShapes
         return TailShapes(rows, np.zeros((0, g)), empty, empty, empty)
     model = HazardModel(g, reservoir=1)
     model.ensure_groups(groups)
-    model.update(inp.group, inp.window, inp.accepted, inp.confidence)
+    model.update(inp.group, inp.recorded_window, inp.accepted, inp.confidence)
     conf = None if inp.confidence is None else inp.confidence[rows]
     rates = model.acceptance(inp.group[rows], conf)[0]
-    w = inp.window[rows]
+    w = inp.recorded_window[rows]
     terms, model_tail = tail_terms(rates, w)
     point = inp.walk_point[rows]
     walked = ~np.isnan(point)
@@ -93,15 +93,15 @@ def accepted_under(
     windows: np.ndarray,
     rows: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`(point, lo, hi)` accepted drafts per request-step under `windows`; with `rows`
+    """`(point, lo, hi)` accepted drafts per request-step under a policy's `windows`; with `rows`
     (indices into the run's rows, repeats allowed), of those rows, `windows` one each.
     Where every ceiling is known the three are one array (the callers only read them)."""
     if rows is None:
-        e, window, r, k = exact, inp.window, shapes.rows, slice(None)
+        e, recorded, r, k = exact, inp.recorded_window, shapes.rows, slice(None)
     elif len(shapes.rows) == 0:
-        e, window, r = exact[rows], inp.window[rows], shapes.rows
+        e, recorded, r = exact[rows], inp.recorded_window[rows], shapes.rows
     else:
-        e, window = exact[rows], inp.window[rows]
+        e, recorded = exact[rows], inp.recorded_window[rows]
         where = np.full(len(exact), -1, np.int64)
         where[shapes.rows] = np.arange(len(shapes.rows))
         k = where[rows]
@@ -111,7 +111,7 @@ def accepted_under(
     if len(r) == 0:
         return point, point, point
     lo, hi = point.copy(), point.copy()
-    w, wn = window[r], windows[r]
+    w, wn = recorded[r], windows[r]
     g = inp.gamma
     pos = np.arange(g)[None, :]
     inside = (pos >= w[:, None]) & (pos < wn[:, None])

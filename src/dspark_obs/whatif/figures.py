@@ -48,10 +48,12 @@ def _row_seconds(frame: RunFrame, seconds: np.ndarray) -> dict:
     return {"t": np.repeat(seconds, bs), "share": np.repeat(seconds / bs, bs)}
 
 
-def cell_figures(frame: RunFrame, windows, accepted, seconds, weight=None) -> tuple[dict, dict]:
+def cell_figures(
+    frame: RunFrame, windows, accepted, seconds, pair_weight=None
+) -> tuple[dict, dict]:
     """Every (level, workload) cell's figures and every level's (`all`): one `np.bincount`
     per sum over the rows (over the parts for the spread's squares), the levels' sums those of
-    their workloads; each request-step weighted by its (level, request) pair's `weight`
+    their workloads; each request-step weighted by its (level, request) pair's `pair_weight`
     where given (`closed_loop_weights`), the cell's request-steps still the recorded ones.
     The rates' points alone where the frame holds no clusters (`load_run_frame`)."""
     point, lo, hi = accepted
@@ -59,7 +61,7 @@ def cell_figures(frame: RunFrame, windows, accepted, seconds, weight=None) -> tu
     com = point + 1.0
     n_levels, n_wl = len(c.levels), len(c.workloads)
     n = n_levels * n_wl
-    row_weight = None if weight is None else weight[c.pair]
+    row_weight = None if pair_weight is None else pair_weight[c.pair]
 
     def cell_sum(v: np.ndarray) -> np.ndarray:
         return np.bincount(c.cell, v if row_weight is None else v * row_weight, minlength=n)
@@ -71,11 +73,11 @@ def cell_figures(frame: RunFrame, windows, accepted, seconds, weight=None) -> tu
         whole = {k: v.reshape(n_levels, n_wl).sum(axis=1) for k, v in per_wl.items()}
         return _figures(per_wl, None, None, None), _figures(whole, None, None, None)
     n_pairs = len(c.pair_cell)
-    pair_weight = 1.0 if weight is None else weight
-    pair_sums = {"com": np.bincount(c.pair, com, minlength=n_pairs) * pair_weight}
+    pair_scale = 1.0 if pair_weight is None else pair_weight
+    pair_sums = {"com": np.bincount(c.pair, com, minlength=n_pairs) * pair_scale}
     for k, v in row_seconds.items():
         per_wl[k] = cell_sum(v)
-        pair_sums[k] = np.bincount(c.pair, v, minlength=n_pairs) * pair_weight
+        pair_sums[k] = np.bincount(c.pair, v, minlength=n_pairs) * pair_scale
     per_wl["count"] = c.cell_rows if row_weight is None else cell_sum(np.ones(len(c.cell)))
     parts = spread_parts(frame, com, part_seconds(frame, seconds))
     # a part's rows share a step and a workload, not a request: their mean weight stands

@@ -96,8 +96,8 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None, clusters: b
             "ceilings): a prediction needs every request-step's window and accepted drafts"
         )
     req = run.requests()
-    names = req.select(pl.col("workload").unique()).collect()["workload"].to_list()
-    known = sorted(n for n in names if n is not None)
+    workloads = req.select(pl.col("workload").unique()).collect()["workload"].to_list()
+    named = sorted(n for n in workloads if n is not None)
     sps = policies is None or any(p.kind in ("sps", "topk") for p in policies)
     topk = policies is not None and any(p.kind == "topk" for p in policies)
     recalibrated = policies is None or any(p.sts is not None for p in policies)
@@ -106,7 +106,7 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None, clusters: b
     lagged = "lag_steps" in steps.collect_schema().names()
     lagged = lagged and (steps.select(pl.col("lag_steps").max()).collect().item() or 0) > 0
     # the slots are read only where a relay needs them (80 MB on 10M request-steps)
-    pool = (
+    slot = (
         pl.col("req_pool_index")
         if "req_pool_index" in req.collect_schema().names()
         else pl.lit(-1, pl.Int64).alias("req_pool_index")
@@ -114,16 +114,16 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None, clusters: b
     df = req.select(
         "rank",
         "forward_ct",
-        *([pool] if lagged or topk else []),
-        workload_code(known),
+        *([slot] if lagged or topk else []),
+        workload_code(named),
         "window",
         "correct_drafts",
         pl.coalesce(pl.col("ceiling"), shadow).cast(pl.Float64).alias("known_ceiling"),
     ).collect()
-    unknown = _unknown_ceilings(df, gamma)
+    needs_walk = _rows_needing_walks(df, gamma)
     walks = rid = None
     walk_rid: list = []
-    if clusters or lagged or topk or unknown.any():
+    if clusters or lagged or topk or needs_walk.any():
         blocks = walked_blocks(run)
         walks = blocks if blocks.collect_schema().names() else None
         rid, *walk_rid = request_codes(req, *([walks] if walks is not None else []))
@@ -141,10 +141,10 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None, clusters: b
         pl.coalesce("num_verify_tokens", "verify_tokens_local").alias("tier"),
         pl.col("lag_steps").fill_null(0) if lagged else pl.lit(0).alias("lag_steps"),
     ).collect()  # fmt: skip
-    step_keys = (step_cols["rank"].to_numpy() << 40) + step_cols["forward_ct"].to_numpy()
-    by_key = np.argsort(step_keys, kind="stable")
+    table_keys = (step_cols["rank"].to_numpy() << 40) + step_cols["forward_ct"].to_numpy()
+    by_key = np.argsort(table_keys, kind="stable")
     start = _starts(key)
-    found = positions(step_keys[by_key], key[start])
+    found = positions(table_keys[by_key], key[start])
     if (found < 0).any():  # rows of a step the steps table lacks (or holds as empty)
         kept = np.flatnonzero(np.repeat(found >= 0, np.diff(np.append(start, len(key)))))
         order = kept if order is None else order[kept]
@@ -153,19 +153,19 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None, clusters: b
     if len(key) == 0:
         raise ValueError(f"{run.path} holds no request-steps of a step with requests")
     if order is not None:
-        df, unknown = df[order], unknown[order]
+        df, needs_walk = df[order], needs_walk[order]
         rid = None if rid is None else rid[order]
     bs = np.diff(np.append(start, len(key)))
     step = np.repeat(np.arange(len(start)), bs)
     step_row = by_key[found]
     levels = step_cols["level"].to_numpy()[step_row]
-    looked_up = None if clusters else np.flatnonzero(unknown)
+    looked_up = None if clusters else np.flatnonzero(needs_walk)
     walk = walk_columns(walks, walk_rid, key[start], step, rid, looked_up)
     inputs = AcceptInputs(
         gamma=gamma,
-        window=df["window"].to_numpy(),
+        recorded_window=df["window"].to_numpy(),
         accepted=df["correct_drafts"].to_numpy(),
-        ceiling=df["known_ceiling"].to_numpy().astype(np.float64),
+        known_ceiling=df["known_ceiling"].to_numpy().astype(np.float64),
         group=df["group"].to_numpy(),
         confidence=None,
         **walk,
@@ -174,7 +174,7 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None, clusters: b
         inputs.confidence = _matrix(req, "confidence", gamma, order, True)
     table, source = _cost_table(run)
     sources = {
-        "observed_or_shadow": int(np.isfinite(inputs.ceiling).sum()),
+        "observed_or_shadow": int(np.isfinite(inputs.known_ceiling).sum()),
         "walked": int(np.isfinite(inputs.walk_point).sum()),
     }
     relay_row = last_step_row = None
@@ -185,12 +185,12 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None, clusters: b
         ]
         slot = df["req_pool_index"].to_numpy()
         relay_row, last_step_row = relay_rows(
-            key[start], _step_keys(run.steps()), step, rid, slot, lags
+            key[start], _recorded_step_keys(run.steps()), step, rid, slot, lags
         )
     return RunFrame(
         gamma=gamma,
         step=step,
-        cells=cell_codes(levels, inputs.group, rid if clusters else None, step, [*known, None]),
+        cells=cell_codes(levels, inputs.group, rid if clusters else None, step, [*named, None]),
         inputs=inputs,
         survival=_matrix(req, "survival", gamma, order, sps),
         logits=_matrix(req, "confidence_logits", gamma, order, recalibrated),
@@ -207,13 +207,13 @@ def _load(run: Run, use_shadow: bool, policies: list[Policy] | None, clusters: b
     )
 
 
-def _step_keys(steps: pl.LazyFrame) -> np.ndarray:
+def _recorded_step_keys(steps: pl.LazyFrame) -> np.ndarray:
     """Every recorded step's `(rank << 40) + forward_ct`, ascending and unique."""
     keys = steps.select("rank", "forward_ct").collect()
     return np.unique((keys["rank"].to_numpy() << 40) + keys["forward_ct"].to_numpy())
 
 
-def _unknown_ceilings(df: pl.DataFrame, gamma: int) -> np.ndarray:
+def _rows_needing_walks(df: pl.DataFrame, gamma: int) -> np.ndarray:
     """`[rows]` the request-steps whose ceiling neither the run (`known_ceiling`) nor their
     own untrimmed window gives (`counterfactual_accept.exact_ceiling` before the walks):
     the rows a walk is read for."""

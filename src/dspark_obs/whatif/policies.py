@@ -198,7 +198,7 @@ def policy_windows(policy: Policy, **kwargs) -> np.ndarray:
 def policies_windows(
     policies: list[Policy],
     *,
-    window: np.ndarray,
+    recorded_window: np.ndarray,
     gamma: int,
     survival: np.ndarray | None,
     logits: np.ndarray | None,
@@ -217,11 +217,11 @@ def policies_windows(
     planned: dict = {}
     for i, policy in enumerate(policies):
         if policy.kind == "own":
-            out[i] = window
+            out[i] = recorded_window
         elif policy.kind == "static":
-            out[i] = np.full(len(window), gamma, np.int64)
+            out[i] = np.full(len(recorded_window), gamma, np.int64)
         elif policy.kind == "window":
-            out[i] = np.full(len(window), min(policy.window, gamma), np.int64)
+            out[i] = np.full(len(recorded_window), min(policy.window, gamma), np.int64)
         else:
             if survival is None or np.isnan(survival).any():
                 raise ValueError(

@@ -77,7 +77,7 @@ def frame_windows(frame: RunFrame, policies: list[Policy]) -> list[np.ndarray]:
     """`policies_windows` on the run's request-steps."""
     return policies_windows(
         policies,
-        window=frame.inputs.window,
+        recorded_window=frame.inputs.recorded_window,
         gamma=frame.gamma,
         survival=frame.survival,
         logits=frame.logits,
@@ -122,33 +122,33 @@ def predict_policy(
         windows = frame_windows(frame, [policy])[0]
     accepted = accepted_under(inp, exact, shapes, windows)
     c = frame.cells
-    weight = row_weight = None
-    same = (windows, accepted)
+    pair_weight = row_weight = None
+    on_recorded = (windows, accepted)  # the policy on the batches as recorded
     if closed_loop and policy.kind != "own":
         committed = np.bincount(c.pair, accepted[0] + 1.0, minlength=len(c.pair_rows))
-        weight = closed_loop_weights(frame, committed)
-        row_weight = weight[c.pair]
+        pair_weight = closed_loop_weights(frame, committed)
+        row_weight = pair_weight[c.pair]
         if policy.kind in ("sps", "topk"):
-            windows, accepted = recomposed(frame, policy, shapes, exact, row_weight, same)
+            windows, accepted = recomposed(frame, policy, shapes, exact, row_weight, on_recorded)
             # the mix and the budget split over it move together: the mix again from what
             # the recomposed batches commit, and the batches again over that mix
             committed = np.bincount(c.pair, accepted[0] + 1.0, minlength=len(c.pair_rows))
-            weight = closed_loop_weights(frame, committed)
-            row_weight = weight[c.pair]
-            windows, accepted = recomposed(frame, policy, shapes, exact, row_weight, same)
+            pair_weight = closed_loop_weights(frame, committed)
+            row_weight = pair_weight[c.pair]
+            windows, accepted = recomposed(frame, policy, shapes, exact, row_weight, on_recorded)
     tokens = step_tokens(frame, windows, row_weight)
     seconds = step_seconds(frame, tokens)
     n_levels, n_wl = len(c.levels), len(c.workloads)
-    per_wl, whole = cell_figures(frame, windows, accepted, seconds, weight)
-    if weight is not None:
+    per_wl, whole = cell_figures(frame, windows, accepted, seconds, pair_weight)
+    if pair_weight is not None:
         # the correction rests on the steady state of a level that its first requests (the
         # previous level's) have left, and on batches drawn at random: half its size is
         # taken as its uncertainty, on both sides
-        cell_committed = np.bincount(c.cell, same[1][0] + 1.0, minlength=len(c.cell_rows))
-        recorded_seconds = step_seconds(frame, step_tokens(frame, same[0]))
+        cell_committed = np.bincount(c.cell, on_recorded[1][0] + 1.0, minlength=len(c.cell_rows))
+        recorded_seconds = step_seconds(frame, step_tokens(frame, on_recorded[0]))
         recorded = recorded_rates(frame, cell_committed, recorded_seconds)
-        for fig, same in zip((per_wl, whole), recorded, strict=True):
-            for key, value in same.items():
+        for fig, rates in zip((per_wl, whole), recorded, strict=True):
+            for key, value in rates.items():
                 half = 0.5 * np.abs(fig[key] - value)
                 fig[f"{key}_lo"] = fig[f"{key}_lo"] - half
                 fig[f"{key}_hi"] = fig[f"{key}_hi"] + half
@@ -210,9 +210,9 @@ def whatif(
     shapes = tail_shapes(inp, exact, int(inp.group.max()) + 1)
     # the predictions read the ceilings from `exact` and `shapes` alone: the columns they
     # came from go (330 MB on 10M request-steps, 890 MB with the confidences)
-    dropped = ("ceiling", "confidence", "walk_exact", "walk_lo", "walk_point", "walk_hi")
+    dropped = ("known_ceiling", "confidence", "walk_exact", "walk_lo", "walk_point", "walk_hi")
     frame.inputs = inp = dataclasses.replace(inp, **dict.fromkeys(dropped))
-    cells, unavailable, same = [], {}, []
+    cells, unavailable, same_steps_cells = [], {}, []
     planned = None  # at the first SPS policy, so that the others run without its windows
     for policy in parsed:
         if planned is None and policy.kind == "sps":
@@ -223,7 +223,7 @@ def whatif(
                 frame, policy, shapes, exact, closed_loop=closed_loop, windows=windows
             )
             if closed_loop and policy.spec in same_steps:
-                same += predict_policy(
+                same_steps_cells += predict_policy(
                     frame, policy, shapes, exact, closed_loop=False, windows=windows
                 )
         except ValueError as exc:
@@ -235,7 +235,7 @@ def whatif(
         "mode": run.manifest.get("mode"),
         "gamma": frame.gamma,
         "cost_table": frame.table_source,
-        "request_steps": len(inp.window),
+        "request_steps": len(inp.recorded_window),
         "unknown_ceilings": len(shapes.rows),
         "ceiling_sources": frame.ceiling_sources,
         "cells": cells,
@@ -243,5 +243,5 @@ def whatif(
     if skip_unavailable:
         out["unavailable"] = unavailable
     if same_steps:
-        out["same_steps_cells"] = same
+        out["same_steps_cells"] = same_steps_cells
     return out

@@ -47,7 +47,7 @@ def relay_rows(
     sorted_rows = (step * span + rid)[by_row]
     row_lags = {i: lags[i][step] for i in wanted}
     stale = {i: np.zeros(n, bool) for i in wanted}
-    unknown = {i: np.zeros(n, bool) for i in wanted}
+    unrecorded = {i: np.zeros(n, bool) for i in wanted}
     for i in wanted:
         out[i] = np.arange(n)
     for d in range(1, max(int(lags[i].max()) for i in wanted) + 1):
@@ -61,12 +61,12 @@ def relay_rows(
         for i in wanted:
             due = row_lags[i] >= d
             stale[i] |= due & held & moved
-            unknown[i] |= due & ~held
+            unrecorded[i] |= due & ~held
             at_lag = row_lags[i] == d
             out[i][at_lag] = prev[at_lag]
     for i in wanted:
-        out[i][unknown[i]] = np.arange(n)[unknown[i]]
-        out[i][stale[i] & ~unknown[i]] = -1
+        out[i][unrecorded[i]] = np.arange(n)[unrecorded[i]]
+        out[i][stale[i] & ~unrecorded[i]] = -1
     return out
 
 

@@ -8,16 +8,16 @@ from ..domain.cost_table import repriced_seconds
 from .frame import RunFrame
 
 
-def step_tokens(frame: RunFrame, windows: np.ndarray, weight: np.ndarray | None = None):
-    """`[steps]` packed verify tokens (`bs` + the windows). With `weight` (per row, from
+def step_tokens(frame: RunFrame, windows: np.ndarray, row_weight: np.ndarray | None = None):
+    """`[steps]` packed verify tokens (`bs` + the windows). With `row_weight` (per row, from
     `closed_loop_weights`) each step holds its batch size of the reweighted mix: `bs` times
     its rows' weighted mean window (rounded to 1e-9, so that a step of one workload keeps
     its own tokens and tier)."""
     bs = frame.step_bs.astype(np.float64)
-    if weight is None:
+    if row_weight is None:
         return bs + np.add.reduceat(windows, frame.step_start)
-    mean = np.add.reduceat(weight * windows, frame.step_start)
-    mean /= np.add.reduceat(weight, frame.step_start)
+    mean = np.add.reduceat(row_weight * windows, frame.step_start)
+    mean /= np.add.reduceat(row_weight, frame.step_start)
     return bs + np.round(bs * mean, 9)
 
 
