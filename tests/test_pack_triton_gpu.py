@@ -1,10 +1,12 @@
-"""The fused Triton pass against the torch form it is defined by, on a GPU.
+"""The fused Triton pass against the torch form and the numpy tail walk, on a GPU.
 
 Skipped without CUDA or Triton (CI has neither): the torch form carries the hook's
-tests there (tests/test_sglang_hook.py). Here both passes see the same steps, each
-with its own tail table, and must write the same packed blocks: identical integers
-and NaN places, log-probabilities within 1e-5; and the whole hook on the GPU must
-publish what the synchronous reference does.
+tests there (tests/test_sglang_hook.py, tests/test_pack_walk.py), and the kernel's
+columns are held to the layout by tests/test_pack_layout.py. Here both passes see the
+same steps, each with its own tail table, and must write the same packed blocks:
+identical integers and NaN places, log-probabilities within 1e-5; the kernel's gathers
+are what the numpy walk asks for (the adapter of tests/test_pack_walk.py); and the whole
+hook on the GPU must publish what the synchronous reference does.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dspark_obs.hooks.step_layout import StepLayout  # noqa: E402
 from dspark_obs.pipeline import build_pipeline  # noqa: E402
 from tests.hook_reference import FakeObservers as Observers  # noqa: E402
 from tests.hook_reference import StepStream, reference_batch  # noqa: E402
+from tests.test_pack_walk import STREAMS, held_to_the_numpy_walk  # noqa: E402
 from tests.test_sglang_hook import metrics, rows_the_hook_reads  # noqa: E402
 
 
@@ -91,15 +94,36 @@ def same_blocks(stream, programs_per_sm: int, seqs) -> tuple[TritonPacker, int]:
     gathered = 0
     for seq in seqs:
         step = ObservedStep.from_observer(to_cuda(stream.step()))
-        want = torch.empty((step.bs, layout.width), dtype=torch.float64, device="cuda")
-        ref.pack(step, want)
+        want = torch.empty((64, layout.width), dtype=torch.float64, device="cuda")
+        ref.pack(step, seq, cuda_stream, want, want.data_ptr())
         fused.pack(step, seq, cuda_stream, out, out.data_ptr())
-        got, want = out[: step.bs].cpu().numpy(), want.cpu().numpy()
+        got, want = out[: step.bs].cpu().numpy(), want[: step.bs].cpu().numpy()
         assert int(stamp) == seq
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
         gathered += int((got[:, layout.columns["gather_offset"]] >= 0).sum())
     return fused, gathered
+
+
+@pytest.mark.parametrize("options", STREAMS.values(), ids=STREAMS.keys())
+def test_the_kernel_gathers_what_the_numpy_walk_asks_for(options):
+    """The adapter of tests/test_pack_walk.py on the kernel's blocks: no request leaves its
+    slot, so the gathers are the numpy walk's triples exactly, with its values."""
+    stream = StepStream(seed=13, requests=10, **options)
+    stream.churn = lambda: None
+    layout = StepLayout(stream.g)
+    out = torch.empty((64, layout.width), dtype=torch.float64, device="cuda")
+    stamp = torch.zeros(1, dtype=torch.int64, device="cuda")
+    fused = TritonPacker(layout, 64, "cuda", 64, stamp)
+    cuda_stream = torch.cuda.current_stream().cuda_stream
+
+    def pack(step, seq):
+        fused.pack(step, seq, cuda_stream, out, out.data_ptr())
+        return out[: step.bs].cpu().numpy()
+
+    counts = held_to_the_numpy_walk(stream, 150, pack, to_cuda)
+    assert counts["asked"] > 40
+    assert counts["extra"] == 0 and counts["evicted"] == 0
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["kernel-into-ring", "copies"])

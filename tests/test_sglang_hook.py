@@ -357,17 +357,6 @@ def test_the_consumer_process_serves_metrics():
     assert hook.process.wait(180) == 0
 
 
-@pytest.mark.parametrize("gamma", [1, 4, 7, 16])
-def test_the_kernel_writes_the_layout_the_consumer_reads(gamma):
-    """The Triton kernel computes its columns from gamma rather than take them as arguments
-    (each argument costs the serving thread a launch-time microsecond)."""
-    from dspark_obs.hooks.pack_triton import kernel_columns
-    from dspark_obs.hooks.step_layout import StepLayout
-
-    layout = StepLayout(gamma)
-    assert layout.columns == kernel_columns(gamma, layout.entries)
-
-
 def test_kernel_rows_are_split_only_while_they_leave_programs_to_fill():
     """Slices per logit row: a power of two bringing the rows to the programs asked for,
     without going over."""

@@ -17,7 +17,7 @@ import numpy as np
 from ..pipeline import Pipeline
 from ..telemetry import StepBatch
 from . import shared_ring as sr
-from .step_layout import StepLayout
+from .step_layout import HAS_BUDGET, HAS_CONFIDENCE, HAS_RAW, HAS_TARGET, StepLayout
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +94,8 @@ class HookConsumer:
                     "the oldest one's gather is lost (further ones are only counted)"
                 )
             self.evicted += evicted
-        conf = block[:, c["confidence"]] if flags & sr.HAS_CONFIDENCE else None
-        has_target = bool(flags & sr.HAS_TARGET)
+        conf = block[:, c["confidence"]] if flags & HAS_CONFIDENCE else None
+        has_target = bool(flags & HAS_TARGET)
         verify_tokens = int(meta[sr.M_VERIFY_TOKENS])
         batch = StepBatch(
             forward_ct=int(meta[sr.M_FORWARD_CT]),
@@ -103,7 +103,7 @@ class HookConsumer:
             mode=self.mode,
             rank=self.rank,
             bs=bs,
-            budget=int(meta[sr.M_BUDGET]) if flags & sr.HAS_BUDGET else None,
+            budget=int(meta[sr.M_BUDGET]) if flags & HAS_BUDGET else None,
             num_running_reqs=bs,
             num_verify_tokens=verify_tokens,
             verify_tokens_local=verify_tokens,
@@ -124,7 +124,7 @@ class HookConsumer:
             draft_tokens=block[:, c["draft"]].astype(np.int64),
             confidence=None if conf is None else conf.copy(),
             survival=None if conf is None else np.cumprod(conf, axis=1),
-            confidence_logits=block[:, c["confidence_raw"]].copy() if flags & sr.HAS_RAW else None,
+            confidence_logits=block[:, c["confidence_raw"]].copy() if flags & HAS_RAW else None,
             draft_logprobs=block[:, c["draft_logprob"]].copy() if has_target else None,
             target_logprobs=block[:, c["target_logprob"]].copy() if has_target else None,
         )

@@ -38,11 +38,13 @@ class TorchPacker:
         self.tail = torch.zeros((pool_slots, e, g), **i64)
         self.steps = 0
 
-    def pack(self, step: ObservedStep, out) -> None:
-        """Fill `out` ([bs, width] float64, on any device) with this step."""
+    def pack(self, step: ObservedStep, seq: int, stream: int, out, out_at: int) -> None:
+        """Fill `out[:bs]` (`out` a [max_bs, width] float64 tensor, on any device) with this
+        step: the packer protocol (`submit.Packer`). Torch enqueues on the current stream,
+        which `stream` is, and writes by tensor, so `seq` and `out_at` are not needed."""
         import torch
 
-        from ..kernels.token_logprobs import token_logprobs
+        from .token_logprobs import token_logprobs
 
         lay, g, bs = self.layout, self.layout.gamma, step.bs
         self.steps += 1
@@ -118,7 +120,7 @@ class TorchPacker:
             d_temps = vec(step.draft_temperature, torch.float32)[b_d]
             dlp[b_d, j_d] = token_logprobs(logits, b_d * g + j_d, draft[b_d, j_d], d_temps).double()
         o[:, c["draft_logprob"]] = dlp
-        out.copy_(o)
+        out[:bs].copy_(o)
 
     def _walk_tails(self, draft, w, a, bonus, prefix, pool, sampled):
         """Walk the slot's open tails and this step's new one; returns each request's
@@ -135,12 +137,12 @@ class TorchPacker:
         old_live &= self.expect[p] == prefix[:, None]
         opens = sampled & (a == w) & (w < g) & slot_ok
         live = torch.cat([old_live, opens[:, None]], 1)
-        start = torch.cat([self.open_prefix[p], prefix[:, None]], 1)
+        open_prefix = torch.cat([self.open_prefix[p], prefix[:, None]], 1)
         nxt = torch.cat([self.next[p], w[:, None]], 1)
         tail = torch.cat([self.tail[p], draft[:, None, :]], 1)
         j = torch.arange(g, device=dev)
         # tail draft j sits at offset j - (prefix - start) of the tokens this step commits
-        off = (start - prefix[:, None])[:, :, None] + j
+        off = (open_prefix - prefix[:, None])[:, :, None] + j
         ahead = j >= nxt[:, :, None]
         committed_here = ahead & (off <= a[:, None, None])
         commit_tok = torch.cat([draft, torch.zeros_like(draft[:, :1])], 1)

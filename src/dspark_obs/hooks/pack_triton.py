@@ -29,7 +29,18 @@ from __future__ import annotations
 from operator import attrgetter, methodcaller
 
 from .observed_step import ObservedStep
-from .step_layout import StepLayout
+from .step_layout import (
+    GREEDY_DRAFT,
+    HAS_CONFIDENCE,
+    HAS_DRAFT_LOGITS,
+    HAS_RAW,
+    HAS_TARGET,
+    HAS_VERIFY_LENS,
+    PER_DRAFT,
+    PER_GATHER,
+    SCALARS,
+    StepLayout,
+)
 
 #: Logits per load and warps per program: the fastest pair measured on an H200 (B = 256,
 #: V = 129,280; bench/RESULTS.md).
@@ -38,12 +49,15 @@ BLOCK, NUM_WARPS = 8192, 4
 #: (H200, B = 16 .. 256; bench/RESULTS.md).
 PROGRAMS_PER_SM, MAX_SPLITS = 4, 16
 
-#: The step's tensors the kernel takes by address, in the kernel's order after `seq`.
+#: The step's tensors the kernel takes by address, in the kernel's order after `seq`: the
+#: kernel's arguments carry the `ObservedStep` fields' names.
 INPUTS = ("draft", "verify_lens", "accepted", "committed", "cap_trim", "bonus", "prefix",
           "pool", "greedy", "temperature", "draft_temperature", "confidence",
           "confidence_raw")  # fmt: skip
-# has-flags, bits of the kernel's `FL` constant
-F_VLEN, F_CONF, F_RAW, F_TARGET, F_DRAFT, F_GREEDY_DRAFT = 1, 2, 4, 8, 16, 32
+#: The kernel's compile-time switches, each set by one of the step's flag bits.
+SWITCHES = (("HAS_VERIFY_LENS", HAS_VERIFY_LENS), ("HAS_CONFIDENCE", HAS_CONFIDENCE),
+            ("HAS_RAW", HAS_RAW), ("HAS_TARGET", HAS_TARGET),
+            ("HAS_DRAFT_LOGITS", HAS_DRAFT_LOGITS), ("GREEDY_DRAFT", GREEDY_DRAFT))  # fmt: skip
 #: The largest step number an int32 launch argument holds; past it the kernel is compiled
 #: again with an int64 one.
 I32_MAX = 2**31 - 1
@@ -68,7 +82,7 @@ class TritonPacker:
                  programs_per_sm: int = PROGRAMS_PER_SM) -> None:  # fmt: skip
         import torch
 
-        from ..kernels.token_logprobs import _sm_count
+        from .token_logprobs import _sm_count
 
         self.kernel = _kernel()  # ImportError without Triton: the caller falls back
         self.layout = layout
@@ -83,8 +97,8 @@ class TritonPacker:
         i64 = dict(dtype=torch.int64, device=device)
         t_live = torch.zeros((pool_slots, 2, e), dtype=torch.int8, device=device)
         t_tail = torch.zeros((pool_slots, 2, e, g), **i64)
-        t_start, t_next, t_expect, t_born = (torch.zeros((pool_slots, 2, e), **i64)
-                                             for _ in range(4))  # fmt: skip
+        t_open_prefix, t_next, t_expect, t_born = (torch.zeros((pool_slots, 2, e), **i64)
+                                                   for _ in range(4))  # fmt: skip
         t_stamp = torch.tensor([[-1, -2]], **i64).repeat(pool_slots, 1)
         self.dummy = torch.zeros(8, dtype=torch.float32, device=device)
         # a split row's partial (maximum, sum) per slice, and its ticket counter (kept at 0
@@ -92,65 +106,67 @@ class TritonPacker:
         rows_max = max_bs * (2 * g + 1)
         part = torch.zeros((rows_max, MAX_SPLITS, 2), dtype=torch.float32, device=device)
         tick = torch.zeros(rows_max, dtype=torch.int32, device=device)
-        if layout.columns != kernel_columns(g, e):
-            raise ValueError("the packed step's layout is not the one the kernel writes")
+        self.columns = kernel_constants(layout)
         self.gp2 = max(2, 1 << (g - 1).bit_length())
         self.ep2 = max(2, 1 << e.bit_length())  # entries + 1 (the new tail) fit
         #: the buffers every launch takes, after the inputs and the output: tensors for the
         #: first launch of a specialisation, their addresses for the direct calls
-        self.fixed = (stamp, t_live, t_start, t_next, t_expect, t_born, t_tail, t_stamp, part,
+        self.fixed = (stamp, t_live, t_open_prefix, t_next, t_expect, t_born, t_tail, t_stamp, part,
                       tick)  # fmt: skip
         self.fixed_at = tuple(t.data_ptr() for t in self.fixed)
         self.compiled: dict[tuple, object] = {}
 
     def pack(self, step: ObservedStep, seq: int, stream: int, out, out_at: int) -> None:
-        """Enqueue the pass on `stream`: `out[:bs]` filled, the table advanced, `stamp = seq`.
+        """Enqueue the pass on `stream`: `out[:bs]` filled, the table advanced, `stamp = seq`
+        (the packer protocol, `submit.Packer`).
 
         `out` is a `[max_bs, width]` float64 tensor (on the device, or over registered host
         memory, which the first launch of a specialisation maps) and `out_at` its device
         address, which the direct calls take."""
         d = self.dummy
         flags = 0
-        vlen, conf, raw = step.verify_lens, step.confidence, step.confidence_raw
-        if vlen is None:
-            vlen = d
+        verify_lens, confidence, raw = step.verify_lens, step.confidence, step.confidence_raw
+        if verify_lens is None:
+            verify_lens = d
         else:
-            flags = F_VLEN
-        if conf is None:
-            conf, s_conf = d, 0
+            flags = HAS_VERIFY_LENS
+        if confidence is None:
+            confidence, stride_confidence = d, 0
         else:
-            flags |= F_CONF
-            s_conf = conf.stride(0)
+            flags |= HAS_CONFIDENCE
+            stride_confidence = confidence.stride(0)
         if raw is None:
-            raw, s_raw = d, 0
+            raw, stride_raw = d, 0
         else:
-            flags |= F_RAW
-            s_raw = raw.stride(0)
-        target, dlog = step.target_logits, step.draft_logits
+            flags |= HAS_RAW
+            stride_raw = raw.stride(0)
+        target, draft_logits = step.target_logits, step.draft_logits
         if target is None:
-            target, st, v = d, 0, 0
+            target, stride_target, vocab = d, 0, 0
         else:
-            flags |= F_TARGET
-            st, v = target.stride(0), target.shape[-1]
-        if dlog is None:
-            dlog, sd0, sd1, vd = d, 0, 0, 0
+            flags |= HAS_TARGET
+            stride_target, vocab = target.stride(0), target.shape[-1]
+        if draft_logits is None:
+            draft_logits, stride_dreq, stride_dpos, vocab_draft = d, 0, 0, 0
         else:
-            flags |= F_DRAFT
-            sd0, sd1, vd = dlog.stride(0), dlog.stride(1), dlog.shape[-1]
+            flags |= HAS_DRAFT_LOGITS
+            stride_dreq, stride_dpos = draft_logits.stride(0), draft_logits.stride(1)
+            vocab_draft = draft_logits.shape[-1]
         if step.greedy_draft:
-            flags |= F_GREEDY_DRAFT
+            flags |= GREEDY_DRAFT
         draft = step.draft
-        inputs = (draft, vlen, step.accepted, step.committed, step.cap_trim, step.bonus,
+        inputs = (draft, verify_lens, step.accepted, step.committed, step.cap_trim, step.bonus,
                   step.prefix, step.pool, step.greedy, step.temperature, step.draft_temperature,
-                  conf, raw)  # fmt: skip
-        tp, dp = target.data_ptr(), dlog.data_ptr()
+                  confidence, raw)  # fmt: skip
+        tp, dp = target.data_ptr(), draft_logits.data_ptr()
         bs = step.bs
         split = self.splits.get(bs)
         if split is None:
             split = self.splits[bs] = splits_for(bs * (self.layout.gamma + 1), self.programs)
-        strides = (draft.stride(0), s_conf, s_raw)
-        key = (*map(_DTYPE, inputs), flags, *strides, st, v, sd0, sd1, vd, target.dtype,
-               dlog.dtype, tp & 15, dp & 15, split, seq > I32_MAX)  # fmt: skip
+        strides = (draft.stride(0), stride_confidence, stride_raw)
+        key = (*map(_DTYPE, inputs), flags, *strides, stride_target, vocab, stride_dreq,
+               stride_dpos, vocab_draft, target.dtype, draft_logits.dtype, tp & 15, dp & 15,
+               split, seq > I32_MAX)  # fmt: skip
         hit = self.compiled.get(key)
         if hit is not None:
             launch, head, constants = hit
@@ -159,13 +175,20 @@ class TritonPacker:
             return
         grid = (bs, self.rows, split)
         lay = self.layout
-        constants = dict(G=lay.gamma, GP2=self.gp2, E=lay.entries, EP2=self.ep2,
-                         P=self.pool_slots, WIDTH=lay.width, BLOCK=self.block, FL=flags,
-                         S_T=st, V=v, S_D0=sd0, S_D1=sd1, VD=vd, SPLIT=split,
-                         CH_T=_slice(v, split, self.block), CH_D=_slice(vd, split, self.block),
-                         S_DR=strides[0], S_CF=strides[1], S_RW=strides[2])  # fmt: skip
-        kernel = self.kernel[grid](target, dlog, seq, *inputs, out, *self.fixed, **constants,
-                                   num_warps=self.num_warps)  # fmt: skip
+        # in the kernel's order of its compile-time parameters
+        constants = dict(
+            G=lay.gamma, GP2=self.gp2, ENTRIES=lay.entries, EP2=self.ep2,
+            POOL_SLOTS=self.pool_slots, WIDTH=lay.width, BLOCK=self.block,
+            **{name: (flags & bit) != 0 for name, bit in SWITCHES},
+            STRIDE_TARGET=stride_target, VOCAB=vocab, STRIDE_DRAFT_REQ=stride_dreq,
+            STRIDE_DRAFT_POS=stride_dpos, VOCAB_DRAFT=vocab_draft, SPLIT=split,
+            CHUNK_TARGET=_slice(vocab, split, self.block),
+            CHUNK_DRAFT=_slice(vocab_draft, split, self.block),
+            STRIDE_DRAFTS=strides[0], STRIDE_CONFIDENCE=strides[1], STRIDE_RAW=strides[2],
+            **self.columns,
+        )  # fmt: skip
+        kernel = self.kernel[grid](target, draft_logits, seq, *inputs, out, *self.fixed,
+                                   **constants, num_warps=self.num_warps)  # fmt: skip
         if _no_launch_hooks():
             self.compiled[key] = (*_launcher(kernel), tuple(constants.values()))
 
@@ -207,27 +230,17 @@ def _no_launch_hooks() -> bool:
     return all(h is None or not getattr(h, "calls", True) for h in hooks)
 
 
-def kernel_columns(g: int, e: int) -> dict[str, slice]:
-    """The columns the kernel writes (it computes them from G and E, as constants, rather
-    than take twenty more launch arguments); `StepLayout` must equal them."""
-    n = e + 1
-    one = ("window", "accepted", "committed", "cap_trim", "bonus", "prefix", "pool",
-           "greedy", "temperature", "bonus_logprob", "evicted")  # fmt: skip
-    cols = {name: slice(i, i + 1) for i, name in enumerate(one)}
-    at = len(one)
-    for name, size in (("draft", g), ("confidence", g), ("confidence_raw", g),
-                       ("target_logprob", g), ("draft_logprob", g), ("gather_offset", n),
-                       ("gather_token", n), ("gather_logprob", n)):  # fmt: skip
-        cols[name] = slice(at, at + size)
-        at += size
-    return cols
+def kernel_constants(layout: StepLayout) -> dict[str, int]:
+    """The kernel's column parameters (`C_<FIELD>`, compile-time constants), every field's
+    first column as the layout has it. As constants they cost the direct launch no
+    binding, and the kernel holds no column of its own."""
+    return {f"C_{name.upper()}": layout.col(name) for name in (*SCALARS, *PER_DRAFT, *PER_GATHER)}
 
 
 _KERNEL = None
 #: The kernel's arguments compiled for any value and alignment: the step number and the
 #: inputs, whose addresses change from step to step.
-_UNSPECIALISED = ("seq", "draft", "vlen", "acc", "com", "cap", "bonus", "prefix", "pool",
-                  "greedy", "temps", "dtemps", "conf", "raw")  # fmt: skip
+_UNSPECIALISED = ("seq", *INPUTS)
 
 
 def _kernel():
@@ -276,41 +289,40 @@ def _kernel():
                 tl.store(tick + row, 0)
         return m, s, done
 
-    @triton.jit
-    def tails_load(t_live, t_start, t_next, t_expect, t_born, t_tail, t_stamp, p,
-                   P: tl.constexpr, G: tl.constexpr, GP2: tl.constexpr, E: tl.constexpr,
-                   EP2: tl.constexpr):  # fmt: skip
+    def tails_load(t_live, t_open_prefix, t_next, t_expect, t_born, t_tail, t_stamp, slot,
+                   POOL_SLOTS: tl.constexpr, G: tl.constexpr, GP2: tl.constexpr,
+                   ENTRIES: tl.constexpr, EP2: tl.constexpr):  # fmt: skip
         # both halves of the slot's tail table and their stamps, [2, ...]: one round of
         # loads that needs only the slot, so that it can be issued before a row is read
         hh = tl.arange(0, 2)
         jj = tl.arange(0, GP2)
         ee = tl.arange(0, EP2)
-        slot_ok = (p >= 0) & (p < P)
-        pc = tl.minimum(tl.maximum(p, 0), P - 1)
+        slot_ok = (slot >= 0) & (slot < POOL_SLOTS)
+        pc = tl.minimum(tl.maximum(slot, 0), POOL_SLOTS - 1)
         stamps = tl.load(t_stamp + pc * 2 + hh)
-        at = (pc * 2 + hh[:, None]) * E + ee[None, :]
-        ld = (ee[None, :] < E) & slot_ok & (hh[:, None] < 2)
+        at = (pc * 2 + hh[:, None]) * ENTRIES + ee[None, :]
+        ld = (ee[None, :] < ENTRIES) & slot_ok & (hh[:, None] < 2)
         live = tl.load(t_live + at, mask=ld, other=0).to(tl.int32)
         expect = tl.load(t_expect + at, mask=ld, other=-1)
-        start = tl.load(t_start + at, mask=ld, other=0)
+        open_prefix = tl.load(t_open_prefix + at, mask=ld, other=0)
         nxt = tl.load(t_next + at, mask=ld, other=0)
         born = tl.load(t_born + at, mask=ld, other=0)
         tail = tl.load(t_tail + at[:, :, None] * G + jj[None, None, :],
                        mask=ld[:, :, None] & (jj < G)[None, None, :], other=-1)  # fmt: skip
-        return slot_ok, pc, stamps, live, expect, start, nxt, born, tail
+        return slot_ok, pc, stamps, live, expect, open_prefix, nxt, born, tail
 
     @triton.jit
-    def walk(slot_ok, pc, stamps, live2, expect2, start2, nxt2, born2, tail2, seq, pre, a, w,
-             bon, sampled, dr, G: tl.constexpr, GP2: tl.constexpr, E: tl.constexpr,
-             EP2: tl.constexpr):  # fmt: skip
+    def walk(slot_ok, pc, stamps, live2, expect2, open_prefix2, nxt2, born2, tail2, seq,
+             prefix_len, n_accepted, window, bonus_token, sampled, drafts, G: tl.constexpr,
+             GP2: tl.constexpr, ENTRIES: tl.constexpr, EP2: tl.constexpr):  # fmt: skip
         # the slot's tails (as tails_load read them) against the tokens this step commits:
         # the half read, each entry's state and the first mismatch's row and token (-1: none)
         hh = tl.arange(0, 2)
         jj = tl.arange(0, GP2)
         jm = jj < G
         ee = tl.arange(0, EP2)
-        old = ee < E
-        isnew = ee == E
+        old = ee < ENTRIES
+        isnew = ee == ENTRIES
         s0 = tl.sum(tl.where(hh == 0, stamps, 0), 0)
         s1 = tl.sum(tl.where(hh == 1, stamps, 0), 0)
         v0 = s0 < seq
@@ -319,22 +331,25 @@ def _kernel():
         pick = hh[:, None] == h
         ld = old & slot_ok
         live_old = (tl.sum(tl.where(pick, live2, 0), 0) != 0) & (
-            tl.sum(tl.where(pick, expect2, 0), 0) == pre
+            tl.sum(tl.where(pick, expect2, 0), 0) == prefix_len
         )
-        opens = sampled & (a == w) & (w < G) & slot_ok
+        opens = sampled & (n_accepted == window) & (window < G) & slot_ok
         live = tl.where(isnew, opens, live_old & ld)
-        start = tl.where(isnew, pre, tl.sum(tl.where(pick, start2, 0), 0))
-        nxt = tl.where(isnew, w, tl.sum(tl.where(pick, nxt2, 0), 0))
+        open_prefix = tl.where(isnew, prefix_len, tl.sum(tl.where(pick, open_prefix2, 0), 0))
+        nxt = tl.where(isnew, window, tl.sum(tl.where(pick, nxt2, 0), 0))
         born = tl.sum(tl.where(pick, born2, 0), 0)
         tail_old = tl.sum(tl.where(pick[:, :, None], tail2, 0), 0)
-        tail = tl.where(isnew[:, None], dr[None, :], tail_old)
-        off = (start - pre)[:, None] + jj[None, :]
+        tail = tl.where(isnew[:, None], drafts[None, :], tail_old)
+        # tail draft j sits at offset j - (prefix - open prefix) of the tokens this step commits
+        off = (open_prefix - prefix_len)[:, None] + jj[None, :]
         ahead = jj[None, :] >= nxt[:, None]
-        here = ahead & (off <= a) & jm[None, :]
+        here = ahead & (off <= n_accepted) & jm[None, :]
         off_c = tl.minimum(tl.maximum(off, 0), G - 1)
         # the drafted token at each offset, from the draft row already in registers
-        drafted = tl.sum(tl.where(off_c[:, :, None] == jj[None, None, :], dr[None, None, :], 0), 2)
-        tok = tl.where(off == a, bon, tl.where(here, drafted, -1))
+        drafted = tl.sum(
+            tl.where(off_c[:, :, None] == jj[None, None, :], drafts[None, None, :], 0), 2
+        )
+        tok = tl.where(off == n_accepted, bonus_token, tl.where(here, drafted, -1))
         match = here & (tok == tail)
         stop = ahead & (~match) & jm[None, :]
         run_end = tl.min(tl.where(stop, jj[None, :], G), 1)
@@ -345,160 +360,171 @@ def _kernel():
         tok_at = tl.sum(tl.where(sel, tail, 0), 1)
         mismatch = live & (run_end < G) & here_at
         g_row = tl.where(mismatch, off_at, -1)
-        return h, live, start, born, tail_old, run_end, mismatch, g_row, tok_at
+        return h, live, open_prefix, born, tail_old, run_end, mismatch, g_row, tok_at
 
     @triton.jit(do_not_specialize=_UNSPECIALISED)
     def pack(
-        target, dlog, seq, draft, vlen, acc, com, cap, bonus, prefix, pool, greedy, temps,
-        dtemps, conf, raw, out, stamp, t_live, t_start, t_next, t_expect, t_born, t_tail,
-        t_stamp, part, tick,
-        G: tl.constexpr, GP2: tl.constexpr, E: tl.constexpr, EP2: tl.constexpr,
-        P: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, FL: tl.constexpr,
-        S_T: tl.constexpr, V: tl.constexpr, S_D0: tl.constexpr, S_D1: tl.constexpr,
-        VD: tl.constexpr, SPLIT: tl.constexpr, CH_T: tl.constexpr, CH_D: tl.constexpr,
-        S_DR: tl.constexpr, S_CF: tl.constexpr, S_RW: tl.constexpr,
+        target, draft_logits, seq, draft, verify_lens, accepted, committed, cap_trim, bonus,
+        prefix, pool, greedy, temperature, draft_temperature, confidence, confidence_raw, out,
+        stamp, t_live, t_open_prefix, t_next, t_expect, t_born, t_tail, t_stamp, part, tick,
+        G: tl.constexpr, GP2: tl.constexpr, ENTRIES: tl.constexpr, EP2: tl.constexpr,
+        POOL_SLOTS: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr,
+        HAS_VERIFY_LENS: tl.constexpr, HAS_CONFIDENCE: tl.constexpr, HAS_RAW: tl.constexpr,
+        HAS_TARGET: tl.constexpr, HAS_DRAFT_LOGITS: tl.constexpr, GREEDY_DRAFT: tl.constexpr,
+        STRIDE_TARGET: tl.constexpr, VOCAB: tl.constexpr, STRIDE_DRAFT_REQ: tl.constexpr,
+        STRIDE_DRAFT_POS: tl.constexpr, VOCAB_DRAFT: tl.constexpr, SPLIT: tl.constexpr,
+        CHUNK_TARGET: tl.constexpr, CHUNK_DRAFT: tl.constexpr, STRIDE_DRAFTS: tl.constexpr,
+        STRIDE_CONFIDENCE: tl.constexpr, STRIDE_RAW: tl.constexpr,
+        C_WINDOW: tl.constexpr, C_ACCEPTED: tl.constexpr, C_COMMITTED: tl.constexpr,
+        C_CAP_TRIM: tl.constexpr, C_BONUS: tl.constexpr, C_PREFIX: tl.constexpr,
+        C_POOL: tl.constexpr, C_GREEDY: tl.constexpr, C_TEMPERATURE: tl.constexpr,
+        C_BONUS_LOGPROB: tl.constexpr, C_EVICTED: tl.constexpr, C_DRAFT: tl.constexpr,
+        C_CONFIDENCE: tl.constexpr, C_CONFIDENCE_RAW: tl.constexpr,
+        C_TARGET_LOGPROB: tl.constexpr, C_DRAFT_LOGPROB: tl.constexpr,
+        C_GATHER_OFFSET: tl.constexpr, C_GATHER_TOKEN: tl.constexpr,
+        C_GATHER_LOGPROB: tl.constexpr,
     ):  # fmt: skip
-        # the flag bits, as the module's F_* constants have them
-        HAS_VLEN: tl.constexpr = (FL & 1) != 0
-        HAS_CONF: tl.constexpr = (FL & 2) != 0
-        HAS_RAW: tl.constexpr = (FL & 4) != 0
-        HAS_TARGET: tl.constexpr = (FL & 8) != 0
-        HAS_DRAFT: tl.constexpr = (FL & 16) != 0
-        GREEDY_DRAFT: tl.constexpr = (FL & 32) != 0
-        # the columns, as kernel_columns() has them
-        C_WIN, C_ACC, C_COM, C_CAP, C_BON, C_PRE = 0, 1, 2, 3, 4, 5
-        C_POOL, C_GRD, C_TMP, C_BLP, C_EVI, C_DRF = 6, 7, 8, 9, 10, 11
-        C_CNF = C_DRF + G
-        C_RAW = C_CNF + G
-        C_TLP = C_RAW + G
-        C_DLP = C_TLP + G
-        C_GOF = C_DLP + G
-        C_GTK = C_GOF + E + 1
-        C_GLP = C_GTK + E + 1
+        # the switches are the step's flag bits (step_layout), the C_* columns the layout's
+        # (kernel_constants)
         b = tl.program_id(0)
         r = tl.program_id(1)
         c = tl.program_id(2)
         row = b * (2 * G + 1) + r
         nan = float("nan")
         LOG2E = 1.4426950408889634
-        if HAS_VLEN:
-            w = tl.load(vlen + b).to(tl.int64) - 1
+        if HAS_VERIFY_LENS:
+            window = tl.load(verify_lens + b).to(tl.int64) - 1
         else:
-            w = tl.full([], G, tl.int64)
-        a = tl.load(acc + b).to(tl.int64)
-        bon = tl.load(bonus + b).to(tl.int64)
-        pre = tl.load(prefix + b).to(tl.int64)
-        p = tl.load(pool + b).to(tl.int64)
+            window = tl.full([], G, tl.int64)
+        n_accepted = tl.load(accepted + b).to(tl.int64)
+        bonus_token = tl.load(bonus + b).to(tl.int64)
+        prefix_len = tl.load(prefix + b).to(tl.int64)
+        slot = tl.load(pool + b).to(tl.int64)
         sampled = tl.load(greedy + b).to(tl.int32) == 0
-        t = tl.maximum(tl.load(temps + b).to(tl.float32), 1e-5)
+        temp = tl.maximum(tl.load(temperature + b).to(tl.float32), 1e-5)
         jj = tl.arange(0, GP2)
         jm = jj < G
         row_out = out + b.to(tl.int64) * WIDTH
-        dr = tl.load(draft + b.to(tl.int64) * S_DR + jj, mask=jm, other=0).to(tl.int64)
+        drafts = tl.load(draft + b.to(tl.int64) * STRIDE_DRAFTS + jj, mask=jm, other=0).to(tl.int64)
 
         ee = tl.arange(0, EP2)
         if r <= G:
             # target row r of request b: owed inside a sampled request's window, or where a
             # tail's first mismatch falls (walked first only when the window does not decide)
             if HAS_TARGET:
-                base = target + (b.to(tl.int64) * (G + 1) + r) * S_T
+                base = target + (b.to(tl.int64) * (G + 1) + r) * STRIDE_TARGET
                 # the slot's tails, read before the row so that they arrive while it streams
-                slot_ok, pc, stamps, live2, expect2, start2, nxt2, born2, tail2 = tails_load(
-                    t_live, t_start, t_next, t_expect, t_born, t_tail, t_stamp, p, P, G, GP2, E,
-                    EP2)  # fmt: skip
-                owed = sampled & (r <= w)
+                slot_ok, pc, stamps, live2, expect2, open_prefix2, nxt2, born2, tail2 = (
+                    tails_load(t_live, t_open_prefix, t_next, t_expect, t_born, t_tail,
+                               t_stamp, slot, POOL_SLOTS, G, GP2, ENTRIES, EP2)
+                )  # fmt: skip
+                owed = sampled & (r <= window)
                 if ~owed:
-                    g_row = walk(slot_ok, pc, stamps, live2, expect2, start2, nxt2, born2, tail2,
-                                 seq, pre, a, w, bon, sampled, dr, G, GP2, E, EP2)[7]  # fmt: skip
+                    g_row = walk(slot_ok, pc, stamps, live2, expect2, open_prefix2, nxt2, born2,
+                                 tail2, seq, prefix_len, n_accepted, window, bonus_token,
+                                 sampled, drafts, G, GP2, ENTRIES, EP2)[7]  # fmt: skip
                     owed = tl.sum((g_row == r).to(tl.int32), 0) > 0
                 if owed:
                     # the drafted and the bonus token's logits, likewise read early
-                    want_t = sampled & (r < w)
-                    want_b = sampled & (r == a)
-                    x_t = tl.load(base + tl.sum(tl.where(jj == r, dr, 0), 0), mask=want_t,
+                    want_t = sampled & (r < window)
+                    want_b = sampled & (r == n_accepted)
+                    x_t = tl.load(base + tl.sum(tl.where(jj == r, drafts, 0), 0), mask=want_t,
                                   other=0.0).to(tl.float32)  # fmt: skip
-                    x_b = tl.load(base + bon, mask=want_b, other=0.0).to(tl.float32)
-                    m, s, done = row_lse(base, V, LOG2E / t, part, tick, row, c, SPLIT, CH_T,
-                                         BLOCK)  # fmt: skip
+                    x_b = tl.load(base + bonus_token, mask=want_b, other=0.0).to(tl.float32)
+                    m, s, done = row_lse(base, VOCAB, LOG2E / temp, part, tick, row, c, SPLIT,
+                                         CHUNK_TARGET, BLOCK)  # fmt: skip
                     if done:
                         log_s = tl.log(s)
                         if want_t:
-                            tl.store(row_out + C_TLP + r, ((x_t - m) / t - log_s).to(tl.float64))
+                            tl.store(row_out + C_TARGET_LOGPROB + r,
+                                     ((x_t - m) / temp - log_s).to(tl.float64))  # fmt: skip
                         if want_b:
-                            tl.store(row_out + C_BLP, ((x_b - m) / t - log_s).to(tl.float64))
-                        walked = walk(slot_ok, pc, stamps, live2, expect2, start2, nxt2, born2,
-                                      tail2, seq, pre, a, w, bon, sampled, dr, G, GP2, E,
+                            tl.store(row_out + C_BONUS_LOGPROB,
+                                     ((x_b - m) / temp - log_s).to(tl.float64))  # fmt: skip
+                        walked = walk(slot_ok, pc, stamps, live2, expect2, open_prefix2, nxt2,
+                                      born2, tail2, seq, prefix_len, n_accepted, window,
+                                      bonus_token, sampled, drafts, G, GP2, ENTRIES,
                                       EP2)  # fmt: skip
                         mine = walked[7] == r
                         x = tl.load(base + walked[8], mask=mine, other=0.0).to(tl.float32)
-                        tl.store(row_out + C_GLP + ee, ((x - m) / t - log_s).to(tl.float64),
-                                 mask=mine)  # fmt: skip
+                        tl.store(row_out + C_GATHER_LOGPROB + ee,
+                                 ((x - m) / temp - log_s).to(tl.float64), mask=mine)  # fmt: skip
         elif r <= 2 * G:
             # draft row j of request b: only inside a trimmed sampled request's tail
             j = r - G - 1
-            if HAS_DRAFT:
-                if sampled & (a == w) & (w < G) & (j >= w):
-                    td = tl.maximum(tl.load(dtemps + b).to(tl.float32), 1e-5)
-                    base = dlog + b.to(tl.int64) * S_D0 + j.to(tl.int64) * S_D1
-                    x = tl.load(base + tl.sum(tl.where(jj == j, dr, 0), 0)).to(tl.float32)
-                    m, s, done = row_lse(base, VD, LOG2E / td, part, tick, row, c, SPLIT, CH_D,
-                                         BLOCK)  # fmt: skip
+            if HAS_DRAFT_LOGITS:
+                if sampled & (n_accepted == window) & (window < G) & (j >= window):
+                    draft_temp = tl.maximum(tl.load(draft_temperature + b).to(tl.float32), 1e-5)
+                    base = (draft_logits + b.to(tl.int64) * STRIDE_DRAFT_REQ
+                            + j.to(tl.int64) * STRIDE_DRAFT_POS)  # fmt: skip
+                    x = tl.load(base + tl.sum(tl.where(jj == j, drafts, 0), 0)).to(tl.float32)
+                    m, s, done = row_lse(base, VOCAB_DRAFT, LOG2E / draft_temp, part, tick, row,
+                                         c, SPLIT, CHUNK_DRAFT, BLOCK)  # fmt: skip
                     if done:
-                        tl.store(row_out + C_DLP + j, ((x - m) / td - tl.log(s)).to(tl.float64))
+                        tl.store(row_out + C_DRAFT_LOGPROB + j,
+                                 ((x - m) / draft_temp - tl.log(s)).to(tl.float64))  # fmt: skip
 
         if (r == 2 * G + 1) & (c == 0):
             # the request's columns, NaN where no number is owed
-            slot_ok, pc, stamps, live2, expect2, start2, nxt2, born2, tail2 = tails_load(
-                t_live, t_start, t_next, t_expect, t_born, t_tail, t_stamp, p, P, G, GP2, E, EP2
-            )
-            h, live, start, born, tail_old, run_end, mismatch, g_row, tok_at = walk(
-                slot_ok, pc, stamps, live2, expect2, start2, nxt2, born2, tail2, seq, pre, a, w,
-                bon, sampled, dr, G, GP2, E, EP2)  # fmt: skip
-            old = ee < E
-            isnew = ee == E
-            tl.store(row_out + C_WIN, w.to(tl.float64))
-            tl.store(row_out + C_ACC, a.to(tl.float64))
-            tl.store(row_out + C_COM, tl.load(com + b).to(tl.float64))
-            tl.store(row_out + C_CAP, tl.load(cap + b).to(tl.float64))
-            tl.store(row_out + C_BON, bon.to(tl.float64))
-            tl.store(row_out + C_PRE, pre.to(tl.float64))
-            tl.store(row_out + C_POOL, p.to(tl.float64))
-            tl.store(row_out + C_GRD, tl.where(sampled, 0.0, 1.0).to(tl.float64))
-            tl.store(row_out + C_TMP, tl.load(temps + b).to(tl.float64))
-            tl.store(row_out + C_DRF + jj, dr.to(tl.float64), mask=jm)
-            if HAS_CONF:
-                cv = tl.load(conf + b.to(tl.int64) * S_CF + jj, mask=jm, other=0.0)
-                tl.store(row_out + C_CNF + jj, cv.to(tl.float64), mask=jm)
+            slot_ok, pc, stamps, live2, expect2, open_prefix2, nxt2, born2, tail2 = tails_load(
+                t_live, t_open_prefix, t_next, t_expect, t_born, t_tail, t_stamp, slot,
+                POOL_SLOTS, G, GP2, ENTRIES, EP2)  # fmt: skip
+            h, live, open_prefix, born, tail_old, run_end, mismatch, g_row, tok_at = walk(
+                slot_ok, pc, stamps, live2, expect2, open_prefix2, nxt2, born2, tail2, seq,
+                prefix_len, n_accepted, window, bonus_token, sampled, drafts, G, GP2, ENTRIES,
+                EP2)  # fmt: skip
+            old = ee < ENTRIES
+            isnew = ee == ENTRIES
+            tl.store(row_out + C_WINDOW, window.to(tl.float64))
+            tl.store(row_out + C_ACCEPTED, n_accepted.to(tl.float64))
+            tl.store(row_out + C_COMMITTED, tl.load(committed + b).to(tl.float64))
+            tl.store(row_out + C_CAP_TRIM, tl.load(cap_trim + b).to(tl.float64))
+            tl.store(row_out + C_BONUS, bonus_token.to(tl.float64))
+            tl.store(row_out + C_PREFIX, prefix_len.to(tl.float64))
+            tl.store(row_out + C_POOL, slot.to(tl.float64))
+            tl.store(row_out + C_GREEDY, tl.where(sampled, 0.0, 1.0).to(tl.float64))
+            tl.store(row_out + C_TEMPERATURE, tl.load(temperature + b).to(tl.float64))
+            tl.store(row_out + C_DRAFT + jj, drafts.to(tl.float64), mask=jm)
+            if HAS_CONFIDENCE:
+                cv = tl.load(confidence + b.to(tl.int64) * STRIDE_CONFIDENCE + jj, mask=jm,
+                             other=0.0)  # fmt: skip
+                tl.store(row_out + C_CONFIDENCE + jj, cv.to(tl.float64), mask=jm)
             else:
-                tl.store(row_out + C_CNF + jj, tl.full([GP2], nan, tl.float64), mask=jm)
+                tl.store(row_out + C_CONFIDENCE + jj, tl.full([GP2], nan, tl.float64), mask=jm)
             if HAS_RAW:
-                rv = tl.load(raw + b.to(tl.int64) * S_RW + jj, mask=jm, other=0.0)
-                tl.store(row_out + C_RAW + jj, rv.to(tl.float64), mask=jm)
+                rv = tl.load(confidence_raw + b.to(tl.int64) * STRIDE_RAW + jj, mask=jm,
+                             other=0.0)  # fmt: skip
+                tl.store(row_out + C_CONFIDENCE_RAW + jj, rv.to(tl.float64), mask=jm)
             else:
-                tl.store(row_out + C_RAW + jj, tl.full([GP2], nan, tl.float64), mask=jm)
+                tl.store(row_out + C_CONFIDENCE_RAW + jj, tl.full([GP2], nan, tl.float64),
+                         mask=jm)  # fmt: skip
             nan_v = tl.full([GP2], nan, tl.float64)
-            t_owed = sampled & (jj < w)
+            t_owed = sampled & (jj < window)
             if HAS_TARGET:
-                tl.store(row_out + C_TLP + jj, nan_v, mask=jm & ~t_owed)
+                tl.store(row_out + C_TARGET_LOGPROB + jj, nan_v, mask=jm & ~t_owed)
                 if ~sampled:
-                    tl.store(row_out + C_BLP, nan)
+                    tl.store(row_out + C_BONUS_LOGPROB, nan)
             else:
-                tl.store(row_out + C_TLP + jj, nan_v, mask=jm)
-                tl.store(row_out + C_BLP, nan)
-            tails = sampled & (a == w) & (w < G) & (jj >= w)
+                tl.store(row_out + C_TARGET_LOGPROB + jj, nan_v, mask=jm)
+                tl.store(row_out + C_BONUS_LOGPROB, nan)
+            tails = sampled & (n_accepted == window) & (window < G) & (jj >= window)
             if GREEDY_DRAFT:
-                tl.store(row_out + C_DLP + jj, tl.where(tails, 0.0, nan).to(tl.float64), mask=jm)
-            elif HAS_DRAFT:
-                tl.store(row_out + C_DLP + jj, nan_v, mask=jm & ~tails)
+                tl.store(row_out + C_DRAFT_LOGPROB + jj, tl.where(tails, 0.0, nan).to(tl.float64),
+                         mask=jm)  # fmt: skip
+            elif HAS_DRAFT_LOGITS:
+                tl.store(row_out + C_DRAFT_LOGPROB + jj, nan_v, mask=jm & ~tails)
             else:
-                tl.store(row_out + C_DLP + jj, nan_v, mask=jm)
-            gm = ee < E + 1
-            tl.store(row_out + C_GOF + ee, g_row.to(tl.float64), mask=gm)
-            tl.store(row_out + C_GTK + ee, tl.where(mismatch, tok_at, -1).to(tl.float64), mask=gm)
+                tl.store(row_out + C_DRAFT_LOGPROB + jj, nan_v, mask=jm)
+            gm = ee < ENTRIES + 1
+            tl.store(row_out + C_GATHER_OFFSET + ee, g_row.to(tl.float64), mask=gm)
+            tl.store(row_out + C_GATHER_TOKEN + ee, tl.where(mismatch, tok_at, -1).to(tl.float64),
+                     mask=gm)  # fmt: skip
             if HAS_TARGET:
-                tl.store(row_out + C_GLP + ee, tl.full([EP2], nan, tl.float64), mask=gm & ~mismatch)
+                tl.store(row_out + C_GATHER_LOGPROB + ee, tl.full([EP2], nan, tl.float64),
+                         mask=gm & ~mismatch)  # fmt: skip
             else:
-                tl.store(row_out + C_GLP + ee, tl.full([EP2], nan, tl.float64), mask=gm)
+                tl.store(row_out + C_GATHER_LOGPROB + ee, tl.full([EP2], nan, tl.float64),
+                         mask=gm)  # fmt: skip
             # the slot's new state, into the half this step does not read
             still = live & ~mismatch & (run_end < G)
             keep = still & old
@@ -511,16 +537,17 @@ def _kernel():
             oldest = tl.min(tl.where(old & (born == oldest_born), ee, EP2), 0)
             ins = tl.where(has_free, first_free, oldest)
             put = old & (ee == ins) & new_still
-            tl.store(row_out + C_EVI, tl.where(new_still & ~has_free, 1.0, 0.0).to(tl.float64))
+            tl.store(row_out + C_EVICTED, tl.where(new_still & ~has_free, 1.0, 0.0).to(tl.float64))
             if slot_ok:
                 hw = 1 - h
-                at_w = (pc * 2 + hw) * E + ee
+                at_w = (pc * 2 + hw) * ENTRIES + ee
                 tl.store(t_live + at_w, tl.where(put, 1, keep.to(tl.int32)).to(tl.int8), mask=old)
-                tl.store(t_start + at_w, tl.where(put, pre, start), mask=old)
+                tl.store(t_open_prefix + at_w, tl.where(put, prefix_len, open_prefix), mask=old)
                 tl.store(t_next + at_w, tl.where(put, new_end, run_end), mask=old)
-                tl.store(t_expect + at_w, tl.full([EP2], 0, tl.int64) + pre + a + 1, mask=old)
+                tl.store(t_expect + at_w, tl.full([EP2], 0, tl.int64) + prefix_len + n_accepted + 1,
+                         mask=old)  # fmt: skip
                 tl.store(t_born + at_w, tl.where(put, seq, born), mask=old)
-                new_tail = tl.where(put[:, None], dr[None, :], tail_old)
+                new_tail = tl.where(put[:, None], drafts[None, :], tail_old)
                 tl.store(t_tail + at_w[:, None] * G + jj[None, :], new_tail,
                          mask=old[:, None] & jm[None, :])  # fmt: skip
                 tl.store(t_stamp + pc * 2 + hw, seq)

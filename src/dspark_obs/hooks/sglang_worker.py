@@ -28,7 +28,7 @@ from typing import Any
 from . import rendezvous
 from . import shared_ring as sr
 from .observed_step import ObservedStep
-from .step_layout import StepLayout
+from .step_layout import StepLayout, step_flags
 from .submit import StepSubmitter
 
 log = logging.getLogger(__name__)
@@ -126,14 +126,7 @@ class SGLangHook:
             return
         ring, seq, slot = claimed
         step = ObservedStep.from_observer(kw)
-        flags = (
-            (sr.HAS_CONFIDENCE if step.confidence is not None else 0)
-            | (sr.HAS_RAW if step.confidence_raw is not None else 0)
-            | (sr.HAS_TARGET if step.target_logits is not None else 0)
-            | (sr.HAS_BUDGET if step.budget is not None else 0)
-            | (sr.GREEDY_DRAFT if step.greedy_draft else 0)
-        )
-        meta = (step.forward_ct, bs, step.budget or 0, step.verify_tokens, flags)
+        meta = (step.forward_ct, bs, step.budget or 0, step.verify_tokens, step_flags(step))
         if not ring.write_meta(slot, meta, self._rids(kw["reqs"], bs)):
             return
         if self.submitter is None:

@@ -52,10 +52,9 @@ ENGINES = ("sglang", "vllm")
 #: bytes after the header for the served model's name (UTF-8), the first 8 its length
 MODEL_BYTES = 256
 # per-slot scalars (int64)
+# (M_FLAGS holds the step's flag bits, as `step_layout` defines them)
 (M_FORWARD_CT, M_BS, M_BUDGET, M_VERIFY_TOKENS, M_FLAGS, M_RID_LEN) = range(6)
 META = 8
-# M_FLAGS bits
-HAS_CONFIDENCE, HAS_RAW, HAS_TARGET, HAS_BUDGET, GREEDY_DRAFT = 1, 2, 4, 8, 16
 #: a slot's scalars as write_meta stores them, M_FORWARD_CT to M_RID_LEN
 _META = struct.Struct("<6q")
 #: request-id bytes per batch row a slot holds (SGLang's rids are 32 hex digits)

@@ -1,21 +1,27 @@
 """From an observed step to a ring slot, without waiting for the device.
 
-On a GPU with Triton: the fused kernel writes the packed block straight into the ring
-slot, through the device's mapping of the page-locked segment, and the stream then
-writes the slot's stamp (`cuStreamWriteValue64`, through `device_copy`): the stream
-runs it once the kernel is done, behind a system-scope memory barrier, so a consumer
-that sees the stamp sees the whole block. One launch and one driver call; no copy.
-Without that stream operation, or with the torch form (no Triton), the pass writes a
-preallocated device buffer, and one copy moves its rows into the slot and a second
-the stamp (copies on one stream complete in order). Either way everything is enqueued
-on the caller's current stream and nothing synchronises; nothing is allocated per step
-on the Triton path. On a CPU the torch form writes the slot directly and the stamp is
-stored last.
+Every packer has one interface (`Packer`): it fills the first `bs` rows of a
+`[max_bs, width]` block on the caller's stream. Where the block goes:
+
+- on a GPU with Triton, the fused kernel writes it straight into the ring slot, through
+  the device's mapping of the page-locked segment, and the stream then writes the slot's
+  stamp (`cuStreamWriteValue64`, through `device_copy`): the stream runs it once the
+  kernel is done, behind a system-scope memory barrier, so a consumer that sees the stamp
+  sees the whole block. One launch and one driver call; no copy;
+- without that stream operation, or with a torch packer (no Triton, or vLLM's pass), the
+  pass writes a preallocated device buffer, and one copy moves its rows into the slot and
+  a second the stamp (copies on one stream complete in order). The kernel writes the
+  device stamp itself; a torch packer's stamp is filled after it;
+- on a CPU the torch form writes the slot directly and the stamp is stored last.
+
+Everything is enqueued on the caller's current stream and nothing synchronises; nothing
+is allocated per step on the Triton path.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 from .observed_step import ObservedStep
 from .pack_torch import TorchPacker
@@ -25,18 +31,31 @@ from .step_layout import StepLayout
 log = logging.getLogger(__name__)
 
 
+class Packer(Protocol):
+    """A step's device pass, as `StepSubmitter` calls it (`TorchPacker`, `TritonPacker`,
+    `vllm_pack.VLLMPacker`)."""
+
+    def pack(self, step, seq: int, stream: int, out, out_at: int) -> None:
+        """Enqueue the filling of `out[:step.bs]` on `stream` (the current one; 0 on a CPU).
+        `out` is a `[max_bs, width]` float64 tensor; `out_at` its device address, for a
+        packer that launches by address (0 where there is none)."""
+
+
 class StepSubmitter:
     def __init__(self, layout: StepLayout, ring: SharedRing, device, pool_slots: int, *,
-                 triton: bool | None = None, packer=None) -> None:  # fmt: skip
-        """`packer`: a pass of the torch form's interface (`pack(step, out)`) for an engine
-        whose step the Triton kernel does not read (vLLM's); Triton is then not used."""
+                 triton: bool | None = None, packer: Packer | None = None) -> None:  # fmt: skip
+        """`packer`: the pass for an engine whose step the Triton kernel does not read
+        (vLLM's); Triton is then not used. Else the Triton kernel on a GPU where it imports
+        (`triton=None`) or must (`True`), and the torch form otherwise."""
         import torch
 
         self.layout, self.ring = layout, ring
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.host_blocks = [torch.from_numpy(b) for b in ring.blocks]
-        self.packer = None
+        #: the Triton kernel packs (and writes the device stamp itself)
+        self.fused = False
+        #: ... straight into the ring's slots
         self.direct = False
         if self.cuda:
             from .device_copy import DeviceCopy
@@ -47,26 +66,29 @@ class StepSubmitter:
             self.index = self.device.index if self.device.index is not None else 0
             self.raw_stream = torch._C._cuda_getCurrentRawStream
             if triton is not False and packer is None:
-                try:
-                    from .pack_triton import TritonPacker
-
-                    self.packer = TritonPacker(layout, pool_slots, self.device, ring.max_bs,
-                                               self.stamp)  # fmt: skip
-                except ImportError as exc:
-                    if triton:
-                        raise
-                    log.warning("hook: Triton unavailable (%r); packing steps with torch", exc)
-            if self.packer is not None:
-                self.direct = self._map_ring()
+                packer = self._triton_packer(pool_slots, raise_missing=bool(triton))
+                self.fused = packer is not None
+            self.direct = self.fused and self._map_ring()
             if not self.direct:
                 self.packed = torch.empty((ring.max_bs, layout.width), dtype=torch.float64,
                                           device=self.device)  # fmt: skip
                 self.block_at = [b.ctypes.data for b in ring.blocks]
                 self.stamp_at = [s.ctypes.data for s in ring.stamps]
                 self.packed_at, self.stamp_from = self.packed.data_ptr(), self.stamp.data_ptr()
-        self.fused = self.packer is not None
-        if self.packer is None:
-            self.packer = packer or TorchPacker(layout, pool_slots, self.device)
+        self.packer = packer or TorchPacker(layout, pool_slots, self.device)
+
+    def _triton_packer(self, pool_slots: int, *, raise_missing: bool):
+        """The fused kernel's packer; None where Triton does not import (unless asked for)."""
+        try:
+            from .pack_triton import TritonPacker
+
+            return TritonPacker(self.layout, pool_slots, self.device, self.ring.max_bs,
+                                self.stamp)  # fmt: skip
+        except ImportError as exc:
+            if raise_missing:
+                raise
+            log.warning("hook: Triton unavailable (%r); packing steps with torch", exc)
+            return None
 
     def _map_ring(self) -> bool:
         """The slots' device addresses, where the stream can write the stamps; False (the
@@ -87,9 +109,8 @@ class StepSubmitter:
         return True
 
     def submit(self, step: ObservedStep, slot: int, seq: int) -> None:
-        bs = step.bs
         if not self.cuda:
-            self.packer.pack(step, self.host_blocks[slot][:bs])
+            self.packer.pack(step, seq, 0, self.host_blocks[slot], 0)
             self.ring.stamps[slot][0] = seq
             return
         stream = self.raw_stream(self.index)
@@ -97,11 +118,10 @@ class StepSubmitter:
             self.packer.pack(step, seq, stream, self.host_blocks[slot], self.block_dev[slot])
             self.copy.write_value(self.stamp_dev[slot], seq, stream)
             return
-        if self.fused:
-            self.packer.pack(step, seq, stream, self.packed, self.packed_at)
-        else:
-            self.packer.pack(step, self.packed[:bs])
+        self.packer.pack(step, seq, stream, self.packed, self.packed_at)
+        if not self.fused:
             self.stamp.fill_(seq)
+        bs = step.bs
         self.copy.to_host(self.block_at[slot], self.packed_at, bs * self.layout.width * 8, stream)
         self.copy.to_host(self.stamp_at[slot], self.stamp_from, 8, stream)
 

@@ -56,7 +56,7 @@ class VLLMStep:
 
 
 class VLLMPacker:
-    """`pack(step, out)`: the torch form's interface (`hooks/submit`), for vLLM's step."""
+    """The packer protocol (`submit.Packer`) for vLLM's step."""
 
     def __init__(self, layout: StepLayout, device, slots: int, max_bs: int) -> None:
         import torch
@@ -82,11 +82,13 @@ class VLLMPacker:
         self.positions = torch.arange(layout.gamma, device=self.device)
         self.scratch = torch.empty((max_bs, 3), dtype=torch.int64, device=self.device)
 
-    def pack(self, step: VLLMStep, out) -> None:
-        """Fill `out` ([bs, width] float64, on the step's device) with this step."""
+    def pack(self, step: VLLMStep, seq: int, stream: int, out, out_at: int) -> None:
+        """Fill `out[:bs]` (`out` a [max_bs, width] float64 tensor on the step's device) with
+        this step, on the current stream (`stream`)."""
         import torch
 
         lay, bs, c = self.layout, step.bs, self.layout.columns
+        out = out[:bs]
         out.copy_(self.template[:bs])
         stage = self.staging_np[step.slot]
         stage[:bs] = step.host

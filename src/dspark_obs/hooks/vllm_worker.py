@@ -25,7 +25,7 @@ import numpy as np
 from . import rendezvous
 from . import shared_ring as sr
 from .sglang_worker import SGLangHook, _make_ring
-from .step_layout import StepLayout
+from .step_layout import HAS_BUDGET, HAS_CONFIDENCE, StepLayout
 from .submit import StepSubmitter
 from .vllm_pack import VLLMPacker, VLLMStep
 
@@ -100,9 +100,8 @@ class VLLMHook(SGLangHook):
         host[:, 2] = temperature == 0.0
         host[:, 3] = temperature
         host[:, 4] = scheduled[:bs]
-        flags = sr.HAS_CONFIDENCE if self.confidence is not None else 0
+        flags = HAS_CONFIDENCE | HAS_BUDGET if self.confidence is not None else 0
         admitted = int(batch.num_draft_tokens)
-        flags |= sr.HAS_BUDGET if self.confidence is not None else 0
         verify_tokens = bs + admitted
         meta = (self.forward_ct, bs, admitted, verify_tokens, flags)
         if not ring.write_meta(slot, meta, _rid_bytes(batch.req_ids[:bs])):
