@@ -33,15 +33,12 @@ from ..telemetry.server_info import (
 )
 from ..telemetry.server_info_raw import (
     ENVELOPE_FIELDS,
-    NULL,
     Key,
+    answer_records,
     check_gamma,
     chunks,
     convert_records,
-    rank_record,
-    split_ranks,
-    split_records,
-    step_numbers,
+    rank_records,
     valid_step_number,
 )
 from .lenient import decode_lenient, flaw
@@ -137,7 +134,7 @@ class ServerInfoReader:
         """
         if isinstance(payload, (bytes, bytearray, memoryview)):
             try:
-                ranks = [(r, None) for r in map(rank_record, split_ranks(payload))]
+                ranks = [(r, None) for r in answer_records(payload)]
             except msgspec.DecodeError:  # NaN, invalid UTF-8, or not JSON at all
                 return self.add_snapshot(decode_lenient(payload))
         else:
@@ -193,11 +190,10 @@ class ServerInfoReader:
         fcts = np.fromiter(map(valid_step_number, keys), dtype=np.int64, count=len(keys))
         return self._register(rank, fields, records, fcts)
 
-    def _add_rank(self, rank: int, record: Raw | bytes | None) -> int:
-        if record is None or record == NULL:
+    def _add_rank(self, rank: int, record: Raw | None) -> int:
+        if record is None:
             return 0
-        fields, records = split_records(record)
-        return self._register(rank, fields, records, step_numbers(record, records))
+        return self._register(rank, *rank_records(record))
 
     def _register(self, rank: int, fields: dict, records: list, fcts: np.ndarray) -> int:
         """A rank's records pending conversion, those seen before left out."""

@@ -60,12 +60,11 @@ from ..telemetry import StepBatch
 from ..telemetry.batch import MAX_STEP_GAP, InvalidBatch
 from ..telemetry.server_info import SGLangFormatError, check_rank_count
 from ..telemetry.server_info_raw import (
+    RankRecords,
+    answer_records,
     chunks,
     convert_records,
-    rank_record,
-    split_ranks,
-    split_records,
-    step_numbers,
+    rank_records,
 )
 from .sglang_http import (
     DEFAULT_MAX_BYTES,
@@ -166,15 +165,16 @@ class SGLangPoller:
             return "connect_failed"
         return "poll_failed"
 
-    def _decode(self, raw: bytes | bytearray) -> list[Raw]:
-        """Each rank's state as JSON text: records are converted a chunk at a time from their
-        text (`server_info_raw`), never as a Python object per number."""
+    def _decode(self, raw: bytes | bytearray) -> list[Raw | None]:
+        """Each rank's record as JSON text (None for a rank without one): records are
+        converted a chunk at a time from their text (`server_info_raw`), never as a Python
+        object per number."""
         try:
-            states = split_ranks(raw)
+            ranks = answer_records(raw)
         except msgspec.DecodeError as exc:
             raise ValueError(f"truncated or invalid JSON ({exc})") from None
-        check_rank_count(states)
-        return states
+        check_rank_count(ranks)
+        return ranks
 
     def _clear(self, stop: threading.Event) -> bool:
         """Clear the server's records; whether it did."""
@@ -238,10 +238,9 @@ class SGLangPoller:
         return time.monotonic() > self._drain_until
 
     def _records(
-        self, states: list[Raw], stop: threading.Event | None = None
+        self, ranks: list[Raw | None], stop: threading.Event | None = None
     ) -> Iterator[StepBatch]:
-        for dp_rank, state in enumerate(states):
-            record = rank_record(state)
+        for dp_rank, record in enumerate(ranks):
             if record is None:
                 self._report_once(
                     f"norecord{dp_rank}",
@@ -250,25 +249,20 @@ class SGLangPoller:
                 )
                 continue
             try:
-                fields, records = split_records(record)
+                dump = rank_records(record)
             except SGLangFormatError as exc:
                 self.stats.error(self.name, "bad_envelope", f"rank {dp_rank}: {exc}")
                 continue
-            self._note_envelope(fields["mode"], fields["components"])
-            yield from self._rank_steps(dp_rank, record, records, fields, stop)
+            self._note_envelope(dump.fields["mode"], dump.fields["components"])
+            yield from self._rank_steps(dp_rank, dump, stop)
 
     def _rank_steps(
-        self,
-        dp_rank: int,
-        record: Raw,
-        records: list[Raw],
-        fields: dict,
-        stop: threading.Event | None,
+        self, dp_rank: int, dump: RankRecords, stop: threading.Event | None
     ) -> Iterator[StepBatch]:
         """A rank's new steps, oldest first, converted a chunk at a time so that a large
         answer never exists as steps all at once."""
         rank = self.rank_offset + dp_rank
-        fcts = step_numbers(record, records)
+        fields, records, fcts = dump
         valid = fcts[fcts >= 0]
         last = self.last_fct.get(rank)
         if len(valid) and last is not None and self._restart_seen(rank, last, fcts, records):

@@ -13,7 +13,7 @@ poller and `ingest` both read answers through this module.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
@@ -113,6 +113,28 @@ def split_records(record: Raw | bytes) -> tuple[dict, list[Raw]]:
         raise SGLangFormatError(str(exc), "bad_envelope") from None
     check_gamma(info.gamma)
     return fields, envelope.records
+
+
+def answer_records(payload: bytes | bytearray | str) -> list[Raw | None]:
+    """Each rank's `dspark_info_record` in a `GET /server_info` answer, as JSON text (None
+    for a rank without one), in rank order. Raises as `split_ranks`."""
+    return [rank_record(state) for state in split_ranks(payload)]
+
+
+class RankRecords(NamedTuple):
+    """One rank's `dspark_info_record`: its envelope fields (checked), its records as JSON
+    text, and each record's `forward_ct` (-1 where it is not a valid step counter)."""
+
+    fields: dict
+    records: list[Raw]
+    forward_cts: np.ndarray
+
+
+def rank_records(record: Raw | bytes) -> RankRecords:
+    """A rank's record cut into what the file reader and the live poller both need to
+    order, de-duplicate and convert its steps. Raises as `split_records`."""
+    fields, records = split_records(record)
+    return RankRecords(fields, records, step_numbers(record, records))
 
 
 def check_gamma(gamma: int) -> None:
