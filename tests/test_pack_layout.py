@@ -74,3 +74,12 @@ def test_the_kernel_reads_the_steps_inputs_by_their_names():
     at = names.index(inputs[0])
     assert names[at : at + len(inputs)] == inputs
     assert set(pack_triton._UNSPECIALISED) == {"seq", *inputs} and "seq" in names
+
+
+def test_every_function_of_the_kernel_is_compiled():
+    """A helper the kernel calls without `@triton.jit` fails only when Triton compiles it."""
+    tree = ast.parse(inspect.getsource(pack_triton._kernel).lstrip())
+    nested = [n for n in ast.walk(tree.body[0]) if isinstance(n, ast.FunctionDef)][1:]
+    assert {n.name for n in nested} >= {"row_slice", "row_lse", "tails_load", "walk", "pack"}
+    for fn in nested:
+        assert any(ast.unparse(d).startswith("triton.jit") for d in fn.decorator_list), fn.name

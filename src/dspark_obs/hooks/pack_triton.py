@@ -289,6 +289,7 @@ def _kernel():
                 tl.store(tick + row, 0)
         return m, s, done
 
+    @triton.jit
     def tails_load(t_live, t_open_prefix, t_next, t_expect, t_born, t_tail, t_stamp, slot,
                    POOL_SLOTS: tl.constexpr, G: tl.constexpr, GP2: tl.constexpr,
                    ENTRIES: tl.constexpr, EP2: tl.constexpr):  # fmt: skip
