@@ -74,12 +74,12 @@ def test_the_kernel_writes_what_the_torch_form_writes(confidence, token_dtype):
     stream = torch.cuda.current_stream().cuda_stream
     checked = 0
     for seq, s in enumerate(steps(3, confidence=confidence, token_dtype=token_dtype), 1):
-        want = torch.empty((s.bs, layout.width), dtype=torch.float64)
-        cpu.pack(make_step(s, "cpu", seq % 4), want)
+        want = torch.empty((SLOTS, layout.width), dtype=torch.float64)
+        cpu.pack(make_step(s, "cpu", seq % 4), seq, 0, want, 0)
         out.fill_(7.0)
         gpu.pack(make_step(s, "cuda", seq % 4), seq, stream, out, out.data_ptr())
         got = out.cpu().numpy()
-        assert np.array_equal(got[: s.bs], want.numpy(), equal_nan=True), f"bs={s.bs}"
+        assert np.array_equal(got[: s.bs], want[: s.bs].numpy(), equal_nan=True), f"bs={s.bs}"
         assert (got[s.bs :] == 7.0).all(), "rows past the batch are left alone"
         checked += 1
     # the later launches took the direct path

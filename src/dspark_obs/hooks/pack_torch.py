@@ -23,6 +23,8 @@ from .step_layout import StepLayout
 
 
 class TorchPacker:
+    by_address = False
+
     def __init__(self, layout: StepLayout, pool_slots: int, device) -> None:
         import torch
 

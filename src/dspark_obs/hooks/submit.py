@@ -33,7 +33,10 @@ log = logging.getLogger(__name__)
 
 class Packer(Protocol):
     """A step's device pass, as `StepSubmitter` calls it (`TorchPacker`, `TritonPacker`,
-    `vllm_pack.VLLMPacker`)."""
+    `vllm_pack.VLLMPacker`, `vllm_pack_triton.VLLMTritonPacker`). One that launches by
+    address (`by_address`, a Triton kernel) can write the ring's slot itself."""
+
+    by_address: bool
 
     def pack(self, step, seq: int, stream: int, out, out_at: int) -> None:
         """Enqueue the filling of `out[:step.bs]` on `stream` (the current one; 0 on a CPU).
@@ -44,9 +47,9 @@ class Packer(Protocol):
 class StepSubmitter:
     def __init__(self, layout: StepLayout, ring: SharedRing, device, pool_slots: int, *,
                  triton: bool | None = None, packer: Packer | None = None) -> None:  # fmt: skip
-        """`packer`: the pass for an engine whose step the Triton kernel does not read
-        (vLLM's); Triton is then not used. Else the Triton kernel on a GPU where it imports
-        (`triton=None`) or must (`True`), and the torch form otherwise."""
+        """`packer`: the pass for an engine whose step the SGLang kernel does not read
+        (vLLM's, which chooses its own form). Else the Triton kernel on a GPU where it
+        imports (`triton=None`) or must (`True`), and the torch form otherwise."""
         import torch
 
         self.layout, self.ring = layout, ring
@@ -68,7 +71,7 @@ class StepSubmitter:
             if triton is not False and packer is None:
                 packer = self._triton_packer(pool_slots, raise_missing=bool(triton))
                 self.fused = packer is not None
-            self.direct = self.fused and self._map_ring()
+            self.direct = (self.fused or getattr(packer, "by_address", False)) and self._map_ring()
             if not self.direct:
                 self.packed = torch.empty((ring.max_bs, layout.width), dtype=torch.float64,
                                           device=self.device)  # fmt: skip

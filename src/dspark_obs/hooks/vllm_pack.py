@@ -58,6 +58,8 @@ class VLLMStep:
 class VLLMPacker:
     """The packer protocol (`submit.Packer`) for vLLM's step."""
 
+    by_address = False
+
     def __init__(self, layout: StepLayout, device, slots: int, max_bs: int) -> None:
         import torch
 

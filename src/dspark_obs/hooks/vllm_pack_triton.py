@@ -99,7 +99,7 @@ class VLLMTritonPacker:
     """`pack(step, seq, stream, out, out_at)`: `TritonPacker`'s interface (`hooks/submit`),
     for vLLM's step: `out[:bs]` filled by one launch on `stream`."""
 
-    fused = True
+    by_address = True
 
     def __init__(self, layout: StepLayout, device, slots: int, max_bs: int) -> None:
         import torch

@@ -71,7 +71,7 @@ class VLLMHook(SGLangHook):
     inline), the drops and the failure count are the SGLang hook's."""
 
     def __init__(self, layout: StepLayout, ring: sr.SharedRing, runner, **options) -> None:
-        super().__init__(layout, ring, ring.max_bs, triton=False, **options)
+        super().__init__(layout, ring, ring.max_bs, **options)
         self.requests = runner.req_states
         self.temperature = runner.sampler.sampling_states.temperature
         manager = runner.adaptive_verification
@@ -112,12 +112,26 @@ class VLLMHook(SGLangHook):
         )  # fmt: skip
         if self.submitter is None:
             device = batch.idx_mapping.device
-            packer = VLLMPacker(self.layout, device, ring.slots, ring.max_bs)
             self.submitter = StepSubmitter(
-                self.layout, ring, device, self.pool_slots, triton=False, packer=packer
-            )
+                self.layout, ring, device, self.pool_slots,
+                packer=self._packer(device, ring.slots, ring.max_bs),
+            )  # fmt: skip
         self.submitter.submit(step, slot, seq)
         self.seq = seq
+
+    def _packer(self, device, slots: int, max_bs: int):
+        """One Triton launch a step on a GPU where Triton imports (`triton=None`) or must
+        (`True`); the torch form otherwise."""
+        if device.type == "cuda" and self.triton is not False:
+            try:
+                from .vllm_pack_triton import VLLMTritonPacker
+
+                return VLLMTritonPacker(self.layout, device, slots, max_bs)
+            except ImportError as exc:
+                if self.triton:
+                    raise
+                log.warning("hook: Triton unavailable (%r); packing steps with torch", exc)
+        return VLLMPacker(self.layout, device, slots, max_bs)
 
 
 def _rid_bytes(ids: list[str]) -> bytes:
