@@ -67,7 +67,7 @@ class RunFrame:
     ceiling_sources: dict
     own_committed: np.ndarray | None = None  # [pairs] the run's committed tokens
     #: [rows] under a confidence relay, the row whose survival each row's budget is planned
-    #: on (-1: survival 1); None without a relay (`relay_rows`)
+    #: on (-1: survival 1); None without a relay (`relay.relay_rows`)
     relay_row: np.ndarray | None = None
     #: [rows] the same one step back, whatever the run's relay (the `topk` policy's); None
     #: where no such policy was asked for
