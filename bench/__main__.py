@@ -36,6 +36,7 @@ from . import (
     sglang_paths,
     store_write,
     torch_verify,
+    vllm_hook_step,
     whatif_large,
 )
 from .common import ALLOCATOR
@@ -61,6 +62,7 @@ BENCHMARKS = {
     "ingest_memory": ingest_memory,
     "real_cost": real_cost,
     "store_write": store_write,
+    "vllm_hook_step": vllm_hook_step,
 }
 
 

@@ -4,29 +4,33 @@ The step is stood in by its largest part, as bench/hook_step.py does for SGLang:
 LM-head GEMM [B·8, 7168] × [7168, 129,280] and one synchronising copy; the hook is called
 after it, where vLLM's `sample` returns, with the tensors vLLM holds there (a request-state
 table of 512 slots, gamma 7, every request verifying drafts, windows trimmed as a top-k
-admission trims them). Three arms, interleaved round by round, medians over each:
+admission trims them). Arms, interleaved round by round, medians over each:
 
 - `none`: no hook;
-- `hook`: `VLLMHook.observe` as the plugin calls it (its ring released after each step, as
-  a consumer that keeps up does);
-- `timed`: the hook between two CUDA events, for the GPU time of its pass (its step times
-  count for nothing: the events are stream operations of their own).
+- `triton`: `VLLMHook.observe` as the plugin calls it on a GPU (one Triton launch into the
+  ring's slot; its ring released after each step, as a consumer that keeps up does);
+- `torch`: the same hook held to the torch form (`triton=False`), the pass it replaced;
+- `timed_triton`, `timed_torch`: each between two CUDA events, for the GPU time of its
+  pass (their step times count for nothing: the events are stream operations of their own).
 
-Per batch: each arm's step time, the added time in percent of the bare step, the serving
-thread's time inside the hook's call, and the pass's GPU time. Before timing, one step's
-ring slot as the GPU wrote it is held to the torch pass run on the CPU over the same
-tensors (`matches_cpu`). Needs CUDA; `python -m bench.vllm_hook_step [--json] [--quick]`.
+Per batch: the step time with the hook, the added time in percent of the bare step, the
+serving thread's time inside the hook's call, and the pass's GPU time, for each form.
+Before timing, one step's ring slot as each form wrote it on the GPU is held to the torch
+pass run on the CPU over the same tensors (`matches_cpu`). Needs CUDA;
+`python -m bench.vllm_hook_step [--json] [--quick]`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from types import SimpleNamespace
 
 import numpy as np
+
+from .common import record, run_alone, skipped_without
+
+NAME = "vllm_hook_step"
 
 GAMMA, SLOTS, HIDDEN, VOCAB = 7, 512, 7168, 129_280
 
@@ -73,7 +77,7 @@ def _step(torch, bs: int, device, seed: int):
     return batch, out
 
 
-def _hook(runner, ring_slots: int = 64):
+def _hook(runner, triton: bool | None, ring_slots: int = 64):
     from dspark_obs.hooks import shared_ring as sr
     from dspark_obs.hooks.step_layout import StepLayout
     from dspark_obs.hooks.vllm_worker import VLLMHook
@@ -83,11 +87,11 @@ def _hook(runner, ring_slots: int = 64):
         slots=ring_slots, max_bs=SLOTS, width=layout.width, gamma=GAMMA,
         entries=layout.entries, engine="vllm",
     )  # fmt: skip
-    return VLLMHook(layout, ring, runner)
+    return VLLMHook(layout, ring, runner, triton=triton)
 
 
 def matches_cpu(torch) -> bool:
-    """One step through the CUDA path, its slot held to the torch pass on the CPU."""
+    """One step through each CUDA form, its slot held to the torch pass on the CPU."""
     cuda = _runner(torch, "cuda")
     host = SimpleNamespace(
         req_states=SimpleNamespace(
@@ -99,8 +103,9 @@ def matches_cpu(torch) -> bool:
         ),
     )
     blocks = []
-    for runner, device in ((cuda, "cuda"), (host, "cpu")):
-        hook = _hook(runner)
+    for runner, device, triton in ((host, "cpu", False), (cuda, "cuda", None),
+                                   (cuda, "cuda", False)):  # fmt: skip
+        hook = _hook(runner, triton)
         batch, out = _step(torch, 48, device, seed=1)
         hook.observe((runner, batch, out))
         torch.cuda.synchronize()
@@ -108,14 +113,18 @@ def matches_cpu(torch) -> bool:
         assert hook.ring.ready(1) and hook.failures == 0
         blocks.append(hook.ring.blocks[slot][:48].copy())
         hook.ring.close()
-    return bool(np.array_equal(blocks[0], blocks[1], equal_nan=True))
+    return all(np.array_equal(blocks[0], b, equal_nan=True) for b in blocks[1:])
+
+
+FORMS = {"triton": None, "torch": False}
 
 
 def run(quick: bool = False) -> list[dict]:
+    skipped = skipped_without(NAME)
+    if skipped is not None:
+        return skipped
     import torch
 
-    if not torch.cuda.is_available():
-        return [{"bench": "vllm_hook_step", "skipped": "no CUDA"}]
     from dspark_obs.hooks import shared_ring as sr
 
     same = matches_cpu(torch)
@@ -124,68 +133,66 @@ def run(quick: bool = False) -> list[dict]:
     head = torch.randn(HIDDEN, VOCAB, dtype=torch.bfloat16, device=device) * 0.02
     records = []
     rounds = 20 if quick else 200
+    arms = ("none", *FORMS, *(f"timed_{f}" for f in FORMS))
     for bs in (16, 64, 256):
         hidden = torch.randn(bs * 8, HIDDEN, dtype=torch.bfloat16, device=device)
-        hook = _hook(runner)
+        hooks = {f: _hook(runner, triton) for f, triton in FORMS.items()}
         steps = [_step(torch, bs, device, seed=s) for s in range(8)]
-        times = {"none": [], "hook": [], "timed": []}
-        inside, gpu = [], []
+        times = {arm: [] for arm in arms}
+        inside = {f: [] for f in FORMS}
+        gpu = {f: [] for f in FORMS}
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for r in range(rounds + 5):
-            for arm in ("none", "hook", "timed"):
+            for arm in arms:
+                form = arm.removeprefix("timed_")
+                timed = arm != form
                 batch, out = steps[r % len(steps)]
                 t0 = time.perf_counter()
                 logits = hidden @ head
+                t1 = t2 = 0.0
                 if arm != "none":
-                    if arm == "timed":
+                    hook = hooks[form]
+                    if timed:
                         start.record()
                     t1 = time.perf_counter()
                     hook.observe((runner, batch, out))
                     t2 = time.perf_counter()
-                    if arm == "timed":
+                    if timed:
                         end.record()
                 logits[:1, :1].item()  # the step's one synchronising copy
                 t3 = time.perf_counter()
-                hook.ring.header[sr.H_CONSUMED] = hook.seq  # a consumer that keeps up
+                if arm != "none":
+                    hook.ring.header[sr.H_CONSUMED] = hook.seq  # a consumer that keeps up
                 if r < 5:
                     continue
                 times[arm].append(t3 - t0)
-                if arm == "hook":
-                    inside.append(t2 - t1)
-                if arm == "timed":
-                    gpu.append(start.elapsed_time(end) * 1e-3)
+                if arm in inside:
+                    inside[arm].append(t2 - t1)
+                if timed:
+                    gpu[form].append(start.elapsed_time(end) * 1e-3)
         bare = statistics.median(times["none"])
-        step = statistics.median(times["hook"])
-        records.append(
-            {
-                "bench": "vllm_hook_step",
-                "bs": bs,
-                "device": torch.cuda.get_device_name(),
-                "matches_cpu": same,
-                "step_ms_none": bare * 1e3,
-                "step_ms_hook": step * 1e3,
-                "added_percent": 100 * (step / bare - 1),
-                "hook_call_us_median": statistics.median(inside) * 1e6,
-                "hook_call_us_p99": float(np.quantile(inside, 0.99)) * 1e6,
-                "hook_gpu_us_median": statistics.median(gpu) * 1e6,
-                "failures": hook.failures,
-                "dropped": hook.ring.counters()["dropped_full"],
-                "rounds": rounds,
+        extra = {"device": torch.cuda.get_device_name(), "matches_cpu": same, "rounds": rounds,
+                 "step_ms_none": bare * 1e3}  # fmt: skip
+        for form, hook in hooks.items():
+            step = statistics.median(times[form])
+            extra |= {
+                f"step_ms_{form}": step * 1e3,
+                f"added_percent_{form}": 100 * (step / bare - 1),
+                f"hook_call_us_median_{form}": statistics.median(inside[form]) * 1e6,
+                f"hook_call_us_p99_{form}": float(np.quantile(inside[form], 0.99)) * 1e6,
+                f"hook_gpu_us_median_{form}": statistics.median(gpu[form]) * 1e6,
+                f"failures_{form}": hook.failures,
+                f"dropped_{form}": hook.ring.counters()["dropped_full"],
             }
+            hook.ring.close()
+        extra["hook_call_ratio_torch_to_triton"] = (
+            extra["hook_call_us_median_torch"] / extra["hook_call_us_median_triton"]
         )
-        hook.ring.close()
+        records.append(
+            record(NAME, {"B": bs, "gamma": GAMMA}, "ms/step", times["triton"], 1e3, **extra)
+        )
     return records
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    for record in run(args.quick):
-        print(json.dumps(record) if args.json else record)
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_alone(run)
