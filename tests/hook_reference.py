@@ -1,5 +1,6 @@
 """The synchronous hook the always-on one replaced, kept as the reference in tests, and
-a stream of SGLang verify steps to drive both.
+a stream of SGLang verify steps to drive both. It walks no tails: the reference pipeline's
+walk is the estimator's own (`estimator/tails.py`), which asks `gather` for what it needs.
 
 `reference_batch` turns one observer call into a StepBatch the simple way: every
 log-probability of every request from the step's logits, copied to the host at once,

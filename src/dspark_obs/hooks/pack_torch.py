@@ -1,4 +1,4 @@
-"""The hook's device pass in torch: the definition the Triton kernel is held to.
+"""The hook's device pass in torch: the form the Triton kernel is held to, block for block.
 
 It runs where the kernel cannot (CPU tensors, no Triton) and in the tests. Per
 step it fills one packed block (`step_layout`): the step's columns, the
@@ -6,8 +6,9 @@ log-probabilities the estimator needs and nothing more (target rows inside each
 sampled request's window, its bonus row, draft rows only for the trimmed tails of
 sampled requests), and the tail walk's gathers.
 
-The tail table mirrors what the estimator's walker (`estimator/tails.py`) keeps for
-sampled blocks, keyed by `req_pool_index` instead of rid: each step compares every
+The tail table mirrors what the estimator's walker (`estimator/tails.py`, whose numpy
+form is the tail walk's definition: tests/test_pack_walk.py holds this walk to it) keeps
+for sampled blocks, keyed by `req_pool_index` instead of rid: each step compares every
 open tail of a request's slot with the tokens the step commits, and where a tail
 first differs it reads the target's log-probability of the tail's draft from this
 step's verify row, the one read the walker cannot do later. A tail whose slot shows

@@ -1,8 +1,10 @@
 """The hook's device pass as one Triton kernel: a step packed in one launch.
 
-The same numbers as the torch form (`pack_torch.py`, the definition), but in
-one launch over a (request, row) grid, because the serving thread can afford a
-launch or two per step and the torch form takes dozens. Program (b, r) for r <= gamma
+The same numbers as the torch form (`pack_torch.py`), its gathers the ones the numpy tail
+walk of `estimator/tails.py` asks for, and its columns the layout's (`step_layout`, passed
+as compile-time constants, `kernel_constants`), but in one launch over a (request, row)
+grid, because the serving thread can afford a launch or two per step and the torch form
+takes dozens. Program (b, r) for r <= gamma
 owns target row r of request b; for gamma < r <= 2 gamma, draft row r - gamma - 1. A
 row is read once, only where a number needs it (a sampled request's row inside its
 window, its bonus row, a tail's first mismatch; a draft row only inside a trimmed
