@@ -109,7 +109,7 @@ def calibration_histograms(
     request columns, e.g. `rank`, `mode`); a stage no row records is left out.
 
     The rows are read in windows (`WINDOW_ROWS`) and binned in numpy as
-    `CalibrationAccumulator.update` bins (`_fold`): grouping tens of millions of
+    `CalibrationAccumulator.update` bins (`_Totals`): grouping tens of millions of
     (position, bin) keys in polars cost more than reading the matrices, and collecting a
     stage whole held all its rows at once.
     """
@@ -124,7 +124,7 @@ def calibration_histograms(
         pl.coalesce("ceiling", "shadow_ceiling").cast(pl.Int16).fill_null(-1).alias("known"),
         *(_source(s) for s in stages),
     )
-    accumulators: dict[str, dict[int, CalibrationAccumulator]] = {s: {} for s in stages}
+    totals = {stage: _Totals(gamma, bins, auroc_bins) for stage in stages}
     recorded = dict.fromkeys(stages, False)  # whether any row has the stage's position 0
 
     def read(lo: int) -> dict[str, np.ndarray]:
@@ -150,60 +150,110 @@ def calibration_histograms(
             for stage in stages:
                 for start in range(0, len(window["group"]), FOLD_ROWS):
                     part = {k: v[start : start + FOLD_ROWS] for k, v in window.items()}
-                    recorded[stage] |= _fold(
-                        accumulators[stage], part, stage, gamma, bins, auroc_bins
-                    )
+                    recorded[stage] |= totals[stage].fold(part, stage)
     return {
         stage: dict(
-            sorted(((key_of(g), acc) for g, acc in accumulators[stage].items()), key=_by_key)
+            sorted(((key_of(g), acc) for g, acc in totals[stage].accumulators()), key=_by_key)
         )
         for stage in stages
         if recorded[stage]
     }
 
 
-def _fold(
-    accumulators: dict[int, CalibrationAccumulator],
-    rows: dict[str, np.ndarray],
-    stage: str,
-    gamma: int,
-    bins: int,
-    auroc_bins: int,
-) -> bool:
-    """Add the rows' `stage` predictions to the accumulators of their groups (a group
-    with no labelled position gets none); returns whether any row records position 0.
+#: `CalibrationAccumulator`'s histograms, by what one row of each is binned over.
+HISTOGRAMS = {
+    "count": "coarse",
+    "target_sum": "coarse",
+    "pred_sum": "coarse",
+    "fine_pos": "fine",
+    "fine_neg": "fine",
+    "sq_err_sum": "position",
+}
+#: The float histograms among them (the rest are counts).
+FLOAT_SUMS = ("pred_sum", "sq_err_sum")
 
-    `CalibrationAccumulator.update`'s binning, with the group in every cell's index, so
-    that all groups fold in one pass of bincounts; a position counts where its
-    prediction is recorded and `prefix_labels` labels it.
+
+class _Totals:
+    """Every group's histograms of one stage, as `CalibrationAccumulator.update` bins them,
+    added up fold by fold.
+
+    Rows `[group]` of one array per histogram: a fold adds its bincounts to them in one
+    add each (the float sums in the order one accumulator per group would add them: a
+    group absent from a fold gets 0.0 there, which changes no bit), and the accumulators
+    are made once, at the end.
     """
-    p = rows[stage]
-    recorded = ~np.isnan(p)
-    labels, labelled = prefix_labels(rows["correct_drafts"], rows["window"], rows["known"], gamma)
-    labelled &= recorded
-    if not labelled.any():
+
+    def __init__(self, gamma: int, bins: int, auroc_bins: int) -> None:
+        self.gamma, self.bins, self.auroc_bins = gamma, bins, auroc_bins
+        width = {"coarse": gamma * bins, "fine": gamma * auroc_bins, "position": gamma}
+        self.sums = {
+            name: np.zeros((0, width[kind]), np.float64 if name in FLOAT_SUMS else np.int64)
+            for name, kind in HISTOGRAMS.items()
+        }
+
+    def _grow(self, groups: int) -> None:
+        for name, old in self.sums.items():
+            if old.shape[0] < groups:
+                new = np.zeros((groups, old.shape[1]), old.dtype)
+                new[: old.shape[0]] = old
+                self.sums[name] = new
+
+    def fold(self, rows: dict[str, np.ndarray], stage: str) -> bool:
+        """Add the rows' `stage` predictions to their groups' histograms; returns whether
+        any row records position 0.
+
+        A position counts where its prediction is recorded and `prefix_labels` labels it.
+        Each (cell, bin) is counted with its label in one bincount (`2 * index + label`:
+        negatives and positives interleaved), for the coarse bins and the fine ones.
+        """
+        gamma, bins, auroc_bins = self.gamma, self.bins, self.auroc_bins
+        p = rows[stage]
+        recorded = ~np.isnan(p)
+        labels, labelled = prefix_labels(
+            rows["correct_drafts"], rows["window"], rows["known"], gamma
+        )
+        labelled &= recorded
+        if not labelled.any():
+            return bool(recorded[:, 0].any())
+        group = rows["group"]
+        # each row's cells gathered from a table (a [n, 1] + [1, gamma] sum loops per row)
+        cells_of = np.arange((int(group.max()) + 1) * gamma).reshape(-1, gamma)
+        cell = np.take(cells_of, group, axis=0)[labelled]
+        labels = labels[labelled]
+        probs = np.clip(p[labelled], EPS_PROB, 1.0 - EPS_PROB)
+        groups = int(cell.max()) // gamma + 1
+        self._grow(groups)
+        cells = groups * gamma
+
+        def binned(resolution: int) -> np.ndarray:
+            index = (probs * resolution).astype(np.int64)
+            np.minimum(index, resolution - 1, out=index)
+            index += cell * resolution
+            return index
+
+        coarse = binned(bins)
+        by_label = np.bincount(2 * coarse + labels, minlength=2 * cells * bins).reshape(-1, 2)
+        fine = binned(auroc_bins)
+        fine *= 2
+        fine += labels
+        fine_by_label = np.bincount(fine, minlength=2 * cells * auroc_bins).reshape(-1, 2)
+        sums = self.sums
+        sums["count"][:groups] += (by_label[:, 0] + by_label[:, 1]).reshape(groups, -1)
+        sums["target_sum"][:groups] += by_label[:, 1].reshape(groups, -1)
+        sums["pred_sum"][:groups] += np.bincount(coarse, probs, cells * bins).reshape(groups, -1)
+        sums["fine_pos"][:groups] += fine_by_label[:, 1].reshape(groups, -1)
+        sums["fine_neg"][:groups] += fine_by_label[:, 0].reshape(groups, -1)
+        squares = np.bincount(cell, (probs - labels) ** 2, cells)
+        sums["sq_err_sum"][:groups] += squares.reshape(groups, -1)
         return bool(recorded[:, 0].any())
-    cell = (rows["group"][:, None] * gamma + np.arange(gamma))[labelled]
-    labels = labels[labelled]
-    probs = np.clip(p[labelled], EPS_PROB, 1.0 - EPS_PROB)
-    cells = (int(cell.max()) // gamma + 1) * gamma  # whole groups
-    coarse = cell * bins + np.minimum((probs * bins).astype(np.int64), bins - 1)
-    fine = cell * auroc_bins + np.minimum((probs * auroc_bins).astype(np.int64), auroc_bins - 1)
-    fine_all = np.bincount(fine, minlength=cells * auroc_bins)
-    fine_pos = np.bincount(fine[labels], minlength=cells * auroc_bins)
-    sums = {
-        "count": np.bincount(coarse, minlength=cells * bins).reshape(-1, gamma * bins),
-        "pred_sum": np.bincount(coarse, probs, cells * bins).reshape(-1, gamma * bins),
-        "target_sum": np.bincount(coarse[labels], minlength=cells * bins).reshape(-1, gamma * bins),
-        "fine_pos": fine_pos.reshape(-1, gamma * auroc_bins),
-        "fine_neg": (fine_all - fine_pos).reshape(-1, gamma * auroc_bins),
-        "sq_err_sum": np.bincount(cell, (probs - labels) ** 2, cells).reshape(-1, gamma),
-    }
-    for g in np.flatnonzero(sums["count"].any(axis=1)).tolist():
-        if g not in accumulators:
-            accumulators[g] = CalibrationAccumulator(gamma, num_bins=bins, auroc_bins=auroc_bins)
-        accumulators[g].add_histograms(**{k: v[g] for k, v in sums.items()})
-    return bool(recorded[:, 0].any())
+
+    def accumulators(self) -> list[tuple[int, CalibrationAccumulator]]:
+        """(group, its accumulator) for every group with a counted position."""
+        out = []
+        for g in np.flatnonzero(self.sums["count"].any(axis=1)).tolist():
+            acc = CalibrationAccumulator(self.gamma, num_bins=self.bins, auroc_bins=self.auroc_bins)
+            out.append((g, acc.add_histograms(**{k: v[g] for k, v in self.sums.items()})))
+        return out
 
 
 def _by_key(item: tuple) -> tuple:

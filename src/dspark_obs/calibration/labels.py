@@ -28,11 +28,13 @@ def prefix_labels(
 
     observed = ceiling >= 0
     reach = np.where(observed, ceiling, accepted)
-    j = np.arange(gamma, dtype=np.int64)[None, :]
-    labels = j < reach[:, None]
+    # row r of `prefix` is `j < r` over the positions j: a row's labels are a row of it,
+    # gathered (comparing `[n, 1]` with `[1, gamma]` costs numpy a short loop per row)
+    prefix = np.arange(gamma)[None, :] < np.arange(gamma + 1)[:, None]
+    labels = np.take(prefix, reach, axis=0)
     # A censored row is silent only past a fully accepted window.
     settled = observed | (accepted < window)
-    labelled = settled[:, None] | (j < accepted[:, None])
+    labelled = np.take(prefix, np.where(settled, gamma, accepted), axis=0)
     return labels, labelled
 
 
