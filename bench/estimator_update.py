@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from dspark_obs.estimator.online import CeilingEstimator
+from dspark_obs.estimator.ceiling_estimator import CeilingEstimator
 
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime

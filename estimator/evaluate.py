@@ -20,12 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import polars as pl
 
-from dspark_obs.analysis.workload_codes import workload_code
+from dspark_obs.domain.workload_codes import workload_code
 from dspark_obs.store import Run
 
+from .ceiling_estimator import POPULATION_BATCH_STEPS, CeilingEstimator
 from .extrapolation_check import ExtrapolationCheck
 from .interval import aggregate_interval
-from .online import POPULATION_BATCH_STEPS, CeilingEstimator
 from .population import HazardModel
 
 Z95 = 1.959963984540054

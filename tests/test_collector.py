@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from dspark_obs.estimator.online import CeilingEstimator
+from dspark_obs.estimator.ceiling_estimator import CeilingEstimator
 from dspark_obs.exporters.catalog import CATALOG, REQ, Metric
 from dspark_obs.exporters.collector import Collector, bound_string
 

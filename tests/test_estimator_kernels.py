@@ -16,8 +16,8 @@ import copy
 import numpy as np
 import pytest
 from dspark_obs.estimator import compiled, tails
+from dspark_obs.estimator.ceiling_estimator import CeilingEstimator
 from dspark_obs.estimator.extrapolation_check import CheckedExtrapolation, ExtrapolationCheck
-from dspark_obs.estimator.online import CeilingEstimator
 from dspark_obs.estimator.population import HazardModel, QueuedStep
 from dspark_obs.estimator.tails import _FIELDS as FIELDS
 from hypothesis import given, settings

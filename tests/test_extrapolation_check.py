@@ -13,6 +13,7 @@ import json
 import numpy as np
 import polars as pl
 import pytest
+from dspark_obs.estimator.ceiling_estimator import CeilingEstimator
 from dspark_obs.estimator.confidence_rates import ConfidenceRates
 from dspark_obs.estimator.extrapolation_check import (
     CHECK_EVERY,
@@ -21,7 +22,6 @@ from dspark_obs.estimator.extrapolation_check import (
     checked_steps,
 )
 from dspark_obs.estimator.interval import block_interval, extrapolated_parts, point_range
-from dspark_obs.estimator.online import CeilingEstimator
 from dspark_obs.estimator.population import HazardModel
 
 from dspark_obs.store import open_run

@@ -41,7 +41,7 @@ import numpy as np
 import polars as pl
 import pytest
 from dspark_obs.estimator.block_accept_walk import walk_blocks
-from dspark_obs.estimator.online import CeilingEstimator
+from dspark_obs.estimator.ceiling_estimator import CeilingEstimator
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
@@ -51,9 +51,9 @@ from dspark_obs.aggregates.tokens import histogram_slices
 from dspark_obs.analysis.summary import summarize
 from dspark_obs.calibration.sts import StsCalibration, load_sts
 from dspark_obs.cli.main import main as cli_main
+from dspark_obs.domain.cost_table import AdditiveCostTable, load_cost_table
 from dspark_obs.ingest.server_info_reader import ServerInfoReader
 from dspark_obs.pipeline import Pipeline, run_source
-from dspark_obs.runtime.cost_table import AdditiveCostTable, load_cost_table
 from dspark_obs.sources.replay import ReplaySource
 from dspark_obs.sources.sglang_poller import SGLangPoller
 from dspark_obs.sources.stats import IngestStats

@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from dspark_obs.estimator.online import CeilingEstimator
+from dspark_obs.estimator.ceiling_estimator import CeilingEstimator
 from dspark_obs.exporters.catalog import CATALOG
 from dspark_obs.exporters.collector import Collector
 from dspark_obs.exporters.reference import markdown

@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 import pytest
 from dspark_obs.estimator import tails
-from dspark_obs.estimator.online import CeilingEstimator
+from dspark_obs.estimator.ceiling_estimator import CeilingEstimator
 from dspark_obs.estimator.tails import TailWalker
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -15,9 +15,9 @@ import numpy as np
 
 from .. import names
 from ..aggregates import Aggregates
-from ..estimator.online import CeilingEstimator
+from ..domain.cost_table import AdditiveCostTable
+from ..estimator.ceiling_estimator import CeilingEstimator
 from ..estimator.tails import Gather
-from ..runtime.cost_table import AdditiveCostTable
 from ..sources.stats import IngestStats
 from ..store import RunWriter
 from ..telemetry import StepBatch

@@ -24,7 +24,7 @@ import polars as pl
 from dspark_obs.aggregates.groups import GroupIndex
 from dspark_obs.aggregates.published import RequestLabels, request_labels
 from dspark_obs.aggregates.window import WindowedSums
-from dspark_obs.runtime.cost_table import DEFAULT_CAPTURE_TIERS
+from dspark_obs.domain.cost_table import DEFAULT_CAPTURE_TIERS
 from dspark_obs.series import Samples, ratio
 from dspark_obs.telemetry import StepBatch
 
