@@ -2,10 +2,10 @@
 
 The run under `data/golden/run` was recorded once by `dspark-obs run` (seed 11, concurrency
 4 and 96, 40 steps a level, cap-accept shadow). Its outputs through the CLI (`summary --json`,
-`estimate --json`, `report`'s report.json) and through a live `serve` replay (`/metrics`) are
-kept under `data/golden/expected`; a change that means to leave behaviour alone must leave
-them alone. After a change that means to alter an output, regenerate them with
-`python -m tests.golden_outputs --write` and say why in the commit.
+`estimate --json`, `whatif --json`, `report`'s report.json) and through a live `serve` replay
+(`/metrics`) are kept under `data/golden/expected`; a change that means to leave behaviour
+alone must leave them alone. After a change that means to alter an output, regenerate them
+with `python -m tests.golden_outputs --write` and say why in the commit.
 
 Comparison is exact for text, integers and every byte of `/metrics` outside sample values;
 float values compare to 1e-9 relative, because numpy's exp and log (SIMD variants) and polars'
@@ -29,7 +29,7 @@ from pathlib import Path
 GOLDEN = Path(__file__).parent / "data" / "golden"
 RUN = GOLDEN / "run"
 EXPECTED = GOLDEN / "expected"
-NAMES = ("summary.json", "estimate.json", "report.json", "metrics.txt")
+NAMES = ("summary.json", "estimate.json", "whatif.json", "report.json", "metrics.txt")
 REL_TOL = 1e-9
 
 _SERVING = re.compile(r"^serving (?P<url>https?://\S+/metrics)", re.MULTILINE)
@@ -100,6 +100,7 @@ def capture(workdir: Path) -> dict[str, str]:
     return {
         "summary.json": _cli("summary", "run", "--json", cwd=workdir),
         "estimate.json": _cli("estimate", "run", "--json", cwd=workdir),
+        "whatif.json": _cli("whatif", "run", "--json", cwd=workdir),
         "report.json": (workdir / "report" / "report.json").read_text(),
         "metrics.txt": _served_metrics(workdir),
     }

@@ -1,8 +1,9 @@
 """No behaviour change by accident: a fixed stored run's outputs through every published path.
 
-`summary --json`, `estimate --json`, `report`'s report.json (real subprocesses) and the
-`/metrics` text of a real `serve` replay over HTTP, against the outputs recorded in
-tests/data/golden/expected (how they were made, and when to remake them: tests/golden_outputs.py).
+`summary --json`, `estimate --json`, `whatif --json`, `report`'s report.json (real
+subprocesses) and the `/metrics` text of a real `serve` replay over HTTP, against the outputs
+recorded in tests/data/golden/expected (how they were made, and when to remake them:
+tests/golden_outputs.py).
 """
 
 from __future__ import annotations
