@@ -84,6 +84,36 @@ checked(PyObject *obj, const char *name, int type, npy_intp rows, npy_intp cols,
     return PyArray_DATA(a);
 }
 
+/* The dimensions of `obj`, an array of `nd` dimensions, into `dims`; -1 with TypeError (not
+ * an array) or ValueError (another number of dimensions) set. The arrays' other properties
+ * are `checked`'s, once their sizes are known. */
+static int
+array_dims(PyObject *obj, const char *name, int nd, npy_intp *dims)
+{
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a numpy array", name);
+        return -1;
+    }
+    if (PyArray_NDIM((PyArrayObject *)obj) != nd) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %d dimensions", name, nd);
+        return -1;
+    }
+    for (int i = 0; i < nd; i++)
+        dims[i] = PyArray_DIM((PyArrayObject *)obj, i);
+    return 0;
+}
+
+/* Gamma within 1..64, the most positions a block has (the kernels' fixed buffers); -1
+ * with ValueError set, naming the kernel. */
+static int
+gamma_ok(npy_intp g, const char *kernel)
+{
+    if (g >= 1 && g <= 64)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: gamma outside 1..64", kernel);
+    return -1;
+}
+
 /* Accumulates one evaluated sampled position j (ratio from log p - log q) into a block:
  * the arithmetic of interval.running_sums (with acceptance_log_ratio), position by
  * position. */
@@ -145,20 +175,18 @@ Pool_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
                                      &assume, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6],
                                      &o[7], &o[8], &o[9], &o[10], &o[11], &PyDict_Type, &o[12]))
         return NULL;
-    if (g < 1 || g > 64 || assume < -1 || assume > 1) {
-        PyErr_SetString(PyExc_ValueError, "Pool: gamma outside 1..64 or assume_greedy not -1, 0, 1");
+    if (gamma_ok(g, "Pool") < 0)
+        return NULL;
+    if (assume < -1 || assume > 1) {
+        PyErr_SetString(PyExc_ValueError, "Pool: assume_greedy not -1, 0, 1");
         return NULL;
     }
-    if (!PyArray_Check(o[B_BLK]) || !PyArray_Check(o[B_ROW_OF]) || !PyArray_Check(o[B_SET_F])
-        || PyArray_NDIM((PyArrayObject *)o[B_BLK]) < 1
-        || PyArray_NDIM((PyArrayObject *)o[B_ROW_OF]) < 1
-        || PyArray_NDIM((PyArrayObject *)o[B_SET_F]) < 1) {
-        PyErr_SetString(PyExc_TypeError, "Pool: blk, row_of and set_f must be numpy arrays");
+    /* the sizes come from blk, row_of and set_f; `checked` holds every array to them */
+    npy_intp blk_dims[2], slots, set_dims[2];
+    if (array_dims(o[B_BLK], "blk", 2, blk_dims) < 0 || array_dims(o[B_ROW_OF], "row_of", 1, &slots) < 0
+        || array_dims(o[B_SET_F], "set_f", 2, set_dims) < 0)
         return NULL;
-    }
-    npy_intp cap = PyArray_DIM((PyArrayObject *)o[B_BLK], 0);
-    npy_intp slots = PyArray_DIM((PyArrayObject *)o[B_ROW_OF], 0);
-    npy_intp room = PyArray_DIM((PyArrayObject *)o[B_SET_F], 0);
+    const npy_intp cap = blk_dims[0], room = set_dims[0];
     Pool *self = (Pool *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
@@ -545,6 +573,34 @@ park(Pool *self, int64_t b)
     return 0;
 }
 
+/* A filter of the parked rids' hashes, a bit per hash modulo its size. Most rows' rids are
+ * not parked, and keys that compare equal hash equal, so a row whose rid's bit is clear has
+ * no chain: its bit costs less than the dictionary lookup that would miss (the rids' hashes
+ * are cached in them). Rebuilt each step, as the walker's Python side parks and unparks
+ * blocks too; the parked rids are few. */
+enum { HASH_WORDS = 64 };
+
+static int
+parked_hashes(PyObject *away, uint64_t *filter)
+{
+    memset(filter, 0, HASH_WORDS * sizeof(uint64_t));
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(away, &pos, &key, &value)) {
+        const Py_hash_t h = PyObject_Hash(key);
+        if (h == -1)
+            return -1;
+        filter[((uint64_t)h >> 6) % HASH_WORDS] |= 1ull << ((uint64_t)h & 63);
+    }
+    return 0;
+}
+
+static inline int
+hash_admitted(const uint64_t *filter, Py_hash_t h)
+{
+    return (filter[((uint64_t)h >> 6) % HASH_WORDS] >> ((uint64_t)h & 63)) & 1;
+}
+
 /* Takes back the parked blocks of row r's rid that belong to this rank: each walks on
  * from row r where the row continues its prefix, else is censored (tokens are missing).
  * The chain keeps the other ranks' blocks. -1 with an exception set where the chain is
@@ -688,13 +744,19 @@ walk(Pool *self, long long steps, long long fct, long long rank, int one_rank,
         else
             walk_block(&st, b, r);
     }
-    /* the parked blocks whose rid this step shows: one dictionary lookup per row */
-    if (!failed && PyDict_GET_SIZE(self->away))
-        for (npy_intp r = 0; r < n; r++)
-            if (RID[r] != Py_None && take_back(&st, r, rank_d) < 0) {
+    /* the parked blocks whose rid this step shows: a dictionary lookup for each row whose
+       rid's hash the parked rids' hashes admit (`parked_hashes`) */
+    if (!failed && PyDict_GET_SIZE(self->away)) {
+        uint64_t filter[HASH_WORDS];
+        failed = parked_hashes(self->away, filter) < 0;
+        for (npy_intp r = 0; r < n && !failed; r++) {
+            if (RID[r] == Py_None)
+                continue;
+            const Py_hash_t h = PyObject_Hash(RID[r]);
+            if (h == -1 || (hash_admitted(filter, h) && take_back(&st, r, rank_d) < 0))
                 failed = 1;
-                break;
-            }
+        }
+    }
     /* a block per trimmed row that can be walked, walked from its own step */
     for (npy_intp r = 0; r < n && !failed; r++) {
         int flag = GR[r];
@@ -1069,7 +1131,77 @@ known_next(KnownPositions *it, npy_intp *r, int *j)
     return 0;
 }
 
+/* The population model's tables as the kernels read them: hazard float64 and data bool
+ * [groups, gamma, bins + 1] (the pooled stratum last), and where asked at_risk int64 of the
+ * same shape. */
+typedef struct {
+    npy_intp groups, width; /* width: bins + 1 */
+    int g;
+    const double *hazard;
+    const char *data;
+    const int64_t *at_risk;
+} Tables;
+
+/* Reads the tables (at_risk: NULL where not wanted); -1 with an exception set. */
+static int
+tables_of(PyObject *hz, PyObject *dt, PyObject *ar, Tables *t)
+{
+    npy_intp dims[3];
+    if (array_dims(hz, "hazard", 3, dims) < 0 || gamma_ok(dims[1], "hazard") < 0)
+        return -1;
+    if (dims[2] < 2 || dims[2] > 255) {
+        PyErr_SetString(PyExc_ValueError, "hazard: bins outside 1..254");
+        return -1;
+    }
+    t->groups = dims[0];
+    t->g = (int)dims[1];
+    t->width = dims[2];
+    const npy_intp size = dims[0] * dims[1] * dims[2];
+    t->at_risk = NULL;
+    if ((t->hazard = (double *)flat_array(hz, "hazard", NPY_FLOAT64, size, 0)) == NULL
+        || (t->data = flat_array(dt, "data", NPY_BOOL, size, 0)) == NULL
+        || (ar != NULL
+            && (t->at_risk = (int64_t *)flat_array(ar, "at_risk", NPY_INT64, size, 0)) == NULL))
+        return -1;
+    return 0;
+}
+
 enum { KNOWN_COLUMNS = 1u << Q_GROUP | 1u << Q_WINDOW | 1u << Q_GREEDY | 1u << Q_TLP | 1u << Q_DLP };
+
+/* What is wrong with a queued step's rows (flags), checked over every row as
+ * HazardModel.update checks them: windows within 0..gamma, accepted drafts within
+ * 0..window, group ids within 0..groups - 1; the largest group id goes into *top. */
+enum { BAD_WINDOW = 1, BAD_ACCEPTED = 2, BAD_GROUP = 4 };
+
+static int
+step_rows_bad(Queued *q, Py_ssize_t s, int g, npy_intp groups, int64_t *top)
+{
+    const int64_t *grp = QDATA(q, s, Q_GROUP), *w = QDATA(q, s, Q_WINDOW),
+                  *a = QDATA(q, s, Q_ACCEPTED);
+    int bad_w = 0, bad_a = 0, bad_g = 0;
+    int64_t t = *top;
+    for (npy_intp r = 0; r < QROWS(q, s); r++) {
+        bad_w |= (w[r] < 0) | (w[r] > g);
+        bad_a |= (a[r] < 0) | (a[r] > w[r]);
+        bad_g |= (grp[r] < 0) | (grp[r] >= groups);
+        t = grp[r] > t ? grp[r] : t;
+    }
+    *top = t;
+    return (bad_w ? BAD_WINDOW : 0) | (bad_a ? BAD_ACCEPTED : 0) | (bad_g ? BAD_GROUP : 0);
+}
+
+/* ValueError for the first of `bad`'s flags, in HazardModel.update's words (`bounded`:
+ * whether the groups had an upper bound); -1. */
+static int
+refuse_rows(int bad, int bounded)
+{
+    PyErr_SetString(PyExc_ValueError,
+                    bad & BAD_WINDOW     ? "window outside 0..gamma"
+                    : bad & BAD_ACCEPTED ? "accepted outside 0..window"
+                    : bounded            ? "group id outside the model's groups"
+                                         : "group ids must be >= 0");
+    return -1;
+}
 
 PyDoc_STRVAR(validate_steps_doc,
 "validate_steps(steps, gamma) -> int\n\n"
@@ -1084,39 +1216,32 @@ validate_steps(PyObject *self, PyObject *args)
 {
     PyObject *list;
     int g;
-    if (!PyArg_ParseTuple(args, "Oi:validate_steps", &list, &g))
+    if (!PyArg_ParseTuple(args, "Oi:validate_steps", &list, &g) || gamma_ok(g, "validate_steps") < 0)
         return NULL;
-    if (g < 1 || g > 64) {
-        PyErr_SetString(PyExc_ValueError, "validate_steps: gamma outside 1..64");
-        return NULL;
-    }
     Queued q;
     if (queued_read(list, g, 1u << Q_GROUP | 1u << Q_WINDOW | 1u << Q_ACCEPTED | 1u << Q_CONF, &q)
         < 0)
         return NULL;
     /* each condition over every row, in the order HazardModel.update checks them */
-    int bad_w = 0, bad_a = 0, bad_g = 0, bad_c = 0;
+    int bad = 0, bad_c = 0;
     int64_t top = -1;
     for (Py_ssize_t s = 0; s < q.steps; s++) {
-        const int64_t *grp = QDATA(&q, s, Q_GROUP), *w = QDATA(&q, s, Q_WINDOW),
-                      *a = QDATA(&q, s, Q_ACCEPTED);
+        bad |= step_rows_bad(&q, s, g, INT64_MAX, &top);
         const double *conf = QDATA(&q, s, Q_CONF);
-        const npy_intp m = QROWS(&q, s);
-        for (npy_intp r = 0; r < m; r++) {
-            bad_w |= (w[r] < 0) | (w[r] > g);
-            bad_a |= (a[r] < 0) | (a[r] > w[r]);
-            bad_g |= grp[r] < 0;
-            top = grp[r] > top ? grp[r] : top;
-        }
-        for (npy_intp i = 0; conf && i < m * g; i++)
+        if (conf == NULL)
+            continue;
+        /* NaN (no confidence) passes; a branch-free loop the compiler vectorises */
+        const npy_intp m = QROWS(&q, s) * g;
+        for (npy_intp i = 0; i < m; i++)
             bad_c |= (conf[i] < 0.0) | (conf[i] > 1.0);
     }
     queued_free(&q);
-    const char *bad = bad_w ? "window outside 0..gamma" : bad_a ? "accepted outside 0..window"
-                      : bad_g ? "group ids must be >= 0" : bad_c ? "confidence outside [0, 1]"
-                                                                 : NULL;
     if (bad) {
-        PyErr_SetString(PyExc_ValueError, bad);
+        refuse_rows(bad, 0);
+        return NULL;
+    }
+    if (bad_c) {
+        PyErr_SetString(PyExc_ValueError, "confidence outside [0, 1]");
         return NULL;
     }
     return PyLong_FromLongLong(top);
@@ -1133,22 +1258,17 @@ known_log_ratios(PyObject *self, PyObject *args)
 {
     PyObject *list;
     int g;
-    if (!PyArg_ParseTuple(args, "Oi:known_log_ratios", &list, &g))
+    if (!PyArg_ParseTuple(args, "Oi:known_log_ratios", &list, &g)
+        || gamma_ok(g, "known_log_ratios") < 0)
         return NULL;
-    if (g < 1 || g > 64) {
-        PyErr_SetString(PyExc_ValueError, "known_log_ratios: gamma outside 1..64");
-        return NULL;
-    }
     Queued q;
     if (queued_read(list, g, KNOWN_COLUMNS, &q) < 0)
         return NULL;
-    npy_intp known = 0, nsteps = q.steps + 1, r;
+    /* one pass into room for every position, then shrunk to the known ones */
+    npy_intp room = q.rows * g, nsteps = q.steps + 1, r;
     int j;
     KnownPositions it;
-    for (Py_ssize_t s = 0; s < q.steps; s++)
-        for (known_start(&it, &q, s, g); known_next(&it, &r, &j);)
-            known++;
-    PyObject *out = PyArray_SimpleNew(1, &known, NPY_FLOAT64);
+    PyObject *out = PyArray_SimpleNew(1, &room, NPY_FLOAT64);
     PyObject *offsets = out ? PyArray_SimpleNew(1, &nsteps, NPY_INT64) : NULL;
     if (offsets == NULL) {
         Py_XDECREF(out);
@@ -1168,6 +1288,14 @@ known_log_ratios(PyObject *self, PyObject *args)
     }
     off[q.steps] = k;
     queued_free(&q);
+    PyArray_Dims shape = {&k, 1};
+    PyObject *resized = PyArray_Resize((PyArrayObject *)out, &shape, 0, NPY_CORDER);
+    if (resized == NULL) {
+        Py_DECREF(out);
+        Py_DECREF(offsets);
+        return NULL;
+    }
+    Py_DECREF(resized);
     return Py_BuildValue("(NN)", out, offsets);
 }
 
@@ -1221,24 +1349,18 @@ check_sums(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOOOOi:check_sums", &list, &checked_obj, &ratio_obj,
                           &offsets_obj, &hz, &dt, &ar, &cbins))
         return NULL;
-    if (!PyArray_Check(hz) || PyArray_NDIM((PyArrayObject *)hz) != 3 || cbins < 1) {
-        PyErr_SetString(PyExc_ValueError,
-                        "hazard: expected a [groups, gamma, bins + 1] array, and bins >= 1");
+    if (cbins < 1) {
+        PyErr_SetString(PyExc_ValueError, "check_sums: calibration_bins < 1");
         return NULL;
     }
-    const npy_intp G = PyArray_DIM((PyArrayObject *)hz, 0), W = PyArray_DIM((PyArrayObject *)hz, 2);
-    const int g = (int)PyArray_DIM((PyArrayObject *)hz, 1);
-    const double *hazard, *ratio;
-    const char *data, *checked_steps;
-    const int64_t *at_risk, *offsets;
-    if (g < 1 || g > 64 || W < 2 || W > 255) {
-        PyErr_SetString(PyExc_ValueError, "hazard: gamma or bins out of range");
+    Tables t;
+    if (tables_of(hz, dt, ar, &t) < 0)
         return NULL;
-    }
-    if ((hazard = (double *)flat_array(hz, "hazard", NPY_FLOAT64, G * g * W, 0)) == NULL
-        || (data = flat_array(dt, "data", NPY_BOOL, G * g * W, 0)) == NULL
-        || (at_risk = (int64_t *)flat_array(ar, "at_risk", NPY_INT64, G * g * W, 0)) == NULL)
-        return NULL;
+    const npy_intp G = t.groups, W = t.width;
+    const int g = t.g;
+    const double *hazard = t.hazard, *ratio;
+    const char *data = t.data, *checked_steps;
+    const int64_t *at_risk = t.at_risk, *offsets;
     Queued q;
     if (queued_read(list, g, KNOWN_COLUMNS | 1u << Q_CONF, &q) < 0)
         return NULL;
@@ -1341,8 +1463,10 @@ smooth_sums(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOnii:smooth_sums", &list, &ratio_obj, &offsets_obj, &groups,
                           &g, &sbins))
         return NULL;
-    if (g < 1 || g > 64 || sbins < 1 || groups < 0) {
-        PyErr_SetString(PyExc_ValueError, "smooth_sums: gamma, groups or bins out of range");
+    if (gamma_ok(g, "smooth_sums") < 0)
+        return NULL;
+    if (sbins < 1 || groups < 0) {
+        PyErr_SetString(PyExc_ValueError, "smooth_sums: groups or bins out of range");
         return NULL;
     }
     Queued q;
@@ -1414,22 +1538,20 @@ count_blocks(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OinOOOOOOOOO:count_blocks", &list, &bins, &chunk, &o[0], &o[1],
                           &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8]))
         return NULL;
-    if (bins < 1 || bins > 254 || chunk < 1 || !PyArray_Check(o[0])
-        || PyArray_NDIM((PyArrayObject *)o[0]) != 2 || !PyArray_Check(o[6])
-        || PyArray_NDIM((PyArrayObject *)o[6]) != 3 || PyArray_DIM((PyArrayObject *)o[6], 1) < 1) {
-        PyErr_SetString(PyExc_ValueError, "count_blocks: bins, chunk, n0 or ring out of range");
+    npy_intp n0_dims[2], ring_dims[3];
+    if (array_dims(o[0], "n0", 2, n0_dims) < 0 || array_dims(o[6], "ring", 3, ring_dims) < 0
+        || gamma_ok(n0_dims[1], "count_blocks") < 0)
+        return NULL;
+    if (bins < 1 || bins > 254 || chunk < 1 || ring_dims[1] < 1) {
+        PyErr_SetString(PyExc_ValueError, "count_blocks: bins, chunk or ring out of range");
         return NULL;
     }
-    const npy_intp G = PyArray_DIM((PyArrayObject *)o[0], 0), R = PyArray_DIM((PyArrayObject *)o[6], 1);
-    const int g = (int)PyArray_DIM((PyArrayObject *)o[0], 1);
+    const npy_intp G = n0_dims[0], R = ring_dims[1];
+    const int g = (int)n0_dims[1];
     const npy_intp strat = G * g * bins;
     int64_t *n0, *d0, *cn, *cd, *ccnt, *head, *fill;
     double *csum;
     uint8_t *ring;
-    if (g < 1 || g > 64) {
-        PyErr_SetString(PyExc_ValueError, "count_blocks: gamma outside 1..64");
-        return NULL;
-    }
     if ((n0 = (int64_t *)flat_array(o[0], "n0", NPY_INT64, G * g, 1)) == NULL
         || (d0 = (int64_t *)flat_array(o[1], "d0", NPY_INT64, G * g, 1)) == NULL
         || (cn = (int64_t *)flat_array(o[2], "n", NPY_INT64, strat, 1)) == NULL
@@ -1451,17 +1573,11 @@ count_blocks(PyObject *self, PyObject *args)
         return NULL;
     PyObject *result = NULL;
     int64_t *hist = NULL;
+    /* the rows index the counts: refused outside them, whoever validated them before */
+    int64_t top = -1;
     for (Py_ssize_t s = 0; s < q.steps; s++) {
-        const int64_t *w = QDATA(&q, s, Q_WINDOW), *a = QDATA(&q, s, Q_ACCEPTED);
-        int bad = 0;
-        for (npy_intp r = 0; r < QROWS(&q, s); r++)
-            bad |= (w[r] < 0) | (w[r] > g) | (a[r] < 0) | (a[r] > w[r]);
-        if (bad) {
-            PyErr_SetString(PyExc_ValueError, "count_blocks: a row outside 0 <= accepted <= "
-                                              "window <= gamma");
-            goto done;
-        }
-        if (groups_within(&q, s, G) < 0)
+        const int bad = step_rows_bad(&q, s, g, G, &top);
+        if (bad && refuse_rows(bad, 1) < 0)
             goto done;
     }
     /* per chunk: blocks by reach and by rejected position per group, rejections per cell,
@@ -1479,41 +1595,48 @@ count_blocks(PyObject *self, PyObject *args)
         const npy_intp hi = lo + chunk < q.rows ? lo + chunk : q.rows;
         memset(hist, 0, nhist * sizeof(int64_t));
         memset(part, 0, (size_t)strat * sizeof(CellPart));
-        for (npy_intp row = lo; row < hi; row++) {
-            while (q.start[s + 1] <= row)
-                s++;
-            const npy_intp r = row - q.start[s];
-            const int64_t grp = ((int64_t *)QDATA(&q, s, Q_GROUP))[r];
-            const int64_t w = ((int64_t *)QDATA(&q, s, Q_WINDOW))[r];
-            const int64_t a = ((int64_t *)QDATA(&q, s, Q_ACCEPTED))[r];
+        /* the chunk's rows step by step, each step's columns read once */
+        for (npy_intp row = lo; row < hi; s++) {
+            if (q.start[s + 1] <= row)
+                continue; /* a step of no rows, or one the previous chunk finished */
+            const npy_intp first = row - q.start[s];
+            const npy_intp end = (q.start[s + 1] < hi ? q.start[s + 1] : hi) - q.start[s];
+            const int64_t *GRP = QDATA(&q, s, Q_GROUP), *W = QDATA(&q, s, Q_WINDOW),
+                          *A = QDATA(&q, s, Q_ACCEPTED);
             const double *conf = QDATA(&q, s, Q_CONF);
-            /* the reservoir keeps the group's newest rows: this one at its head */
-            uint8_t *code = ring + (grp * R + head[grp]) * g;
-            head[grp] = head[grp] + 1 < R ? head[grp] + 1 : 0;
-            fill[grp] += fill[grp] < R;
-            const int64_t reach = a + 1 < w ? a + 1 : w; /* at risk at 0..reach - 1 */
-            hist[grp * (g + 1) + reach]++;
-            if (a < w)
-                stop[grp * (g + 1) + a]++;
-            if (conf == NULL) {
-                memset(code, bins, (size_t)g);
-                continue;
-            }
-            const double *c = conf + r * g;
-            CellPart *cells = part + grp * g * bins;
-            for (int j = 0; j < g; j++, cells += bins) {
-                if (isnan(c[j])) {
-                    code[j] = (uint8_t)bins; /* the pooled stratum */
+            for (npy_intp r = first; r < end; r++) {
+                const int64_t grp = GRP[r], w = W[r], a = A[r];
+                /* the reservoir keeps the group's newest rows: this one at its head */
+                uint8_t *code = ring + (grp * R + head[grp]) * g;
+                head[grp] = head[grp] + 1 < R ? head[grp] + 1 : 0;
+                fill[grp] += fill[grp] < R;
+                const int64_t reach = a + 1 < w ? a + 1 : w; /* at risk at 0..reach - 1 */
+                hist[grp * (g + 1) + reach]++;
+                if (a < w)
+                    stop[grp * (g + 1) + a]++;
+                if (conf == NULL) {
+                    memset(code, bins, (size_t)g);
                     continue;
                 }
-                const int b = bin_of(c[j], bins);
-                code[j] = (uint8_t)b;
-                cells[b].blocks++;
-                cells[b].at_risk += j < reach;
-                cells[b].conf += c[j];
+                const double *c = conf + r * g;
+                CellPart *cells = part + grp * g * bins;
+                for (int j = 0; j < g; j++, cells += bins) {
+                    if (isnan(c[j])) {
+                        code[j] = (uint8_t)bins; /* the pooled stratum */
+                        continue;
+                    }
+                    const int b = bin_of(c[j], bins);
+                    code[j] = (uint8_t)b;
+                    cells[b].blocks++;
+                    cells[b].at_risk += j < reach;
+                    cells[b].conf += c[j];
+                }
+                if (a < w && code[a] != bins)
+                    pd[(grp * g + a) * bins + code[a]]++;
             }
-            if (a < w && code[a] != bins)
-                pd[(grp * g + a) * bins + code[a]]++;
+            row += end - first;
+            if (row < q.start[s + 1])
+                break; /* the chunk ends inside this step: the next chunk goes on in it */
         }
         for (npy_intp k = 0; k < G; k++) {
             int64_t past = 0; /* blocks whose reach is past position j - 1 */
@@ -1550,23 +1673,13 @@ static PyObject *
 cell_rates(PyObject *self, PyObject *args)
 {
     PyObject *hz, *dt, *grp_obj, *conf_obj;
-    if (!PyArg_ParseTuple(args, "OOOO:cell_rates", &hz, &dt, &grp_obj, &conf_obj))
+    Tables t;
+    if (!PyArg_ParseTuple(args, "OOOO:cell_rates", &hz, &dt, &grp_obj, &conf_obj)
+        || tables_of(hz, dt, NULL, &t) < 0)
         return NULL;
-    if (!PyArray_Check(hz) || PyArray_NDIM((PyArrayObject *)hz) != 3) {
-        PyErr_SetString(PyExc_ValueError, "hazard: expected a [groups, gamma, bins + 1] array");
-        return NULL;
-    }
-    const npy_intp G = PyArray_DIM((PyArrayObject *)hz, 0), g = PyArray_DIM((PyArrayObject *)hz, 1),
-                   W = PyArray_DIM((PyArrayObject *)hz, 2);
-    const double *hazard;
-    const char *data;
-    if (g < 1 || g > 64 || W < 2 || W > 255
-        || (hazard = (double *)flat_array(hz, "hazard", NPY_FLOAT64, G * g * W, 0)) == NULL
-        || (data = flat_array(dt, "data", NPY_BOOL, G * g * W, 0)) == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "hazard: gamma or bins out of range");
-        return NULL;
-    }
+    const npy_intp G = t.groups, g = t.g, W = t.width;
+    const double *hazard = t.hazard;
+    const char *data = t.data;
     PyArrayObject *grp = as_input(grp_obj, NPY_INT64, 1), *conf = NULL;
     if (grp == NULL)
         return NULL;
@@ -1633,11 +1746,11 @@ extra_parts(PyObject *self, PyObject *args)
     PyObject *o[4];
     if (!PyArg_ParseTuple(args, "OOOO:extra_parts", &o[0], &o[1], &o[2], &o[3]))
         return NULL;
-    if (!PyArray_Check(o[0]) || PyArray_NDIM((PyArrayObject *)o[0]) != 2) {
-        PyErr_SetString(PyExc_ValueError, "rates: expected a position-major [n, k] array");
+    npy_intp dims_in[2];
+    if (array_dims(o[0], "rates", 2, dims_in) < 0
+        || (dims_in[0] && gamma_ok(dims_in[0], "extra_parts") < 0))
         return NULL;
-    }
-    const npy_intp n = PyArray_DIM((PyArrayObject *)o[0], 0), k = PyArray_DIM((PyArrayObject *)o[0], 1);
+    const npy_intp n = dims_in[0], k = dims_in[1];
     const double *rates, *margin;
     const char *ident;
     const int64_t *start;
@@ -1646,10 +1759,6 @@ extra_parts(PyObject *self, PyObject *args)
         || (margin = (double *)checked(o[2], "margin", NPY_FLOAT64, k, -1, 0)) == NULL
         || (start = (int64_t *)checked(o[3], "start", NPY_INT64, k, -1, 0)) == NULL)
         return NULL;
-    if (n > 64) {
-        PyErr_SetString(PyExc_ValueError, "extra_parts: more positions than a block has");
-        return NULL;
-    }
     npy_intp dims[2] = {4, k};
     PyObject *out = PyArray_SimpleNew(2, dims, NPY_FLOAT64);
     if (out == NULL)
@@ -1971,14 +2080,12 @@ block_ceilings(PyObject *self, PyObject *args)
     PyObject *f_obj, *o[5];
     if (!PyArg_ParseTuple(args, "OOOOOO:block_ceilings", &f_obj, &o[0], &o[1], &o[2], &o[3], &o[4]))
         return NULL;
-    if (!PyArray_Check(f_obj) || PyArray_NDIM((PyArrayObject *)f_obj) != 2) {
-        PyErr_SetString(PyExc_ValueError, "f: expected a [k, FIELDS] array");
+    npy_intp f_dims[2];
+    const double *f;
+    if (array_dims(f_obj, "f", 2, f_dims) < 0
+        || (f = (double *)checked(f_obj, "f", NPY_FLOAT64, f_dims[0], FIELDS, 0)) == NULL)
         return NULL;
-    }
-    const npy_intp k = PyArray_DIM((PyArrayObject *)f_obj, 0);
-    const double *f = (double *)checked(f_obj, "f", NPY_FLOAT64, k, FIELDS, 0);
-    if (f == NULL)
-        return NULL;
+    const npy_intp k = f_dims[0];
     PyArrayObject *in[5] = {NULL};
     PyObject *out[8] = {NULL}, *result = NULL;
     for (int i = 0; i < 5; i++) {
@@ -2050,11 +2157,11 @@ running_sums(PyObject *self, PyObject *args)
     PyObject *o[5];
     if (!PyArg_ParseTuple(args, "OOOOO", &o[0], &o[1], &o[2], &o[3], &o[4]))
         return NULL;
-    if (!PyArray_Check(o[0]) || PyArray_NDIM((PyArrayObject *)o[0]) != 2) {
-        PyErr_SetString(PyExc_ValueError, "log_p: expected a [k, n] array");
+    npy_intp dims_in[2];
+    if (array_dims(o[0], "log_p", 2, dims_in) < 0
+        || (dims_in[1] && gamma_ok(dims_in[1], "running_sums") < 0))
         return NULL;
-    }
-    npy_intp k = PyArray_DIM((PyArrayObject *)o[0], 0), n = PyArray_DIM((PyArrayObject *)o[0], 1);
+    npy_intp k = dims_in[0], n = dims_in[1];
     const double *lp, *lq, *window, *cum;
     const char *counted;
     if ((lp = (double *)checked(o[0], "log_p", NPY_FLOAT64, k, n, 0)) == NULL
@@ -2063,10 +2170,6 @@ running_sums(PyObject *self, PyObject *args)
         || (window = (double *)checked(o[3], "window", NPY_FLOAT64, k, -1, 0)) == NULL
         || (cum = (double *)checked(o[4], "cum", NPY_FLOAT64, k, -1, 0)) == NULL)
         return NULL;
-    if (n > 64) {
-        PyErr_SetString(PyExc_ValueError, "running_sums: more positions than a block has");
-        return NULL;
-    }
     PyObject *out[3] = {NULL, NULL, NULL};
     for (int i = 0; i < 3; i++)
         if ((out[i] = PyArray_SimpleNew(1, &k, NPY_FLOAT64)) == NULL) {

@@ -15,7 +15,7 @@ import copy
 
 import numpy as np
 import pytest
-from dspark_obs.estimator import compiled, tails
+from dspark_obs.estimator import compiled, population, tails
 from dspark_obs.estimator.ceiling_estimator import CeilingEstimator
 from dspark_obs.estimator.extrapolation_check import CheckedExtrapolation, ExtrapolationCheck
 from dspark_obs.estimator.population import HazardModel, QueuedStep
@@ -170,17 +170,27 @@ SEEDS = st.integers(0, 2**32 - 1)
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=SEEDS, n_steps=st.integers(1, 12), groups=st.integers(1, 4))
-def test_population_update_steps_is_the_numpy_update(seed, n_steps, groups):
+@given(
+    seed=SEEDS,
+    n_steps=st.integers(1, 12),
+    groups=st.integers(1, 4),
+    chunk=st.sampled_from([population.UPDATE_CHUNK, 1, 7, 50]),
+)
+def test_population_update_steps_is_the_numpy_update(seed, n_steps, groups, chunk):
+    """Also with chunks of a few rows, whose ends fall inside steps and between them."""
     steps = queued_steps(seed + 1, n_steps, groups)
     model, _ = taught(seed, 2)
     fast, slow = model, copy.deepcopy(model)
-    fast.update_steps(steps)
-    saved, compiled.KERNELS = compiled.KERNELS, None
+    saved_chunk, population.UPDATE_CHUNK = population.UPDATE_CHUNK, chunk
     try:
-        slow.update_steps(steps)
+        fast.update_steps(steps)
+        saved, compiled.KERNELS = compiled.KERNELS, None
+        try:
+            slow.update_steps(steps)
+        finally:
+            compiled.KERNELS = saved
     finally:
-        compiled.KERNELS = saved
+        population.UPDATE_CHUNK = saved_chunk
     state = ("_n0", "_d0", "_n", "_d", "_ccnt", "_csum", "_ring", "_head", "_fill")
     assert_bitwise([getattr(fast, k) for k in state], [getattr(slow, k) for k in state])
 
