@@ -286,8 +286,8 @@ class CeilingEstimator:
         """The queued rows are checked against the population model, then taught to it."""
         rows, self._population_rows = self._population_rows, []
         if rows:
-            self.check.observe_steps(self.population, rows)
-            self.population.update_steps(rows)
+            top = self.check.observe_steps(self.population, rows)
+            self.population.update_steps(rows, top)
 
     def _fold_outcomes(self, out: dict, delta: np.ndarray) -> None:
         n = delta.shape[1]

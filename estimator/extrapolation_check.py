@@ -141,10 +141,12 @@ class ExtrapolationCheck:
         if confidence is not None:
             self.smooth.update(group, known, a, confidence)
 
-    def observe_steps(self, model: HazardModel, steps: list[QueuedStep]) -> None:
+    def observe_steps(self, model: HazardModel, steps: list[QueuedStep]) -> int | None:
         """`observe` over the rows of queued steps, in their order (call before the model
         learns them): compiled where built, reading the steps' own columns, else
-        concatenated. The same sums, moments and smooth model either way."""
+        concatenated. The same sums, moments and smooth model either way. Returns the
+        steps' largest group id once the kernels' `validate_steps` passed them (-1: no
+        rows), for `HazardModel.update_steps`; None from the numpy form."""
         kernels = compiled.KERNELS
         if kernels is None:
             group, w, greedy = (np.concatenate([s[i] for s in steps]) for i in (0, 1, 4))
@@ -155,10 +157,10 @@ class ExtrapolationCheck:
                 for name in ("confidence", "target_logprobs", "draft_logprobs")
             )
             self.observe(model, group, w, greedy, conf, target_lp, draft_lp, fct)
-            return
+            return None
         top = kernels.validate_steps(steps, self.gamma)
         if top < 0:
-            return
+            return top
         self._ensure_groups(top + 1)
         model.ensure_groups(top + 1)
         # the known positions' ratios, exponentiated by numpy as `known_ratios` does
@@ -175,6 +177,7 @@ class ExtrapolationCheck:
         if len(have):
             self._add_moments(smooth[have], fallback[have], a[have], group[have], 1)
         self.smooth.add(*kernels.smooth_sums(steps, ratios, offsets, top + 1, self.gamma, BINS))
+        return top
 
     def observe_in_batches(
         self,

@@ -217,16 +217,20 @@ class HazardModel:
             self._remember(grp[sl], codes)
         self._cache = None
 
-    def update_steps(self, steps: list[QueuedStep]) -> None:
+    def update_steps(self, steps: list[QueuedStep], top: int | None = None) -> None:
         """`update` with the rows of queued steps, in their order: in one compiled pass
         over the steps' own columns where built (the same counts and reservoir), else
-        concatenated."""
+        concatenated. `top`: the steps' largest group id, where the caller already had
+        the kernels' `validate_steps` refuse bad rows (the estimator checks the same steps
+        just before; one pass over them is enough)."""
         kernels = compiled.KERNELS
         if kernels is None:
             grp, w, a = (np.concatenate([s[i] for s in steps]) for i in range(3))
             self.update(grp, w, a, stacked(steps, "confidence", self.gamma))
             return
-        self.ensure_groups(kernels.validate_steps(steps, self.gamma) + 1)
+        if top is None:
+            top = kernels.validate_steps(steps, self.gamma)
+        self.ensure_groups(top + 1)
         reservoir = (self._ring, self._head, self._fill)
         kernels.count_blocks(steps, self.bins, UPDATE_CHUNK, *self._state(), *reservoir)
         self._cache = None
