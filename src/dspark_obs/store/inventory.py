@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,20 @@ def part_name(number: int) -> str:
 
 def _numbered(directory: Path, pattern: re.Pattern[str]) -> list[tuple[int, Path]]:
     """Entries of `directory` named by `pattern`, by number; each must be a regular file."""
+    return [(n, _child(directory, name)) for n, name in _numbered_names(directory, pattern)]
+
+
+@lru_cache(maxsize=1 << 16)
+def _child(directory: Path, name: str) -> Path:
+    """`directory / name`, made once: a path is immutable, and making one costs more than
+    listing its directory entry."""
+    return directory / name
+
+
+def _numbered_names(directory: Path, pattern: re.Pattern[str]) -> list[tuple[int, str]]:
+    """`_numbered`'s entries by name: a run holds thousands of parts and records, and
+    readers take its inventory again for each table they open, so the paths are made
+    only where they are returned."""
     try:
         st = os.lstat(directory)
     except FileNotFoundError:
@@ -66,7 +81,7 @@ def _numbered(directory: Path, pattern: re.Pattern[str]) -> list[tuple[int, Path
                 continue
             if not entry.is_file(follow_symlinks=False):
                 raise not_regular(Path(entry.path), entry.stat(follow_symlinks=False).st_mode)
-            found.append((int(m.group(1)), Path(entry.path)))
+            found.append((int(m.group(1)), entry.name))
     found.sort()
     return found
 
@@ -98,7 +113,7 @@ def take_inventory(run_dir: Path, manifest: dict[str, Any]) -> dict[str, list[tu
         if not os.path.isdir(run_dir / CHECKSUMS) or os.path.islink(run_dir / CHECKSUMS):
             raise not_regular(run_dir / CHECKSUMS, os.lstat(run_dir / CHECKSUMS).st_mode)
         records = {
-            d.name: {n for n, _ in _numbered(d, _RECORD_RE)}
+            d.name: {n for n, _ in _numbered_names(d, _RECORD_RE)}
             for d in table_dirs(run_dir / CHECKSUMS)
         }
     required = manifest.get("store_version", 1) >= RECORDS_REQUIRED

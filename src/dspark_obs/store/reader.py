@@ -122,10 +122,14 @@ class Run:
 
     def tables(self) -> list[str]:
         """Tables that have at least one published part."""
-        return sorted(t for t in take_inventory(self.path, self.manifest) if self._part_list(t))
-
-    def _part_list(self, table: str) -> list[tuple[int, Path]]:
         inventory = take_inventory(self.path, self.manifest)
+        return sorted(t for t in inventory if self._part_list(t, inventory))
+
+    def _part_list(
+        self, table: str, inventory: dict[str, list[tuple[int, Path]]] | None = None
+    ) -> list[tuple[int, Path]]:
+        if inventory is None:
+            inventory = take_inventory(self.path, self.manifest)
         parts = inventory.get(check_table_name(table), [])
         if table == REQUESTS:
             committed = {n for n, _ in inventory.get(STEPS, [])}
