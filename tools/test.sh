@@ -43,57 +43,60 @@ prometheus_install=$!
 
 python3 -m venv .venv
 PY=.venv/bin/python
-$PY -m pip install --quiet --upgrade pip
-# CPU build of torch first: an unpinned install would pull a CUDA build of several GB.
-$PY -m pip install --quiet torch==2.13.0
-$PY -m pip install --quiet -e '.[dev,torch,ray]'
+main_packages="$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+# Written once .venv holds everything; the side environments wait for it (below).
+main_ready="$(mktemp -d)/ready"
 
 # SGLang's own DSpark observer and draft-block types, on CPU (tests/test_sglang_real_types.py;
 # tests/test_sglang_block_accept_writer.py holds our block-accept JSONL against its recorder;
 # tests/test_node_consumer.py turns the hook on through its --forward-hooks plugin point),
-# in a second environment: sglang 0.5.23 pins versions of its own (torch 2.14.1 among them),
-# so it goes in without its dependencies, beside exactly what its observer modules import.
-# That environment sees the first one's packages after its own (a site hook, not a copy):
-# torch 2.13.0 and our package, compiled extensions included, come from there instead of
-# being unpacked and built a second time, and what it pins itself comes first. Built in the
-# background while the main tests run (about 60 s, most of it unpacking).
-build_sglang_env() {
-    python3 -m venv .venv-sglang
-    SG=.venv-sglang/bin/python
-    local own base
-    own="$($SG -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-    base="$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-    printf 'import site; site.addsitedir(%s)\n' "'$base'" >"$own/zz-main-environment.pth"
-    $SG -m pip install --quiet --upgrade pip
-    $SG -m pip install --quiet --no-deps sglang==0.5.23
-    # pip then reports sglang's own pins (torch 2.14.1 and a few others) as unmet; expected.
-    $SG -m pip install --quiet -r tools/sglang-requirements.txt pytest
+# and vLLM 0.33.0's runner, sampler and adaptive verification types (tests/test_vllm_hook.py),
+# each in an environment of its own: both pin versions of their own (torch 2.14.1 among
+# them), so each goes in without its dependencies, beside exactly what its imported modules
+# need (tools/*-requirements.txt). Such an environment sees the first one's packages after
+# its own (a site hook, not a copy): torch 2.13.0 and our package, compiled extensions
+# included, come from there instead of being unpacked and built again, and what it pins
+# itself comes first. The engine itself (most of the download and the unpacking) goes in
+# while .venv is installed; what it needs beside it once .venv is complete, so that what
+# .venv holds is not installed twice. pip then reports the engine's own pins as unmet;
+# expected.
+build_side_env() { # environment, engine==version, requirements file
+    local env="$1" own
+    python3 -m venv "$env"
+    "$env/bin/python" -m pip install --quiet --upgrade pip
+    "$env/bin/python" -m pip install --quiet --no-deps "$2"
+    while [ ! -e "$main_ready" ]; do
+        kill -0 $$ 2>/dev/null || exit 1 # the command stopped before .venv was complete
+        sleep 1
+    done
+    own="$("$env/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    printf 'import site; site.addsitedir(%s)\n' "'$main_packages'" >"$own/zz-main-environment.pth"
+    "$env/bin/python" -m pip install --quiet -r "$3" pytest
 }
 sglang_log="$(mktemp)"
-build_sglang_env >"$sglang_log" 2>&1 &
+build_side_env .venv-sglang sglang==0.5.23 tools/sglang-requirements.txt >"$sglang_log" 2>&1 &
 sglang_build=$!
-# vLLM 0.33.0's runner, sampler and adaptive verification types, on CPU (tests/test_vllm_hook.py),
-# in a third environment built as the SGLang one is: vllm without its pins, exactly what its
-# imported modules need (tools/vllm-requirements.txt), the first environment's packages after.
-build_vllm_env() {
-    python3 -m venv .venv-vllm
-    VL=.venv-vllm/bin/python
-    own="$($VL -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-    printf 'import site; site.addsitedir(%s)\n' "'$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')'" >"$own/zz-main-environment.pth"
-    $VL -m pip install --quiet --upgrade pip
-    $VL -m pip install --quiet --no-deps vllm==0.33.0
-    $VL -m pip install --quiet -r tools/vllm-requirements.txt pytest
-}
 vllm_log="$(mktemp)"
-build_vllm_env >"$vllm_log" 2>&1 &
+build_side_env .venv-vllm vllm==0.33.0 tools/vllm-requirements.txt >"$vllm_log" 2>&1 &
 vllm_build=$!
 
+$PY -m pip install --quiet --upgrade pip
+# CPU build of torch first: an unpinned install would pull a CUDA build of several GB.
+$PY -m pip install --quiet torch==2.13.0
+$PY -m pip install --quiet -e '.[dev,torch,ray]'
+touch "$main_ready"
+
 $PY -m ruff check .
-# Static security checks; skips and the few `# nosec` are justified in pyproject / inline.
-$PY -m bandit -q -r src estimator exporters -c pyproject.toml
-# Known vulnerabilities in what is installed. Fails on any finding; an unreachable advisory
-# service only prints that nothing was audited (docs/security.md, "Hardening and limits").
-$PY tools/audit.py
+# Static security checks (skips and the few `# nosec` are justified in pyproject / inline)
+# and known vulnerabilities in what is installed (fails on any finding; an unreachable
+# advisory service only prints that nothing was audited: docs/security.md, "Hardening and
+# limits"), beside the tests: mostly a wait on the advisory service.
+checks_log="$(mktemp)"
+{
+    $PY -m bandit -q -r src estimator exporters -c pyproject.toml
+    $PY tools/audit.py
+} >"$checks_log" 2>&1 &
+checks=$!
 # The compiled extensions must be built here (README, "C extensions"): with this set, the
 # tests of tests/test_extensions.py fail where one is missing instead of skipping.
 # Two workers, a test file each at a time: a file's fixtures are built once, and a test that
@@ -105,7 +108,18 @@ if ! wait "$prometheus_install"; then
     echo "tools/test.sh: installing Prometheus failed" >&2
     exit 1
 fi
+# A background run's output once it ends, and its failure as the command's.
+finish() {
+    local status=0
+    wait "$1" || status=$?
+    cat "$2"
+    if [ "$status" -ne 0 ]; then
+        echo "tools/test.sh: $3 failed" >&2
+        exit 1
+    fi
+}
 DSPARK_OBS_REQUIRE_EXTENSIONS=1 $PY -m pytest -n 2 --dist loadfile --no-loadscope-reorder "$@"
+finish "$checks" "$checks_log" "the static security checks or the audit"
 if ! wait "$sglang_build"; then
     cat "$sglang_log"
     echo "tools/test.sh: building the SGLang test environment failed" >&2
@@ -117,8 +131,8 @@ if ! wait "$vllm_build"; then
     exit 1
 fi
 # The last steps overlap: the SGLang and vLLM environments' tests (mostly starting up, or
-# waiting on a Prometheus scrape), the quick benchmarks (about one core) and the fallbacks'
-# tests (the other).
+# waiting on a Prometheus scrape), and on the two cores the quick benchmarks in two halves,
+# the second after the fallbacks' tests.
 # The one-flag deployment: two DP ranks through SGLang's own register_forward_hooks and
 # DsparkStepObservers, one node consumer, a real Prometheus (tests/test_node_consumer.py).
 sglang_tests_log="$(mktemp)"
@@ -133,26 +147,31 @@ vllm_tests_log="$(mktemp)"
     >"$vllm_tests_log" 2>&1 &
 vllm_tests=$!
 # The quick benchmarks are a crash check (they fail on a crash, never on a timing: bench/).
-$PY -m bench --quick --json > bench-quick.jsonl &
+# Those that start clusters or subprocesses, or build the largest runs, in one process (about
+# as long as the fallbacks' tests and the rest together); every other one after the
+# fallbacks' tests. Both append their records to one file, a line each.
+bench_first="fleet_ray report_large hook_import aggregate_update ingest_memory real_cost store_write gpu_gather"
+: >bench-quick.jsonl
+# shellcheck disable=SC2086 # the names are words
+$PY -m bench --quick --json $bench_first >>bench-quick.jsonl &
 bench=$!
-trap 'kill "$bench" "$sglang_tests" "$vllm_tests" 2>/dev/null || true' EXIT
-# The compiled extensions' Python fallbacks, with every extension switched off: the switch itself, the parser's
-# tests and the end-to-end golden outputs. (The row fold's and the tail walk's tests run both
-# passes above already, the numpy one and the compiled one, so they are not repeated here.)
+bench_rest=""
+trap 'kill "$bench" $bench_rest "$sglang_tests" "$vllm_tests" 2>/dev/null || true' EXIT
+# The compiled extensions' Python fallbacks, with every extension switched off: the switch
+# itself, the parser's tests and the end-to-end golden outputs. (The row fold's and the tail
+# walk's tests run both passes above already, the numpy one and the compiled one, so they are
+# not repeated here.)
 DSPARK_OBS_NO_EXTENSIONS=1 $PY -m pytest -p no:cacheprovider \
     tests/test_extensions.py tests/test_sglang_json.py tests/test_sglang_columnar.py \
     tests/test_sglang_compiled.py tests/test_golden_outputs.py -k "not across_seeds"
-# A background run's output once it ends, and its failure as the command's.
-finish() {
-    local status=0
-    wait "$1" || status=$?
-    cat "$2"
-    if [ "$status" -ne 0 ]; then
-        echo "tools/test.sh: $3 failed" >&2
-        exit 1
-    fi
-}
+# shellcheck disable=SC2046 # the names are words
+$PY -m bench --quick --json $($PY -c 'import sys
+from bench.__main__ import BENCHMARKS
+print(*(name for name in BENCHMARKS if name not in sys.argv[1:]))' $bench_first) \
+    >>bench-quick.jsonl &
+bench_rest=$!
 finish "$sglang_tests" "$sglang_tests_log" "the SGLang environment's tests"
 finish "$vllm_tests" "$vllm_tests_log" "the vLLM environment's tests"
 finish "$bench" /dev/null "the quick benchmarks (bench-quick.jsonl has what they printed)"
+finish "$bench_rest" /dev/null "the quick benchmarks (bench-quick.jsonl has what they printed)"
 trap - EXIT
