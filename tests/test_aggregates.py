@@ -256,17 +256,22 @@ def row_fold(request):
 
 
 @pytest.fixture(scope="module")
-def mixed(row_fold):
-    """Four runs interleaved into one Aggregates (of the fold in use): compact with a half
-    shadow, compact alone (moved to rank 1 to keep its groups apart), cap-accept and
-    static."""
+def mixed_batches():
+    """Four runs interleaved: compact with a half shadow, compact alone (moved to rank 1 to
+    keep its groups apart), cap-accept and static. Made once for both folds."""
     runs = [
         runtime(100, 3, mode="compact", shadow="cap-accept", shadow_fraction=0.5),
         [dataclasses.replace(b, rank=1) for b in runtime(100, 4, mode="compact")],
         runtime(100, 5, mode="cap-accept"),
         runtime(100, 6, mode="static"),
     ]
-    batches = [b for step in zip(*runs, strict=True) for b in step]
+    return [b for step in zip(*runs, strict=True) for b in step]
+
+
+@pytest.fixture(scope="module")
+def mixed(row_fold, mixed_batches):
+    """The four runs in one Aggregates of the fold in use."""
+    batches = mixed_batches
     agg = Aggregates(GAMMA)
     for b in batches:
         agg.update(b)
