@@ -284,10 +284,21 @@ def _same_tables(got: str, want: str) -> None:
     assert [line for line in got.splitlines() if not line.startswith("|")] == prose
 
 
-def test_the_report_on_ray_equals_the_in_process_one(engines, ray_fleet, tmp_path):
-    want_json, want_md = _report(None, [ray_fleet], tmp_path / "local")
+@pytest.fixture(scope="module")
+def reports(engines, ray_fleet, tmp_path_factory) -> dict:
+    """The fleet's report in process (None) and on each engine, each built once for the
+    tests that read it."""
+    out = tmp_path_factory.mktemp("reports")
+    return {
+        name: _report(engines.get(name), [ray_fleet], out / str(name))
+        for name in (None, "local", "ray")
+    }
+
+
+def test_the_report_on_ray_equals_the_in_process_one(reports):
+    want_json, want_md = reports[None]
     for name in ("local", "ray"):
-        got_json, got_md = _report(engines[name], [ray_fleet], tmp_path / name)
+        got_json, got_md = reports[name]
         assert_same(got_json, want_json, name)
         _same_tables(got_md, want_md)
     fleet = want_json["fleet"]
@@ -306,14 +317,14 @@ def _timed_union(ray_fleet: Path):
     return runs, pl.concat([r.steps() for r in runs], how="diagonal_relaxed"), timed_steps
 
 
-def test_the_fleet_cost_fit_is_the_concatenated_steps_own(engines, ray_fleet, tmp_path):
+def test_the_fleet_cost_fit_is_the_concatenated_steps_own(reports, ray_fleet):
     """Up to the sample's bound every timed step is kept, in the runs' order: the fit is
     `fit_cost_steps` of the runs' steps concatenated (the in-process definition before)."""
     from dspark_obs.analysis.cost_fit import fit_cost_steps
 
     runs, steps, _ = _timed_union(ray_fleet)
     want = fit_cost_steps(steps, {"cost_table": runs[0].manifest.get("cost_table")})
-    got, _ = _report(engines["ray"], [ray_fleet], tmp_path / "ray")
+    got, _ = reports["ray"]
     cost = got["fleet"]["cost"]
     assert cost["cells"] == want.cells and want.steps > 100
     assert_same(cost["fitted"], clean_json(vars(want.fitted)))
