@@ -40,6 +40,9 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from dspark_obs.engine.ray_engine import RayEngine  # noqa: E402
 
+#: A cluster for the module and its longest tests: the file starts first (tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 #: The fleet nodes of the runs; each worker node declares one as its resource.
 NODES = ("node-a", "west-7", "east-3")
 BY = ("node", "rank")
