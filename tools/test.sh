@@ -151,6 +151,10 @@ vllm_tests=$!
 # as long as the fallbacks' tests and the rest together); every other one after the
 # fallbacks' tests. Both append their records to one file, a line each.
 bench_first="fleet_ray report_large hook_import aggregate_update ingest_memory real_cost store_write gpu_gather"
+# shellcheck disable=SC2086 # the names are words
+bench_second="$($PY -c 'import sys
+from bench.__main__ import BENCHMARKS
+print(*(name for name in BENCHMARKS if name not in sys.argv[1:]))' $bench_first)"
 : >bench-quick.jsonl
 # shellcheck disable=SC2086 # the names are words
 $PY -m bench --quick --json $bench_first >>bench-quick.jsonl &
@@ -164,11 +168,8 @@ trap 'kill "$bench" $bench_rest "$sglang_tests" "$vllm_tests" 2>/dev/null || tru
 DSPARK_OBS_NO_EXTENSIONS=1 $PY -m pytest -p no:cacheprovider \
     tests/test_extensions.py tests/test_sglang_json.py tests/test_sglang_columnar.py \
     tests/test_sglang_compiled.py tests/test_golden_outputs.py -k "not across_seeds"
-# shellcheck disable=SC2046 # the names are words
-$PY -m bench --quick --json $($PY -c 'import sys
-from bench.__main__ import BENCHMARKS
-print(*(name for name in BENCHMARKS if name not in sys.argv[1:]))' $bench_first) \
-    >>bench-quick.jsonl &
+# shellcheck disable=SC2086 # the names are words
+$PY -m bench --quick --json $bench_second >>bench-quick.jsonl &
 bench_rest=$!
 finish "$sglang_tests" "$sglang_tests_log" "the SGLang environment's tests"
 finish "$vllm_tests" "$vllm_tests_log" "the vLLM environment's tests"
