@@ -1747,8 +1747,7 @@ extra_parts(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOO:extra_parts", &o[0], &o[1], &o[2], &o[3]))
         return NULL;
     npy_intp dims_in[2];
-    if (array_dims(o[0], "rates", 2, dims_in) < 0
-        || (dims_in[0] && gamma_ok(dims_in[0], "extra_parts") < 0))
+    if (array_dims(o[0], "rates", 2, dims_in) < 0)
         return NULL;
     const npy_intp n = dims_in[0], k = dims_in[1];
     const double *rates, *margin;
@@ -1759,6 +1758,11 @@ extra_parts(PyObject *self, PyObject *args)
         || (margin = (double *)checked(o[2], "margin", NPY_FLOAT64, k, -1, 0)) == NULL
         || (start = (int64_t *)checked(o[3], "start", NPY_INT64, k, -1, 0)) == NULL)
         return NULL;
+    /* here, where the compiler sees the bound of the loops below */
+    if (n > 64) {
+        PyErr_SetString(PyExc_ValueError, "extra_parts: more positions than a block has");
+        return NULL;
+    }
     npy_intp dims[2] = {4, k};
     PyObject *out = PyArray_SimpleNew(2, dims, NPY_FLOAT64);
     if (out == NULL)
@@ -2158,8 +2162,7 @@ running_sums(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOO", &o[0], &o[1], &o[2], &o[3], &o[4]))
         return NULL;
     npy_intp dims_in[2];
-    if (array_dims(o[0], "log_p", 2, dims_in) < 0
-        || (dims_in[1] && gamma_ok(dims_in[1], "running_sums") < 0))
+    if (array_dims(o[0], "log_p", 2, dims_in) < 0)
         return NULL;
     npy_intp k = dims_in[0], n = dims_in[1];
     const double *lp, *lq, *window, *cum;
@@ -2170,6 +2173,10 @@ running_sums(PyObject *self, PyObject *args)
         || (window = (double *)checked(o[3], "window", NPY_FLOAT64, k, -1, 0)) == NULL
         || (cum = (double *)checked(o[4], "cum", NPY_FLOAT64, k, -1, 0)) == NULL)
         return NULL;
+    if (n > 64) {
+        PyErr_SetString(PyExc_ValueError, "running_sums: more positions than a block has");
+        return NULL;
+    }
     PyObject *out[3] = {NULL, NULL, NULL};
     for (int i = 0; i < 3; i++)
         if ((out[i] = PyArray_SimpleNew(1, &k, NPY_FLOAT64)) == NULL) {
