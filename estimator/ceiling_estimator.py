@@ -203,7 +203,7 @@ class CeilingEstimator:
         *,
         workload_cap: int = 16,
         window_steps: int = 1024,
-        blocks: int = 8,
+        segments: int = 8,
         assume_greedy: bool | None = None,
         step_cost: StepCost | None = None,
         capture_tiers: tuple[int, ...] | None = None,
@@ -218,7 +218,7 @@ class CeilingEstimator:
         # the walks' extrapolation, with its held-out check on known positions
         self.check = ExtrapolationCheck(gamma)
         self.extrapolation = CheckedExtrapolation(self.population, self.check)
-        self.sums = WindowedSums(len(COLUMNS), window_steps, blocks)
+        self.sums = WindowedSums(len(COLUMNS), window_steps, segments)
         self.trim = TrimCostFold(
             gamma, step_cost or (lambda mode, rank: None), capture_tiers or DEFAULT_CAPTURE_TIERS
         )

@@ -522,7 +522,7 @@ def check_cost_errors(metrics: dict, sg: int, batches: list[StepBatch]) -> None:
 
 
 def test_window_holds_exactly_the_last_ring_steps(sweep):
-    agg = Aggregates(GAMMA, window_steps=64, blocks=8, flush_rows=1)
+    agg = Aggregates(GAMMA, window_steps=64, segments=8, flush_rows=1)
     checkpoints = {40, 64, 263, 500}
     for n, b in enumerate(sweep, 1):
         agg.update(b)
@@ -537,7 +537,7 @@ def test_window_holds_exactly_the_last_ring_steps(sweep):
 def test_window_is_exact_whatever_the_flush_size(sweep, flush_rows):
     """A flush folds many steps at once; the window must still hold exactly the ring's
     steps (a flush larger than the window used to wipe it entirely)."""
-    agg = Aggregates(GAMMA, window_steps=64, blocks=8, flush_rows=flush_rows)
+    agg = Aggregates(GAMMA, window_steps=64, segments=8, flush_rows=flush_rows)
     for b in sweep[:437]:
         agg.update(b)
     check_window(agg.snapshot(), sweep[:437], ring_steps(437))
@@ -587,7 +587,7 @@ def test_cost_errors_and_refit_match_numpy(sweep, monkeypatch):
     monkeypatch.setattr(cost_model, "REFIT_EVERY", 256)
     assert len({b.bs for b in sweep}) == 2 and len({b.num_verify_tokens // 64 for b in sweep}) > 2
     big_flush = Aggregates(GAMMA, flush_rows=10**9)
-    per_step = Aggregates(GAMMA, window_steps=64, blocks=8, flush_rows=1)
+    per_step = Aggregates(GAMMA, window_steps=64, segments=8, flush_rows=1)
     for b in sweep:
         big_flush.update(b)
         per_step.update(b)

@@ -247,9 +247,9 @@ def server_infos(draw):
 
 def _pipeline(gamma: int, stats: IngestStats | None = None) -> Pipeline:
     return Pipeline(
-        Aggregates(gamma, window_steps=16, blocks=2),
+        Aggregates(gamma, window_steps=16, segments=2),
         stats=stats or IngestStats(),
-        estimator=CeilingEstimator(gamma, window_steps=16, blocks=2, assume_greedy=True),
+        estimator=CeilingEstimator(gamma, window_steps=16, segments=2, assume_greedy=True),
     )
 
 

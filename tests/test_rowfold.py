@@ -88,7 +88,7 @@ def traffic() -> list:
 
 
 def folded(batches: list, compiled: bool, **kw) -> Aggregates:
-    agg = Aggregates(GAMMA, compiled=compiled, window_steps=64, blocks=4, **kw)
+    agg = Aggregates(GAMMA, compiled=compiled, window_steps=64, segments=4, **kw)
     for b in batches:
         agg.update(b)
     agg.flush()

@@ -108,7 +108,7 @@ class Aggregates:
         *,
         workload_cap: int = 16,
         window_steps: int = 1024,
-        blocks: int = 8,
+        segments: int = 8,
         flush_rows: int = 4096,
         cost_probes: tuple | None = None,
         compiled: bool | None = None,
@@ -126,11 +126,11 @@ class Aggregates:
         self.flush_rows = flush_rows
         self.index = GroupIndex(workload_cap)
         self.step_groups: dict[tuple[str, int], int] = {}
-        self.tokens = TokenAggregate(gamma, window_steps, blocks, compiled)
-        self.confidence = ConfidenceAggregate(gamma, window_steps, blocks, compiled)
-        self.steps = StepAggregate(window_steps, blocks)
+        self.tokens = TokenAggregate(gamma, window_steps, segments, compiled)
+        self.confidence = ConfidenceAggregate(gamma, window_steps, segments, compiled)
+        self.steps = StepAggregate(window_steps, segments)
         bs_probes, m_probes = cost_probes or (DEFAULT_BS_PROBES, DEFAULT_M_PROBES)
-        self.cost = CostModelAggregate(window_steps, blocks, bs_probes, m_probes)
+        self.cost = CostModelAggregate(window_steps, segments, bs_probes, m_probes)
         self.exemplars = RecentObservations(gamma)
         self.window_steps = self.tokens.sums.window_steps
         self._pending: list[StepBatch] = []

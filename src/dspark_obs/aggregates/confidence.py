@@ -34,18 +34,18 @@ AUROC_EXPORT_BINS = 2 * ECE_BINS
 
 class ConfidenceAggregate:
     def __init__(
-        self, gamma: int, window_steps: int, blocks: int, compiled: bool | None = None
+        self, gamma: int, window_steps: int, segments: int, compiled: bool | None = None
     ) -> None:
         self.gamma = gamma
         self._fold = compiled_fold(compiled)
         # per position: {label 0, label 1} x FINE_BINS counts (AUROC)
         self.fine = WindowedSums(
-            gamma * 2 * FINE_BINS, window_steps, blocks, np.int64, running_window=True
+            gamma * 2 * FINE_BINS, window_steps, segments, np.int64, running_window=True
         )
         # per position: {label 0, label 1} x ECE_BINS rows, the same of prediction sums, then
         # the sum of squared predictions (Brier); counts are exact integers in float64
         self.coarse_stride = 4 * ECE_BINS + 1
-        self.coarse = WindowedSums(gamma * self.coarse_stride, window_steps, blocks)
+        self.coarse = WindowedSums(gamma * self.coarse_stride, window_steps, segments)
         j = np.arange(gamma)
         # per (group, reach) row: 2 * slot + label of each position, the label being
         # j < reach; grown with the groups (one take instead of a broadcast add per row)

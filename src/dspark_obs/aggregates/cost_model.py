@@ -39,12 +39,12 @@ class CostModelAggregate:
     def __init__(
         self,
         window_steps: int,
-        blocks: int,
+        segments: int,
         bs_probes=DEFAULT_BS_PROBES,
         m_probes=DEFAULT_M_PROBES,
         refit_every: int | None = None,
     ) -> None:
-        self.errors = WindowedSums(len(_ERR_COLUMNS) + len(REL_BUCKETS) + 1, window_steps, blocks)
+        self.errors = WindowedSums(len(_ERR_COLUMNS) + len(REL_BUCKETS) + 1, window_steps, segments)
         self.bs_probes = np.asarray(bs_probes, dtype=np.float64)
         self.m_probes = np.asarray(m_probes, dtype=np.float64)
         self.refit_every = REFIT_EVERY if refit_every is None else refit_every

@@ -19,11 +19,11 @@ QUANTITIES = ("batch_size", "budget", "verify_tokens", "graph_tier")
 
 
 class StepAggregate:
-    def __init__(self, window_steps: int, blocks: int) -> None:
+    def __init__(self, window_steps: int, segments: int) -> None:
         self.nb = len(COUNT_BUCKETS) + 1
         self.stride = self.nb + 1  # bucket counts, then the sum
         # one leading column: steps seen
-        self.sums = WindowedSums(1 + len(QUANTITIES) * self.stride, window_steps, blocks)
+        self.sums = WindowedSums(1 + len(QUANTITIES) * self.stride, window_steps, segments)
 
     def update(self, group: np.ndarray, values: dict[str, np.ndarray]) -> None:
         """Per step: its (mode, rank) group and each quantity (NaN where not recorded)."""

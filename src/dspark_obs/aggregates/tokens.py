@@ -34,12 +34,12 @@ def histogram_slices(gamma: int) -> dict[str, slice]:
 
 class TokenAggregate:
     def __init__(
-        self, gamma: int, window_steps: int, blocks: int, compiled: bool | None = None
+        self, gamma: int, window_steps: int, segments: int, compiled: bool | None = None
     ) -> None:
         self.gamma = gamma
         self.slices = histogram_slices(gamma)
         width = max(s.stop for s in self.slices.values())
-        self.sums = WindowedSums(width, window_steps, blocks, dtype=np.int64)
+        self.sums = WindowedSums(width, window_steps, segments, dtype=np.int64)
         self._starts = tuple(self.slices[name].start for name, _ in HISTOGRAMS)
         self._fold = compiled_fold(compiled)
 

@@ -2,12 +2,13 @@
 
 Prometheus derives rates from counters itself, but ratios such as ECE or
 utilisation cannot be recovered from rates of their parts, so they are also
-published over a sliding window. The window is a ring of blocks. Adding writes
-to the current block only, the one write per cell the hot path pays; the sums
-of the closed blocks (since start, and those still in the window) are kept
-apart and move on when a block fills, once per block rather than once per
-update. Reading either sum is then one addition, not a reduction over the ring.
-Memory is blocks x groups x width, whatever the run length.
+published over a sliding window. The window is a ring of segments (a segment: a
+run of consecutive steps; not a draft block). Adding writes to the current
+segment only, the one write per cell the hot path pays; the sums of the closed
+segments (since start, and those still in the window) are kept apart and move on
+when a segment fills, once per segment rather than once per update. Reading
+either sum is then one addition, not a reduction over the ring. Memory is
+segments x groups x width, whatever the run length.
 """
 
 from __future__ import annotations
@@ -23,27 +24,27 @@ class WindowedSums:
         self,
         width: int,
         window_steps: int = 1024,
-        blocks: int = 8,
+        segments: int = 8,
         dtype: type = np.float64,
         running_window: bool = False,
     ) -> None:
         """`running_window`: also keep `win`, the window's sums, up to date at every add,
         for a large table read at every scrape (a second write per cell on the hot path
         instead of a pass over the whole table per read)."""
-        if width < 1 or window_steps < 1 or blocks < 1:
-            raise ValueError("width, window_steps and blocks must be >= 1")
+        if width < 1 or window_steps < 1 or segments < 1:
+            raise ValueError("width, window_steps and segments must be >= 1")
         self.width = width
-        self.blocks = blocks
-        self.block_steps = max(1, -(-window_steps // blocks))
-        self.window_steps = self.block_steps * blocks
-        # the closed blocks' sums: all of them, and those still in the window (which a
-        # running window already holds, with the current block)
+        self.segments = segments
+        self.segment_steps = max(1, -(-window_steps // segments))
+        self.window_steps = self.segment_steps * segments
+        # the closed segments' sums: all of them, and those still in the window (which a
+        # running window already holds, with the current segment)
         self._closed_total = np.zeros((0, width), dtype=dtype)
         self._closed_win = None if running_window else np.zeros((0, width), dtype=dtype)
-        self.ring = np.zeros((blocks, 0, width), dtype=dtype)
+        self.ring = np.zeros((segments, 0, width), dtype=dtype)
         self.win = np.zeros((0, width), dtype=dtype) if running_window else None
         self._current = 0
-        self._steps_in_block = 0
+        self._steps_in_segment = 0
 
     @property
     def groups(self) -> int:
@@ -51,7 +52,7 @@ class WindowedSums:
 
     @property
     def current(self) -> np.ndarray:
-        """The block being filled, `[groups, width]`: where updates add."""
+        """The segment being filled, `[groups, width]`: where updates add."""
         return self.ring[self._current]
 
     @property
@@ -69,7 +70,7 @@ class WindowedSums:
             else:
                 self.win = np.concatenate([self.win, pad])
             self.ring = np.concatenate(
-                [self.ring, np.broadcast_to(pad, (self.blocks, *pad.shape))], axis=1
+                [self.ring, np.broadcast_to(pad, (self.segments, *pad.shape))], axis=1
             )
 
     def add(self, delta: np.ndarray) -> None:
@@ -94,26 +95,26 @@ class WindowedSums:
                 sums.reshape(-1)[...] += delta
 
     def _written(self) -> list[np.ndarray]:
-        """What an update adds to: the current block, and the running window if kept."""
+        """What an update adds to: the current segment, and the running window if kept."""
         return [self.current] if self.win is None else [self.current, self.win]
 
     @property
     def room(self) -> int:
-        """Steps the current block still takes before the ring turns."""
-        return self.block_steps - self._steps_in_block
+        """Steps the current segment still takes before the ring turns."""
+        return self.segment_steps - self._steps_in_segment
 
     def advance(self, steps: int) -> None:
-        """Account for `steps` more steps; rotate blocks as they fill."""
-        self._steps_in_block += steps
-        while self._steps_in_block >= self.block_steps:
-            self._steps_in_block -= self.block_steps
+        """Account for `steps` more steps; rotate segments as they fill."""
+        self._steps_in_segment += steps
+        while self._steps_in_segment >= self.segment_steps:
+            self._steps_in_segment -= self.segment_steps
             self._closed_total += self.current
-            window = self.win  # the window's sums, the current block included
+            window = self.win  # the window's sums, the current segment included
             if window is None:
                 self._closed_win += self.current
                 window = self._closed_win
-            self._current = (self._current + 1) % self.blocks
-            window -= self.current  # the block leaving the window
+            self._current = (self._current + 1) % self.segments
+            window -= self.current  # the segment leaving the window
             self.current[...] = 0
 
     def window(self) -> np.ndarray:
