@@ -162,7 +162,7 @@ def consumer_record(quick: bool) -> dict:
             step = ObservedStep.from_observer(kw)
             seq += 1
             slot = ring.slot_for(seq)
-            packer.pack(step, seq, 0, torch.from_numpy(ring.blocks[slot]), 0)
+            packer.pack(step, seq, 0, torch.from_numpy(ring.packed[slot]), 0)
             rids = "\n".join(r.rid for r in kw["reqs"]).encode()
             ring.write_meta(slot, (0, b, 0, 0, 1 | 2 | 4), rids)
             ring.stamps[slot][0] = seq

@@ -66,27 +66,27 @@ class HookConsumer:
         bs, rid_len = int(meta[sr.M_BS]), int(meta[sr.M_RID_LEN])
         if not 0 <= bs <= ring.max_bs or not 0 <= rid_len <= ring.rid_bytes:
             raise ValueError(f"batch size {bs}, {rid_len} request-id bytes")
-        block = ring.blocks[slot][:bs].copy()
+        packed = ring.packed[slot][:bs].copy()
         rids = bytes(ring.rids[slot][:rid_len]).decode(errors="surrogateescape")
         if bs and rids.count("\n") != bs - 1:
             raise ValueError(f"{rids.count(chr(10)) + 1} request ids for a batch of {bs}")
-        return self.to_batch(meta, rids, block)
+        return self.to_batch(meta, rids, packed)
 
     def pending(self) -> bool:
         """Whether a step is ready that has not been fed."""
         return self.ring.ready(self.seq + 1)
 
-    def to_batch(self, meta: np.ndarray, rids: str, block: np.ndarray):
+    def to_batch(self, meta: np.ndarray, rids: str, packed: np.ndarray):
         lay, g = self.layout, self.layout.gamma
         c = lay.columns
-        bs = len(block)
+        bs = len(packed)
         flags = int(meta[sr.M_FLAGS])
 
         def ints(name: str) -> np.ndarray:
-            return block[:, lay.col(name)].astype(np.int64)
+            return packed[:, lay.col(name)].astype(np.int64)
 
         greedy = ints("greedy").astype(np.int8)
-        evicted = int(np.count_nonzero(block[:, lay.col("evicted")] == 1))
+        evicted = int(np.count_nonzero(packed[:, lay.col("evicted")] == 1))
         if evicted:
             if not self.evicted:
                 log.warning(
@@ -94,7 +94,7 @@ class HookConsumer:
                     "the oldest one's gather is lost (further ones are only counted)"
                 )
             self.evicted += evicted
-        conf = block[:, c["confidence"]] if flags & HAS_CONFIDENCE else None
+        conf = packed[:, c["confidence"]] if flags & HAS_CONFIDENCE else None
         has_target = bool(flags & HAS_TARGET)
         verify_tokens = int(meta[sr.M_VERIFY_TOKENS])
         batch = StepBatch(
@@ -118,19 +118,19 @@ class HookConsumer:
             cap_trim=ints("cap_trim"),
             bonus_token=ints("bonus"),
             greedy=greedy,
-            temperature=np.where(greedy == 1, 0.0, block[:, lay.col("temperature")]),
+            temperature=np.where(greedy == 1, 0.0, packed[:, lay.col("temperature")]),
             shadow_ceiling=np.full(bs, -1, dtype=np.int64),
-            bonus_logprob=block[:, lay.col("bonus_logprob")].copy(),
-            draft_tokens=block[:, c["draft"]].astype(np.int64),
+            bonus_logprob=packed[:, lay.col("bonus_logprob")].copy(),
+            draft_tokens=packed[:, c["draft"]].astype(np.int64),
             confidence=None if conf is None else conf.copy(),
             survival=None if conf is None else np.cumprod(conf, axis=1),
-            confidence_logits=block[:, c["confidence_raw"]].copy() if flags & HAS_RAW else None,
-            draft_logprobs=block[:, c["draft_logprob"]].copy() if has_target else None,
-            target_logprobs=block[:, c["target_logprob"]].copy() if has_target else None,
+            confidence_logits=packed[:, c["confidence_raw"]].copy() if flags & HAS_RAW else None,
+            draft_logprobs=packed[:, c["draft_logprob"]].copy() if has_target else None,
+            target_logprobs=packed[:, c["target_logprob"]].copy() if has_target else None,
         )
-        offsets = block[:, c["gather_offset"]]
-        tokens = block[:, c["gather_token"]]
-        values = block[:, c["gather_logprob"]]
+        offsets = packed[:, c["gather_offset"]]
+        tokens = packed[:, c["gather_token"]]
+        values = packed[:, c["gather_logprob"]]
 
         def gather(rows: np.ndarray, positions: np.ndarray, toks: np.ndarray) -> np.ndarray:
             """The device's gathers for these (row, offset, token); NaN where it made none."""

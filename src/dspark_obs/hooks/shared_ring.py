@@ -146,7 +146,7 @@ class SharedRing:
         (n,) = struct.unpack_from("<q", self.shm.buf, at)
         self.model_name = bytes(self.shm.buf[at + 8 : at + 8 + n]).decode("utf-8", "replace")
         self._slot_bytes = self._slot_size(self.max_bs, self.width, self.rid_bytes)
-        self.stamps, self.metas, self.rids, self.blocks = [], [], [], []
+        self.stamps, self.metas, self.rids, self.packed = [], [], [], []
         self._meta_at: list[int] = []
         self._rids_at: list[int] = []
         # the request-id bytes each slot holds, kept so that the same ids are not copied again
@@ -160,7 +160,7 @@ class SharedRing:
             self.rids.append(np.ndarray((self.rid_bytes,), np.uint8, self.shm.buf, at))
             self._rids_at.append(at)
             at += _align(self.rid_bytes)
-            self.blocks.append(np.ndarray((self.max_bs, self.width), np.float64, self.shm.buf, at))
+            self.packed.append(np.ndarray((self.max_bs, self.width), np.float64, self.shm.buf, at))
         self._registered = False
 
     def _check_header(self, name: str | None) -> None:
@@ -258,7 +258,7 @@ class SharedRing:
 
             torch.cuda.cudart().cudaHostUnregister(self.header.ctypes.data)
             self._registered = False
-        self.stamps = self.metas = self.rids = self.blocks = []
+        self.stamps = self.metas = self.rids = self.packed = []
         self.header = None
         self.shm.close()
         if self.owner:

@@ -55,7 +55,7 @@ class StepSubmitter:
         self.layout, self.ring = layout, ring
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self.host_blocks = [torch.from_numpy(b) for b in ring.blocks]
+        self.host_slots = [torch.from_numpy(b) for b in ring.packed]
         #: the Triton kernel packs (and writes the device stamp itself)
         self.fused = False
         #: ... straight into the ring's slots
@@ -75,7 +75,7 @@ class StepSubmitter:
             if not self.direct:
                 self.packed = torch.empty((ring.max_bs, layout.width), dtype=torch.float64,
                                           device=self.device)  # fmt: skip
-                self.block_at = [b.ctypes.data for b in ring.blocks]
+                self.slot_at = [b.ctypes.data for b in ring.packed]
                 self.stamp_at = [s.ctypes.data for s in ring.stamps]
                 self.packed_at, self.stamp_from = self.packed.data_ptr(), self.stamp.data_ptr()
         self.packer = packer or TorchPacker(layout, pool_slots, self.device)
@@ -102,7 +102,7 @@ class StepSubmitter:
         host = ring.header.ctypes.data
         try:
             base = copy.device_pointer(host)
-            self.block_dev = [base + b.ctypes.data - host for b in ring.blocks]
+            self.slot_dev = [base + b.ctypes.data - host for b in ring.packed]
             self.stamp_dev = [base + s.ctypes.data - host for s in ring.stamps]
             # no step is out yet: every stamp is 0, and this one is written 0 again
             copy.write_value(self.stamp_dev[0], 0, self.raw_stream(self.index))
@@ -113,20 +113,20 @@ class StepSubmitter:
 
     def submit(self, step: ObservedStep, slot: int, seq: int) -> None:
         if not self.cuda:
-            self.packer.pack(step, seq, 0, self.host_blocks[slot], 0)
+            self.packer.pack(step, seq, 0, self.host_slots[slot], 0)
             self.ring.stamps[slot][0] = seq
             return
         stream = self.raw_stream(self.index)
         if self.direct:
-            self.packer.pack(step, seq, stream, self.host_blocks[slot], self.block_dev[slot])
+            self.packer.pack(step, seq, stream, self.host_slots[slot], self.slot_dev[slot])
             self.copy.write_value(self.stamp_dev[slot], seq, stream)
             return
         self.packer.pack(step, seq, stream, self.packed, self.packed_at)
         if not self.fused:
             self.stamp.fill_(seq)
         bs = step.bs
-        self.copy.to_host(self.block_at[slot], self.packed_at, bs * self.layout.width * 8, stream)
+        self.copy.to_host(self.slot_at[slot], self.packed_at, bs * self.layout.width * 8, stream)
         self.copy.to_host(self.stamp_at[slot], self.stamp_from, 8, stream)
 
     def close(self) -> None:
-        self.host_blocks = []
+        self.host_slots = []
