@@ -26,7 +26,7 @@ def run(quick: bool) -> list[dict]:
     except ImportError:
         return [{**record("P11_real_cost", {}, "r2", [0.0], 1.0), "skipped": "no torch"}]
     from dspark_obs.analysis.cost_fit import fit_cost_table
-    from dspark_obs.runs.reference import record_reference_run
+    from dspark_obs.recording.reference import record_reference_run
     from dspark_obs.runtime.config import RuntimeConfig
     from dspark_obs.store import open_run
 

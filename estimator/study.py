@@ -5,7 +5,7 @@ The figure an operator reads is a workload's mean ceiling over every request-ste
 and greedy requests apart. Here it is computed from a reference-runtime run, whose
 cap-accept shadow twin gives every request-step's true ceiling, on both paths: the
 run's own walks (in band) and the walk over the block-accept JSONL the run wrote as
-SGLang's recorder writes it. `runs/study.py` makes the runs, for each world the
+SGLang's recorder writes it. `recording/study.py` makes the runs, for each world the
 runtime has (`runtime/worlds.py`) and many seeds; the figures are the error of the
 mean and whether its interval covers the truth.
 """

@@ -18,7 +18,7 @@ import pytest
 from dspark_obs.estimator.block_accept_truth import block_truth, row_truth
 from dspark_obs.estimator.block_accept_walk import walk_blocks
 
-from dspark_obs.runs import record_reference_run, write_block_accept_step
+from dspark_obs.recording import record_reference_run, write_block_accept_step
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime
 from dspark_obs.runtime.language import PRESETS, WorkloadProfile

@@ -28,7 +28,7 @@ from dspark_obs.domain.cost_table import (
     ContextCostTable,
     load_cost_table,
 )
-from dspark_obs.runs.reference import record_reference_run
+from dspark_obs.recording.reference import record_reference_run
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.language import WorkloadProfile
 from dspark_obs.store import RunWriter, open_run

@@ -17,8 +17,8 @@ import polars as pl
 import pytest
 
 from dspark_obs import names, outputs
+from dspark_obs.recording.workers import jsonl_sink
 from dspark_obs.report.figure_queue import LABEL_BYTES, _slug
-from dspark_obs.runs.workers import jsonl_sink
 from dspark_obs.runtime_server.protocol import invalid_json, lone_surrogate
 from dspark_obs.store.writer import publish_part
 from tests.conftest import cli
@@ -60,7 +60,7 @@ def _module(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     "argv",
     [
-        ["dspark_obs.runs.study", "--seeds", "1", "--steps", "5", "--out", "LINK"],
+        ["dspark_obs.recording.study", "--seeds", "1", "--steps", "5", "--out", "LINK"],
         ["dspark_obs.whatif.study", "--seeds", "1", "--steps", "5", "--out", "LINK"],
         ["dspark_obs.whatif.study", "--seeds", "1", "--steps", "5", "--keep", "LINK"],
     ],

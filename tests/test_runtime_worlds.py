@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dspark_obs.cli.runtime_args import add_runtime_arguments, config_from_args
-from dspark_obs.runs.reference import runtime_manifest
+from dspark_obs.recording.reference import runtime_manifest
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime
 from dspark_obs.runtime.hashing import uniform

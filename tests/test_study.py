@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from dspark_obs.estimator.study import all_step_means, summarize_study
 
-from dspark_obs.runs import record_reference_run
-from dspark_obs.runs.study import world_study
-from dspark_obs.runs.workers import read_records
+from dspark_obs.recording import record_reference_run
+from dspark_obs.recording.study import world_study
+from dspark_obs.recording.workers import read_records
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.store import open_run
 
@@ -69,7 +69,7 @@ def test_the_study_from_its_command_line(records, tmp_path):
     """Run in a worker process (`--device` reaches the run, which a synthetic world runs
     as before), appended to --out, summarised from the file."""
     out = tmp_path / "study.jsonl"
-    study = [sys.executable, "-m", "dspark_obs.runs.study"]
+    study = [sys.executable, "-m", "dspark_obs.recording.study"]
     args = ["--worlds", "reference", "--seeds", "1", "--first-seed", "1", "--concurrency", "8",
             "--steps", "30", "--sts", "none", "--jobs", "2", "--device", "cpu",
             "--out", str(out)]  # fmt: skip

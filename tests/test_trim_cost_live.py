@@ -20,7 +20,7 @@ from dspark_obs.exporters.collector import Collector
 
 from dspark_obs.domain.cost_table import AdditiveCostTable
 from dspark_obs.pipeline import build_pipeline
-from dspark_obs.runs import record_reference_run
+from dspark_obs.recording import record_reference_run
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.sources.replay import ReplaySource
 from dspark_obs.store import open_run

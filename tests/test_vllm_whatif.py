@@ -14,7 +14,7 @@ import dataclasses
 
 import pytest
 
-from dspark_obs.runs import record_reference_run
+from dspark_obs.recording import record_reference_run
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.store import open_run
 from dspark_obs.whatif.frame_loader import load_run_frame

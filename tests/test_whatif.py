@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 from dspark_obs.analysis.load import load_curve
-from dspark_obs.runs import record_reference_run
+from dspark_obs.recording import record_reference_run
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.scheduler import schedule
 from dspark_obs.store import open_run

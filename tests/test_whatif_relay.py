@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from dspark_obs.runs import record_reference_run
+from dspark_obs.recording import record_reference_run
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.store import open_run
 from dspark_obs.whatif.frame_loader import load_run_frame

@@ -17,7 +17,7 @@ from statistics import mean
 import pytest
 
 from dspark_obs.analysis.load import load_curve
-from dspark_obs.runs.workers import read_records
+from dspark_obs.recording.workers import read_records
 from dspark_obs.whatif.study import PAIR_FILE, kept_pairs, level_steps, repredict, whatif_study
 from dspark_obs.whatif.study_summary import (
     TARGET_ERROR,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..analysis.summary import summarize
 from ..estimator.evaluate import evaluate
-from ..runs import default_run_dir
+from ..recording import default_run_dir
 from ..service import check_can_listen, record_while_serving
 from ..store import check_new_run_dir, open_run
 from ..strict_json import clean_json

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..analysis.summary import summarize
-from ..runs import default_run_dir, record_reference_run
+from ..recording import default_run_dir, record_reference_run
 from ..store import check_new_run_dir, open_run
 from .errors import CliError
 from .output import add_output_arguments

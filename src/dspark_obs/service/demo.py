@@ -17,7 +17,7 @@ from ..calibration import StsCalibration
 from ..exporters.endpoint import Exporter
 from ..listen import parse_listen
 from ..pipeline import Pipeline
-from ..runs import record_reference_run, runtime_manifest
+from ..recording import record_reference_run, runtime_manifest
 from ..runtime.config import RuntimeConfig
 from ..store.manifest import identity
 from ..telemetry import StepBatch

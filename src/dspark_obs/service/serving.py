@@ -18,7 +18,7 @@ from ..calibration import StsCalibration
 from ..exporters.endpoint import Exporter
 from ..listen import parse_listen
 from ..pipeline import SourceFailed, build_pipeline, run_sources
-from ..runs import runtime_manifest
+from ..recording import runtime_manifest
 from ..runtime.config import RuntimeConfig
 from ..sources import parse_source
 from ..sources.replay import ReplaySource

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from ..outputs import prepare_dir
-from ..runs.workers import add_device_argument, in_workers, jsonl_sink, read_records
+from ..recording.workers import add_device_argument, in_workers, jsonl_sink, read_records
 from .study_summary import format_report, study_report
 from .study_truth import measured_cells
 
@@ -60,7 +60,7 @@ def _record_pair(
     """Run one (world, seed) into `root`: the compact run (with its shadow), each policy's
     real run, and `PAIR_FILE` naming them, written last (a directory without it is a pair
     that did not finish)."""
-    from ..runs import record_reference_run
+    from ..recording import record_reference_run
     from ..runtime.config import STS_WARMUP_STEPS, RuntimeConfig
     from ..runtime.sts_warmup import resolve_sts
 

@@ -1,7 +1,7 @@
 """The world study: reference runs over the runtime's worlds and many seeds, each held
 to its own truth on both estimate paths (`estimator/study.py`).
 
-`python -m dspark_obs.runs.study --worlds real --seeds 20 --jobs 2 --out F` runs it (one
+`python -m dspark_obs.recording.study --worlds real --seeds 20 --jobs 2 --out F` runs it (one
 world and seed per worker process, each one's records appended to F as it finishes);
 `--summarize F...` folds recorded seeds into the per-cell table.
 """
@@ -71,7 +71,7 @@ def format_study(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m dspark_obs.runs.study --worlds real --seeds 20 [--jobs N] [--out F]`."""
+    """`python -m dspark_obs.recording.study --worlds real --seeds 20 [--jobs N] [--out F]`."""
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--worlds", nargs="+", default=["reference"])
     ap.add_argument("--seeds", type=int, default=20, help="seeds 0..N-1")
