@@ -200,19 +200,19 @@ def _workload_sums(blocks: pl.DataFrame, gamma: int) -> tuple[dict, dict]:
     )
 
 
-#: Request-steps `population_replay` reads at a time (see there). Two windows are held
+#: Request-steps `population_replay` reads at a time (see there). Two chunks are held
 #: at once (one read ahead); on 10M request-steps 500k rows kept the replay's peak at
 #: 0.6 GB against 1.0 GB at 1M, in the same time (250k: a quarter slower).
-CHECK_WINDOW_ROWS = 500_000
+REPLAY_CHUNK_ROWS = 500_000
 #: Batches of steps, and request-steps, `population_replay` replays in one call at most.
 REPLAY_BATCHES = 256
 REPLAY_ROWS = 1 << 17
 
 
-def _step_windows(req: pl.LazyFrame) -> tuple[int, list[pl.Expr]]:
+def _step_chunks(req: pl.LazyFrame) -> tuple[int, list[pl.Expr]]:
     """The run's first step, and filters cutting the run into ranges of steps, each whole
     batches of `POPULATION_BATCH_STEPS` steps from the first and about
-    `CHECK_WINDOW_ROWS` request-steps."""
+    `REPLAY_CHUNK_ROWS` request-steps."""
     fct = pl.col("forward_ct")
     per_batch = (
         req.select(((fct - fct.min()) // POPULATION_BATCH_STEPS).alias("batch"), fct)
@@ -225,8 +225,8 @@ def _step_windows(req: pl.LazyFrame) -> tuple[int, list[pl.Expr]]:
         return 0, []
     batch, n = per_batch["batch"].to_numpy(), per_batch["n"].to_numpy()
     first = int(per_batch["first"][0])
-    window = np.cumsum(n) // CHECK_WINDOW_ROWS
-    starts = first + batch[np.r_[0, np.flatnonzero(np.diff(window)) + 1]] * POPULATION_BATCH_STEPS
+    chunk = np.cumsum(n) // REPLAY_CHUNK_ROWS
+    starts = first + batch[np.r_[0, np.flatnonzero(np.diff(chunk)) + 1]] * POPULATION_BATCH_STEPS
     ends = [*starts[1:].tolist(), None]
     return first, [
         fct >= int(lo) if hi is None else fct.is_between(int(lo), hi, closed="left")
@@ -245,27 +245,27 @@ def population_replay(
     the model the check replays is, once it has learnt the last batch, the one fitted on
     every block.
 
-    The request-steps are read in windows of whole batches of steps, about
-    `CHECK_WINDOW_ROWS` rows each, in step order: the check needs three gamma-wide float
+    The request-steps are read in chunks of whole batches of steps, about
+    `REPLAY_CHUNK_ROWS` rows each, in step order: the check needs three gamma-wide float
     columns of every row, which for a 10M request-step run held at once (and sorted) were
     3.4 GB of a `report`'s peak.
     """
     model = HazardModel(gamma, reservoir=max(1, reservoir))
     check = ExtrapolationCheck(gamma)
     model.ensure_groups(len(names))
-    first, windows = _step_windows(req)
+    first, chunks = _step_chunks(req)
     with ThreadPoolExecutor(1, thread_name_prefix="replay-read") as reader:
 
-        def read(window: pl.Expr):
-            return reader.submit(_window_rows, req, window, names, gamma, first)
+        def read(chunk: pl.Expr):
+            return reader.submit(_chunk_rows, req, chunk, names, gamma, first)
 
-        # the next window is read (polars, the GIL released) while this one is replayed
-        following = iter(windows[1:])
-        pending = read(windows[0]) if windows else None
+        # the next chunk is read (polars, the GIL released) while this one is replayed
+        following = iter(chunks[1:])
+        pending = read(chunks[0]) if chunks else None
         while pending is not None:
             rows = pending.result()
-            window = next(following, None)
-            pending = None if window is None else read(window)
+            chunk = next(following, None)
+            pending = None if chunk is None else read(chunk)
             batch = rows.pop("batch")
             for lo, hi in _replay_calls(batch):
                 part = {k: None if v is None else v[lo:hi] for k, v in rows.items()}
@@ -290,13 +290,13 @@ def _replay_calls(batch: np.ndarray) -> list[tuple[int, int]]:
     return [*calls, (lo, len(batch))]
 
 
-def _window_rows(req: pl.LazyFrame, window: pl.Expr, names: list, gamma: int, first: int) -> dict:
-    """One window's request-steps in step order, as `observe_in_batches`' arguments (the
+def _chunk_rows(req: pl.LazyFrame, chunk: pl.Expr, names: list, gamma: int, first: int) -> dict:
+    """One chunk's request-steps in step order, as `observe_in_batches`' arguments (the
     gamma-wide columns None where all NaN), and each row's `batch` of steps from `first`."""
     known = [n for n in names if n is not None]
     cols = ("confidence", "target_logprobs", "draft_logprobs")
     rows = (
-        req.filter(window)
+        req.filter(chunk)
         .select(
             "forward_ct",
             workload_code(known),
@@ -329,7 +329,7 @@ def evaluate(run: Run) -> dict:
     """The `dspark-obs estimate --json` object.
 
     Lazy where it can be: the truth joins only trimmed request-steps, and the
-    population model and the held-out check's replay read the run once, in windows,
+    population model and the held-out check's replay read the run once, in chunks,
     in a worker thread while that join runs (`population_replay`).
     """
     gamma = run.gamma

@@ -281,7 +281,7 @@ def _replay_args(run):
 
 
 def test_the_post_hoc_replay_reads_the_run_in_windows_of_whole_batches(compact_run, monkeypatch):
-    """`evaluate` replays the check over windows of about CHECK_WINDOW_ROWS request-steps
+    """`evaluate` replays the check over chunks of about REPLAY_CHUNK_ROWS request-steps
     (a 10M-row run held its three gamma-wide columns at once before); windows of 100 rows,
     calls of 3 batches or of 20 rows, and parts whose steps come out of order (several
     ranks), give what one window gives."""
@@ -289,11 +289,11 @@ def test_the_post_hoc_replay_reads_the_run_in_windows_of_whole_batches(compact_r
 
     run = open_run(compact_run[0])
     req, df, names, largest = _replay_args(run)
-    monkeypatch.setattr(evaluate_module, "CHECK_WINDOW_ROWS", 10**12)
+    monkeypatch.setattr(evaluate_module, "REPLAY_CHUNK_ROWS", 10**12)
     whole = evaluate_module.population_replay(req, names, run.gamma, largest)
-    monkeypatch.setattr(evaluate_module, "CHECK_WINDOW_ROWS", 100)
+    monkeypatch.setattr(evaluate_module, "REPLAY_CHUNK_ROWS", 100)
     monkeypatch.setattr(evaluate_module, "REPLAY_BATCHES", 3)
-    assert len(evaluate_module._step_windows(req)[1]) >= 3
+    assert len(evaluate_module._step_chunks(req)[1]) >= 3
     assert evaluate_module.population_replay(req, names, run.gamma, largest) == whole
     monkeypatch.setattr(evaluate_module, "REPLAY_ROWS", 20)  # a call a batch, most often
     assert evaluate_module.population_replay(req, names, run.gamma, largest) == whole
