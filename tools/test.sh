@@ -150,7 +150,7 @@ vllm_tests=$!
 # Those that start clusters or subprocesses, or build the largest runs, in one process (about
 # as long as the fallbacks' tests and the rest together); every other one after the
 # fallbacks' tests. Both append their records to one file, a line each.
-bench_first="fleet_ray report_large hook_import aggregate_update ingest_memory real_cost store_write gpu_gather"
+bench_first="fleet_ray report_large hook_import real_cost store_write gpu_gather"
 # shellcheck disable=SC2086 # the names are words
 bench_second="$($PY -c 'import sys
 from bench.__main__ import BENCHMARKS
