@@ -71,13 +71,15 @@ class TritonPacker:
 
     Triton's Python launcher binds every argument on every call (tens of microseconds for
     the ~30 a step has), so after the first launch of a specialisation the compiled
-    kernel's own C launch is called directly (`_launcher`), behind a key this class holds
+    kernel's own C launch is called directly (`direct_launch`), behind a key this class holds
     (the inputs' dtypes and strides, which inputs exist, the logits' alignment). The
     inputs are compiled without value or alignment specialisation (`do_not_specialize`),
     so any address fits; the two logit tensors are specialised, for aligned vector loads.
     The addresses travel in the launch's parameters: no copy to the device before the
     launch, and no program waits on a load of them before reading its request's scalars.
     """
+
+    by_address = True
 
     def __init__(self, layout: StepLayout, pool_slots: int, device, max_bs: int, stamp, *,
                  block: int = BLOCK, num_warps: int = NUM_WARPS,
@@ -191,8 +193,8 @@ class TritonPacker:
         )  # fmt: skip
         kernel = self.kernel[grid](target, draft_logits, seq, *inputs, out, *self.fixed,
                                    **constants, num_warps=self.num_warps)  # fmt: skip
-        if _no_launch_hooks():
-            self.compiled[key] = (*_launcher(kernel), tuple(constants.values()))
+        if no_launch_hooks():
+            self.compiled[key] = (*direct_launch(kernel), tuple(constants.values()))
 
 
 def splits_for(rows: int, programs: int) -> int:
@@ -210,7 +212,7 @@ def _slice(n: int, split: int, block: int) -> int:
     return max(1, -(-n // (split * block))) * block
 
 
-def _launcher(kernel) -> tuple:
+def direct_launch(kernel) -> tuple:
     """The compiled kernel's launch and what it takes before the kernel's arguments: the C
     launch itself where Triton's wrapper would only add a Python call (no scratch memory to
     allocate; 2 us of the serving thread's time on an H200 host), else the wrapper."""
@@ -223,7 +225,7 @@ def _launcher(kernel) -> tuple:
     return run, (kernel.function, *meta)
 
 
-def _no_launch_hooks() -> bool:
+def no_launch_hooks() -> bool:
     """The direct call skips Triton's launch hooks; with a profiler's hooks set, keep the
     normal launch. (Triton 3.5 and later keep them as chains, empty when unused.)"""
     from triton import knobs

@@ -56,9 +56,9 @@ class StepSubmitter:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.host_slots = [torch.from_numpy(b) for b in ring.packed]
-        #: the Triton kernel packs (and writes the device stamp itself)
+        #: SGLang's Triton kernel packs (and writes the device stamp itself)
         self.fused = False
-        #: ... straight into the ring's slots
+        #: the packer writes straight into the ring's slots (a kernel launched by address)
         self.direct = False
         if self.cuda:
             from .device_copy import DeviceCopy
@@ -71,7 +71,7 @@ class StepSubmitter:
             if triton is not False and packer is None:
                 packer = self._triton_packer(pool_slots, raise_missing=bool(triton))
                 self.fused = packer is not None
-            self.direct = (self.fused or getattr(packer, "by_address", False)) and self._map_ring()
+            self.direct = packer is not None and packer.by_address and self._map_ring()
             if not self.direct:
                 self.packed = torch.empty((ring.max_bs, layout.width), dtype=torch.float64,
                                           device=self.device)  # fmt: skip

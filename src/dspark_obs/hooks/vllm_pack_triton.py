@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-from .pack_triton import _launcher, _no_launch_hooks
+from .pack_triton import direct_launch, no_launch_hooks
 from .step_layout import StepLayout
 from .vllm_pack import HOST_COLUMNS, VLLMStep
 
@@ -155,5 +155,5 @@ class VLLMTritonPacker:
                          HAS_CONFIDENCE=has_conf, **self.constants)  # fmt: skip
         kernel = self.kernel[(grid,)](out, self.staging[step.slot], *inputs, bs, **constants,
                                       num_warps=NUM_WARPS)  # fmt: skip
-        if _no_launch_hooks():
-            self.compiled[key] = (*_launcher(kernel), tuple(constants.values()))
+        if no_launch_hooks():
+            self.compiled[key] = (*direct_launch(kernel), tuple(constants.values()))
