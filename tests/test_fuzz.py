@@ -20,6 +20,7 @@ as an explicit `@example` or regression test.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import io
@@ -636,6 +637,7 @@ def json_files(base: dict):
 
 
 _FILES = Path(tempfile.mkdtemp(prefix="fuzz-files-"))
+atexit.register(shutil.rmtree, _FILES, ignore_errors=True)  # one per worker process
 
 
 def _load_or_value_error(load, content: bytes, name: str):
