@@ -25,6 +25,7 @@ from .step_layout import StepLayout
 
 class TorchPacker:
     by_address = False
+    writes_stamp = False
 
     def __init__(self, layout: StepLayout, pool_slots: int, device) -> None:
         import torch

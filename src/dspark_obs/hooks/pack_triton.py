@@ -80,6 +80,7 @@ class TritonPacker:
     """
 
     by_address = True
+    writes_stamp = True
 
     def __init__(self, layout: StepLayout, pool_slots: int, device, max_bs: int, stamp, *,
                  block: int = BLOCK, num_warps: int = NUM_WARPS,

@@ -21,6 +21,7 @@ is allocated per step on the Triton path.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from .observed_step import ObservedStep
@@ -34,9 +35,11 @@ log = logging.getLogger(__name__)
 class Packer(Protocol):
     """A step's device pass, as `StepSubmitter` calls it (`TorchPacker`, `TritonPacker`,
     `vllm_pack.VLLMPacker`, `vllm_pack_triton.VLLMTritonPacker`). One that launches by
-    address (`by_address`, a Triton kernel) can write the ring's slot itself."""
+    address (`by_address`, a Triton kernel) can write the ring's slot itself; one that
+    `writes_stamp` also sets the device stamp to the step's number."""
 
     by_address: bool
+    writes_stamp: bool
 
     def pack(self, step, seq: int, stream: int, out, out_at: int) -> None:
         """Enqueue the filling of `out[:step.bs]` on `stream` (the current one; 0 on a CPU).
@@ -44,20 +47,37 @@ class Packer(Protocol):
         packer that launches by address (0 where there is none)."""
 
 
+#: A packer made for a submitter (its layout, ring, device and device stamp are set).
+PackerForm = Callable[["StepSubmitter"], Packer]
+
+
+def sglang_triton(submitter: StepSubmitter) -> Packer:
+    from .pack_triton import TritonPacker
+
+    return TritonPacker(submitter.layout, submitter.pool_slots, submitter.device,
+                        submitter.ring.max_bs, submitter.stamp)  # fmt: skip
+
+
+def sglang_torch(submitter: StepSubmitter) -> Packer:
+    return TorchPacker(submitter.layout, submitter.pool_slots, submitter.device)
+
+
 class StepSubmitter:
     def __init__(self, layout: StepLayout, ring: SharedRing, device, pool_slots: int, *,
-                 triton: bool | None = None, packer: Packer | None = None) -> None:  # fmt: skip
-        """`packer`: the pass for an engine whose step the SGLang kernel does not read
-        (vLLM's, which chooses its own form). Else the Triton kernel on a GPU where it
-        imports (`triton=None`) or must (`True`), and the torch form otherwise."""
+                 triton: bool | None = None,
+                 forms: tuple[PackerForm, PackerForm] = (sglang_triton, sglang_torch),
+                 ) -> None:  # fmt: skip
+        """`forms`: the engine's Triton and torch packers (SGLang's by default; vLLM's hook
+        passes its own). The Triton one on a GPU where Triton imports (`triton=None`) or
+        must (`True`), the torch one otherwise."""
         import torch
 
-        self.layout, self.ring = layout, ring
+        self.layout, self.ring, self.pool_slots = layout, ring, pool_slots
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.host_slots = [torch.from_numpy(b) for b in ring.packed]
-        #: SGLang's Triton kernel packs (and writes the device stamp itself)
-        self.fused = False
+        triton_form, torch_form = forms
+        packer = None
         #: the packer writes straight into the ring's slots (a kernel launched by address)
         self.direct = False
         if self.cuda:
@@ -68,9 +88,8 @@ class StepSubmitter:
             self.stamp = torch.zeros(1, dtype=torch.int64, device=self.device)
             self.index = self.device.index if self.device.index is not None else 0
             self.raw_stream = torch._C._cuda_getCurrentRawStream
-            if triton is not False and packer is None:
-                packer = self._triton_packer(pool_slots, raise_missing=bool(triton))
-                self.fused = packer is not None
+            if triton is not False:
+                packer = self._triton_packer(triton_form, raise_missing=bool(triton))
             self.direct = packer is not None and packer.by_address and self._map_ring()
             if not self.direct:
                 self.packed = torch.empty((ring.max_bs, layout.width), dtype=torch.float64,
@@ -78,15 +97,12 @@ class StepSubmitter:
                 self.slot_at = [b.ctypes.data for b in ring.packed]
                 self.stamp_at = [s.ctypes.data for s in ring.stamps]
                 self.packed_at, self.stamp_from = self.packed.data_ptr(), self.stamp.data_ptr()
-        self.packer = packer or TorchPacker(layout, pool_slots, self.device)
+        self.packer = packer or torch_form(self)
 
-    def _triton_packer(self, pool_slots: int, *, raise_missing: bool):
-        """The fused kernel's packer; None where Triton does not import (unless asked for)."""
+    def _triton_packer(self, form: PackerForm, *, raise_missing: bool) -> Packer | None:
+        """The Triton packer; None where Triton does not import (unless asked for)."""
         try:
-            from .pack_triton import TritonPacker
-
-            return TritonPacker(self.layout, pool_slots, self.device, self.ring.max_bs,
-                                self.stamp)  # fmt: skip
+            return form(self)
         except ImportError as exc:
             if raise_missing:
                 raise
@@ -122,7 +138,7 @@ class StepSubmitter:
             self.copy.write_value(self.stamp_dev[slot], seq, stream)
             return
         self.packer.pack(step, seq, stream, self.packed, self.packed_at)
-        if not self.fused:
+        if not self.packer.writes_stamp:
             self.stamp.fill_(seq)
         bs = step.bs
         self.copy.to_host(self.slot_at[slot], self.packed_at, bs * self.layout.width * 8, stream)

@@ -59,6 +59,7 @@ class VLLMPacker:
     """The packer protocol (`submit.Packer`) for vLLM's step."""
 
     by_address = False
+    writes_stamp = False
 
     def __init__(self, layout: StepLayout, device, slots: int, max_bs: int) -> None:
         import torch

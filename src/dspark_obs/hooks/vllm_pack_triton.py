@@ -100,6 +100,7 @@ class VLLMTritonPacker:
     for vLLM's step: `out[:bs]` filled by one launch on `stream`."""
 
     by_address = True
+    writes_stamp = False
 
     def __init__(self, layout: StepLayout, device, slots: int, max_bs: int) -> None:
         import torch

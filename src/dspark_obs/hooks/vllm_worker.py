@@ -17,7 +17,6 @@ and warns once.
 from __future__ import annotations
 
 import inspect
-import logging
 import warnings
 
 import numpy as np
@@ -28,8 +27,6 @@ from .sglang_worker import SGLangHook, _make_ring
 from .step_layout import HAS_BUDGET, HAS_CONFIDENCE, StepLayout
 from .submit import StepSubmitter
 from .vllm_pack import VLLMPacker, VLLMStep
-
-log = logging.getLogger(__name__)
 
 SOURCE = sr.source_name("vllm")
 #: `GPUModelRunner.sample`'s parameters in vLLM 0.33.0
@@ -113,25 +110,24 @@ class VLLMHook(SGLangHook):
         if self.submitter is None:
             device = batch.idx_mapping.device
             self.submitter = StepSubmitter(
-                self.layout, ring, device, self.pool_slots,
-                packer=self._packer(device, ring.slots, ring.max_bs),
+                self.layout, ring, device, self.pool_slots, triton=self.triton,
+                forms=(_triton_form, _torch_form),
             )  # fmt: skip
         self.submitter.submit(step, slot, seq)
         self.seq = seq
 
-    def _packer(self, device, slots: int, max_bs: int):
-        """One Triton launch a step on a GPU where Triton imports (`triton=None`) or must
-        (`True`); the torch form otherwise."""
-        if device.type == "cuda" and self.triton is not False:
-            try:
-                from .vllm_pack_triton import VLLMTritonPacker
 
-                return VLLMTritonPacker(self.layout, device, slots, max_bs)
-            except ImportError as exc:
-                if self.triton:
-                    raise
-                log.warning("hook: Triton unavailable (%r); packing steps with torch", exc)
-        return VLLMPacker(self.layout, device, slots, max_bs)
+def _triton_form(submitter: StepSubmitter):
+    """One Triton launch a step (ImportError without Triton: the submitter falls back)."""
+    from .vllm_pack_triton import VLLMTritonPacker
+
+    return VLLMTritonPacker(submitter.layout, submitter.device, submitter.ring.slots,
+                            submitter.ring.max_bs)  # fmt: skip
+
+
+def _torch_form(submitter: StepSubmitter) -> VLLMPacker:
+    return VLLMPacker(submitter.layout, submitter.device, submitter.ring.slots,
+                      submitter.ring.max_bs)  # fmt: skip
 
 
 def _rid_bytes(ids: list[str]) -> bytes:
