@@ -38,6 +38,26 @@ from .step_layout import StepLayout
 #: the host columns, in the layout's order (prefix, pool, greedy and temperature are
 #: adjacent there), then the scheduled drafts the pass masks the drafts with
 HOST_COLUMNS = ("prefix", "pool", "greedy", "temperature")
+#: a staging row's width: the host columns and the scheduled drafts
+HOST_WIDTH = len(HOST_COLUMNS) + 1
+
+
+def host_columns(layout: StepLayout) -> slice:
+    """The layout's columns the host values fill, which both forms write as one range."""
+    at = slice(layout.col(HOST_COLUMNS[0]), layout.col(HOST_COLUMNS[-1]) + 1)
+    if at.stop - at.start != len(HOST_COLUMNS):
+        raise ValueError("the layout's host columns are not adjacent")
+    return at
+
+
+def staging_rows(slots: int, max_bs: int, pin: bool) -> list:
+    """A `[max_bs, HOST_WIDTH]` float64 block of host values per ring slot, page-locked
+    where a device reads it: a slot's block is rewritten only once the consumer released
+    the step whose pass read it, so a pending copy or launch never sees it change."""
+    import torch
+
+    return [torch.empty((max_bs, HOST_WIDTH), dtype=torch.float64, pin_memory=pin)
+            for _ in range(slots)]  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -73,15 +93,10 @@ class VLLMPacker:
         template[:, c["gather_offset"]] = -1.0
         template[:, c["gather_token"]] = -1.0
         self.template = template.to(self.device)
-        self.host_at = slice(lay.col("prefix"), lay.col("temperature") + 1)
-        assert self.host_at.stop - self.host_at.start == len(HOST_COLUMNS)
-        pin = self.device.type == "cuda"
-        width = len(HOST_COLUMNS) + 1
-        self.staging = [
-            torch.empty((max_bs, width), dtype=torch.float64, pin_memory=pin) for _ in range(slots)
-        ]
+        self.host_at = host_columns(lay)
+        self.staging = staging_rows(slots, max_bs, pin=self.device.type == "cuda")
         self.staging_np = [s.numpy() for s in self.staging]
-        self.host_dev = torch.empty((max_bs, width), dtype=torch.float64, device=self.device)
+        self.host_dev = torch.empty((max_bs, HOST_WIDTH), dtype=torch.float64, device=self.device)
         self.positions = torch.arange(layout.gamma, device=self.device)
         self.scratch = torch.empty((max_bs, 3), dtype=torch.int64, device=self.device)
 

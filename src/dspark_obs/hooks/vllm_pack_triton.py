@@ -20,7 +20,7 @@ from operator import attrgetter
 
 from .pack_triton import direct_launch, no_launch_hooks
 from .step_layout import StepLayout
-from .vllm_pack import HOST_COLUMNS, VLLMStep
+from .vllm_pack import HOST_WIDTH, VLLMStep, host_columns, staging_rows
 
 #: rows per program: one [ROWS, width] tile, the whole block in a few programs
 ROWS, NUM_WARPS = 16, 4
@@ -108,12 +108,10 @@ class VLLMTritonPacker:
         self.kernel = _kernel()  # ImportError without Triton: the caller falls back
         self.layout = layout
         c = layout.columns
-        host_at = slice(layout.col("prefix"), layout.col("temperature") + 1)
-        if host_at.stop - host_at.start != len(HOST_COLUMNS):
-            raise ValueError("the layout's host columns are not adjacent")
+        host_at = host_columns(layout)
         self.constants = dict(
             GAMMA=layout.gamma, WIDTH=layout.width,
-            WIDTH_P2=1 << (layout.width - 1).bit_length(), HOST_WIDTH=len(HOST_COLUMNS) + 1,
+            WIDTH_P2=1 << (layout.width - 1).bit_length(), HOST_WIDTH=HOST_WIDTH,
             COL_WINDOW=layout.col("window"), COL_ACCEPTED=layout.col("accepted"),
             COL_COMMITTED=layout.col("committed"), COL_CAP_TRIM=layout.col("cap_trim"),
             COL_BONUS=layout.col("bonus"), COL_HOST=host_at.start,
@@ -124,11 +122,7 @@ class VLLMTritonPacker:
         if c["gather_token"].start != c["gather_offset"].stop:
             raise ValueError("the layout's gather offsets and tokens are not adjacent")
         self.device = torch.device(device)
-        width = len(HOST_COLUMNS) + 1
-        # a staging row per ring slot: rewritten only once the consumer released the step
-        # whose launch read it
-        self.staging = [torch.empty((max_bs, width), dtype=torch.float64, pin_memory=True)
-                        for _ in range(slots)]  # fmt: skip
+        self.staging = staging_rows(slots, max_bs, pin=True)
         self.staging_np = [s.numpy() for s in self.staging]
         self.staging_at = [s.data_ptr() for s in self.staging]
         self.dummy = torch.zeros(1, dtype=torch.float32, device=self.device)
