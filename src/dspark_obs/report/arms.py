@@ -14,6 +14,7 @@ import polars as pl
 
 from ..analysis.cost_fit import CostFit, CostFitError, fit_cost_table
 from ..analysis.load import load_curve
+from ..analysis.reliability import calibration_histograms
 from ..analysis.summary import summarize
 from ..analysis.trim_loss import (
     request_steps_with_ceiling,
@@ -23,7 +24,7 @@ from ..analysis.trim_loss import (
 )
 from ..analysis.verify_lengths import window_shares
 from ..calibration import CalibrationAccumulator
-from ..estimator.evaluate import walked_blocks
+from ..estimator.evaluate import evaluate, walked_blocks
 from ..palette import workload_palette
 from ..store import Run
 from ..store.fleet import FleetHead
@@ -198,3 +199,13 @@ def predict_policies(arm: Arm) -> None:
     run's arm; a fleet's is `fleet_arm.fleet_predict`)."""
     assert arm.run is not None
     arm.whatif, arm.whatif_missing = predict_run(arm.run, report_policies(arm))
+
+
+def run_calibration(arm: Arm) -> None:
+    """Fill `arm.calibration` (a run's arm; a fleet's is `fleet_arm.fleet_calibration`)."""
+    arm.calibration = calibration_histograms(arm.run)
+
+
+def run_estimate(arm: Arm) -> None:
+    """Fill `arm.estimate` (a run's arm; a fleet's is `fleet_arm.fleet_estimate`)."""
+    arm.estimate = evaluate(arm.run)

@@ -30,17 +30,16 @@ import polars as pl
 
 from .. import strict_json
 from ..analysis.load import load_curve
-from ..analysis.reliability import calibration_histograms, pooled
+from ..analysis.reliability import pooled
 from ..analysis.summary import summarize
 from ..analysis.verify_lengths import window_shares
 from ..engine import Engine, InProcessEngine
-from ..estimator.evaluate import evaluate
 from ..outputs import WRITTEN, OwnedFiles, check_target, prepare_dir, write_file
 from ..palette import workload_palette
 from ..store import open_run
 from ..store.fleet import expand_run_dirs, run_labels, single_run
 from ..strict_json import clean_json
-from .arms import Arm, analyse, has_requests, predict_policies
+from .arms import Arm, analyse, has_requests, predict_policies, run_calibration, run_estimate
 from .document import Figure, Section, html_page, markdown
 from .figure_queue import BACKGROUND_FIGURES_ROWS, FigureQueue
 from .figures import load as load_fig
@@ -178,6 +177,13 @@ def _meta(arm: Arm) -> str:
     )
 
 
+def _each_arm(arms: list[Arm], step: Callable, what: str, of_run: Callable, of_fleet: Callable):
+    """One pass over every arm: a run's form, or a fleet's (whose runs are read again)."""
+    for arm in arms:
+        step(f"{arm.label}: {what}")
+        (of_run if arm.fleet is None else of_fleet)(arm)
+
+
 def build_report(
     run_dirs: list[Path],
     out: Path,
@@ -228,23 +234,12 @@ def build_report(
         load = load_section(arm_list, w)
         cost = cost_section(arm_list, w)
         requests = requests_section(arm_list, w, top)
-        for arm in arm_list:
-            step(f"{arm.label}: what-if policies, cost of trimming")
-            (fleet_predict if arm.fleet is not None else predict_policies)(arm)
+        _each_arm(arm_list, step, "what-if policies, cost of trimming", predict_policies,
+                  fleet_predict)  # fmt: skip
         policies = policies_section(arm_list, w)
-        for arm in arm_list:
-            step(f"{arm.label}: calibration")
-            if arm.fleet is not None:
-                fleet_calibration(arm)
-            else:
-                arm.calibration = calibration_histograms(arm.run)
+        _each_arm(arm_list, step, "calibration", run_calibration, fleet_calibration)
         calibration = calibration_section(arm_list, w)
-        for arm in arm_list:
-            step(f"{arm.label}: ceiling estimator")
-            if arm.fleet is not None:
-                fleet_estimate(arm)
-            else:
-                arm.estimate = evaluate(arm.run)
+        _each_arm(arm_list, step, "ceiling estimator", run_estimate, fleet_estimate)
         workloads = workloads_section(arm_list, w)
         estimator = estimator_section(arm_list, w)
         step("drawing figures")
