@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import duckdb
@@ -29,7 +28,8 @@ from dspark_obs.runtime_server import RuntimeFrontend
 
 from .conftest import cli
 from .fleet_reference import posthoc_calibration
-from .prometheus_harness import WAIT, PrometheusServer, require_prometheus, scrape_job
+from .prometheus_harness import PrometheusServer, require_prometheus, scrape_job
+from .serving import OPENER, generate
 from .test_serve_cli import Child
 
 require_prometheus()
@@ -38,24 +38,11 @@ FLEET_RULES = Path(__file__).resolve().parent.parent / "deploy" / "rules" / "fle
 EPS = 1e-8  # SGLang's clamp of predictions
 FINE = 1020  # the live fine bins; 68 to an ECE bin, 34 to an exported AUROC bin
 NODES = (("east", 11, 18), ("west", 23, 10))  # cluster, seed, requests per front
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _generate(url: str, rids: list[str], max_new_tokens: int) -> None:
     for rid in rids:
-        body = {
-            "rid": rid,
-            "text": f"prompt {rid}",
-            "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens},
-        }
-        req = urllib.request.Request(
-            f"{url}/generate",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        with _OPENER.open(req, timeout=WAIT) as resp:
-            resp.read()
+        generate(url, rid, max_new_tokens)
 
 
 def _drive(fronts: list[RuntimeFrontend], seed: int, n: int) -> None:
@@ -76,7 +63,7 @@ def _drive(fronts: list[RuntimeFrontend], seed: int, n: int) -> None:
 def _records(fronts: list[RuntimeFrontend]) -> int:
     total = 0
     for front in fronts:
-        with _OPENER.open(f"{front.url}/server_info", timeout=30) as resp:
+        with OPENER.open(f"{front.url}/server_info", timeout=30) as resp:
             info = json.loads(resp.read())
         total += sum(len(s["dspark_info_record"]["records"]) for s in info["internal_states"])
     return total

@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +24,7 @@ import pytest
 
 from bench.serve_child import EPHEMERAL, SERVING, serve_args
 
-# Loopback only: a CI proxy from http_proxy must not swallow requests meant for 127.0.0.1.
-OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+from .serving import OPENER, WAIT, wait_until
 
 RUNTIME = [
     "--source",
@@ -41,9 +39,6 @@ RUNTIME = [
     "none",
 ]
 DEMO = ["--concurrency", "8", "--steps-per-level", "20", "--sts-warmup-steps", "20", "--quiet"]
-#: Seconds to wait for a child to start, answer or stop: generous, so that a loaded machine
-#: only makes a test slower; every wait polls for its condition and returns once it holds.
-WAIT = 180.0
 
 
 class Child:
@@ -82,19 +77,15 @@ class Child:
             f"--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}"
         )
 
+    def exited(self) -> bool:
+        return self.proc.poll() is not None
+
     def wait_for_line(self, pattern: re.Pattern[str] | str, timeout: float = WAIT) -> re.Match:
         """The child announces its URL on stdout; poll for it rather than guessing a delay."""
         regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        while True:
-            match = regex.search(self.stdout)
-            if match:
-                return match
-            if self.proc.poll() is not None:
-                raise AssertionError(f"exited before printing {regex.pattern!r}\n{self.describe()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {regex.pattern!r} after {timeout}s\n{self.describe()}")
-            time.sleep(0.05)
+        return wait_until(
+            lambda: regex.search(self.stdout), f"printing {regex.pattern!r}", self, timeout
+        )
 
     def url(self, timeout: float = WAIT) -> str:
         return self.wait_for_line(SERVING, timeout).group("url")
@@ -174,10 +165,11 @@ def test_runtime_serve_stops_on_signal_with_a_complete_run(tmp_path, sig):
     child = Child("serve", *RUNTIME, "--out", str(out), "--listen", EPHEMERAL, workdir=tmp_path)
     try:
         url = child.url()
-        deadline = time.monotonic() + WAIT
-        while (seen := sample_sum(scrape(url), "dspark_steps_total")) <= 50:
-            assert time.monotonic() < deadline, f"only {seen} steps\n{child.describe()}"
-            time.sleep(0.05)
+        seen = wait_until(
+            lambda: (n := sample_sum(scrape(url), "dspark_steps_total")) > 50 and n,
+            "50 steps",
+            child,
+        )
         rc = child.stop(sig)
     finally:
         child.kill()
