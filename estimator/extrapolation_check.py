@@ -312,18 +312,28 @@ class ExtrapolationCheck:
         return out
 
     def rates(
-        self, model: HazardModel, groups: np.ndarray, confidence: np.ndarray | None
+        self,
+        model: HazardModel,
+        groups: np.ndarray,
+        confidence: np.ndarray | None,
+        start: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """`([k, gamma] rates, identified)`: the population model's rate in identified
         cells, elsewhere its fallback blended with the smooth model's: by `blend_weight`
         where known positions support the smooth model (`ConfidenceRates.supported`),
-        half and half where they do not."""
+        half and half where they do not. With `start` (`[k]`), only each block's cells
+        from its start on take the blend, the earlier ones keep the model's rate: the
+        walks' extrapolation reads nothing before the start (`interval.position_terms`),
+        and about half the unidentified cells of the blocks a walk ends lie there."""
         rates, identified = model.acceptance(groups, confidence)
         if confidence is None:
             return rates, identified
         # only the unidentified cells take the blend: the smooth model is asked for those
         # (flat indices and `take`/`put`: 2-D fancy indexing costs several times as much)
-        flat = np.flatnonzero(~identified & ~np.isnan(confidence))
+        blend = ~identified & ~np.isnan(confidence)
+        if start is not None:
+            blend &= ~window_rows(rates.shape[1]).take(np.asarray(start, np.int64), axis=0)
+        flat = np.flatnonzero(blend)
         r, c = np.divmod(flat, rates.shape[1])
         g = np.asarray(groups, dtype=np.int64).take(r)
         conf, fallback = confidence.take(flat), rates.take(flat)
@@ -363,13 +373,13 @@ class CheckedExtrapolation:
     def __call__(
         self, groups: np.ndarray, start: np.ndarray, confidence: np.ndarray | None
     ) -> np.ndarray:
-        rates, _ = self.check.rates(self.model, groups, confidence)
+        rates, _ = self.check.rates(self.model, groups, confidence, start)
         return position_terms(rates, start).sum(axis=1)
 
     def parts(
         self, groups: np.ndarray, start: np.ndarray, confidence: np.ndarray | None
     ) -> np.ndarray:
-        rates, identified = self.check.rates(self.model, groups, confidence)
+        rates, identified = self.check.rates(self.model, groups, confidence, start)
         margin = self.check.margin(groups)
         kernels = compiled.KERNELS
         if kernels is None:

@@ -15,7 +15,7 @@ import copy
 
 import numpy as np
 import pytest
-from dspark_obs.estimator import compiled, population, tails
+from dspark_obs.estimator import compiled, interval, population, tails
 from dspark_obs.estimator.ceiling_estimator import CeilingEstimator
 from dspark_obs.estimator.extrapolation_check import CheckedExtrapolation, ExtrapolationCheck
 from dspark_obs.estimator.population import HazardModel, QueuedStep
@@ -233,6 +233,38 @@ def test_acceptance_and_extrapolated_parts_are_the_numpy_ones(seed, k, groups):
         finally:
             compiled.KERNELS = saved
         assert_bitwise(have, want)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=SEEDS, k=st.integers(1, 300), groups=st.integers(1, 4))
+def test_the_blend_from_each_blocks_start_gives_the_same_bits(seed, k, groups):
+    """The walks' extrapolation asks the check for the blend only from each block's start
+    on (`ExtrapolationCheck.rates(..., start)`): those cells are the blend of every cell
+    bit for bit, the earlier ones keep the population model's rate, and the point, its
+    range and the unidentified part are the same bits as from the blend of every cell,
+    with the kernels and without."""
+    model, check = taught(seed, groups)
+    rng = np.random.default_rng(seed)
+    grp = rng.integers(0, groups, k)
+    conf = np.where(rng.random((k, GAMMA)) < 0.1, np.nan, rng.random((k, GAMMA)))
+    start = rng.integers(0, GAMMA, k)
+    full, ident = check.rates(model, grp, conf)
+    part, ident_part = check.rates(model, grp, conf, start)
+    later = np.arange(GAMMA)[None, :] >= start[:, None]
+    assert_bitwise((ident_part, part[later]), (ident, full[later]))
+    assert_bitwise(part[~later], model.acceptance(grp, conf)[0][~later])
+    margin = check.margin(grp)
+    want = interval.extra_parts(full, ident, margin, start)
+    extrapolation = CheckedExtrapolation(model, check)
+    assert_bitwise(extrapolation.parts(grp, start, conf), want)
+    saved, compiled.KERNELS = compiled.KERNELS, None
+    try:
+        assert_bitwise(extrapolation.parts(grp, start, conf), want)
+    finally:
+        compiled.KERNELS = saved
+    assert_bitwise(
+        extrapolation(grp, start, conf), interval.position_terms(full, start).sum(axis=1)
+    )
 
 
 @settings(max_examples=60, deadline=None)
