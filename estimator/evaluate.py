@@ -209,33 +209,32 @@ REPLAY_BATCHES = 256
 REPLAY_ROWS = 1 << 17
 
 
-def _step_chunks(req: pl.LazyFrame) -> tuple[int, list[pl.Expr]]:
-    """The run's first step, and filters cutting the run into ranges of steps, each whole
-    batches of `POPULATION_BATCH_STEPS` steps from the first and about
-    `REPLAY_CHUNK_ROWS` request-steps."""
+def _step_chunks(parts: list[pl.LazyFrame]) -> tuple[int, list[int], np.ndarray]:
+    """The run's first step; the first step of each chunk of the run (ranges of steps, each
+    whole batches of `POPULATION_BATCH_STEPS` steps from the first and about
+    `REPLAY_CHUNK_ROWS` request-steps, the last one open); and each part's first and last
+    step (`[parts, 2]`, -1 where it holds no rows), in one read of the step column."""
     fct = pl.col("forward_ct")
-    per_batch = (
-        req.select(((fct - fct.min()) // POPULATION_BATCH_STEPS).alias("batch"), fct)
-        .group_by("batch")
-        .agg(pl.len().alias("n"), fct.min().alias("first"))
-        .sort("batch")
-        .collect()
+    steps = pl.concat(
+        [part.select(fct, pl.lit(i, pl.Int64).alias("part")) for i, part in enumerate(parts)]
     )
-    if per_batch.height == 0:
-        return 0, []
-    batch, n = per_batch["batch"].to_numpy(), per_batch["n"].to_numpy()
-    first = int(per_batch["first"][0])
+    per_step = steps.group_by("part", "forward_ct").agg(pl.len().alias("n")).collect()
+    bounds = np.full((len(parts), 2), -1, dtype=np.int64)
+    if per_step.height == 0:
+        return 0, [], bounds
+    step = per_step["forward_ct"].to_numpy()
+    first = int(step.min())
+    batch, at = np.unique((step - first) // POPULATION_BATCH_STEPS, return_inverse=True)
+    n = np.bincount(at, weights=per_step["n"].to_numpy()).astype(np.int64)
     chunk = np.cumsum(n) // REPLAY_CHUNK_ROWS
     starts = first + batch[np.r_[0, np.flatnonzero(np.diff(chunk)) + 1]] * POPULATION_BATCH_STEPS
-    ends = [*starts[1:].tolist(), None]
-    return first, [
-        fct >= int(lo) if hi is None else fct.is_between(int(lo), hi, closed="left")
-        for lo, hi in zip(starts.tolist(), ends, strict=True)
-    ]
+    held = per_step.group_by("part").agg(fct.min().alias("lo"), fct.max().alias("hi"))
+    bounds[held["part"].to_numpy()] = held.select("lo", "hi").to_numpy()
+    return first, starts.tolist(), bounds
 
 
 def population_replay(
-    req: pl.LazyFrame, names: list, gamma: int, reservoir: int
+    parts: list[pl.LazyFrame], names: list, gamma: int, reservoir: int
 ) -> tuple[list[dict], list[dict]]:
     """Per workload: the population model's estimates over every block
     (`HazardModel.estimates`, `reservoir` at least the largest workload's request-steps),
@@ -245,27 +244,30 @@ def population_replay(
     the model the check replays is, once it has learnt the last batch, the one fitted on
     every block.
 
-    The request-steps are read in chunks of whole batches of steps, about
-    `REPLAY_CHUNK_ROWS` rows each, in step order: the check needs three gamma-wide float
-    columns of every row, which for a 10M request-step run held at once (and sorted) were
-    3.4 GB of a `report`'s peak.
+    The request-steps (`parts`: the `requests` table a part a frame, `Run.scan_parts`)
+    are read in chunks of whole batches of steps, about `REPLAY_CHUNK_ROWS` rows each, in
+    step order: the check needs three gamma-wide float columns of every row, which for a
+    10M request-step run held at once (and sorted) were 3.4 GB of a `report`'s peak. Each
+    part is read once, whole, when the first chunk that needs it comes (its steps are
+    known from one read of the step column, `_step_chunks`); its rows past that chunk wait
+    for the next. A filter per chunk over every part instead had polars look through all
+    the parts' footers each time, and decode twice the parts a chunk's end cuts.
     """
     model = HazardModel(gamma, reservoir=max(1, reservoir))
     check = ExtrapolationCheck(gamma)
     model.ensure_groups(len(names))
-    first, chunks = _step_chunks(req)
+    first, starts, bounds = _step_chunks(parts)
+    chunks = _PartChunks(parts, names, bounds)
     with ThreadPoolExecutor(1, thread_name_prefix="replay-read") as reader:
 
-        def read(chunk: pl.Expr):
-            return reader.submit(_chunk_rows, req, chunk, names, gamma, first)
+        def read(k: int):
+            return reader.submit(chunks.rows, [*starts, None][k + 1], gamma, first)
 
         # the next chunk is read (polars, the GIL released) while this one is replayed
-        following = iter(chunks[1:])
-        pending = read(chunks[0]) if chunks else None
-        while pending is not None:
+        pending = read(0) if starts else None
+        for k in range(len(starts)):
             rows = pending.result()
-            chunk = next(following, None)
-            pending = None if chunk is None else read(chunk)
+            pending = read(k + 1) if k + 1 < len(starts) else None
             batch = rows.pop("batch")
             for lo, hi in _replay_calls(batch):
                 part = {k: None if v is None else v[lo:hi] for k, v in rows.items()}
@@ -290,39 +292,64 @@ def _replay_calls(batch: np.ndarray) -> list[tuple[int, int]]:
     return [*calls, (lo, len(batch))]
 
 
-def _chunk_rows(req: pl.LazyFrame, chunk: pl.Expr, names: list, gamma: int, first: int) -> dict:
-    """One chunk's request-steps in step order, as `observe_in_batches`' arguments (the
-    gamma-wide columns None where all NaN), and each row's `batch` of steps from `first`."""
-    known = [n for n in names if n is not None]
-    cols = ("confidence", "target_logprobs", "draft_logprobs")
-    rows = (
-        req.filter(chunk)
-        .select(
+#: The gamma-wide columns the replay reads.
+_MATRICES = ("confidence", "target_logprobs", "draft_logprobs")
+
+
+class _PartChunks:
+    """The run's request-steps a chunk of steps at a time, each part read once: the rows
+    of the parts read so far that are not yet handed out wait, by part, for their chunk."""
+
+    def __init__(self, parts: list[pl.LazyFrame], names: list, bounds: np.ndarray) -> None:
+        known = [n for n in names if n is not None]
+        columns = (
             "forward_ct",
             workload_code(known),
             "window",
             "correct_drafts",
             pl.col("greedy").cast(pl.Int8).fill_null(-1),
-            *cols,
+            *_MATRICES,
         )
-        .collect()
-    )
-    if not rows["forward_ct"].is_sorted():  # parts of several ranks interleave
-        rows = rows.sort("forward_ct", maintain_order=True)
-    fct = rows["forward_ct"].to_numpy()
-    mats = [rows[c].to_numpy().reshape(-1, gamma) for c in cols]
-    conf, target, draft = (None if np.isnan(m).all() else m for m in mats)
-    return {
-        "batch": (fct - first) // POPULATION_BATCH_STEPS,
-        "group": rows["group"].to_numpy(),
-        "window": rows["window"].to_numpy(),
-        "accepted": rows["correct_drafts"].to_numpy(),
-        "greedy": rows["greedy"].to_numpy(),
-        "confidence": conf,
-        "target_logprobs": target,
-        "draft_logprobs": draft,
-        "forward_ct": fct,
-    }
+        held = np.flatnonzero(bounds[:, 0] >= 0)  # parts with no rows are never read
+        self._unread = [(int(bounds[i, 0]), int(i), parts[i].select(columns)) for i in held]
+        self._unread.sort(key=lambda u: u[:2], reverse=True)  # the next to read is last
+        self._waiting: dict[int, pl.DataFrame] = {}
+
+    def rows(self, end: int | None, gamma: int, first: int) -> dict:
+        """The rows before step `end` (all of them when None) not handed out yet, in part
+        order and then in step order, as `observe_in_batches`' arguments (the gamma-wide
+        columns None where all NaN), and each row's `batch` of steps from `first`."""
+        due = []
+        while self._unread and (end is None or self._unread[-1][0] < end):
+            due.append(self._unread.pop())
+        for (_, i, _), df in zip(due, pl.collect_all([u[2] for u in due]), strict=True):
+            self._waiting[i] = df
+        pieces = []
+        for i in sorted(self._waiting):
+            df = self._waiting.pop(i)
+            if end is not None:
+                later = df["forward_ct"] >= end
+                if later.any():
+                    self._waiting[i] = df.filter(later)
+                    df = df.filter(~later)
+            pieces.append(df)
+        rows = pl.concat(pieces)
+        if not rows["forward_ct"].is_sorted():  # parts of several ranks interleave
+            rows = rows.sort("forward_ct", maintain_order=True)
+        fct = rows["forward_ct"].to_numpy()
+        mats = [rows[c].to_numpy().reshape(-1, gamma) for c in _MATRICES]
+        conf, target, draft = (None if np.isnan(m).all() else m for m in mats)
+        return {
+            "batch": (fct - first) // POPULATION_BATCH_STEPS,
+            "group": rows["group"].to_numpy(),
+            "window": rows["window"].to_numpy(),
+            "accepted": rows["correct_drafts"].to_numpy(),
+            "greedy": rows["greedy"].to_numpy(),
+            "confidence": conf,
+            "target_logprobs": target,
+            "draft_logprobs": draft,
+            "forward_ct": fct,
+        }
 
 
 def evaluate(run: Run) -> dict:
@@ -376,7 +403,7 @@ def evaluate(run: Run) -> dict:
         # the model is numpy on one core: it fits while polars joins the walks with
         # their truth, instead of leaving the other core idle
         largest = max(st["n"] for st in stats.values())
-        fit = pool.submit(population_replay, req, names, gamma, largest)
+        fit = pool.submit(population_replay, run.scan_parts("requests"), names, gamma, largest)
         keys = ["rank", "forward_ct", "rid"]
         blocks = walked_blocks(run)
         if blocks.collect_schema().names():

@@ -273,35 +273,37 @@ def test_known_ratios_against_a_per_position_loop():
 
 
 def _replay_args(run):
-    req = run.requests()
-    df = req.collect()
+    parts = run.scan_parts("requests")
+    df = run.requests().collect()
     names = sorted(df["workload"].unique().to_list(), key=lambda w: (w is None, w))
     largest = int(df["workload"].value_counts()["count"].max())
-    return req, df, names, largest
+    return parts, df, names, largest
 
 
 def test_the_post_hoc_replay_reads_the_run_in_windows_of_whole_batches(compact_run, monkeypatch):
     """`evaluate` replays the check over chunks of about REPLAY_CHUNK_ROWS request-steps
     (a 10M-row run held its three gamma-wide columns at once before); windows of 100 rows,
     calls of 3 batches or of 20 rows, and parts whose steps come out of order (several
-    ranks), give what one window gives."""
+    ranks, in one part or in parts of their own), give what one window gives."""
     from dspark_obs.estimator import evaluate as evaluate_module
 
     run = open_run(compact_run[0])
-    req, df, names, largest = _replay_args(run)
+    parts, df, names, largest = _replay_args(run)
     monkeypatch.setattr(evaluate_module, "REPLAY_CHUNK_ROWS", 10**12)
-    whole = evaluate_module.population_replay(req, names, run.gamma, largest)
+    whole = evaluate_module.population_replay(parts, names, run.gamma, largest)
     monkeypatch.setattr(evaluate_module, "REPLAY_CHUNK_ROWS", 100)
     monkeypatch.setattr(evaluate_module, "REPLAY_BATCHES", 3)
-    assert len(evaluate_module._step_chunks(req)[1]) >= 3
-    assert evaluate_module.population_replay(req, names, run.gamma, largest) == whole
+    assert len(evaluate_module._step_chunks(parts)[1]) >= 3
+    assert evaluate_module.population_replay(parts, names, run.gamma, largest) == whole
     monkeypatch.setattr(evaluate_module, "REPLAY_ROWS", 20)  # a call a batch, most often
-    assert evaluate_module.population_replay(req, names, run.gamma, largest) == whole
+    assert evaluate_module.population_replay(parts, names, run.gamma, largest) == whole
     # the later half of the steps first, each step's rows kept together and in order
     fct = df["forward_ct"].to_numpy()
     cut = int(np.searchsorted(fct, fct[len(fct) // 2], side="left"))
-    swapped = pl.concat([df[cut:], df[:cut]]).lazy()
+    swapped = [pl.concat([df[cut:], df[:cut]]).lazy()]
     assert evaluate_module.population_replay(swapped, names, run.gamma, largest) == whole
+    halves = [df[cut:].lazy(), df[:0].lazy(), df[:cut].lazy()]  # and an empty part
+    assert evaluate_module.population_replay(halves, names, run.gamma, largest) == whole
 
 
 def test_the_replay_is_the_in_band_estimators_batch_by_batch(compact_run, monkeypatch):
@@ -319,9 +321,9 @@ def test_the_replay_is_the_in_band_estimators_batch_by_batch(compact_run, monkey
     monkeypatch.setattr(ConfidenceRates, "_refit", _counted(ConfidenceRates._refit, refits))
 
     run = open_run(compact_run[0])
-    req, df, names, largest = _replay_args(run)
+    parts, df, names, largest = _replay_args(run)
     gamma = run.gamma
-    estimates, checks = evaluate_module.population_replay(req, names, gamma, largest)
+    estimates, checks = evaluate_module.population_replay(parts, names, gamma, largest)
     replay_refits, refits[:] = len(refits), []
     df = df.sort("forward_ct", maintain_order=True)
     group = np.array([names.index(w) for w in df["workload"].to_list()])

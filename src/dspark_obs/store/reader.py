@@ -159,27 +159,43 @@ class Run:
         query. Only a part without a checksum record (written before parts had
         them) can still hide damage inside a data page until the page is read.
         """
+        files, rejected = self._checked(table)
+        if rejected:
+            frame = _scan_without(files, rejected)
+        else:
+            frame = pl.scan_parquet([str(f) for f in files], glob=False)
+        return frame.with_columns(_screens(table, frame))
+
+    def scan_parts(self, table: str) -> list[pl.LazyFrame]:
+        """Each part of `table` on its own, in part order, as `scan` reads it (checked, the
+        rejected steps left out, the probabilities screened). For a reader that takes the
+        run a range of parts at a time: a query over `scan` with a filter makes polars read
+        every part's footer again for each range, hundreds of parts on a large run."""
+        files, rejected = self._checked(table)
+        frames = [rejected.without(f, pl.scan_parquet(f, glob=False)) for f in files]
+        screens = _screens(table, frames[0])  # the parts' schemas are one (`check_parts`)
+        return [frame.with_columns(screens) for frame in frames]
+
+    def _checked(self, table: str) -> tuple[list[Path], Rejections]:
+        """The parts of `table`, checked (`check_parts`, and a closed run's rows against its
+        manifest), and the steps every reader leaves out of them (none for other tables)."""
         files = self.parts(table)
         if not files:
             raise RunStoreError(f"{self.path / table}: table {table!r} has no parts")
         self.check_parts(table, files)
-        frame = pl.scan_parquet([str(f) for f in files], glob=False)
-        if table in (STEPS, REQUESTS) and self.complete:
+        if table not in (STEPS, REQUESTS):
+            return files, Rejections()
+        if self.complete:
             key = tuple(map(part_key, files))
             if key not in _ROWS:
+                frame = pl.scan_parquet([str(f) for f in files], glob=False)
                 try:
                     rows = frame.select(pl.len()).collect().item()
                 except READ_ERRORS as exc:
                     raise unreadable(self.path / table, exc) from exc
                 _remember(_ROWS, key, rows, _MAX_RUNS)
             self._check_rows(table, _ROWS[key])
-        if table in (STEPS, REQUESTS):
-            rejected = self.rejections()
-            if rejected:
-                frame = _scan_without(files, rejected)
-        if table == REQUESTS:
-            frame = frame.with_columns(within_probabilities(frame.collect_schema().names()))
-        return frame
+        return files, self.rejections()
 
     def rejections(self) -> Rejections:
         """The stored steps every reader leaves out, as the pipeline's gate would reject
@@ -306,6 +322,14 @@ class Run:
         report(self.path, tally(found))
         for table, n in rows.items():
             self._check_rows(table, n)
+
+
+def _screens(table: str, frame: pl.LazyFrame) -> list[pl.Expr]:
+    """What every read of `table` (as `frame`) puts over its columns: the probability
+    matrices of `requests` screened (`within_probabilities`)."""
+    if table != REQUESTS:
+        return []
+    return within_probabilities(frame.collect_schema().names())
 
 
 def _scan_without(files: list[Path], rejected: Rejections) -> pl.LazyFrame:
