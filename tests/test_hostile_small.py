@@ -13,9 +13,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import duckdb
@@ -25,6 +22,8 @@ from dspark_obs.json_files import decode_document, load_json_file
 from dspark_obs.telemetry.batch import MAX_STEP_MS, InvalidBatch, StepBatch
 
 from .conftest import cli
+from .serving import wait_until
+from .test_serve_cli import Child
 
 SAMPLE = Path(__file__).parent / "data" / "sglang" / "server_info.compact.greedy.json"
 
@@ -97,28 +96,22 @@ def test_ingest_follow_that_ingested_nothing_exits_2_when_it_stops(tmp_path, cas
     doc, steps = _every_record_bad()
     live.write_text(json.dumps(doc) + "\n" if case == "all-rejected" else "")
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dspark_obs", "ingest", str(live), "--out", str(out), "--follow"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 180  # generous: a loaded machine only makes it slower
+    with Child("ingest", str(live), "--out", str(out), "--follow", workdir=tmp_path) as child:
         # the signal handlers are set before the file is opened, so once it is open (and,
         # with records, once they made a run) a signal stops it cleanly
-        while not (
-            (out / "run.json").exists()
-            if case == "all-rejected"
-            else any(p.resolve() == live for p in Path(f"/proc/{proc.pid}/fd").iterdir())
-        ):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "ingest --follow never read its file"
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 2 and "Traceback" not in stderr, stderr
+        fds = Path(f"/proc/{child.proc.pid}/fd")
+        wait_until(
+            lambda: (
+                (out / "run.json").exists()
+                if case == "all-rejected"
+                else any(p.resolve() == live for p in fds.iterdir())
+            ),
+            "ingest --follow reading its file",
+            child,
+        )
+        rc = child.stop(signal.SIGTERM, timeout=60)
+    stderr = child.stderr
+    assert rc == 2 and "Traceback" not in stderr, stderr
     if case == "all-rejected":
         assert f"every record of {live} was rejected" in stderr
         assert f"'accepted_out_of_range': {steps}" in stderr and "no run written" in stderr

@@ -7,17 +7,15 @@ through the project's own converters, so a shared bug cannot hide.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import polars as pl
 
 from .conftest import cli
+from .serving import wait_until
+from .test_serve_cli import Child
 
 SAMPLES = Path(__file__).parent / "data" / "sglang"
 GREEDY = SAMPLES / "server_info.compact.greedy.json"
@@ -176,39 +174,21 @@ def test_follow_survives_partial_lines_and_rotation(tmp_path):
     head = "".join(lines[:third])
     live.write_text(head + lines[third][:10])
     out = tmp_path / "run"
-    env = {**os.environ, "COLUMNS": "160"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dspark_obs", "ingest", str(live), "--out", str(out), "--follow"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    try:
-        deadline = time.monotonic() + 180  # generous: a loaded machine only makes it slower
-        while not (out / "run.json").exists():  # the first flush proves handlers are set
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "ingest --follow never wrote its run"
-            time.sleep(0.1)
+    with Child("ingest", str(live), "--out", str(out), "--follow", workdir=tmp_path) as child:
+        # the first flush proves handlers are set
+        wait_until((out / "run.json").exists, "ingest --follow writing its run", child)
         with live.open("a") as fh:
             fh.write(lines[third][10:] + "".join(lines[third + 1 : 2 * third]))
-        time.sleep(0.5)
-        # rotation: the old file moves away, a new one takes its name
+        # rotation: the old file moves away, a new one takes its name (the follower drains
+        # the old descriptor first, so what was appended above is read either way)
         live.rename(tmp_path / "ba.jsonl.1")
         live.write_text("".join(lines[2 * third :]) + '{"rid": "gsm8k-0", "fct": 99')
         # the new file read before the signal, however busy the machine: one of its blocks
         # is published (a flush every 2 s; blocks still open at the end wait for the close)
         new = _opening_rows(lines[2 * third :]) - _opening_rows(lines[: 2 * third])
-        while not new & _stored_keys(out / "ceilings"):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "ingest --follow never read the new file"
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, stderr
+        wait_until(lambda: new & _stored_keys(out / "ceilings"), "the new file read", child)
+        assert child.stop(signal.SIGINT, timeout=30) == 0, child.describe()
+    stdout = child.stdout
     manifest = _manifest(out)
     assert manifest["complete"] is True and manifest["rotations"] == 1
     ceilings = pl.read_parquet(out / "ceilings" / "*.parquet")
