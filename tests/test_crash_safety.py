@@ -2,12 +2,12 @@
 
 The run store publishes a part per flush by atomic rename, so SIGKILL (the OOM
 killer, a power cut, `kill -9`) may cost what was buffered since the last part
-and nothing else. Each repeat (two at a time) starts a real child writing a run
-directory and kills it with SIGKILL at a seeded random moment: a quarter of the repeats a
-random delay after the process starts (often before it has created anything),
-the others a random delay after its first few parts are published (often
-mid-flush). Which repeats have published parts when killed is thus fixed by the
-seed, not by how fast the machine is. Each kill then checks:
+and nothing else. Each repeat (two at a time; ten by default, twenty in the long form,
+`-m long`) starts a real child writing a run directory and kills it with SIGKILL at a
+seeded random moment: a quarter to a third of the repeats a random delay after the
+process starts (often before it has created anything), the others a random delay after
+its first few parts are published (often mid-flush). Which repeats have published parts
+when killed is thus fixed by the seed, not by how fast the machine is. Each kill then checks:
 
 - every published part of every table reads (`scan`), `Run.batches()` gives the
   stored steps and their request rows back, step keys are unique, and the
@@ -50,9 +50,10 @@ from dspark_obs.store import open_run
 from .test_serve_cli import Child, run_cli, sample_sum, scrape
 
 SEED = 20251130
-KILLS = {"serve": 12, "run": 8}
-#: Repeats per command killed a random delay after start; the rest after published parts.
-EARLY_KILLS = {"serve": 3, "run": 2}
+#: Repeats per command, and of those how many are killed a random delay after the start
+#: (the rest after published parts): the default form, and the long one (`-m long`).
+SHORT = {"serve": 6, "run": 4}, {"serve": 2, "run": 1}
+LONG = {"serve": 12, "run": 8}, {"serve": 3, "run": 2}
 SERVE_FLUSH_STEPS = (16, 40)  # drawn per repeat
 RUN_FLUSH_SECONDS = 0.4
 #: What a flush in progress may add to `run`'s bound at least: writing one part of
@@ -177,20 +178,20 @@ class Kill:
     delay: float
 
 
-def _kills(rng: random.Random) -> list[Kill]:
+def _kills(rng: random.Random, kills: dict[str, int], early_kills: dict[str, int]) -> list[Kill]:
     """Every repeat's plan, drawn from the seed before any runs, so that which repeats are
     killed when does not depend on the order or the pace in which they run."""
-    early = {c: rng.sample(range(n), EARLY_KILLS[c]) for c, n in KILLS.items()}
+    early = {c: rng.sample(range(n), early_kills[c]) for c, n in kills.items()}
     plans = []
-    for i in range(sum(KILLS.values())):
-        command = "serve" if i < KILLS["serve"] else "run"
+    for i in range(sum(kills.values())):
+        command = "serve" if i < kills["serve"] else "run"
         if command == "serve":
             flush_steps, flush_seconds = rng.choice(SERVE_FLUSH_STEPS), 3600.0
         else:
             flush_steps, flush_seconds = 1_000_000, RUN_FLUSH_SECONDS
         # early: a delay from the start of the process, which often lands before anything
         # exists; otherwise a delay after the first `parts` parts, often mid-flush
-        moment = "early" if i - (command == "run") * KILLS["serve"] in early[command] else ""
+        moment = "early" if i - (command == "run") * kills["serve"] in early[command] else ""
         parts = 0 if moment else rng.randint(1, 3)
         delay = rng.uniform(0.0, 1.5) if moment else rng.uniform(0.0, 0.6)
         plans.append(Kill(i, command, flush_steps, flush_seconds, moment, parts, delay))
@@ -241,13 +242,20 @@ def _kill_and_check(plan: Kill, tmp_path: Path) -> tuple:
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_moments_loses_at_most_one_flush_interval(tmp_path):
+@pytest.mark.parametrize(
+    ("kills", "early_kills"),
+    [pytest.param(*SHORT, id="short"), pytest.param(*LONG, id="long", marks=pytest.mark.long)],
+)
+def test_sigkill_at_random_moments_loses_at_most_one_flush_interval(tmp_path, kills, early_kills):
     # Two repeats at a time: each is mostly a child starting up or waiting on its parts, and
     # every bound above holds whatever else the machine runs (the serve bound counts steps,
     # the run bound stretches with the run's own gaps between parts).
     with ThreadPoolExecutor(max_workers=2) as pool:
         outcomes = list(
-            pool.map(lambda plan: _kill_and_check(plan, tmp_path), _kills(random.Random(SEED)))
+            pool.map(
+                lambda plan: _kill_and_check(plan, tmp_path),
+                _kills(random.Random(SEED), kills, early_kills),
+            )
         )
 
     lost = [o[4] - o[5] for o in outcomes if o[0] == "serve" and o[4] is not None]
@@ -268,9 +276,9 @@ def test_sigkill_at_random_moments_loses_at_most_one_flush_interval(tmp_path):
     for o in outcomes:
         print("  ", o)
     # every kill after published parts found them whole: both commands, most repeats
-    for command, n in KILLS.items():
+    for command, n in kills.items():
         parted = [o for o in outcomes if o[0] == command and o[1] != "early"]
-        assert len(parted) == n - EARLY_KILLS[command] >= n // 2
+        assert len(parted) == n - early_kills[command] >= n // 2
         assert all(o[5] > 0 for o in parted), parted
 
 
