@@ -17,7 +17,8 @@ import polars as pl
 
 from bench.serve_child import serve_args
 from dspark_obs.store import open_run
-from tests.prometheus_harness import WAIT, PrometheusServer, require_prometheus
+from tests.prometheus_harness import PrometheusServer, require_prometheus
+from tests.serving import wait_until
 from tests.test_serve_cli import OPENER, Child
 
 require_prometheus()
@@ -46,13 +47,13 @@ def test_buckets_carry_a_recent_request_step_that_prometheus_stores(tmp_path):
                                 extra_args=["--enable-feature=exemplar-storage"])  # fmt: skip
         prom.start()
         prom.wait_until_up("dspark")
-        deadline = time.monotonic() + WAIT
-        found = []
-        while not found and time.monotonic() < deadline:
-            now = time.time()
-            found = prom.exemplars("dspark_accepted_tokens_bucket", now - 600, now + 60)
-            time.sleep(1)
-        assert found, "Prometheus stored no exemplar"
+        found = wait_until(
+            lambda: prom.exemplars(
+                "dspark_accepted_tokens_bucket", time.time() - 600, time.time() + 60
+            ),
+            "an exemplar stored by Prometheus",
+            interval=0.2,
+        )
     finally:
         if prom is not None:
             prom.stop()

@@ -3,6 +3,10 @@
 # The README's second set-up command; CI runs exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Compiled modules are cached (__pycache__, ignored by git) even where the environment turns
+# that off: the tests start a few hundred `dspark-obs` processes and each pytest process
+# rewrites every test module's asserts, each compiling its modules afresh otherwise.
+unset PYTHONDONTWRITEBYTECODE
 
 # A real Prometheus server (and promtool) for the integration tests: Debian's own package.
 # Installed in the background while the Python environment is built; the tests wait for it.
