@@ -1248,10 +1248,13 @@ validate_steps(PyObject *self, PyObject *args)
 }
 
 PyDoc_STRVAR(known_log_ratios_doc,
-"known_log_ratios(steps, gamma) -> (float64 [known], int64 [steps + 1])\n\n"
-"The log acceptance ratios (interval.acceptance_log_ratio) of the queued steps' known\n"
-"positions, in row order, and where each step's begin: what the check and the smooth\n"
-"model take, once exponentiated.");
+"known_log_ratios(steps, gamma) -> (float64 [known], int64 [steps + 1], int64 [logs])\n\n"
+"The acceptance ratios of the queued steps' known positions, in row order, where each\n"
+"step's begin, and which of them are still logs: a log ratio\n"
+"(interval.acceptance_log_ratio) of 0 (p >= q, three in four on P2's traffic) is written\n"
+"as its ratio 1 (exp(0) is 1 in every libm), a negative one as itself, its index in\n"
+"`logs`; the caller exponentiates those with numpy's exp, as the numpy form takes every\n"
+"ratio: what the check and the smooth model take.");
 
 static PyObject *
 known_log_ratios(PyObject *self, PyObject *args)
@@ -1270,33 +1273,46 @@ known_log_ratios(PyObject *self, PyObject *args)
     KnownPositions it;
     PyObject *out = PyArray_SimpleNew(1, &room, NPY_FLOAT64);
     PyObject *offsets = out ? PyArray_SimpleNew(1, &nsteps, NPY_INT64) : NULL;
-    if (offsets == NULL) {
+    PyObject *logs = offsets ? PyArray_SimpleNew(1, &room, NPY_INT64) : NULL;
+    if (logs == NULL) {
         Py_XDECREF(out);
+        Py_XDECREF(offsets);
         queued_free(&q);
         return NULL;
     }
     double *o = PyArray_DATA((PyArrayObject *)out);
     int64_t *off = PyArray_DATA((PyArrayObject *)offsets);
-    npy_intp k = 0;
+    int64_t *lg = PyArray_DATA((PyArrayObject *)logs);
+    npy_intp k = 0, m = 0;
     for (Py_ssize_t s = 0; s < q.steps; s++) {
         off[s] = k;
         for (known_start(&it, &q, s, g); known_next(&it, &r, &j);) {
             /* numpy's clip to [LOG_RATIO_FLOOR, 0] (a NaN never gets here) */
             const double x = it.t[r * g + j] - it.d[r * g + j];
-            o[k++] = x < -1e300 ? -1e300 : x > 0.0 ? 0.0 : x;
+            if (x < 0.0) {
+                lg[m++] = k;
+                o[k++] = x < -1e300 ? -1e300 : x;
+            }
+            else
+                o[k++] = 1.0;
         }
     }
     off[q.steps] = k;
     queued_free(&q);
-    PyArray_Dims shape = {&k, 1};
+    PyArray_Dims shape = {&k, 1}, log_shape = {&m, 1};
     PyObject *resized = PyArray_Resize((PyArrayObject *)out, &shape, 0, NPY_CORDER);
-    if (resized == NULL) {
+    PyObject *log_resized =
+        resized ? PyArray_Resize((PyArrayObject *)logs, &log_shape, 0, NPY_CORDER) : NULL;
+    if (log_resized == NULL) {
+        Py_XDECREF(resized);
         Py_DECREF(out);
         Py_DECREF(offsets);
+        Py_DECREF(logs);
         return NULL;
     }
     Py_DECREF(resized);
-    return Py_BuildValue("(NN)", out, offsets);
+    Py_DECREF(log_resized);
+    return Py_BuildValue("(NNN)", out, offsets, logs);
 }
 
 /* The known ratios and where each step's begin, checked against the steps. */

@@ -163,9 +163,10 @@ class ExtrapolationCheck:
             return top
         self._ensure_groups(top + 1)
         model.ensure_groups(top + 1)
-        # the known positions' ratios, exponentiated by numpy as `known_ratios` does
-        ratios, offsets = kernels.known_log_ratios(steps, self.gamma)
-        np.exp(ratios, out=ratios)
+        # the known positions' ratios: the negative logs exponentiated by numpy, as
+        # `known_ratios` does (the kernel writes a log of 0 as its ratio 1)
+        ratios, offsets, logs = kernels.known_log_ratios(steps, self.gamma)
+        ratios.put(logs, np.exp(ratios.take(logs)))
         checked = checked_steps(np.array([s.forward_ct for s in steps], np.int64))
         hazard, data = model.tables()
         sums, (group, position, conf, fallback, a) = kernels.check_sums(

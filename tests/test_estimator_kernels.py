@@ -15,7 +15,7 @@ import copy
 
 import numpy as np
 import pytest
-from dspark_obs.estimator import compiled, interval, population, tails
+from dspark_obs.estimator import compiled, extrapolation_check, interval, population, tails
 from dspark_obs.estimator.ceiling_estimator import CeilingEstimator
 from dspark_obs.estimator.extrapolation_check import CheckedExtrapolation, ExtrapolationCheck
 from dspark_obs.estimator.population import HazardModel, QueuedStep
@@ -235,6 +235,26 @@ def test_acceptance_and_extrapolated_parts_are_the_numpy_ones(seed, k, groups):
         assert_bitwise(have, want)
 
 
+def test_known_ratios_are_numpys_exp_of_every_log_ratio():
+    """The kernel writes a log ratio of 0 as its ratio 1 and leaves the negative ones to
+    numpy's exp: the ratios are `known_ratios`' (exp of every clipped log ratio) to the
+    last bit, at p > q, p == q, -0.0, a -inf target (ratio 0) and a -inf draft."""
+    values = np.array([0.0, -0.0, -1e-300, -0.5, -3.0, -np.inf, np.nan, -745.2, -2.0])
+    rng = np.random.default_rng(7)
+    n = 200
+    tlp, dlp = rng.choice(values, (2, n, GAMMA))
+    w = rng.integers(0, GAMMA + 1, n)
+    greedy = (rng.random(n) < 0.2).astype(np.int8)
+    group = np.zeros(n, np.int64)
+    step = QueuedStep(group, w, np.zeros(n, np.int64), None, greedy, tlp, dlp, 0)
+    ratios, offsets, logs = KERNELS.known_log_ratios([step, step], GAMMA)
+    ratios.put(logs, np.exp(ratios.take(logs)))
+    known, want = extrapolation_check.known_ratios(w, greedy, tlp, dlp, GAMMA)
+    assert known.sum() > 300 and (want[known] == 1).sum() > 100 and (want[known] == 0).any()
+    assert offsets.tolist() == [0, known.sum(), 2 * known.sum()]
+    assert_bitwise(ratios, np.concatenate([want[known], want[known]]))
+
+
 @settings(max_examples=30, deadline=None)
 @given(seed=SEEDS, k=st.integers(1, 300), groups=st.integers(1, 4))
 def test_the_blend_from_each_blocks_start_gives_the_same_bits(seed, k, groups):
@@ -350,7 +370,7 @@ def test_the_kernels_refuse_rows_and_arrays_outside_their_bounds():
     model.ensure_groups(1)  # the steps have group 1 too
     hazard, data = model.tables()
     reservoir = (model._ring, model._head, model._fill)
-    ratios, offsets = KERNELS.known_log_ratios(steps, GAMMA)
+    ratios, offsets, _ = KERNELS.known_log_ratios(steps, GAMMA)
     with pytest.raises(ValueError, match="group"):
         KERNELS.count_blocks(steps, model.bins, 1024, *model._state(), *reservoir)
     with pytest.raises(ValueError):
