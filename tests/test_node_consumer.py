@@ -41,6 +41,7 @@ from tests.prometheus_harness import (
     free_port,
     require_prometheus,
 )
+from tests.serving import wait_until
 
 require_prometheus()
 
@@ -188,15 +189,6 @@ def consumer_pids(listen: str) -> list[int]:
     return pids
 
 
-def wait_for(condition, what: str):
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def sglang_available() -> bool:
     try:
         import sglang  # noqa: F401
@@ -228,7 +220,7 @@ def test_every_rank_of_a_node_on_one_scrape_target(how, tmp_path):
         for r, total in ((0, {"0": 60}), (1, {"0": 60, "1": 60})):
             ranks[r].run(60)
             ref.run(r, 60)
-            wait_for(lambda total=total: steps_by_rank(prom) == total, f"rank {r}'s steps")
+            wait_until(lambda total=total: steps_by_rank(prom) == total, f"rank {r}'s steps")
         want = ref.series()
         assert {k[0] for k in want} >= {"dspark_request_steps_total", "dspark_window_tokens_bucket"}
         assert_ingested(prom, want)
@@ -245,17 +237,17 @@ def test_every_rank_of_a_node_on_one_scrape_target(how, tmp_path):
         for r, total in ((0, {"0": 100, "1": 60}), (1, {"0": 100, "1": 100})):
             ranks[r].run(40, 0.02)
             ref.run(r, 40)
-            wait_for(lambda total=total: steps_by_rank(prom) == total, f"rank {r}'s steps")
+            wait_until(lambda total=total: steps_by_rank(prom) == total, f"rank {r}'s steps")
         assert_ingested(prom, ref.series())
 
         # the consumer dies: serving goes on, steps are dropped and counted, a new one starts
         (old,) = consumer_pids(listen)
         os.kill(old, signal.SIGKILL)
-        wait_for(lambda: old not in consumer_pids(listen), "the consumer's death")
+        wait_until(lambda: old not in consumer_pids(listen), "the consumer's death")
         longest = max(ranks[r].run(150) for r in ranks)
         assert longest < 10.0  # the observer call never waited for the consumer
         # each rank's hook may start one; the one that takes the lock stays
-        (new,) = wait_for(
+        (new,) = wait_until(
             lambda: pids if len(pids := consumer_pids(listen)) == 1 else None, "one consumer"
         )
         assert new != old
@@ -264,11 +256,11 @@ def test_every_rank_of_a_node_on_one_scrape_target(how, tmp_path):
             steps = steps_by_rank(prom)
             return sum(steps.values()) + dropped(prom) == 300 and dropped(prom) > 0
 
-        wait_for(after_restart, "every step counted or dropped by the new consumer")
+        wait_until(after_restart, "every step counted or dropped by the new consumer")
         for r in ranks:
             ranks[r].run(20)
         before = dropped(prom)
-        wait_for(lambda: sum(steps_by_rank(prom).values()) + before == 340, "the later steps")
+        wait_until(lambda: sum(steps_by_rank(prom).values()) + before == 340, "the later steps")
         assert dropped(prom) == before  # a consumer that keeps up drops nothing
         for r in ranks:
             ranks[r].close()
