@@ -935,7 +935,9 @@ static PyTypeObject PoolType = {
  * the last bit: the same operations on the same values, every sum taken in the order
  * numpy takes it (tests/test_estimator_kernels.py). Nothing transcendental is computed
  * here, since numpy's exp, log and tanh differ from the C library's in the last bits:
- * the acceptance ratios arrive exponentiated, the smooth model's rates are numpy's.
+ * the acceptance ratios are exponentiated by numpy (known_log_ratios writes only a log of
+ * 0 as its ratio, 1), and the smooth model's rates are numpy's (blend_cells only finds the
+ * cells of the ended walks that take them).
  */
 
 /* numpy's clip of a double: NaN stays NaN, and each bound is taken as numpy's maximum and
@@ -1811,6 +1813,57 @@ extra_parts(PyObject *self, PyObject *args)
     return out;
 }
 
+PyDoc_STRVAR(blend_cells_doc,
+"blend_cells(identified, confidence, start) -> (rows int64 [m], positions int64 [m])\n\n"
+"The cells of ended walks whose rate ExtrapolationCheck blends with the smooth model's:\n"
+"unidentified (identified: bool position-major [n, k], as cell_rates gives it), with a\n"
+"confidence (float64 [k, n], not NaN) and at or past the block's start (int64 [k]), in\n"
+"row-major order.");
+
+static PyObject *
+blend_cells(PyObject *self, PyObject *args)
+{
+    PyObject *o[3];
+    if (!PyArg_ParseTuple(args, "OOO:blend_cells", &o[0], &o[1], &o[2]))
+        return NULL;
+    npy_intp dims_in[2];
+    if (array_dims(o[0], "identified", 2, dims_in) < 0)
+        return NULL;
+    const npy_intp n = dims_in[0], k = dims_in[1];
+    const char *ident;
+    const double *conf;
+    const int64_t *start;
+    if ((ident = checked(o[0], "identified", NPY_BOOL, n, k, 0)) == NULL
+        || (conf = (double *)checked(o[1], "confidence", NPY_FLOAT64, k, n, 0)) == NULL
+        || (start = (int64_t *)checked(o[2], "start", NPY_INT64, k, -1, 0)) == NULL)
+        return NULL;
+    npy_intp room = n * k, m = 0;
+    PyObject *rows = PyArray_SimpleNew(1, &room, NPY_INT64);
+    PyObject *positions = rows ? PyArray_SimpleNew(1, &room, NPY_INT64) : NULL;
+    if (positions == NULL) {
+        Py_XDECREF(rows);
+        return NULL;
+    }
+    int64_t *R = PyArray_DATA((PyArrayObject *)rows), *J = PyArray_DATA((PyArrayObject *)positions);
+    for (npy_intp b = 0; b < k; b++)
+        for (npy_intp j = start[b] > 0 ? start[b] : 0; j < n; j++)
+            if (!ident[j * k + b] && !isnan(conf[b * n + j])) {
+                R[m] = b;
+                J[m++] = j;
+            }
+    PyArray_Dims shape = {&m, 1};
+    PyObject *r1 = PyArray_Resize((PyArrayObject *)rows, &shape, 0, NPY_CORDER);
+    PyObject *r2 = r1 ? PyArray_Resize((PyArrayObject *)positions, &shape, 0, NPY_CORDER) : NULL;
+    Py_XDECREF(r1);
+    Py_XDECREF(r2);
+    if (r2 == NULL) {
+        Py_DECREF(rows);
+        Py_DECREF(positions);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", rows, positions);
+}
+
 /* ---- the estimator's folds ------------------------------------------------------- */
 
 PyDoc_STRVAR(window_sums_doc,
@@ -2229,6 +2282,7 @@ static PyMethodDef methods[] = {
     {"trim_rows", trim_rows, METH_VARARGS, trim_rows_doc},
     {"block_ceilings", block_ceilings, METH_VARARGS, block_ceilings_doc},
     {"extra_parts", extra_parts, METH_VARARGS, extra_parts_doc},
+    {"blend_cells", blend_cells, METH_VARARGS, blend_cells_doc},
     {"running_sums", running_sums, METH_VARARGS,
      "The per-position arithmetic over [k, n] log-probabilities (see interval.running_sums)."},
     {NULL, NULL, 0, NULL},

@@ -337,30 +337,33 @@ class ExtrapolationCheck:
         flat = np.flatnonzero(blend)
         r, c = np.divmod(flat, rates.shape[1])
         g = np.asarray(groups, dtype=np.int64).take(r)
-        conf, fallback = confidence.take(flat), rates.take(flat)
-        smooth = self.smooth.rates_at(g, c, conf)
+        blended = rates.copy()
+        blended.put(flat, self._blended(g, c, confidence.take(flat), rates.take(flat)))
+        return blended, identified
+
+    def _blended(
+        self, groups: np.ndarray, position: np.ndarray, conf: np.ndarray, fallback: np.ndarray
+    ) -> np.ndarray:
+        """The blend of unidentified cells (their groups, positions, confidences and the
+        population model's fallback rates), as `rates` gives it."""
+        smooth = self.smooth.rates_at(groups, position, conf)
         # where no known position is near, the smooth model extrapolates too: neither rate
         # is identified there, and the point takes the middle of the two
-        supported = self.smooth.supported_at(g, c, conf)
-        weight = np.where(supported, self.blend_weight(g), UNSUPPORTED_WEIGHT)
-        blended = rates.copy()
-        blended.put(
-            flat, np.where(np.isnan(smooth), fallback, weight * (smooth - fallback) + fallback)
-        )
-        return blended, identified
+        supported = self.smooth.supported_at(groups, position, conf)
+        weight = np.where(supported, self.blend_weight(groups), UNSUPPORTED_WEIGHT)
+        return np.where(np.isnan(smooth), fallback, weight * (smooth - fallback) + fallback)
 
     def margin(self, groups: np.ndarray) -> np.ndarray:
         """`[k]` the groups' held-out ECE over identified cells: the half-width of an
         identified rate's range (1 for a group nothing was checked on)."""
         groups = np.asarray(groups, dtype=np.int64)
-        count, gap = np.zeros(len(groups)), np.zeros(len(groups))
-        have = groups < len(self.sums)
         s = self.sums[:, 0]  # [groups, 5, bins]: identified cells
         # count * |mean predicted - mean observed| per bin is |sum predicted - sum observed|;
-        # per group first, then per block (a few groups, thousands of blocks)
-        count[have] = s[:, 0].sum(axis=1)[groups[have]]
-        gap[have] = np.abs(s[:, 1] - s[:, 2]).sum(axis=1)[groups[have]]
-        return np.where(count > 0, gap / np.maximum(count, 1), 1.0)
+        # per group, then taken per block (a few groups, thousands of blocks); a group past
+        # the sums takes the last entry, 1
+        count, gap = s[:, 0].sum(axis=1), np.abs(s[:, 1] - s[:, 2]).sum(axis=1)
+        per_group = np.append(np.where(count > 0, gap / np.maximum(count, 1), 1.0), 1.0)
+        return per_group.take(np.minimum(groups, len(s)))
 
 
 @dataclass(frozen=True)
@@ -380,11 +383,22 @@ class CheckedExtrapolation:
     def parts(
         self, groups: np.ndarray, start: np.ndarray, confidence: np.ndarray | None
     ) -> np.ndarray:
-        rates, identified = self.check.rates(self.model, groups, confidence, start)
-        margin = self.check.margin(groups)
         kernels = compiled.KERNELS
+        margin = self.check.margin(groups)
         if kernels is None:
+            rates, identified = self.check.rates(self.model, groups, confidence, start)
             return extra_parts(rates, identified, margin, start)
-        # position-major, as the model's rates come (`HazardModel.acceptance`)
-        pm_rates, pm_ident = (np.ascontiguousarray(x.T) for x in (rates, identified))
-        return kernels.extra_parts(pm_rates, pm_ident, margin, np.asarray(start, np.int64))
+        # `ExtrapolationCheck.rates` on the model's position-major rates, in place: the
+        # kernel finds the cells to blend, numpy blends them (the smooth model's rates)
+        start = np.asarray(start, np.int64)
+        rates, identified = self.model.acceptance(groups, confidence)
+        pm_rates, pm_ident = rates.T, identified.T  # `HazardModel.acceptance`'s own layout
+        if confidence is not None:
+            confidence = np.ascontiguousarray(confidence, dtype=np.float64)
+            row, position = kernels.blend_cells(pm_ident, confidence, start)
+            if len(row):
+                g = np.asarray(groups, dtype=np.int64).take(row)
+                conf = confidence.take(row * pm_rates.shape[0] + position)
+                cell = position * pm_rates.shape[1] + row
+                pm_rates.put(cell, self.check._blended(g, position, conf, pm_rates.take(cell)))
+        return kernels.extra_parts(pm_rates, pm_ident, margin, start)

@@ -428,6 +428,15 @@ def test_the_kernels_refuse_rows_and_arrays_outside_their_bounds():
     ):
         with pytest.raises((TypeError, ValueError)):
             KERNELS.extra_parts(*bad)
+    conf = np.full((3, GAMMA), 0.5)
+    for bad in (
+        (ident, conf[:2], np.zeros(3, np.int64)),
+        (ident, conf.T, np.zeros(3, np.int64)),  # not the blocks' row-major layout
+        (ident, conf, np.zeros(3)),
+        (ident[0], conf, np.zeros(3, np.int64)),
+    ):
+        with pytest.raises((TypeError, ValueError)):
+            KERNELS.blend_cells(*bad)
     f = np.zeros((3, FIELDS))
     with pytest.raises(ValueError):
         KERNELS.block_ceilings(f, *np.zeros((4, 2)), np.zeros(3, np.int64))
