@@ -1250,9 +1250,11 @@ validate_steps(PyObject *self, PyObject *args)
 }
 
 PyDoc_STRVAR(known_log_ratios_doc,
-"known_log_ratios(steps, gamma) -> (float64 [known], int64 [steps + 1], int64 [logs])\n\n"
+"known_log_ratios(steps, gamma)\n"
+"    -> (float64 [known], int64 [steps + 1], int64 [logs], int64 [known])\n\n"
 "The acceptance ratios of the queued steps' known positions, in row order, where each\n"
-"step's begin, and which of them are still logs: a log ratio\n"
+"step's begin, which of them are still logs, and each one's row and position in its step\n"
+"(row * 64 + position, as smooth_sums takes them): a log ratio\n"
 "(interval.acceptance_log_ratio) of 0 (p >= q, three in four on P2's traffic) is written\n"
 "as its ratio 1 (exp(0) is 1 in every libm), a negative one as itself, its index in\n"
 "`logs`; the caller exponentiates those with numpy's exp, as the numpy form takes every\n"
@@ -1276,21 +1278,25 @@ known_log_ratios(PyObject *self, PyObject *args)
     PyObject *out = PyArray_SimpleNew(1, &room, NPY_FLOAT64);
     PyObject *offsets = out ? PyArray_SimpleNew(1, &nsteps, NPY_INT64) : NULL;
     PyObject *logs = offsets ? PyArray_SimpleNew(1, &room, NPY_INT64) : NULL;
-    if (logs == NULL) {
+    PyObject *where = logs ? PyArray_SimpleNew(1, &room, NPY_INT64) : NULL;
+    if (where == NULL) {
         Py_XDECREF(out);
         Py_XDECREF(offsets);
+        Py_XDECREF(logs);
         queued_free(&q);
         return NULL;
     }
     double *o = PyArray_DATA((PyArrayObject *)out);
     int64_t *off = PyArray_DATA((PyArrayObject *)offsets);
     int64_t *lg = PyArray_DATA((PyArrayObject *)logs);
+    int64_t *at = PyArray_DATA((PyArrayObject *)where);
     npy_intp k = 0, m = 0;
     for (Py_ssize_t s = 0; s < q.steps; s++) {
         off[s] = k;
         for (known_start(&it, &q, s, g); known_next(&it, &r, &j);) {
             /* numpy's clip to [LOG_RATIO_FLOOR, 0] (a NaN never gets here) */
             const double x = it.t[r * g + j] - it.d[r * g + j];
+            at[k] = (int64_t)r * 64 + j;
             if (x < 0.0) {
                 lg[m++] = k;
                 o[k++] = x < -1e300 ? -1e300 : x;
@@ -1305,16 +1311,19 @@ known_log_ratios(PyObject *self, PyObject *args)
     PyObject *resized = PyArray_Resize((PyArrayObject *)out, &shape, 0, NPY_CORDER);
     PyObject *log_resized =
         resized ? PyArray_Resize((PyArrayObject *)logs, &log_shape, 0, NPY_CORDER) : NULL;
-    if (log_resized == NULL) {
-        Py_XDECREF(resized);
+    PyObject *at_resized =
+        log_resized ? PyArray_Resize((PyArrayObject *)where, &shape, 0, NPY_CORDER) : NULL;
+    Py_XDECREF(resized);
+    Py_XDECREF(log_resized);
+    Py_XDECREF(at_resized);
+    if (at_resized == NULL) {
         Py_DECREF(out);
         Py_DECREF(offsets);
         Py_DECREF(logs);
+        Py_DECREF(where);
         return NULL;
     }
-    Py_DECREF(resized);
-    Py_DECREF(log_resized);
-    return Py_BuildValue("(NNN)", out, offsets, logs);
+    return Py_BuildValue("(NNNN)", out, offsets, logs, where);
 }
 
 /* The known ratios and where each step's begin, checked against the steps. */
@@ -1466,20 +1475,21 @@ done:
 }
 
 PyDoc_STRVAR(smooth_sums_doc,
-"smooth_sums(steps, ratios, offsets, groups, bins) -> (sums, known)\n\n"
+"smooth_sums(steps, ratios, offsets, where, groups, gamma, bins) -> (sums, known)\n\n"
 "ConfidenceRates.update's sums over the queued steps' known positions with a confidence\n"
-"(ratios and offsets as check_sums takes them): float64 [groups, 2, gamma, bins], a\n"
+"(ratios, offsets and where, each position's row * 64 + position, as known_log_ratios\n"
+"gives them; a position outside its step is refused): float64 [groups, 2, gamma, bins], a\n"
 "count and the sum of the ratio per (group, position, confidence bin) cell, added in row\n"
 "order; known: how many positions they hold.");
 
 static PyObject *
 smooth_sums(PyObject *self, PyObject *args)
 {
-    PyObject *list, *ratio_obj, *offsets_obj;
+    PyObject *list, *ratio_obj, *offsets_obj, *where_obj;
     Py_ssize_t groups;
     int g, sbins;
-    if (!PyArg_ParseTuple(args, "OOOnii:smooth_sums", &list, &ratio_obj, &offsets_obj, &groups,
-                          &g, &sbins))
+    if (!PyArg_ParseTuple(args, "OOOOnii:smooth_sums", &list, &ratio_obj, &offsets_obj,
+                          &where_obj, &groups, &g, &sbins))
         return NULL;
     if (gamma_ok(g, "smooth_sums") < 0)
         return NULL;
@@ -1492,8 +1502,11 @@ smooth_sums(PyObject *self, PyObject *args)
         return NULL;
     PyObject *sums_out = NULL, *result = NULL;
     const double *ratio;
-    const int64_t *offsets;
-    if (known_ratios_of(ratio_obj, offsets_obj, &q, &ratio, &offsets) < 0)
+    const int64_t *offsets, *where;
+    if (known_ratios_of(ratio_obj, offsets_obj, &q, &ratio, &offsets) < 0
+        || (where = (int64_t *)checked(where_obj, "where", NPY_INT64,
+                                       PyArray_SIZE((PyArrayObject *)ratio_obj), -1, 0))
+               == NULL)
         goto done;
     npy_intp dims[4] = {groups, 2, g, sbins};
     if ((sums_out = zeros(4, dims, NPY_FLOAT64)) == NULL)
@@ -1507,15 +1520,14 @@ smooth_sums(PyObject *self, PyObject *args)
             continue;
         if (groups_within(&q, s, groups) < 0)
             goto done;
-        npy_intp k = offsets[s], r;
-        int j;
-        KnownPositions it;
-        for (known_start(&it, &q, s, g); known_next(&it, &r, &j);) {
-            if (k >= offsets[s + 1]) {
-                PyErr_SetString(PyExc_ValueError, "ratios: fewer than the step's known positions");
+        const npy_intp rows = QROWS(&q, s);
+        for (npy_intp k = offsets[s]; k < offsets[s + 1]; k++) {
+            const int64_t r = where[k] >> 6, j = where[k] & 63;
+            if (where[k] < 0 || r >= rows || j >= g) {
+                PyErr_SetString(PyExc_ValueError, "where: a position outside its step");
                 goto done;
             }
-            const double x = ratio[k++], c = conf[r * g + j];
+            const double x = ratio[k], c = conf[r * g + j];
             if (!isnan(c)) {
                 double *sum = sums + (grp[r] * 2 * g + j) * sbins + bin_of(c, sbins);
                 sum[0] += 1.0;

@@ -165,7 +165,7 @@ class ExtrapolationCheck:
         model.ensure_groups(top + 1)
         # the known positions' ratios: the negative logs exponentiated by numpy, as
         # `known_ratios` does (the kernel writes a log of 0 as its ratio 1)
-        ratios, offsets, logs = kernels.known_log_ratios(steps, self.gamma)
+        ratios, offsets, logs, where = kernels.known_log_ratios(steps, self.gamma)
         ratios.put(logs, np.exp(ratios.take(logs)))
         checked = checked_steps(np.array([s.forward_ct for s in steps], np.int64))
         hazard, data = model.tables()
@@ -177,7 +177,8 @@ class ExtrapolationCheck:
         have = np.flatnonzero(~np.isnan(smooth))
         if len(have):
             self._add_moments(smooth[have], fallback[have], a[have], group[have], 1)
-        self.smooth.add(*kernels.smooth_sums(steps, ratios, offsets, top + 1, self.gamma, BINS))
+        sums = kernels.smooth_sums(steps, ratios, offsets, where, top + 1, self.gamma, BINS)
+        self.smooth.add(*sums)
         return top
 
     def observe_in_batches(

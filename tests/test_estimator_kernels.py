@@ -247,11 +247,13 @@ def test_known_ratios_are_numpys_exp_of_every_log_ratio():
     greedy = (rng.random(n) < 0.2).astype(np.int8)
     group = np.zeros(n, np.int64)
     step = QueuedStep(group, w, np.zeros(n, np.int64), None, greedy, tlp, dlp, 0)
-    ratios, offsets, logs = KERNELS.known_log_ratios([step, step], GAMMA)
+    ratios, offsets, logs, where = KERNELS.known_log_ratios([step, step], GAMMA)
     ratios.put(logs, np.exp(ratios.take(logs)))
     known, want = extrapolation_check.known_ratios(w, greedy, tlp, dlp, GAMMA)
     assert known.sum() > 300 and (want[known] == 1).sum() > 100 and (want[known] == 0).any()
     assert offsets.tolist() == [0, known.sum(), 2 * known.sum()]
+    row, position = np.nonzero(known)
+    assert where.tolist() == 2 * (row * 64 + position).tolist()
     assert_bitwise(ratios, np.concatenate([want[known], want[known]]))
 
 
@@ -347,7 +349,9 @@ def test_the_step_kernels_refuse_malformed_steps(steps, readers):
         lambda: KERNELS.validate_steps(steps, GAMMA),
         lambda: KERNELS.known_log_ratios(steps, GAMMA),
         lambda: KERNELS.count_blocks(steps, model.bins, 1024, *model._state(), *state),
-        lambda: KERNELS.smooth_sums(steps, np.zeros(0), np.zeros(1, np.int64), 2, GAMMA, 64),
+        lambda: KERNELS.smooth_sums(
+            steps, np.zeros(0), np.zeros(1, np.int64), np.zeros(0, np.int64), 2, GAMMA, 64
+        ),
         lambda: KERNELS.check_sums(
             steps,
             np.ones(1, bool),
@@ -370,7 +374,7 @@ def test_the_kernels_refuse_rows_and_arrays_outside_their_bounds():
     model.ensure_groups(1)  # the steps have group 1 too
     hazard, data = model.tables()
     reservoir = (model._ring, model._head, model._fill)
-    ratios, offsets, _ = KERNELS.known_log_ratios(steps, GAMMA)
+    ratios, offsets, _, where = KERNELS.known_log_ratios(steps, GAMMA)
     with pytest.raises(ValueError, match="group"):
         KERNELS.count_blocks(steps, model.bins, 1024, *model._state(), *reservoir)
     with pytest.raises(ValueError):
@@ -405,14 +409,17 @@ def test_the_kernels_refuse_rows_and_arrays_outside_their_bounds():
                 steps, checked, ratios, bad_offsets, hazard, data, model.at_risk(), 10
             )
         with pytest.raises(ValueError):
-            KERNELS.smooth_sums(steps, ratios, bad_offsets, 2, GAMMA, 64)
+            KERNELS.smooth_sums(steps, ratios, bad_offsets, where, 2, GAMMA, 64)
     with pytest.raises(ValueError):
         KERNELS.check_sums(steps, checked[:-1], ratios, offsets, hazard, data, model.at_risk(), 10)
     with pytest.raises(ValueError):  # tables of a model with fewer groups than the steps
         small = HazardModel(GAMMA)
         KERNELS.check_sums(steps, checked, ratios, offsets, *small.tables(), small.at_risk(), 10)
     with pytest.raises(ValueError):
-        KERNELS.smooth_sums(steps, ratios, offsets, 1, GAMMA, 64)  # too few groups
+        KERNELS.smooth_sums(steps, ratios, offsets, where, 1, GAMMA, 64)  # too few groups
+    for bad in (where[:-1], where + 64 * 1000, where | 63, -where - 1):  # not the positions
+        with pytest.raises(ValueError):
+            KERNELS.smooth_sums(steps, ratios, offsets, bad, 2, GAMMA, 64)
     grp = np.array([0, 5])
     with pytest.raises(ValueError):
         KERNELS.cell_rates(hazard, data, grp, None)  # group 5 outside the tables
