@@ -33,11 +33,17 @@ def test_buckets_carry_a_recent_request_step_that_prometheus_stores(tmp_path):
     try:
         url = child.url()
         request = urllib.request.Request(url, headers={"Accept": OPENMETRICS})
-        with OPENER.open(request, timeout=10) as r:
-            assert r.headers["Content-Type"].startswith("application/openmetrics-text")
-            text = r.read().decode()
-        assert text.endswith("# EOF\n")
-        assert "# TYPE dspark_request_steps counter" in text  # the family, without _total
+
+        def family() -> str | None:
+            """The OpenMetrics exposition once a request step is counted (none before)."""
+            with OPENER.open(request, timeout=10) as r:
+                assert r.headers["Content-Type"].startswith("application/openmetrics-text")
+                text = r.read().decode()
+            assert text.endswith("# EOF\n")
+            # the family, without _total
+            return text if "# TYPE dspark_request_steps counter" in text else None
+
+        wait_until(family, "a request step counted", child)
         with OPENER.open(url, timeout=10) as r:  # the text format: no exemplar, no EOF
             plain = r.read().decode()
         assert " # {" not in plain and "# EOF" not in plain

@@ -27,7 +27,8 @@ from dspark_obs.dashboards.querying import substitute, substitutions
 from tests.hook_rank import GAMMA
 from tests.hook_reference import StepStream
 from tests.prometheus_harness import PrometheusServer, free_port, require_prometheus
-from tests.test_node_consumer import MODEL, Rank, consumer_pids, steps_by_rank, wait_for
+from tests.serving import wait_until
+from tests.test_node_consumer import MODEL, Rank, consumer_pids, steps_by_rank
 
 require_prometheus()
 
@@ -79,9 +80,9 @@ def test_the_dashboard_holds_ours_against_sglangs_gauges(tmp_path):
         prom.start()
         prom.wait_until_up("node")  # the consumer serves: no step is dropped waiting for it
         rank.run(FIRST)
-        wait_for(lambda: steps_by_rank(prom) == {"0": FIRST}, "the first steps")
+        wait_until(lambda: steps_by_rank(prom) == {"0": FIRST}, "the first steps")
         rank.run(STEPS - FIRST)
-        wait_for(lambda: steps_by_rank(prom) == {"0": STEPS}, "the rank's steps")
+        wait_until(lambda: steps_by_rank(prom) == {"0": STEPS}, "the rank's steps")
         row = {p["title"]: p for p in generate()["panels"] if p["type"] != "row"}
         values = substitutions(step="1s", range_="5m")
         pairs = row["Ours and SGLang's, per request-step"]["targets"]
@@ -95,7 +96,7 @@ def test_the_dashboard_holds_ours_against_sglangs_gauges(tmp_path):
             # accept and cap length, ours and SGLang's; no block accept length (compact mode)
             return all(series(t) for t in pairs[:2] + pairs[3:5])
 
-        wait_for(shown, "both sides of the panel")
+        wait_until(shown, "both sides of the panel")
         # A scrape may land while the consumer is half through the first steps, so the rate
         # may start a few steps early: within 2 %, where a wrong formula (accepted for
         # committed, the window without the bonus slot) is off by 30 % or more.
