@@ -1693,18 +1693,20 @@ done:
 }
 
 PyDoc_STRVAR(cell_rates_doc,
-"cell_rates(hazard, data, groups, confidence) -> (rates, identified)\n\n"
+"cell_rates(hazard, data, groups, confidence, start=None) -> (rates, identified)\n\n"
 "HazardModel.acceptance from its tables (hazard float64 and data bool [groups, gamma,\n"
 "bins + 1]): each block's acceptance rate 1 - hazard and from-data flag at its own cell\n"
 "per position (confidence float64 [k, gamma], NaN or None: the pooled stratum), as\n"
-"[k, gamma] views of position-major arrays, the layout numpy's form gives.");
+"[k, gamma] views of position-major arrays, the layout numpy's form gives. With start\n"
+"(int64 [k]), only the positions from each block's start on are looked up, the earlier\n"
+"ones left NaN and unidentified: what the ended walks' extrapolation reads.");
 
 static PyObject *
 cell_rates(PyObject *self, PyObject *args)
 {
-    PyObject *hz, *dt, *grp_obj, *conf_obj;
+    PyObject *hz, *dt, *grp_obj, *conf_obj, *start_obj = Py_None;
     Tables t;
-    if (!PyArg_ParseTuple(args, "OOOO:cell_rates", &hz, &dt, &grp_obj, &conf_obj)
+    if (!PyArg_ParseTuple(args, "OOOO|O:cell_rates", &hz, &dt, &grp_obj, &conf_obj, &start_obj)
         || tables_of(hz, dt, NULL, &t) < 0)
         return NULL;
     const npy_intp G = t.groups, g = t.g, W = t.width;
@@ -1725,8 +1727,11 @@ cell_rates(PyObject *self, PyObject *args)
             goto done;
         }
     }
-    const int64_t *gid = PyArray_DATA(grp);
+    const int64_t *gid = PyArray_DATA(grp), *start = NULL;
     const double *c = conf ? PyArray_DATA(conf) : NULL;
+    if (start_obj != Py_None
+        && (start = (int64_t *)checked(start_obj, "start", NPY_INT64, k, -1, 0)) == NULL)
+        goto done;
     for (npy_intp b = 0; b < k; b++) {
         if (gid[b] < 0 || gid[b] >= G) {
             PyErr_SetString(PyExc_ValueError, gid[b] < 0 ? "group ids must be >= 0"
@@ -1746,13 +1751,19 @@ cell_rates(PyObject *self, PyObject *args)
     double *r = PyArray_DATA((PyArrayObject *)rates);
     char *id = PyArray_DATA((PyArrayObject *)ident);
     const int bins = (int)W - 1;
-    for (npy_intp b = 0; b < k; b++)
-        for (npy_intp j = 0; j < g; j++) {
+    for (npy_intp b = 0; b < k; b++) {
+        const npy_intp from = start == NULL ? 0 : start[b] < 0 ? 0 : start[b] < g ? start[b] : g;
+        for (npy_intp j = 0; j < from; j++) {
+            r[j * k + b] = NAN;
+            id[j * k + b] = 0;
+        }
+        for (npy_intp j = from; j < g; j++) {
             const double x = c ? c[b * g + j] : NAN;
             npy_intp cell = (gid[b] * g + j) * W + (isnan(x) ? bins : bin_of(x, bins));
             r[j * k + b] = 1.0 - hazard[cell];
             id[j * k + b] = data[cell];
         }
+    }
     result = Py_BuildValue("(NN)", PyArray_Transpose((PyArrayObject *)rates, NULL),
                            PyArray_Transpose((PyArrayObject *)ident, NULL));
 done:

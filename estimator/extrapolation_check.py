@@ -392,7 +392,7 @@ class CheckedExtrapolation:
         # `ExtrapolationCheck.rates` on the model's position-major rates, in place: the
         # kernel finds the cells to blend, numpy blends them (the smooth model's rates)
         start = np.asarray(start, np.int64)
-        rates, identified = self.model.acceptance(groups, confidence)
+        rates, identified = self.model.acceptance(groups, confidence, start)
         pm_rates, pm_ident = rates.T, identified.T  # `HazardModel.acceptance`'s own layout
         if confidence is not None:
             confidence = np.ascontiguousarray(confidence, dtype=np.float64)

@@ -526,10 +526,16 @@ class HazardModel:
         return 1.0 - h, ident, se
 
     def acceptance(
-        self, group_ids: np.ndarray, confidence: np.ndarray | None
+        self,
+        group_ids: np.ndarray,
+        confidence: np.ndarray | None,
+        start: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """`rates` without the standard errors, which the walks' extrapolation does not
-        read: the at-risk table they need costs as much as the rates themselves."""
+        read: the at-risk table they need costs as much as the rates themselves. With
+        `start` (`[k]`), the compiled form looks up only the positions from each block's
+        start on (the earlier ones NaN and unidentified): the walks' extrapolation reads
+        nothing before it; the numpy form gives every position."""
         grp = np.asarray(group_ids, dtype=np.int64).reshape(-1)
         if len(grp) == 0:
             empty = np.zeros((0, self.gamma))
@@ -537,7 +543,7 @@ class HazardModel:
         kernels = compiled.KERNELS
         if kernels is not None:
             self._ensure_for(grp)
-            return kernels.cell_rates(*self.tables(), grp, confidence)
+            return kernels.cell_rates(*self.tables(), grp, confidence, start)
         hazard, data, cell = self._cells(grp, confidence)
         return 1.0 - hazard.take(cell).T, data.take(cell).T
 
