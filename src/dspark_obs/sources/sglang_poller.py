@@ -10,7 +10,11 @@ decoding or ingesting it, so that the window between the two is the server's
 serialisation of the answer plus two round trips. Either way records are
 de-duplicated by (rank, forward_ct): without draining, consecutive reads
 overlap; with it, steps recorded in that window are lost, and show up as gaps
-once a later step of the rank arrives.
+once a later step of the rank arrives. Not so for the steps of a server run
+before the first one the poller takes (an idle server's empty answer, then a
+drain that catches the run's first steps): the server's answers number steps
+but say nothing of where a run's numbering starts, so those cannot be told
+from steps taken before the poller began, and are counted nowhere.
 
 A step counter that goes backwards means the server restarted: with draining on, a
 step no newer than the last one taken (the drain left only newer ones); without it,
