@@ -46,6 +46,7 @@ _GONE_POLL_S = 0.25
 #: second cost it about 2 ms of CPU a second (0.5 ms at two looks a second).
 STOP_POLL_SECONDS = 0.05
 
+
 class _Server(BoundedThreadingServer, HTTPServer):
     label = "runtime-server"
     # The standard library's backlog of 5 drops (and, under load, resets) connections when a
