@@ -149,15 +149,21 @@ class ConfidenceRates:
         flat = np.flatnonzero(known & ~np.isnan(confidence))
         rows, cols = np.divmod(flat, g)
         b = np.minimum((confidence.take(flat) * BINS).astype(np.int64), BINS - 1)
-        cell = ((batch.take(rows) * n_groups + group.take(rows)) * g + cols) * BINS + b
-        per_batch = np.zeros((nb, n_groups, 2, g, BINS))
+        # each row's (batch, group) taken once per known position, not its batch and group
+        cell = (batch * n_groups + group).take(rows) * g
+        cell += cols
+        cell *= BINS
+        cell += b
+        # the state, then each batch's sums, added up in place: the running sums
+        running = np.empty((nb + 1, n_groups, 2, g, BINS))
+        running[0] = self._sums
         for i, w in enumerate((None, a.take(flat))):
             counts = np.bincount(cell, w, nb * n_groups * g * BINS)
-            per_batch[:, :, i] = counts.reshape(nb, n_groups, g, BINS)
-        running = np.cumsum(np.concatenate([self._sums[None], per_batch]), axis=0)
-        del per_batch
+            running[1:, :, i] = counts.reshape(nb, n_groups, g, BINS)
+        # a batch taught something where it counted a known position
+        taught = running[1:, :, 0].any(axis=(1, 2, 3))
+        np.cumsum(running, axis=0, out=running)
         totals = running[1:, :, 0].sum(axis=(2, 3))
-        taught = np.bincount(batch.take(rows), minlength=nb) > 0
         coef, mean, scale = (np.empty((nb, n_groups, _FEATURES)) for _ in range(3))
         for k in range(nb):
             coef[k], mean[k], scale[k] = self._coef, self._mean, self._scale

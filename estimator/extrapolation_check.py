@@ -82,12 +82,23 @@ def known_ratios(
     if target_logprobs is None or draft_logprobs is None:
         return np.zeros((n, gamma), dtype=bool), np.zeros((n, gamma))
     with np.errstate(invalid="ignore"):
-        a = np.exp(acceptance_log_ratio(target_logprobs, draft_logprobs))
+        a = acceptance_log_ratio(target_logprobs, draft_logprobs)
+        np.exp(a, out=a)
     # a greedy row counts as a window of 0: nothing of it is known
     sampled_window = np.where(np.asarray(greedy) == 0, window, 0)
     known = window_rows(gamma).take(sampled_window, axis=0)
     known &= ~np.isnan(a)
     return known, a
+
+
+def any_per_row(mask: np.ndarray) -> np.ndarray:
+    """`mask.any(axis=1)` of an `[n, gamma]` mask, its columns or-ed in turn: numpy reduces
+    a short last axis a row at a time, several times slower (1.9 ms against 0.3 ms on a
+    replay call's 130k rows of 7)."""
+    out = mask[:, 0].copy()
+    for j in range(1, mask.shape[1]):
+        out |= mask[:, j]
+    return out
 
 
 def checked_steps(forward_ct: np.ndarray) -> np.ndarray:
@@ -134,7 +145,7 @@ class ExtrapolationCheck:
         row's known positions."""
         group = self._grow(group)
         known, a = known_ratios(window, greedy, target_logprobs, draft_logprobs, self.gamma)
-        rows = np.flatnonzero(checked_steps(forward_ct) & known.any(axis=1))
+        rows = np.flatnonzero(checked_steps(forward_ct) & any_per_row(known))
         if len(rows):
             conf = None if confidence is None else confidence[rows]
             self._check(model, self.smooth, group[rows], group[rows], known[rows], a[rows], conf)
@@ -208,7 +219,7 @@ class ExtrapolationCheck:
         smooth = self.smooth
         if confidence is not None:
             smooth = self.smooth.learn_in_batches(batch, group, known, a, confidence, n_groups)
-        rows = np.flatnonzero(checked_steps(forward_ct) & known.any(axis=1))
+        rows = np.flatnonzero(checked_steps(forward_ct) & any_per_row(known))
         if len(rows):
             conf = None if confidence is None else confidence[rows]
             stacked = batch[rows] * n_groups + group[rows]
@@ -249,7 +260,7 @@ class ExtrapolationCheck:
         else the row's `group`); with `batch`, each batch's sums are added in turn."""
         rates, ident, se = model.rates(model_group, conf)
         # the smooth model's rates, only on the rows with a known position in a silent cell
-        silent = np.flatnonzero((known & ~ident).any(axis=1)) if conf is not None else []
+        silent = np.flatnonzero(any_per_row(known & ~ident)) if conf is not None else []
         smooth = np.full(known.shape, np.nan)
         if len(silent):
             smooth[silent] = smooth_model.rates(model_group[silent], conf[silent])

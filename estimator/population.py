@@ -258,7 +258,11 @@ class HazardModel:
         if b.shape != w.shape or (len(b) and (b[0] < 0 or (np.diff(b) < 0).any())):
             raise ValueError("batch must be one per row, from 0 and never decreasing")
         nb, n_groups = (int(b[-1]) + 1 if len(b) else 0), self.groups
-        stacked = [np.zeros((nb, *x.shape), x.dtype) for x in self._state()]
+        # per table: the state, then each batch's counts (a batch of no rows counts 0), added
+        # up in place below
+        stacked = [np.zeros((nb + 1, *x.shape), x.dtype) for x in self._state()]
+        for out, total in zip(stacked, self._state(), strict=True):
+            out[0] = total
         # slices of whole batches, about UPDATE_CHUNK rows each: a batch's sums are taken in
         # one pass, as one `update` of the batch takes them
         bounds = np.searchsorted(b, np.arange(nb + 1))
@@ -272,14 +276,14 @@ class HazardModel:
             key = (b[sl] - first) * n_groups + grp[sl]
             counts = self._counts(key, w[sl], a[sl], codes, conf, (last - first) * n_groups)
             for out, part in zip(stacked, counts, strict=True):
-                out[first:last] = part.reshape(last - first, *out.shape[1:])
+                out[first + 1 : last + 1] = part.reshape(last - first, *out.shape[1:])
             self._remember(grp[sl], codes)
             lo = sl.stop
         before = HazardModel(self.gamma, self.bins, self.min_at_risk, reservoir=1)
         before.ensure_groups(nb * n_groups)
-        for total, per_batch, name in zip(self._state(), stacked, _STATE, strict=True):
+        for total, running, name in zip(self._state(), stacked, _STATE, strict=True):
             # the running sums, the state first: exactly the additions of one update a batch
-            running = np.cumsum(np.concatenate([total[None], per_batch]), axis=0)
+            np.cumsum(running, axis=0, out=running)
             setattr(before, name, running[:-1].reshape(-1, *total.shape[1:]))
             total[...] = running[-1]
         self._cache = None

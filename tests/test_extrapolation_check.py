@@ -19,6 +19,7 @@ from dspark_obs.estimator.extrapolation_check import (
     CHECK_EVERY,
     CheckedExtrapolation,
     ExtrapolationCheck,
+    any_per_row,
     checked_steps,
 )
 from dspark_obs.estimator.interval import block_interval, extrapolated_parts, point_range
@@ -270,6 +271,15 @@ def test_known_ratios_against_a_per_position_loop():
             assert known[i, j] == want
             if want:
                 assert a[i, j] == pytest.approx(min(1.0, np.exp(target[i, j] - draft[i, j])))
+
+
+def test_any_per_row_is_numpys_any_along_rows():
+    rng = np.random.default_rng(11)
+    for n, gamma in ((0, 5), (1, 1), (37, 7), (200, 12)):
+        mask = rng.uniform(size=(n, gamma)) < 0.1
+        got = any_per_row(mask)
+        np.testing.assert_array_equal(got, mask.any(axis=1))
+        assert got.dtype == bool and not np.shares_memory(got, mask)
 
 
 def _replay_args(run):
