@@ -127,12 +127,22 @@ class StandInStep:
         return time.perf_counter() - start
 
 
-def _floor_bytes(kw: dict) -> int:
-    """Bytes of the logit rows this step's numbers need (every request samples here)."""
+def needed_rows(kw: dict) -> tuple[list[int], list[tuple[int, int]]]:
+    """The logit rows this step's numbers need (every request samples here): each request's
+    target rows inside its window and its bonus row, as rows of the step's target logits;
+    the draft rows of the tails of trimmed requests (accepted all of a window shorter than
+    gamma), as (request, position) of its draft logits."""
     w = kw["layout"].verify_lens.cpu().numpy().astype(int) - 1
     a = kw["correct_len"].cpu().numpy()
-    rows = (w + 1).sum() + ((GAMMA - w) * ((a == w) & (w < GAMMA))).sum()
-    return int(rows) * V * 2
+    target = [i * (GAMMA + 1) + r for i in range(len(w)) for r in range(w[i] + 1)]
+    draft = [(i, j) for i in range(len(w)) if a[i] == w[i] < GAMMA for j in range(w[i], GAMMA)]
+    return target, draft
+
+
+def _floor_bytes(kw: dict) -> int:
+    """Bytes of the logit rows this step's numbers need."""
+    target, draft = needed_rows(kw)
+    return (len(target) + len(draft)) * V * 2
 
 
 def consumer_record(quick: bool) -> dict:

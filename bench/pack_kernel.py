@@ -27,9 +27,10 @@ Needs CUDA and Triton; `python -m bench.pack_kernel [--json] [--quick]`.
 from __future__ import annotations
 
 import statistics
+from functools import partial
 
 from .common import record, run_alone, skipped_without
-from .hook_step import GAMMA, StandInStep, V, _floor_bytes, _read_bandwidth, _steps
+from .hook_step import GAMMA, StandInStep, V, _floor_bytes, _read_bandwidth, _steps, needed_rows
 
 NAME = "H1_pack_kernel"
 #: (slices, logits a load, warps); the kernel's default shape is the first at each batch
@@ -80,56 +81,48 @@ def _batch_record(b: int, shapes, bandwidth: float, nominal, calls: int) -> dict
     layout = StepLayout(GAMMA)
     stream = torch.cuda.current_stream().cuda_stream
 
+    def out_block():
+        return torch.empty((b, layout.width), dtype=torch.float64, device="cuda")
+
     def packer(shape):
         split, block, warps = shape
         stamp = torch.zeros(1, dtype=torch.int64, device="cuda")
         p = TritonPacker(layout, max(b, 64), "cuda", b, stamp, block=block, num_warps=warps)
         if split is not None:
             p.splits[b] = split
-        o = torch.empty((b, layout.width), dtype=torch.float64, device="cuda")
-        return p, o
+        return p
 
-    def blocks(shape):
-        p, o = packer(shape) if shape != "torch" else (TorchPacker(layout, max(b, 64), "cuda"),
-                                                       torch.empty((b, layout.width),
-                                                                   dtype=torch.float64,
-                                                                   device="cuda"))  # fmt: skip
-        got = []
+    def blocks(p):
+        o, got = out_block(), []
         for i, step in enumerate(steps):
             p.pack(step, i + 1, stream, o, o.data_ptr())
             got.append(o.clone())
         return torch.stack(got).cpu()
 
-    want = blocks("torch")
+    want = blocks(TorchPacker(layout, max(b, 64), "cuda"))
     equal = {}
     for shape in shapes:
-        got = blocks(shape)
+        got = blocks(packer(shape))
         diff = (got - want).nan_to_num().abs()
         equal[_label(shape)] = dict(
             same_nan=bool(torch.equal(got.isnan(), want.isnan())),
             max_abs=diff.max().item(),
             max_rel=(diff / want.nan_to_num().abs().clamp(min=1.0)).max().item(),
         )
-    live = {shape: packer(shape) for shape in shapes}
+    live = {shape: (packer(shape), out_block()) for shape in shapes}
     for p, o in live.values():  # compile each shape's launch before timing
         for i, step in enumerate(steps):
             p.pack(step, 100 + i, stream, o, o.data_ptr())
     seq = {shape: 1000 for shape in shapes}
     times: dict = {shape: [] for shape in shapes}
-    rounds = max(1, calls // 20)
-    for _ in range(rounds):  # shapes take turns, 20 calls each, so drift falls on all alike
+    for _ in range(max(1, calls // 20)):  # shapes take turns, 20 calls each: drift falls alike
         for shape, (p, o) in live.items():
             for _ in range(20):
-                k = seq[shape] % len(steps)
-                torch.matmul(gemm.hidden, gemm.weight, out=logits)
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                p.pack(steps[k], seq[shape], stream, o, o.data_ptr())
-                e1.record()
-                times[shape].append((e0, e1))
+                n = seq[shape]
+                call = partial(p.pack, steps[n % len(steps)], n, stream, o, o.data_ptr())
+                times[shape].append(_after_gemm(gemm, logits, call))
                 seq[shape] += 1
-    torch.cuda.synchronize()
-    med = {s: statistics.median(a.elapsed_time(z) * 1e-3 for a, z in v) for s, v in times.items()}
+    med = {s: _median_seconds(v) for s, v in times.items()}
     best = min(med, key=med.get)
     bare = _bare_read(gemm, logits, kws, best, live[best][0].splits[b], calls)
     floor_bytes = statistics.median(floors)
@@ -162,6 +155,26 @@ def _label(shape) -> str:
     return f"{'default' if split is None else split}x{block}/{warps}w"
 
 
+def _after_gemm(gemm, logits, call) -> tuple:
+    """`call()` between two CUDA events, enqueued right after the stand-in's GEMM has written
+    the logits (as in the step); the events, read once the GPU is done."""
+    import torch
+
+    torch.matmul(gemm.hidden, gemm.weight, out=logits)
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    call()
+    e1.record()
+    return e0, e1
+
+
+def _median_seconds(events: list[tuple]) -> float:
+    import torch
+
+    torch.cuda.synchronize()
+    return statistics.median(a.elapsed_time(z) * 1e-3 for a, z in events)
+
+
 def _bare_read(gemm, logits, kws, shape, split: int, calls: int) -> float:
     """Median seconds of one launch that streams each step's needed rows and nothing else."""
     import torch
@@ -170,44 +183,26 @@ def _bare_read(gemm, logits, kws, shape, split: int, calls: int) -> float:
     chunk = max(1, -(-V // (split * block))) * block
     tables = []
     for kw in kws:
-        w = kw["layout"].verify_lens.cpu().numpy().astype(int) - 1
-        a = kw["correct_len"].cpu().numpy()
-        draft = kw["draft_block"].corrected_logits
-        rows = [logits[i * (GAMMA + 1) + r].data_ptr() for i in range(len(w))
-                for r in range(w[i] + 1)]  # fmt: skip
-        rows += [draft[i, j].data_ptr() for i in range(len(w)) if a[i] == w[i] < GAMMA
-                 for j in range(w[i], GAMMA)]  # fmt: skip
+        target, draft = needed_rows(kw)
+        logits_of = kw["draft_block"].corrected_logits
+        rows = [logits[r].data_ptr() for r in target]
+        rows += [logits_of[i, j].data_ptr() for i, j in draft]
         tables.append(torch.tensor(rows, dtype=torch.int64, device="cuda"))
     out = torch.empty((max(len(t) for t in tables), split, 2), dtype=torch.float32, device="cuda")
     kernel = _bare_kernel()
-    times = []
-    for i in range(calls):
-        t = tables[i % len(tables)]
-        torch.matmul(gemm.hidden, gemm.weight, out=logits)
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
+
+    def launch(t):
         kernel[(len(t), split)](t, out, V, CH=chunk, BLOCK=block, num_warps=warps)
-        e1.record()
-        times.append((e0, e1))
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(z) * 1e-3 for a, z in times[5:])
+
+    times = [_after_gemm(gemm, logits, partial(launch, tables[i % len(tables)]))
+             for i in range(calls)]  # fmt: skip
+    return _median_seconds(times[5:])  # the first launches compile
 
 
 def _amax_read(gemm, logits, n: int, calls: int) -> float:
     """Median seconds of torch's `amax` over the first `n` logits, right after the GEMM."""
-    import torch
-
     flat = logits.view(-1)[: min(n, logits.numel())]
-    times = []
-    for _ in range(calls):
-        torch.matmul(gemm.hidden, gemm.weight, out=logits)
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        flat.amax()
-        e1.record()
-        times.append((e0, e1))
-    torch.cuda.synchronize()
-    return statistics.median(a.elapsed_time(z) * 1e-3 for a, z in times[5:])
+    return _median_seconds([_after_gemm(gemm, logits, flat.amax) for _ in range(calls)][5:])
 
 
 def _bare_kernel():
