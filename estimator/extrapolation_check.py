@@ -350,14 +350,15 @@ class ExtrapolationCheck:
         r, c = np.divmod(flat, rates.shape[1])
         g = np.asarray(groups, dtype=np.int64).take(r)
         blended = rates.copy()
-        blended.put(flat, self._blended(g, c, confidence.take(flat), rates.take(flat)))
+        blended.put(flat, self.blended(g, c, confidence.take(flat), rates.take(flat)))
         return blended, identified
 
-    def _blended(
+    def blended(
         self, groups: np.ndarray, position: np.ndarray, conf: np.ndarray, fallback: np.ndarray
     ) -> np.ndarray:
         """The blend of unidentified cells (their groups, positions, confidences and the
-        population model's fallback rates), as `rates` gives it."""
+        population model's fallback rates), as `rates` gives it; `CheckedExtrapolation`'s
+        compiled path blends the model's position-major rates in place with it."""
         smooth = self.smooth.rates_at(groups, position, conf)
         # where no known position is near, the smooth model extrapolates too: neither rate
         # is identified there, and the point takes the middle of the two
@@ -412,5 +413,5 @@ class CheckedExtrapolation:
                 g = np.asarray(groups, dtype=np.int64).take(row)
                 conf = confidence.take(row * pm_rates.shape[0] + position)
                 cell = position * pm_rates.shape[1] + row
-                pm_rates.put(cell, self.check._blended(g, position, conf, pm_rates.take(cell)))
+                pm_rates.put(cell, self.check.blended(g, position, conf, pm_rates.take(cell)))
         return kernels.extra_parts(pm_rates, pm_ident, margin, start)
