@@ -1,5 +1,5 @@
 /*
- * The live aggregates' request-row fold, compiled.
+ * The request-row folds, compiled: the live aggregates', and a stored run's calibration.
  *
  * Why C: every request row of every step lands in a few histogram cells (six token
  * histograms; two calibration histograms per block position). In numpy that is about
@@ -9,18 +9,22 @@
  * `tokens.py` and `confidence.py` keep the numpy forms, used where this did not
  * build; both forms write the same cells (tests/test_rowfold.py).
  *
- * Both functions take the fold's steps (`rows.RequestRows`: validated StepBatches
- * with request rows, each one's verify-mode code, and the group of every row, in
- * order) and add into the windowed sums' current block (`window.py`), a C-ordered
- * array the caller owns, in place. Every column is checked for its dtype, layout and
- * length, and every cell index against the block, so a wrong argument raises instead
- * of reading or writing outside an array.
+ * `tokens` and `confidence` take the fold's steps (`rows.RequestRows`: validated
+ * StepBatches with request rows, each one's verify-mode code, and the group of every
+ * row, in order) and add into the windowed sums' current block (`window.py`), a
+ * C-ordered array the caller owns, in place. `histograms` is the same kind of loop over a
+ * stored run's request rows, read a window at a time as plain columns, into the
+ * report's calibration histograms (`analysis/reliability.py`, whose numpy fold is its
+ * other form; tests/test_calibration_windows.py holds them together). Every column is
+ * checked for its dtype, layout and length, and every cell index against the block, so a
+ * wrong argument raises instead of reading or writing outside an array.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include <math.h>
 #include <stdint.h>
 
 /* The calibration histograms' bins, as confidence.py lays them out (a constant divisor
@@ -368,6 +372,118 @@ confidence(PyObject *self, PyObject *args)
     return Py_XNewRef(result);
 }
 
+/* histograms(count, target_sum, pred_sum, fine_pos, fine_neg, sq_err_sum,
+ *            group, accepted, window, known, pred, gamma, bins, auroc_bins, eps, raw) -> bool
+ *
+ * A stored run's request rows into `CalibrationAccumulator`'s histograms, one row of each
+ * per group (`analysis/reliability.py`'s `_Totals`, whose numpy fold is the other form):
+ * count, target_sum and pred_sum [groups, gamma * bins], fine_pos and fine_neg
+ * [groups, gamma * auroc_bins], sq_err_sum [groups, gamma]. The label rule is
+ * `prefix_labels` with `known` the observed ceiling (-1: censored), and a position counts
+ * where its prediction is not NaN. With `raw`, `pred` holds confidence logits and the
+ * prediction is the running product of their sigmoids, as `_Totals.fold` computes it, so
+ * that no [rows, gamma] survival is built before the fold. Returns whether any row records
+ * position 0.
+ *
+ * Every row is checked (prefix_labels' ranges, its group) before any is added, so a bad
+ * row raises with nothing counted; the loops run without the GIL, beside the reader that
+ * decodes the next window. */
+static PyObject *
+histograms(PyObject *self, PyObject *args)
+{
+    PyObject *sum_obj[6], *group_obj, *accepted_obj, *window_obj, *known_obj, *pred_obj;
+    int gamma, bins, auroc_bins, raw;
+    double eps;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOiiidp", &sum_obj[0], &sum_obj[1], &sum_obj[2],
+                          &sum_obj[3], &sum_obj[4], &sum_obj[5], &group_obj, &accepted_obj,
+                          &window_obj, &known_obj, &pred_obj, &gamma, &bins, &auroc_bins, &eps,
+                          &raw))
+        return NULL;
+    if (gamma < 1 || gamma > 64 || bins < 1 || auroc_bins < 1 || !(eps > 0.0 && eps < 0.5)) {
+        PyErr_SetString(PyExc_ValueError, "histograms: bad gamma, bins or eps");
+        return NULL;
+    }
+    static const char *SUM_NAMES[6] = {"count", "target_sum", "pred_sum",
+                                       "fine_pos", "fine_neg", "sq_err_sum"};
+    const npy_intp widths[6] = {(npy_intp)gamma * bins, (npy_intp)gamma * bins,
+                                (npy_intp)gamma * bins, (npy_intp)gamma * auroc_bins,
+                                (npy_intp)gamma * auroc_bins, gamma};
+    void *sums[6];
+    npy_intp groups = -1;
+    for (int h = 0; h < 6; h++) {
+        npy_intp rows;
+        int type = h == 2 || h == 5 ? NPY_DOUBLE : NPY_INT64;
+        if ((sums[h] = block_data(sum_obj[h], type, widths[h], &rows, SUM_NAMES[h])) == NULL)
+            return NULL;
+        if (groups >= 0 && rows != groups) {
+            PyErr_SetString(PyExc_ValueError, "histograms: the sums hold different groups");
+            return NULL;
+        }
+        groups = rows;
+    }
+    const int64_t *group = array_data(group_obj, NPY_INT64, -1, -1, "group");
+    if (group == NULL)
+        return NULL;
+    const npy_intp n = PyArray_SIZE((PyArrayObject *)group_obj);
+    const int64_t *accepted = array_data(accepted_obj, NPY_INT64, n, -1, "accepted");
+    const int64_t *window = accepted ? array_data(window_obj, NPY_INT64, n, -1, "window") : NULL;
+    const int64_t *known = window ? array_data(known_obj, NPY_INT64, n, -1, "known") : NULL;
+    const double *pred = known ? array_data(pred_obj, NPY_DOUBLE, n, gamma, "pred") : NULL;
+    if (pred == NULL)
+        return NULL;
+    int64_t *count = sums[0], *target_sum = sums[1], *fine_pos = sums[3], *fine_neg = sums[4];
+    double *pred_sum = sums[2], *sq_err_sum = sums[5];
+    const double lo = eps, hi = 1.0 - eps;
+    const char *bad = NULL;
+    int first = 0; /* whether any row records position 0 */
+    Py_BEGIN_ALLOW_THREADS
+    for (npy_intp i = 0; i < n && bad == NULL; i++) {
+        if (window[i] < 0 || window[i] > gamma)
+            bad = "window outside 0..gamma";
+        else if (accepted[i] < 0 || accepted[i] > window[i])
+            bad = "accepted outside 0..window";
+        else if (known[i] < -1 || known[i] > gamma)
+            bad = "ceiling outside -1..gamma";
+        else if (group[i] < 0 || group[i] >= groups)
+            bad = "group outside the sums";
+    }
+    for (npy_intp i = 0; i < n && bad == NULL; i++) {
+        const int64_t a = accepted[i], k = known[i], g = group[i];
+        const int64_t reach = k >= 0 ? k : a;
+        const int64_t kept = k >= 0 || a < window[i] ? gamma : a;
+        const double *x = pred + i * gamma;
+        first |= x[0] == x[0];
+        double survival = 1.0;
+        for (int64_t j = 0; j < kept; j++) {
+            double p = x[j];
+            if (raw) {
+                p = 1.0 / (1.0 + exp(-p));
+                survival = j ? survival * p : p;
+                p = survival;
+            }
+            if (p != p)
+                continue;
+            const int label = j < reach;
+            p = p < lo ? lo : (p > hi ? hi : p);
+            int64_t coarse = (int64_t)(p * bins), fine = (int64_t)(p * auroc_bins);
+            coarse = coarse < bins ? coarse : bins - 1;
+            fine = fine < auroc_bins ? fine : auroc_bins - 1;
+            const int64_t cell = g * gamma + j;
+            count[cell * bins + coarse]++;
+            target_sum[cell * bins + coarse] += label;
+            pred_sum[cell * bins + coarse] += p;
+            (label ? fine_pos : fine_neg)[cell * auroc_bins + fine]++;
+            sq_err_sum[cell] += (p - label) * (p - label);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (bad != NULL) {
+        PyErr_Format(PyExc_ValueError, "histograms: %s", bad);
+        return NULL;
+    }
+    return PyBool_FromLong(first);
+}
+
 /* ceiling(modes, accepted, cap_trim) -> int64 array
  *
  * `ceiling_rule` row by row over three int64 columns of one length (a mode code per row):
@@ -403,11 +519,13 @@ static PyMethodDef methods[] = {
     {"tokens", tokens, METH_VARARGS, "Count the steps' request rows into the token block."},
     {"confidence", confidence, METH_VARARGS,
      "Count the steps' request rows' positions into the calibration blocks."},
+    {"histograms", histograms, METH_VARARGS,
+     "Count a stored run's request rows into the calibration histograms of its groups."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_rowfold", "The live aggregates' request-row fold, compiled.", -1,
+    PyModuleDef_HEAD_INIT, "_rowfold", "The request-row folds, compiled.", -1,
     methods,
 };
 

@@ -1,16 +1,17 @@
-"""Per-position calibration histograms of a stored run, read in windows, binned in numpy.
+"""Per-position calibration histograms of a stored run, read in windows, binned in one pass.
 
-The live aggregates and `CalibrationAccumulator` bin in numpy, a step at a time; a
-stored run of tens of millions of request-steps is read a window of rows at a time
-(the matrices only as plain `[rows, gamma]` arrays) and each window binned the same
-way, every (workload, *by) group in one pass of bincounts. The result fills the same
-accumulators, so the report, the `calibration` command and the live exporter share one
-reduction (ECE, Brier, AUROC) and agree exactly on counts; memory follows the window,
-not the run.
+The live aggregates and `CalibrationAccumulator` bin a step at a time; a stored run of
+tens of millions of request-steps is read a window of rows at a time (the matrices only
+as plain `[rows, gamma]` arrays) and each window binned the same way, every
+(workload, *by) group in one pass: a C loop (`aggregates/_rowfold.c`) where it was
+built, bincounts in numpy where not. The result fills the same accumulators, so the
+report, the `calibration` command and the live exporter share one reduction (ECE,
+Brier, AUROC) and agree exactly on counts; memory follows the window, not the run.
 
 Two predictions can be binned: the recorded survival (what the scheduler used,
 after STS when the run had one) and `raw`, the survival of the raw confidence
-logits at temperature 1, which is what STS starts from.
+logits at temperature 1, which is what STS starts from. The fold computes `raw` from
+the logits row by row, so no survival matrix is built for it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from ..aggregates.rows import compiled_fold
 from ..calibration import CalibrationAccumulator, prefix_labels
 from ..calibration.metrics import EPS_PROB
 from ..domain.workload_codes import workload_code
@@ -30,22 +32,6 @@ from ..store.fleet import Fleet, FleetHead
 
 RECORDED = "survival"
 RAW = "raw"
-
-
-def _with_stage(frame: pl.LazyFrame, stage: str, gamma: int) -> pl.LazyFrame:
-    """Add `{stage}0..{stage}{gamma-1}`: recorded survival, or the running product of sigmoids.
-
-    The running product is built column by column so every sigmoid is computed
-    once (a nested expression would recompute the prefix at every position).
-    """
-    cols = [f"{stage}{j}" for j in range(gamma)]
-    frame = frame.with_columns(pl.col(_source(stage)).arr.to_struct(fields=cols).alias(stage))
-    frame = frame.unnest(stage)
-    if stage == RAW:
-        frame = frame.with_columns((1.0 / (1.0 + (-pl.col(c)).exp())).alias(c) for c in cols)
-        for j in range(1, gamma):
-            frame = frame.with_columns(pl.col(cols[j]) * pl.col(cols[j - 1]))
-    return frame
 
 
 def _source(stage: str) -> str:
@@ -104,40 +90,38 @@ def calibration_histograms(
     bins: int = 15,
     auroc_bins: int = 1024,
     by: tuple[str, ...] = (),
+    compiled: bool | None = None,
 ) -> dict[str, dict]:
     """Per stage, one accumulator per workload (per (workload, *by) key when `by` names
     request columns, e.g. `rank`, `mode`); a stage no row records is left out.
 
-    The rows are read in windows (`WINDOW_ROWS`) and binned in numpy as
+    The rows are read in windows (`WINDOW_ROWS`) and binned as
     `CalibrationAccumulator.update` bins (`_Totals`): grouping tens of millions of
     (position, bin) keys in polars cost more than reading the matrices, and collecting a
-    stage whole held all its rows at once.
+    stage whole held all its rows at once. `compiled` picks the fold: the C one
+    (`aggregates/_rowfold.c`) where it was built by default, True to insist on it,
+    False for numpy's.
     """
     gamma = run.gamma
     req = run.requests()
     group, key_of = _group_code(req, by)
     rows = req.select(pl.len()).collect().item()
     frame = req.select(
-        group,
-        pl.col("correct_drafts").cast(pl.Int16),  # counts are at most gamma
-        pl.col("window").cast(pl.Int16),
-        pl.coalesce("ceiling", "shadow_ceiling").cast(pl.Int16).fill_null(-1).alias("known"),
+        group.cast(pl.Int64),
+        pl.col("correct_drafts").cast(pl.Int64),
+        pl.col("window").cast(pl.Int64),
+        pl.coalesce("ceiling", "shadow_ceiling").cast(pl.Int64).fill_null(-1).alias("known"),
         *(_source(s) for s in stages),
     )
-    totals = {stage: _Totals(gamma, bins, auroc_bins) for stage in stages}
+    kernels = compiled_fold(compiled)
+    totals = {stage: _Totals(gamma, bins, auroc_bins, stage == RAW, kernels) for stage in stages}
     recorded = dict.fromkeys(stages, False)  # whether any row has the stage's position 0
 
     def read(lo: int) -> dict[str, np.ndarray]:
-        window = frame.slice(lo, WINDOW_ROWS)
-        if RAW in stages:
-            window = _with_stage(window, RAW, gamma)
-        window = window.collect()
+        window = frame.slice(lo, WINDOW_ROWS).collect()
         out = {c: window[c].to_numpy() for c in ("group", "correct_drafts", "window", "known")}
         for stage in stages:
-            if stage == RAW:
-                out[stage] = window.select(f"{stage}{j}" for j in range(gamma)).to_numpy()
-            else:
-                out[stage] = window[_source(stage)].to_numpy()
+            out[stage] = window[_source(stage)].to_numpy()
         return out
 
     with ThreadPoolExecutor(1, thread_name_prefix="calibration-read") as reader:
@@ -148,9 +132,7 @@ def calibration_histograms(
             lo = next(starts, None)
             pending = None if lo is None else reader.submit(read, lo)
             for stage in stages:
-                for start in range(0, len(window["group"]), FOLD_ROWS):
-                    part = {k: v[start : start + FOLD_ROWS] for k, v in window.items()}
-                    recorded[stage] |= totals[stage].fold(part, stage)
+                recorded[stage] |= totals[stage].add(window, stage)
     return {
         stage: dict(
             sorted(((key_of(g), acc) for g, acc in totals[stage].accumulators()), key=_by_key)
@@ -183,8 +165,11 @@ class _Totals:
     are made once, at the end.
     """
 
-    def __init__(self, gamma: int, bins: int, auroc_bins: int) -> None:
+    def __init__(self, gamma: int, bins: int, auroc_bins: int, raw: bool, kernels) -> None:
+        """`raw`: the rows hold confidence logits, whose sigmoids' running product is the
+        prediction; `kernels`: the compiled row folds, or None for numpy's."""
         self.gamma, self.bins, self.auroc_bins = gamma, bins, auroc_bins
+        self.raw, self.kernels = raw, kernels
         width = {"coarse": gamma * bins, "fine": gamma * auroc_bins, "position": gamma}
         self.sums = {
             name: np.zeros((0, width[kind]), np.float64 if name in FLOAT_SUMS else np.int64)
@@ -198,9 +183,36 @@ class _Totals:
                 new[: old.shape[0]] = old
                 self.sums[name] = new
 
-    def fold(self, rows: dict[str, np.ndarray], stage: str) -> bool:
-        """Add the rows' `stage` predictions to their groups' histograms; returns whether
-        any row records position 0.
+    def add(self, window: dict[str, np.ndarray], stage: str) -> bool:
+        """Add a window's `stage` predictions to their groups' histograms; returns whether
+        any row records position 0. The compiled fold takes the window whole, numpy's a
+        fold of `FOLD_ROWS` at a time."""
+        if self.kernels is None:
+            recorded = False
+            for start in range(0, len(window["group"]), FOLD_ROWS):
+                part = {k: v[start : start + FOLD_ROWS] for k, v in window.items()}
+                recorded |= self._fold(part, stage)
+            return recorded
+        group = window["group"]
+        if not len(group):
+            return False
+        self._grow(int(group.max()) + 1)
+        return self.kernels.histograms(
+            *self.sums.values(),
+            group,
+            window["correct_drafts"],
+            window["window"],
+            window["known"],
+            np.ascontiguousarray(window[stage], dtype=np.float64),
+            self.gamma,
+            self.bins,
+            self.auroc_bins,
+            EPS_PROB,
+            self.raw,
+        )
+
+    def _fold(self, rows: dict[str, np.ndarray], stage: str) -> bool:
+        """numpy's form of the compiled fold, over a few rows.
 
         A position counts where its prediction is recorded and `prefix_labels` labels it.
         Each (cell, bin) is counted with its label in one bincount (`2 * index + label`:
@@ -208,6 +220,9 @@ class _Totals:
         """
         gamma, bins, auroc_bins = self.gamma, self.bins, self.auroc_bins
         p = rows[stage]
+        if self.raw:
+            with np.errstate(over="ignore"):  # a logit below about -709 is a sigmoid of 0
+                p = np.cumprod(1.0 / (1.0 + np.exp(-p)), axis=1)
         recorded = ~np.isnan(p)
         labels, labelled = prefix_labels(
             rows["correct_drafts"], rows["window"], rows["known"], gamma
