@@ -150,12 +150,12 @@ def test_compiled_fold_refuses_a_bad_row_with_nothing_counted(column, value, mes
 
 def test_a_stage_no_row_records_is_left_out(compact_run, monkeypatch):
     run_dir, _ = compact_run
-    requests = Run.requests
+    scan_parts = Run.scan_parts
 
-    def without_logits(run: Run) -> pl.LazyFrame:
-        frame = requests(run)
-        dtype = frame.collect_schema()["confidence_logits"]
-        return frame.with_columns(pl.lit(None, dtype).alias("confidence_logits"))
+    def without_logits(run: Run, table: str) -> list[pl.LazyFrame]:
+        frames = scan_parts(run, table)
+        dtype = frames[0].collect_schema()["confidence_logits"]
+        return [f.with_columns(pl.lit(None, dtype).alias("confidence_logits")) for f in frames]
 
-    monkeypatch.setattr(Run, "requests", without_logits)
+    monkeypatch.setattr(Run, "scan_parts", without_logits)
     assert list(reliability.calibration_histograms(open_run(run_dir))) == ["survival"]

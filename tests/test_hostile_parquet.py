@@ -181,6 +181,9 @@ def test_a_stored_step_is_read_exactly_when_the_gate_accepts_it(honest, tmp_path
     assert r.requests().select(pl.len()).collect().item() == total - (n_rows if scan_reason else 0)
     # a part at a time (the estimator's replay) reads what the one scan reads
     assert pl.concat(r.scan_parts("requests")).collect().equals(r.requests().collect())
+    # and windows of a few parts (the calibration pass) too
+    windows = r.scan_windows("requests", max(1, total // 3))
+    assert pl.concat(windows).collect().equals(r.requests().collect())
     assert r.steps().select(pl.len()).collect().item() == honest_run.steps().select(
         pl.len()
     ).collect().item() - (1 if scan_reason else 0)

@@ -539,6 +539,25 @@ def test_step_only_run_has_empty_requests_table(tmp_path):
     assert_batches_equal(list(r.batches()), batches)
 
 
+@pytest.mark.parametrize("rows", [1, 50, 120, 10_000])
+def test_windows_are_the_scan_in_order_each_within_its_rows(tmp_path, rows):
+    """Whole parts together while they fit, a larger part in slices, an empty part
+    anywhere: the windows, one after another, are the table's one scan."""
+    run = tmp_path / "run"
+    rng = np.random.default_rng(19)
+    batches = [make_batch(rng, i, bs=int(rng.integers(1, 30)), has_reqs=not 12 <= i < 18)
+               for i in range(40)]  # fmt: skip
+    write_run(run, batches)
+    r = open_run(run)
+    sizes = [pl.scan_parquet(p).select(pl.len()).collect().item() for p in r.parts("requests")]
+    assert 0 in sizes and max(sizes) > 50  # an empty part, and parts that 50 rows cut
+    windows = [w.collect() for w in r.scan_windows("requests", rows)]
+    assert all(0 < w.height <= rows for w in windows[:-1]) and windows[-1].height <= rows
+    assert pl.concat(windows).equals(r.requests().collect())
+    whole = sum(sizes) <= rows
+    assert len(windows) == 1 if whole else len(windows) >= sum(sizes) // rows
+
+
 @pytest.mark.parametrize("name", sorted(REQUEST_COLUMNS))
 def test_restored_request_dtypes(name):
     batches = make_batches(19, steps=10)

@@ -105,8 +105,7 @@ def calibration_histograms(
     gamma = run.gamma
     req = run.requests()
     group, key_of = _group_code(req, by)
-    rows = req.select(pl.len()).collect().item()
-    frame = req.select(
+    columns = (
         group.cast(pl.Int64),
         pl.col("correct_drafts").cast(pl.Int64),
         pl.col("window").cast(pl.Int64),
@@ -117,20 +116,21 @@ def calibration_histograms(
     totals = {stage: _Totals(gamma, bins, auroc_bins, stage == RAW, kernels) for stage in stages}
     recorded = dict.fromkeys(stages, False)  # whether any row has the stage's position 0
 
-    def read(lo: int) -> dict[str, np.ndarray]:
-        window = frame.slice(lo, WINDOW_ROWS).collect()
+    def read(frame: pl.LazyFrame) -> dict[str, np.ndarray]:
+        window = frame.select(columns).collect()
         out = {c: window[c].to_numpy() for c in ("group", "correct_drafts", "window", "known")}
         for stage in stages:
             out[stage] = window[_source(stage)].to_numpy()
         return out
 
     with ThreadPoolExecutor(1, thread_name_prefix="calibration-read") as reader:
-        starts = iter(range(WINDOW_ROWS, rows, WINDOW_ROWS))
-        pending = reader.submit(read, 0) if rows else None
+        windows = iter(run.scan_windows("requests", WINDOW_ROWS))
+        frame = next(windows, None)
+        pending = None if frame is None else reader.submit(read, frame)
         while pending is not None:
             window = pending.result()
-            lo = next(starts, None)
-            pending = None if lo is None else reader.submit(read, lo)
+            frame = next(windows, None)
+            pending = None if frame is None else reader.submit(read, frame)
             for stage in stages:
                 recorded[stage] |= totals[stage].add(window, stage)
     return {
