@@ -7,7 +7,9 @@ tests; the Python form gives the same results everywhere (README, "C extensions"
 - `telemetry._server_info_parser`: SGLang's `dspark_info_record` JSON, in one pass
   (Python form: msgspec and numpy, `telemetry/server_info_columnar.py`);
 - `aggregates._rowfold`: the live aggregates' request-row fold (numpy form in
-  `aggregates/tokens.py` and `aggregates/confidence.py`);
+  `aggregates/tokens.py` and `aggregates/confidence.py`), and the same kind of loop over
+  a stored run's request rows into the report's calibration histograms (numpy form in
+  `analysis/reliability.py`);
 - `estimator._tailwalk`: the tail walker's per-step pass (numpy form in
   `estimator/tails.py`);
 - `store._thrift_compact`: a Parquet part's footer and page headers, read before it is
