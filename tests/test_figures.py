@@ -148,19 +148,25 @@ def assert_distinct_series(stem: str, fig) -> None:
 
 
 def workload_colours(fig) -> dict[str, set[str]]:
-    """`gid="workload=NAME"` artists -> the hues they are drawn in (a hatched bar's is its edge)."""
+    """`gid="workload=NAME"` artists -> the hues they are drawn in (a hatched bar's is its
+    edge; a collection of bars, each of its faces')."""
     out: dict[str, set[str]] = {}
     for ax in fig.axes:
-        for artist in [*ax.patches, *ax.lines]:
+        for artist in [*ax.patches, *ax.lines, *ax.collections]:
             gid = artist.get_gid() or ""
             if not gid.startswith("workload="):
                 continue
             if hasattr(artist, "get_facecolor"):
-                face = to_hex(artist.get_facecolor())
-                hue = to_hex(artist.get_edgecolor()) if face == "#ffffff" else face
+                faces = np.atleast_2d(artist.get_facecolor())
+                edges = np.atleast_2d(artist.get_edgecolor())
+                assert len(faces), gid
+                hues = {
+                    to_hex(edges[i % len(edges)]) if to_hex(face) == "#ffffff" else to_hex(face)
+                    for i, face in enumerate(faces)
+                }
             else:
-                hue = to_hex(artist.get_color())
-            out.setdefault(gid.removeprefix("workload="), set()).add(hue)
+                hues = {to_hex(artist.get_color())}
+            out.setdefault(gid.removeprefix("workload="), set()).update(hues)
     return out
 
 

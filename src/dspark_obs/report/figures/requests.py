@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+from matplotlib.collections import PolyCollection
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
@@ -50,6 +51,16 @@ def top_requests_figure(label: str, top: pl.DataFrame, palette: dict):
     return fig
 
 
+def _bars(ax, x: np.ndarray, heights: np.ndarray, width: float, **style) -> PolyCollection:
+    """`Axes.bar` as one collection of rectangles: `bar` makes a patch per bar, which on a
+    request of a hundred steps made this the report's slowest figure to draw."""
+    left, right, zero = x - width / 2, x + width / 2, np.zeros(len(x))
+    corners = [(left, zero), (left, heights), (right, heights), (right, zero)]
+    bars = PolyCollection(np.stack([np.column_stack(c) for c in corners], axis=1), **style)
+    ax.add_collection(bars)
+    return bars
+
+
 def traces_figure(
     label: str, traces: pl.DataFrame, rids: list[str], palette: dict, gamma: int, observed: bool
 ):
@@ -67,9 +78,9 @@ def traces_figure(
         step = np.arange(part.height)
         window = part["window"].to_numpy()
         tag = f"workload={name}"
-        ax.bar(step, window, 0.9, label=_WINDOW, gid=tag, **bar_style("window", colour))
+        _bars(ax, step, window, 0.9, label=_WINDOW, gid=tag, **bar_style("window", colour))
         accepted = part["correct_drafts"].to_numpy()
-        ax.bar(step, accepted, 0.5, label=_ACCEPTED, gid=tag, **bar_style("accepted", colour))
+        _bars(ax, step, accepted, 0.5, label=_ACCEPTED, gid=tag, **bar_style("accepted", colour))
         ceiling = part["ceiling_best"].to_numpy().astype(float)
         trimmed = (accepted == window) & (window < gamma) & ~np.isnan(ceiling)
         if trimmed.any():
