@@ -5,8 +5,9 @@ succeeds without them, and the package falls back to its numpy forms (same resul
 `telemetry/server_info_columnar.py` decodes with msgspec and numpy alone,
 `aggregates/tokens.py`, `aggregates/confidence.py` and `analysis/reliability.py` fold
 request rows with numpy, `estimator/tails.py` walks with numpy, and
-`store/part_bounds.py` reads Parquet metadata in Python. `DSPARK_OBS_NO_EXTENSIONS=1` makes an install that has them use those forms
-too (`dspark_obs/extensions.py`; README, "C extensions").
+`store/part_bounds.py` reads Parquet metadata in Python. `DSPARK_OBS_NO_EXTENSIONS=1`
+makes an install that has them use those forms too (`dspark_obs/extensions.py`; README,
+"C extensions").
 """
 
 import numpy
