@@ -539,7 +539,7 @@ def test_step_only_run_has_empty_requests_table(tmp_path):
     assert_batches_equal(list(r.batches()), batches)
 
 
-@pytest.mark.parametrize("rows", [1, 50, 120, 10_000])
+@pytest.mark.parametrize("rows", [7, 50, 120, 10_000])
 def test_windows_are_the_scan_in_order_each_within_its_rows(tmp_path, rows):
     """Whole parts together while they fit, a larger part in slices, an empty part
     anywhere: the windows, one after another, are the table's one scan."""
