@@ -381,7 +381,7 @@ confidence(PyObject *self, PyObject *args)
  * [groups, gamma * auroc_bins], sq_err_sum [groups, gamma]. The label rule is
  * `prefix_labels` with `known` the observed ceiling (-1: censored), and a position counts
  * where its prediction is not NaN. With `raw`, `pred` holds confidence logits and the
- * prediction is the running product of their sigmoids, as `_Totals.fold` computes it, so
+ * prediction is the running product of their sigmoids, as `_Totals._fold` computes it, so
  * that no [rows, gamma] survival is built before the fold. Returns whether any row records
  * position 0.
  *

@@ -157,12 +157,13 @@ FLOAT_SUMS = ("pred_sum", "sq_err_sum")
 
 class _Totals:
     """Every group's histograms of one stage, as `CalibrationAccumulator.update` bins them,
-    added up fold by fold.
+    added up window by window.
 
-    Rows `[group]` of one array per histogram: a fold adds its bincounts to them in one
-    add each (the float sums in the order one accumulator per group would add them: a
-    group absent from a fold gets 0.0 there, which changes no bit), and the accumulators
-    are made once, at the end.
+    Rows `[group]` of one array per histogram, the accumulators made once, at the end. The
+    compiled fold adds each prediction to them as it reads it; numpy's adds a fold's
+    bincounts in one add each (the float sums in the order one accumulator per group would
+    add them: a group absent from a fold gets 0.0 there, which changes no bit), so the two
+    forms' float sums differ in their last bits.
     """
 
     def __init__(self, gamma: int, bins: int, auroc_bins: int, raw: bool, kernels) -> None:

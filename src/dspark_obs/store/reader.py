@@ -179,10 +179,9 @@ class Run:
     def scan_windows(self, table: str, rows: int) -> list[pl.LazyFrame]:
         """The rows of `table` in part order, as frames of at most `rows` rows each: parts
         taken whole and together while they fit, a larger part in slices, an empty one
-        left out. For a reader
-        that holds a window at a time: slices of one `scan` cost polars half as much CPU
-        again on a large run, since each slice finds its parts anew and decodes the parts
-        its ends cut twice."""
+        left out. For a reader that holds a window at a time: slices of one `scan` cost
+        polars half as much CPU again on a large run, since each slice finds its parts
+        anew and decodes the parts its ends cut twice."""
         parts = self.scan_parts(table)
         sizes = [frame.item() for frame in pl.collect_all([p.select(pl.len()) for p in parts])]
         windows: list[pl.LazyFrame] = []
