@@ -32,6 +32,12 @@ setup(
             optional=True,
         ),
         Extension(
+            "dspark_obs.runtime._hashing",
+            sources=["src/dspark_obs/runtime/_hashing.c"],
+            include_dirs=[numpy.get_include()],
+            optional=True,
+        ),
+        Extension(
             "dspark_obs.estimator._tailwalk",
             sources=["estimator/_tailwalk.c"],
             include_dirs=[numpy.get_include()],

@@ -5,7 +5,7 @@ With `DSPARK_OBS_REQUIRE_EXTENSIONS=1` (tools/test.sh sets it for the main run) 
 missing or unused extension fails here; without it these checks skip, as an install
 without a C compiler is valid. Parity with the Python forms is tested beside each one:
 tests/test_sglang_compiled.py, tests/test_rowfold.py, tests/test_tails_compiled.py,
-tests/test_hostile_parquet.py.
+tests/test_hostile_parquet.py, tests/test_runtime_hashing.py.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ PYTHON_SIDE = {
     "dspark_obs.aggregates._rowfold": ("dspark_obs.aggregates.rows", "_rowfold"),
     "dspark_obs.estimator._tailwalk": ("dspark_obs.estimator.tails", "_tailwalk"),
     "dspark_obs.store._thrift_compact": ("dspark_obs.store.part_bounds", "_compiled"),
+    "dspark_obs.runtime._hashing": ("dspark_obs.runtime.hashing", "_compiled"),
 }
 SETUP = Path(__file__).parent.parent / "setup.py"
 
@@ -63,6 +64,7 @@ import json
 from dspark_obs.aggregates import rows
 from dspark_obs.aggregates.aggregates import Aggregates
 from dspark_obs.estimator import tails
+from dspark_obs.runtime import hashing
 from dspark_obs.store import part_bounds
 from dspark_obs.telemetry import server_info_columnar
 refused = []
@@ -72,7 +74,8 @@ for make in (lambda: tails.TailWalker(4, compiled=True), lambda: Aggregates(4, c
     except RuntimeError:
         refused.append(True)
 print(json.dumps({"held": [server_info_columnar._compiled is None, rows._rowfold is None,
-                           tails._tailwalk is None, part_bounds._compiled is None],
+                           tails._tailwalk is None, part_bounds._compiled is None,
+                  hashing._compiled is None],
                   "refused": refused}))
 """
 

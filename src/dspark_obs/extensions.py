@@ -38,6 +38,7 @@ MODULES = (
     "dspark_obs.aggregates._rowfold",
     "dspark_obs.estimator._tailwalk",
     "dspark_obs.store._thrift_compact",
+    "dspark_obs.runtime._hashing",
 )
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .hashing import extend, mix, normal, uniform
+from .hashing import extend, mix, normal_table, uniform
 from .worlds import REFERENCE, World
 
 _TAG_DRAFT_NOISE = 21
@@ -70,7 +70,7 @@ class BlockDrafter:
         self.world = world
         self.gamma = gamma
         self.seed = np.uint64(seed)
-        self._vocab = np.arange(vocab_size, dtype=np.uint64)[None, :]
+        self.vocab_size = vocab_size
         self._positions = np.arange(gamma)
         j = np.arange(gamma)
         self.rho = np.clip(config.fidelity * config.decay**j, 0.0, 1.0)
@@ -114,7 +114,7 @@ class BlockDrafter:
         rho = self.rho[j] if fidelity is None else (self.rho[j] * fidelity)[:, None]
         spread = _row_std(target_logits)
         key = extend(block_key, prev_draft, j)
-        noise = normal(key[:, None], self._vocab, _TAG_DRAFT_NOISE)
+        noise = normal_table(key, self.vocab_size, _TAG_DRAFT_NOISE)
         noise *= np.sqrt(1.0 - rho * rho) * spread
         out = rho * target_logits
         out += noise
@@ -140,8 +140,7 @@ class BlockDrafter:
         """Raw confidence logits `[rows, gamma]` from each position's acceptance probability."""
         p = np.clip(accept_prob, 1e-4, 1.0 - 1e-4)
         true_logit = np.log(p) - np.log1p(-p)
-        j = np.arange(self.gamma, dtype=np.uint64)[None, :]
-        noise = normal(mix(self.seed, salt, pos)[:, None], j, _TAG_CONF_NOISE)
+        noise = normal_table(mix(self.seed, salt, pos), self.gamma, _TAG_CONF_NOISE)
         c = self.config
         return self.slope[None, :] * true_logit + c.confidence_bias + c.confidence_noise * noise
 

@@ -9,11 +9,18 @@ identical token streams from one seed.
 A hash is a chain, one splitmix per key, so keys that many draws share (seed,
 salt, position) are hashed once with `mix` and each draw continues the chain
 with `extend`: the value is the same as hashing every key afresh.
+
+The runtime's largest draws are its `[rows, vocab]` tables of normals (`normal_table`),
+which the compiled `_hashing` fills in one pass where it was built (`extensions.py`).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from .. import extensions
+
+_compiled = extensions.load("dspark_obs.runtime._hashing")
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -91,6 +98,15 @@ def normal(*keys: np.ndarray | int) -> np.ndarray:
     shape of the tails does not matter to the synthetic language.
     """
     return gaussian(mix(*keys))
+
+
+def normal_table(keys: np.ndarray, width: int, tag: int) -> np.ndarray:
+    """`normal(keys[:, None], range(width), tag)`: a row of `width` keyed normals for each
+    key, float64 `[len(keys), width]`, the same bits in either form."""
+    keys = np.ascontiguousarray(_key(keys)).reshape(-1)
+    if _compiled is not None:
+        return _compiled.normal_table(keys, width, tag)
+    return normal(keys[:, None], np.arange(width, dtype=np.uint64)[None, :], tag)
 
 
 def gaussian(h: np.ndarray) -> np.ndarray:

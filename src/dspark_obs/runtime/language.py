@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .hashing import extend, gaussian, mix, normal, unit
+from .hashing import extend, gaussian, mix, normal_table, unit
 
 EOS_TOKEN = 0
 
@@ -82,7 +82,6 @@ class SyntheticTarget:
         self.peak = np.array([w.peak for w in workloads])
         self.scale = np.array([w.scale for w in workloads])
         self.eos_rate = np.array([1.0 / max(w.mean_output_len, 1.0) for w in workloads])
-        self._vocab = np.arange(vocab_size, dtype=np.uint64)[None, :]
 
     def position_keys(self, salt: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """The (seed, salt, position) prefix of context keys.
@@ -99,7 +98,7 @@ class SyntheticTarget:
 
     def logits(self, key: np.ndarray, workload: np.ndarray) -> np.ndarray:
         """`[rows, vocab]` logits at the contexts `key` (uint64 `[rows]`)."""
-        return self.shape(key, normal(key[:, None], self._vocab, _TAG_LOGIT), workload)
+        return self.shape(key, normal_table(key, self.vocab_size, _TAG_LOGIT), workload)
 
     def logits_at(
         self,
