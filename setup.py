@@ -4,8 +4,9 @@ All are `optional=True`: where no C compiler is available the install still
 succeeds without them, and the package falls back to its numpy forms (same results):
 `telemetry/server_info_columnar.py` decodes with msgspec and numpy alone,
 `aggregates/tokens.py`, `aggregates/confidence.py` and `analysis/reliability.py` fold
-request rows with numpy, `estimator/tails.py` walks with numpy, and
-`store/part_bounds.py` reads Parquet metadata in Python. `DSPARK_OBS_NO_EXTENSIONS=1`
+request rows with numpy, `estimator/tails.py` walks with numpy,
+`store/part_bounds.py` reads Parquet metadata in Python, and `runtime/hashing.py` fills
+the runtime's tables of keyed normals with numpy. `DSPARK_OBS_NO_EXTENSIONS=1`
 makes an install that has them use those forms too (`dspark_obs/extensions.py`; README,
 "C extensions").
 """

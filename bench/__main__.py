@@ -32,6 +32,7 @@ from . import (
     real_cost,
     render_scrape,
     report_large,
+    runtime_step,
     serve_throughput,
     sglang_load,
     sglang_paths,
@@ -65,6 +66,7 @@ BENCHMARKS = {
     "real_cost": real_cost,
     "store_write": store_write,
     "vllm_hook_step": vllm_hook_step,
+    "runtime_step": runtime_step,
 }
 
 

@@ -1,6 +1,6 @@
 """The optional compiled extensions, and the switch that turns them all off.
 
-Four parts of the package have a C twin, built by `pip install` where a compiler is
+Five parts of the package have a C twin, built by `pip install` where a compiler is
 present (setup.py, `optional=True`) and checked against the Python form by parity
 tests; the Python form gives the same results everywhere (README, "C extensions"):
 
@@ -13,7 +13,9 @@ tests; the Python form gives the same results everywhere (README, "C extensions"
 - `estimator._tailwalk`: the tail walker's per-step pass (numpy form in
   `estimator/tails.py`);
 - `store._thrift_compact`: a Parquet part's footer and page headers, read before it is
-  decoded (Python form: `store/part_bounds.py`'s `_Thrift`).
+  decoded (Python form: `store/part_bounds.py`'s `_Thrift`);
+- `runtime._hashing`: the embedded runtime's `[rows, vocab]` tables of keyed normals
+  (numpy form in `runtime/hashing.py`).
 
 `DSPARK_OBS_NO_EXTENSIONS=1` in the environment makes every one of them use its
 Python form, decided at import, so that the fallbacks can be run (and tested) on an
