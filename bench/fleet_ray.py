@@ -3,7 +3,7 @@ node`, `estimate --by node` and `report --by node` over 8 run directories of 10 
 request-steps in all (quick: 200k; `BENCH_FLEET_RAY_REQUEST_STEPS` sets another size,
 `BENCH_FLEET_RAY_COMMANDS` a comma-separated subset of the commands), each in process and
 with `--engine ray` on a local cluster of one and of two one-CPU worker nodes (a head with
-no CPU, so every task runs on a worker).
+no CPU, so every task runs on a worker; quick: two only, a crash check of the same code).
 
 The runs are `fleet_posthoc`'s reference run tiled once into one node's run; the other 7
 nodes' runs hard-link its parts (each with its own run.json naming its node), so the
@@ -39,6 +39,7 @@ COMMANDS = {
 }
 #: configuration: worker nodes of one CPU (0: in process)
 CONFIGS = {"in_process": 0, "ray_1_worker": 1, "ray_2_workers": 2}
+QUICK_CONFIGS = ("in_process", "ray_2_workers")
 
 
 def _same(a, b, where: str) -> None:
@@ -84,7 +85,8 @@ def run(quick: bool) -> list[dict]:
     py = [sys.executable, "-m", "dspark_obs"]
     chosen = os.environ.get("BENCH_FLEET_RAY_COMMANDS")
     commands = {n: COMMANDS[n] for n in chosen.split(",")} if chosen else COMMANDS
-    timings = {(c, n): ([], []) for c in CONFIGS for n in commands}
+    configs = {c: CONFIGS[c] for c in (QUICK_CONFIGS if quick else CONFIGS)}
+    timings = {(c, n): ([], []) for c in configs for n in commands}
     outputs: dict = {}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-fleet-ray-") as tmp:
@@ -92,7 +94,7 @@ def run(quick: bool) -> list[dict]:
         fleet, manifest = make_fleet(Path(tmp), wanted, link=True)
         generate_s = time.perf_counter() - start
         for _ in range(repeats):
-            for config, workers in CONFIGS.items():
+            for config, workers in configs.items():
                 cluster = _cluster(workers) if workers else None
                 engine = ["--engine", "ray", "--ray-address", cluster.address] if cluster else []
                 try:

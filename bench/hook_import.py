@@ -47,7 +47,7 @@ def run(quick: bool) -> list[dict]:
         import torch  # noqa: F401
     except ImportError:
         return [{"name": NAME, "skipped": "no torch (a serving process has it)"}]
-    n = 3 if quick else 15
+    n = 1 if quick else 15
     flag, before = [], []
     for _ in range(n):
         flag.append(_probe(FLAG))
