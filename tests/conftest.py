@@ -117,9 +117,9 @@ def mismatched_runs(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Files holding a `slow` test first. tools/test.sh runs `-n 2 --dist loadfile
-    --no-loadscope-reorder`, which hands files to the two workers in this order: a long file
-    started last would run alone while the other worker sat idle, so the long ones start
+    """Files holding a `slow` test first. tools/test.sh runs `-n 3 --dist loadfile
+    --no-loadscope-reorder`, which hands files to the workers in this order: a long file
+    started last would run alone while the other workers sat idle, so the long ones start
     first and the many short files fill in beside them."""
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow)

@@ -80,7 +80,17 @@ class Samples:
 
 
 def _du(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    """Bytes of the files under `path`. Retention deletes closed hours while the child runs,
+    so a directory or file gone between its listing and its stat counts as deleted (os.walk
+    skips a directory it can no longer list)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name), follow_symlinks=False).st_size
+            except FileNotFoundError:
+                pass
+    return total
 
 
 def _closed_segments(root: Path) -> dict[Path, int]:

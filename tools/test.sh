@@ -103,10 +103,11 @@ checks_log="$(mktemp)"
 checks=$!
 # The compiled extensions must be built here (README, "C extensions"): with this set, the
 # tests of tests/test_extensions.py fail where one is missing instead of skipping.
-# Two workers, a test file each at a time: a file's fixtures are built once, and a test that
-# waits on a subprocess or a server leaves the core to the other worker.
+# Three workers on the two cores, a test file each at a time: a file's fixtures are built
+# once, and while a test waits on a subprocess or a server (a sixth of the two cores' time
+# with two workers) the third keeps the core busy.
 # Files go out in the order collected, those holding a `slow` test first (tests/conftest.py):
-# a long file handed out last would run alone, the other core idle.
+# a long file handed out last would run alone, the other cores idle.
 if ! wait "$prometheus_install"; then
     cat "$prometheus_log"
     echo "tools/test.sh: installing Prometheus failed" >&2
@@ -122,7 +123,7 @@ finish() {
         exit 1
     fi
 }
-DSPARK_OBS_REQUIRE_EXTENSIONS=1 $PY -m pytest -n 2 --dist loadfile --no-loadscope-reorder "$@"
+DSPARK_OBS_REQUIRE_EXTENSIONS=1 $PY -m pytest -n 3 --dist loadfile --no-loadscope-reorder "$@"
 finish "$checks" "$checks_log" "the static security checks or the audit"
 if ! wait "$sglang_build"; then
     cat "$sglang_log"
