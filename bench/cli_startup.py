@@ -27,7 +27,7 @@ def _nothing() -> None:
 
 
 def run(quick: bool) -> list[dict]:
-    n = 5 if quick else 20
+    n = 2 if quick else 20
     out = []
     for name, args in CALLS:
         times, base = repeat_pair(lambda a=args: _call(a), _nothing, n, n)

@@ -98,8 +98,8 @@ def run(quick: bool) -> list[dict]:
         raise AssertionError(f"population counts differ: ours {ours_km}, baseline {base_km}")
     checked["population_at_risk_and_rejected"] = ours_km
 
-    times, base_times = repeat_pair(feed, baseline, 3 if quick else 7, 3 if quick else 7)
-    _, sglang_times = repeat_pair(feed, sglang_only, 1, 3 if quick else 7)
+    times, base_times = repeat_pair(feed, baseline, 1 if quick else 7, 1 if quick else 7)
+    _, sglang_times = repeat_pair(feed, sglang_only, 1, 1 if quick else 7)
     rec = record(
         "P2_estimator_update",
         {"bs": 256, "gamma": 7, "steps": steps},

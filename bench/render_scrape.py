@@ -48,7 +48,7 @@ def run(quick: bool) -> list[dict]:
     registry = prometheus_client_registry(text)
     base_text = prometheus_client.generate_latest(registry)
     checked = same_samples(text, base_text)
-    n = 5 if quick else 20
+    n = 2 if quick else 20
     times, base_times = repeat_pair(
         lambda: collector.collect(agg.snapshot(), stats.snapshot()),
         lambda: prometheus_client.generate_latest(registry),

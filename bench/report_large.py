@@ -234,7 +234,7 @@ def run(quick: bool) -> list[dict]:
             shutil.rmtree(root / f"report-{i}")
     rows = baseline_slice(large, BASELINE_ROWS)
     checked = check_summary(rows)
-    n = 3 if quick else 5
+    n = 1 if quick else 5
     base_times, polars_times = repeat_pair(
         lambda: per_row_workload_summary(rows.iter_rows()),
         lambda: polars_workload_summary(rows),

@@ -56,7 +56,7 @@ def _child(off: bool, warm: int, steps: int) -> dict:
 def run(quick: bool) -> list[dict]:
     if extensions.load("dspark_obs.runtime._hashing") is None:
         return [{"name": NAME, "skipped": "runtime._hashing is not built or is switched off"}]
-    repeats, warm, steps = (2, 10, 30) if quick else (7, 30, 200)
+    repeats, warm, steps = (1, 10, 30) if quick else (7, 30, 200)
     ours, numpy_form = [], []
     for _ in range(repeats):
         ours.append(_child(False, warm, steps))

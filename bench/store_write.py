@@ -55,7 +55,7 @@ def run(quick: bool) -> list[dict]:
                 w.append(b)
         shutil.rmtree(path)
 
-    n = 2 if quick else 5
+    n = 1 if quick else 5
     try:
         times, base = repeat_pair(store, one_run, n, n)
     finally:
