@@ -135,9 +135,9 @@ if ! wait "$vllm_build"; then
     echo "tools/test.sh: building the vLLM test environment failed" >&2
     exit 1
 fi
-# The last steps overlap: the SGLang and vLLM environments' tests (mostly starting up, or
-# waiting on a Prometheus scrape), and on the two cores the quick benchmarks in two halves,
-# the second after the fallbacks' tests.
+# The last steps overlap, all started at once so that the two cores stay busy until the
+# last ends: the SGLang and vLLM environments' tests (mostly starting up, or waiting on a
+# Prometheus scrape), the quick benchmarks in two halves, and the fallbacks' tests.
 # The one-flag deployment: two DP ranks through SGLang's own register_forward_hooks and
 # DsparkStepObservers, one node consumer, a real Prometheus (tests/test_node_consumer.py).
 sglang_tests_log="$(mktemp)"
@@ -153,8 +153,8 @@ vllm_tests_log="$(mktemp)"
 vllm_tests=$!
 # The quick benchmarks are a crash check (they fail on a crash, never on a timing: bench/).
 # Those that start clusters or subprocesses, or build the largest runs, in one process (about
-# as long as the fallbacks' tests and the rest together); every other one after the
-# fallbacks' tests. Both append their records to one file, a line each.
+# as long as the rest together); every other one in another. Both append their records to
+# one file, a line each.
 bench_first="fleet_ray report_large hook_import real_cost store_write gpu_gather"
 # shellcheck disable=SC2086 # the names are words
 bench_second="$($PY -c 'import sys
@@ -164,8 +164,10 @@ print(*(name for name in BENCHMARKS if name not in sys.argv[1:]))' $bench_first)
 # shellcheck disable=SC2086 # the names are words
 $PY -m bench --quick --json $bench_first >>bench-quick.jsonl &
 bench=$!
-bench_rest=""
-trap 'kill "$bench" $bench_rest "$sglang_tests" "$vllm_tests" 2>/dev/null || true' EXIT
+# shellcheck disable=SC2086 # the names are words
+$PY -m bench --quick --json $bench_second >>bench-quick.jsonl &
+bench_rest=$!
+trap 'kill "$bench" "$bench_rest" "$sglang_tests" "$vllm_tests" 2>/dev/null || true' EXIT
 # The compiled extensions' Python fallbacks, with every extension switched off: the switch
 # itself, the parser's tests and the end-to-end golden outputs. (The row fold's and the tail
 # walk's tests run both passes above already, the numpy one and the compiled one, so they are
@@ -173,9 +175,6 @@ trap 'kill "$bench" $bench_rest "$sglang_tests" "$vllm_tests" 2>/dev/null || tru
 DSPARK_OBS_NO_EXTENSIONS=1 $PY -m pytest -p no:cacheprovider \
     tests/test_extensions.py tests/test_sglang_json.py tests/test_sglang_columnar.py \
     tests/test_sglang_compiled.py tests/test_golden_outputs.py -k "not across_seeds"
-# shellcheck disable=SC2086 # the names are words
-$PY -m bench --quick --json $bench_second >>bench-quick.jsonl &
-bench_rest=$!
 finish "$sglang_tests" "$sglang_tests_log" "the SGLang environment's tests"
 finish "$vllm_tests" "$vllm_tests_log" "the vLLM environment's tests"
 finish "$bench" /dev/null "the quick benchmarks (bench-quick.jsonl has what they printed)"
