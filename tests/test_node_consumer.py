@@ -52,7 +52,7 @@ SUMMED = re.compile(r"^(dspark_\w+?(?:_total|_bucket|_sum|_count))(?:\{(.*)\})? 
 
 
 class Rank:
-    """One serving process of tests/hook_rank.py."""
+    """One serving process of tests/hook_rank.py, started; `attached` waits for its hook."""
 
     def __init__(self, rank: int, seed: int, listen: str, spec: str, sglang: bool) -> None:
         cmd = [sys.executable, "-m", "tests.hook_rank", "--rank", str(rank), "--seed", str(seed),
@@ -62,7 +62,10 @@ class Rank:
         self.proc = subprocess.Popen(
             cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
+
+    def attached(self) -> Rank:
         self.expect("attached")
+        return self
 
     def expect(self, prefix: str) -> list[str]:
         line = self.proc.stdout.readline()
@@ -209,6 +212,7 @@ def test_every_rank_of_a_node_on_one_scrape_target(how, tmp_path):
          "--model", MODEL], capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     sglang = how == "sglang"
+    # both ranks start at once, as a server's scheduler processes do (each imports SGLang)
     ranks = {0: Rank(0, 1, listen, spec, sglang), 1: Rank(1, 2, listen, spec, sglang)}
     ref = Reference()
     ref.start(0, 1)
@@ -216,6 +220,8 @@ def test_every_rank_of_a_node_on_one_scrape_target(how, tmp_path):
     prom = PrometheusServer({"node": [listen]}, scrape_interval="1s", workdir=tmp_path / "prom")
     try:
         prom.start()
+        for rank in ranks.values():
+            rank.attached()
         prom.wait_until_up("node")
         for r, total in ((0, {"0": 60}), (1, {"0": 60, "1": 60})):
             ranks[r].run(60)
@@ -232,7 +238,7 @@ def test_every_rank_of_a_node_on_one_scrape_target(how, tmp_path):
         # point extrapolates with a model fitted on both ranks' blocks, so it depends on the
         # order in which the consumer meets them.
         ranks[1].kill()
-        ranks[1] = Rank(1, 3, listen, spec, sglang)
+        ranks[1] = Rank(1, 3, listen, spec, sglang).attached()
         ref.start(1, 3)
         for r, total in ((0, {"0": 100, "1": 60}), (1, {"0": 100, "1": 100})):
             ranks[r].run(40, 0.02)
