@@ -70,7 +70,7 @@ def test_the_dashboard_holds_ours_against_sglangs_gauges(tmp_path):
         [sys.executable, "-m", "dspark_obs", "sglang-flag", "--json", "--listen", listen],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
-    rank = Rank(0, SEED, listen, spec, sglang=False)
+    rank = Rank(0, SEED, listen, spec, sglang=False).attached()
     prom = PrometheusServer(
         {"node": [listen], "sglang": [f"127.0.0.1:{sglang_port}"]},
         scrape_interval="1s",
