@@ -20,7 +20,7 @@ The default run streams a million request-steps at 256 running requests (about 2
 on two cores; freed on finish), checks the idle timeout in process with a short timeout, and
 the workload label cap with 10,000 names. The full profile (>= 20M
 request-steps, >= 1M requests, sweeps 256 -> 1 so that every concurrency-1
-phase frees the other slots' requests by the idle timeout; about 17 minutes on
+phase frees the other slots' requests by the idle timeout; about 11 minutes on
 two cores) is marked `soak` and excluded by default (`pytest -m soak
 tests/test_soak.py -s`). docs/reliability.md records the last figures.
 """
