@@ -13,11 +13,14 @@ from .test_serve_cli import Child
 
 def start_scraped(workdir: Path, request: pytest.FixtureRequest, *args: str) -> PrometheusServer:
     """`serve` on the runtime, small and fast (`args` added), scraped every second by a real
-    Prometheus; both reaped at teardown. Returns once Prometheus sees the target up."""
+    Prometheus; both reaped at teardown. Returns once Prometheus sees the target up.
+
+    The runtime keeps its own pace (a step every 8 ms or so, about a fifth of a core), as a
+    server's steps come: what the tests wait for is Prometheus' scrapes, and as fast as it
+    can go the child would take a whole core for as long as they wait."""
     child = Child(
         "serve",
         "--source", "runtime",
-        "--speed", "0",
         "--listen", "127.0.0.1:0",
         "--concurrency", "8,32",
         "--steps-per-level", "40",

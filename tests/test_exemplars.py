@@ -27,7 +27,8 @@ OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0
 
 
 def test_buckets_carry_a_recent_request_step_that_prometheus_stores(tmp_path):
-    child = Child(*serve_args("runtime", speed=0), "--sts", "none", "--concurrency", "16",
+    # at the runtime's own pace: the test waits on Prometheus' scrapes (tests/live_exporter.py)
+    child = Child(*serve_args("runtime"), "--sts", "none", "--concurrency", "16",
                   "--out", str(tmp_path / "run"), workdir=tmp_path / "cwd")  # fmt: skip
     prom = None
     try:
