@@ -38,6 +38,7 @@ for n, b in enumerate(rt.run()):
         digest.update(np.ascontiguousarray(col).tobytes())
 seconds = time.process_time() - start
 print(json.dumps({{"seconds_per_step": seconds / steps, "rows": int(b.num_reqs),
+                  "gamma": rt.config.gamma, "vocab": rt.config.vocab_size,
                   "digest": digest.hexdigest()}}))
 """
 
@@ -66,7 +67,13 @@ def run(quick: bool) -> list[dict]:
         raise RuntimeError(f"the two forms' streams differ: {sorted(digests)}")
     rec = record(
         NAME,
-        {"concurrency": CONCURRENCY, "gamma": 7, "vocab": 128, "steps": steps, "warm_up": warm},
+        {
+            "concurrency": CONCURRENCY,
+            "gamma": ours[-1]["gamma"],
+            "vocab": ours[-1]["vocab"],
+            "steps": steps,
+            "warm_up": warm,
+        },
         "ms",
         [r["seconds_per_step"] for r in ours],
         1e3,
