@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from dspark_obs.store.layout import in_memory
+
 EPS = 1e-8  # SGLang's clamp of predictions
 
 
@@ -19,7 +21,7 @@ def union(runs: list[Path], table: str, nodes: list[str] | None = None) -> pl.Da
     """Every part of `table` in every run, with the run's node (default: its index)."""
     frames = []
     for i, run in enumerate(runs):
-        frame = pl.read_parquet(str(run / table / "part-*.parquet"))
+        frame = in_memory(pl.read_parquet(str(run / table / "part-*.parquet")))
         frames.append(frame.with_columns(pl.lit(nodes[i] if nodes else str(i)).alias("node")))
     return pl.concat(frames, how="diagonal_relaxed")
 

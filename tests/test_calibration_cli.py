@@ -22,6 +22,7 @@ from torchmetrics.classification import BinaryCalibrationError
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.engine import DSparkRuntime
 from dspark_obs.store import RunWriter
+from dspark_obs.store.layout import in_memory
 
 from .conftest import SMALL_RUN, cli
 
@@ -50,7 +51,7 @@ def half_shadow_run(tmp_path_factory) -> Path:
 
 def labelled_rows(run_dir: Path) -> dict[str, dict[str, np.ndarray]]:
     """Per workload: clamped survival `[n, gamma]`, prefix labels and which are known."""
-    df = pl.read_parquet(str(run_dir / "requests" / "*.parquet")).filter(
+    df = in_memory(pl.read_parquet(str(run_dir / "requests" / "*.parquet"))).filter(
         pl.col("survival").is_not_null()
     )
     gamma = int(df["gamma"][0])

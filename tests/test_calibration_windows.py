@@ -12,6 +12,7 @@ from dspark_obs.aggregates import rows
 from dspark_obs.analysis import reliability
 from dspark_obs.calibration import CalibrationAccumulator, prefix_labels
 from dspark_obs.store import Run, open_run
+from dspark_obs.store.layout import in_memory
 
 INTEGER = ("count", "target_sum", "fine_pos", "fine_neg")
 FLOAT = ("pred_sum", "sq_err_sum")
@@ -56,7 +57,7 @@ def expected(df: pl.DataFrame, gamma: int) -> dict[str, dict]:
 def test_windows_equal_one_accumulator_per_workload(compact_run, monkeypatch, fold_rows, compiled):
     run_dir, _ = compact_run
     run = open_run(run_dir)
-    df = pl.read_parquet(run_dir / "requests" / "*.parquet")
+    df = in_memory(pl.read_parquet(run_dir / "requests" / "*.parquet"))
     # several windows, and (but for the largest) several folds in each
     monkeypatch.setattr(reliability, "WINDOW_ROWS", df.height // 4 + 1)
     monkeypatch.setattr(reliability, "FOLD_ROWS", fold_rows)

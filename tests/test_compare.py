@@ -22,6 +22,7 @@ from dspark_obs.analysis.bootstrap import (
 from dspark_obs.analysis.compare import ROW_KEYS
 from dspark_obs.analysis.verdict import verdict
 from dspark_obs.store import open_run
+from dspark_obs.store.layout import in_memory
 from dspark_obs.whatif.trim_cost import TRIM_COST_KEYS, trim_cost
 
 from .conftest import cli
@@ -193,7 +194,9 @@ def test_static_vs_compact_at_256(runs):
     assert any("modes differ" in n for n in result["notes"])
 
     steps = {k: pl.read_parquet(p / "steps" / "*.parquet") for k, p in (("a", a), ("b", b))}
-    reqs = {k: pl.read_parquet(p / "requests" / "*.parquet") for k, p in (("a", a), ("b", b))}
+    reqs = {
+        k: in_memory(pl.read_parquet(p / "requests" / "*.parquet")) for k, p in (("a", a), ("b", b))
+    }
     ms = {k: s.filter(pl.col("bs") == 256)["step_gpu_ms"].mean() for k, s in steps.items()}
     step = _row(result, "step_ms", bs=256)
     assert step["a"] == pytest.approx(ms["a"], rel=1e-12)

@@ -32,6 +32,7 @@ from dspark_obs.recording.reference import record_reference_run
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.language import WorkloadProfile
 from dspark_obs.store import RunWriter, open_run
+from dspark_obs.store.layout import in_memory
 
 from .conftest import cli
 from .golden_outputs import RUN as GOLDEN_RUN
@@ -73,7 +74,7 @@ def fits(runs, tmp_path_factory) -> dict[float, dict]:
 def frames(run: Path) -> tuple[pl.DataFrame, pl.DataFrame]:
     return (
         pl.read_parquet(str(run / "steps" / "part-*.parquet")),
-        pl.read_parquet(str(run / "requests" / "part-*.parquet")),
+        in_memory(pl.read_parquet(str(run / "requests" / "part-*.parquet"))),
     )
 
 

@@ -15,6 +15,8 @@ import numpy as np
 import polars as pl
 import pytest
 
+from dspark_obs.store.layout import in_memory
+
 from .conftest import cli
 from .interval_reference import reference_interval
 
@@ -22,7 +24,7 @@ SGLANG_JSONL = Path(__file__).parent / "data" / "sglang" / "block_accept.sampled
 
 
 def read_table(run: Path, table: str) -> pl.DataFrame:
-    return pl.read_parquet(run / table / "*.parquet")
+    return in_memory(pl.read_parquet(run / table / "*.parquet"))
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from dspark_obs.estimator.interval import block_interval, extrapolated_parts, po
 from dspark_obs.estimator.population import HazardModel
 
 from dspark_obs.store import open_run
+from dspark_obs.store.layout import in_memory
 
 from .conftest import cli
 
@@ -34,7 +35,7 @@ from .conftest import cli
 def estimate(compact_run) -> tuple[dict, pl.DataFrame, pl.DataFrame, int]:
     run, _ = compact_run
     report = json.loads(cli("estimate", str(run), "--json").stdout)
-    req = pl.read_parquet(run / "requests" / "*.parquet")
+    req = in_memory(pl.read_parquet(run / "requests" / "*.parquet"))
     ceilings = pl.read_parquet(run / "ceilings" / "*.parquet")
     return report, req, ceilings, report["gamma"]
 

@@ -25,6 +25,7 @@ import pytest
 from bench.sglang_load import polling_args
 from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime_server import RuntimeFrontend
+from dspark_obs.store.layout import in_memory
 
 from .conftest import cli
 from .fleet_reference import posthoc_calibration
@@ -215,7 +216,7 @@ def _key(metric: dict) -> tuple:
 
 
 def _union(runs: list[Path], table: str) -> pl.DataFrame:
-    return pl.concat([pl.read_parquet(str(r / table / "part-*.parquet")) for r in runs])
+    return pl.concat([in_memory(pl.read_parquet(str(r / table / "part-*.parquet"))) for r in runs])
 
 
 def _labelled(reqs: pl.DataFrame) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 from dspark_obs.analysis.summary import summarize_run_dir
 from dspark_obs.store import RunStoreError, open_run
+from dspark_obs.store.layout import in_memory
 from dspark_obs.store.part_bounds import (
     MAX_PART_ROWS,
     MAX_STRING_BYTES,
@@ -63,7 +64,7 @@ def _copy(run: Path, tmp_path: Path) -> Path:
 def _rewrite(run: Path, table: str, change, part: str = PART) -> None:
     """Republish `table`'s `part` as `change` makes it, with a valid checksum record."""
     path = run / table / part
-    publish_part(path, change(pl.read_parquet(path)))
+    publish_part(path, change(in_memory(pl.read_parquet(path))))
 
 
 def _derive(df: pl.DataFrame) -> pl.DataFrame:
@@ -151,13 +152,13 @@ def test_a_stored_step_is_read_exactly_when_the_gate_accepts_it(honest, tmp_path
     table, column, value, pick = case
     run = _copy(honest, tmp_path_factory.mktemp("h"))
     on_disk = "requests" if table == "matrix" else table
-    original = pl.read_parquet(run / on_disk / PART)
+    original = in_memory(pl.read_parquet(run / on_disk / PART))
     changed, key = _mutate(original, column, value, pick, table)
     if changed is None:
         return
     publish_part(run / on_disk / PART, changed)
     steps = pl.read_parquet(run / "steps" / PART)
-    requests = pl.read_parquet(run / "requests" / PART)
+    requests = in_memory(pl.read_parquet(run / "requests" / PART))
     reason = _gate(steps, requests, key)
     honest_run, r = open_run(honest), open_run(run)
     n_rows = requests.filter((pl.col("rank") == key[0]) & (pl.col("forward_ct") == key[1])).height
@@ -171,7 +172,7 @@ def test_a_stored_step_is_read_exactly_when_the_gate_accepts_it(honest, tmp_path
     scan_reason = None if table == "matrix" else reason
     # the whole-run screen passes exactly the runs with nothing to leave out (so an honest
     # run's scan is one pass; a failing one is then checked flush by flush)
-    parts = [pl.scan_parquet(run / t / PART) for t in ("steps", "requests")]
+    parts = [in_memory(pl.scan_parquet(run / t / PART)) for t in ("steps", "requests")]
     screened = all(f.item() for f in pl.collect_all(clean(*parts, GAMMA)))
     assert screened == (scan_reason is None)
     rejected = r.rejections()

@@ -25,6 +25,7 @@ import pytest
 from dspark_obs.calibration import CalibrationAccumulator, prefix_labels
 from dspark_obs.numbers import delta
 from dspark_obs.store import open_run
+from dspark_obs.store.layout import in_memory
 from dspark_obs.whatif.predict import whatif
 from dspark_obs.whatif.trim_cost import TRIM_COST_KEYS, trim_cost
 
@@ -180,7 +181,7 @@ def test_load_table_equals_sql(report):
 def test_calibration_table_equals_numpy_accumulator(report):
     run, _, _, _, tables = report
     rows = tables[f"{run.name}: calibration per position"]
-    df = pl.read_parquet(run / "requests" / "*.parquet")
+    df = in_memory(pl.read_parquet(run / "requests" / "*.parquet"))
     known = df.select(pl.coalesce("ceiling", "shadow_ceiling").fill_null(-1)).to_series()
     labels, labelled = prefix_labels(
         df["correct_drafts"].to_numpy(), df["window"].to_numpy(), known.to_numpy(), 7

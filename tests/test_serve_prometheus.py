@@ -35,6 +35,7 @@ import pytest
 from dspark_obs.exporters.web_config import hash_password
 
 from bench.serve_child import serve_args
+from dspark_obs.store.layout import in_memory
 
 from .pki import PKI, make_pki
 from .prometheus_harness import (
@@ -91,7 +92,7 @@ class Expected:
 def expected(compact_run) -> Expected:
     run_dir, _ = compact_run
     steps = pl.read_parquet(str(run_dir / "steps" / "part-*.parquet"))
-    reqs = pl.read_parquet(str(run_dir / "requests" / "part-*.parquet"))
+    reqs = in_memory(pl.read_parquet(str(run_dir / "requests" / "part-*.parquet")))
     # What makes the arithmetic below the whole truth: one mode and rank (so workload alone
     # keys a series), a complete shadow ceiling on every row (so every position is labelled)
     # and finite survival everywhere.
@@ -323,7 +324,7 @@ def test_cost_model_error_by_context_bucket(prom, compact_run):
     the counters' sums from the Parquet files, after Prometheus' round trip."""
     run_dir, _ = compact_run
     steps = pl.read_parquet(str(run_dir / "steps" / "part-*.parquet"))
-    reqs = pl.read_parquet(str(run_dir / "requests" / "part-*.parquet"))
+    reqs = in_memory(pl.read_parquet(str(run_dir / "requests" / "part-*.parquet")))
     mean = reqs.group_by("forward_ct").agg(mean=pl.col("prefix_len").mean())
     joined = steps.join(mean, on="forward_ct").sort("forward_ct")
     ctx = joined["mean"].to_numpy()

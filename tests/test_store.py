@@ -20,10 +20,13 @@ import numpy as np
 import pandas as pd
 import polars as pl
 import pytest
+from polars.testing import assert_frame_equal
 
 from dspark_obs.store import Run, RunStoreError, RunWriter, checksums, open_run
 from dspark_obs.store import writer as writer_module
+from dspark_obs.store.layout import in_memory
 from dspark_obs.store.tables import batches_to_frames, frames_to_batches, requests_schema
+from dspark_obs.store.writer import STORE_VERSION
 from dspark_obs.telemetry.batch import (
     MATRIX_COLUMNS,
     MODES,
@@ -263,7 +266,12 @@ def test_written_run_reads_back_through_polars_pandas_duckdb(tmp_path):
     assert reqs.height == t["request_steps"]
     assert reqs["correct_drafts"].sum() == t["correct_drafts"]
     assert reqs["greedy"].null_count() == t["greedy_null"]
-    assert reqs["draft_tokens"].null_count() == t["draft_null"]
+    # a matrix is a column a position (docs/store.md), null in every one where not recorded
+    assert [c for c in reqs.columns if c.startswith("draft_tokens")] == [
+        f"draft_tokens_{j}" for j in range(GAMMA)
+    ]
+    for j in range(GAMMA):
+        assert reqs[f"draft_tokens_{j}"].null_count() == t["draft_null"]
     assert pl.scan_parquet(str(run / "steps" / "*.parquet")).collect().height == len(batches)
 
     # pandas via pyarrow
@@ -271,7 +279,7 @@ def test_written_run_reads_back_through_polars_pandas_duckdb(tmp_path):
     assert len(pdf) == t["request_steps"]
     assert int(pdf["correct_drafts"].sum()) == t["correct_drafts"]
     assert int(pdf["shadow_ceiling"].isna().sum()) == t["shadow_null"]
-    assert int(pdf["draft_tokens"].isna().sum()) == t["draft_null"]
+    assert int(pdf["draft_tokens_0"].isna().sum()) == t["draft_null"]
 
     # duckdb
     count, total = duckdb.sql(
@@ -744,11 +752,22 @@ def test_resumed_old_run_gets_records_for_its_new_parts(tmp_path):
     write_run(run, first)
     shutil.rmtree(run / "_checksums")
     _set_manifest(run, store_version=1)
+    old = sorted((run / "requests").glob("part-*.parquet"))
+    for part in old:  # as the writers of store_version 1 and 2 laid out the matrices
+        in_memory(pl.read_parquet(part)).write_parquet(part, compression="zstd")
+    assert "draft_tokens" in pl.read_parquet_schema(old[0])
     write_run(run, second, resume=True)
     # the old parts are adopted as they are: the resumed run has a record for every part
     assert set(_records(run)) == {f"{p.parent.name}/{p.name}.json" for p in run.glob("*/*.parquet")}
-    assert json.loads((run / "run.json").read_text())["store_version"] == 2
+    assert json.loads((run / "run.json").read_text())["store_version"] == STORE_VERSION
+    new = sorted(set((run / "requests").glob("part-*.parquet")) - set(old))
+    assert new and "draft_tokens_0" in pl.read_parquet_schema(new[0])
+    # a table of both layouts reads as one, in every form
     assert_batches_equal(list(open_run(run).batches()), first + second)
+    _, expected = batches_to_frames(first + second, GAMMA)
+    r = open_run(run)
+    assert_frame_equal(r.requests().collect(), expected)
+    assert_frame_equal(pl.concat([p.collect() for p in r.scan_parts("requests")]), expected)
 
 
 def test_checksum_directory_is_not_a_table_name(tmp_path):

@@ -21,6 +21,7 @@ from dspark_obs.runtime.config import RuntimeConfig
 from dspark_obs.runtime.scheduler import schedule
 from dspark_obs.store import open_run
 from dspark_obs.store.inventory import list_parts, part_name
+from dspark_obs.store.layout import in_memory
 from dspark_obs.store.writer import publish_part
 from dspark_obs.whatif import frame_loader
 from dspark_obs.whatif.counterfactual_accept import accepted_under, exact_ceiling, tail_shapes
@@ -221,7 +222,7 @@ def test_summary_shows_trimmed_drafts_per_workload(compact_run):
     """The workload table's `trimmed` column: static's accepted drafts (with a shadow, its
     ceiling exactly) minus the run's, per request-step of a step with requests."""
     path, _ = compact_run
-    req = pl.read_parquet(path / "requests" / "*.parquet")
+    req = in_memory(pl.read_parquet(path / "requests" / "*.parquet"))
     steps = pl.read_parquet(path / "steps" / "*.parquet").filter(pl.col("bs") > 0)
     req = req.join(steps.select("rank", "forward_ct"), on=["rank", "forward_ct"])
     gap = (pl.col("shadow_ceiling") - pl.col("correct_drafts")).mean()

@@ -40,6 +40,7 @@ from .inventory import (
     part_name,
     take_inventory,
 )
+from .layout import in_memory, in_memory_schema
 from .manifest import read_manifest
 from .part_bounds import check_part_bounds
 from .tables import (
@@ -63,8 +64,8 @@ __all__ = ["MANIFEST", "Run", "check_table_name", "list_parts", "open_run", "par
 #: holds while its key does: a write to the file moves its ctime, a replacement its inode.
 PartKey = tuple[str, int, int, int, int, int]
 
-#: Parts whose checksum, bounds and footer were checked, with their schema: kept for the
-#: process, not per `Run`, since a command opens one run more than once (`summary` reads
+#: Parts whose checksum, bounds and footer were checked, with their schema on disk: kept
+#: for the process, not per `Run`, since a command opens one run more than once (`summary` reads
 #: the table and then the trim cost, `report` each section) and each would pay again.
 _VERIFIED: dict[PartKey, pl.Schema] = {}
 #: Rows of a table's parts (held to the manifest), and the steps every reader leaves out
@@ -159,11 +160,11 @@ class Run:
         query. Only a part without a checksum record (written before parts had
         them) can still hide damage inside a data page until the page is read.
         """
-        files, rejected = self._checked(table)
+        files, schemas, rejected = self._checked(table)
         if rejected:
-            frame = _scan_without(files, rejected)
+            frame = _scan_without(files, schemas, rejected)
         else:
-            frame = pl.scan_parquet([str(f) for f in files], glob=False)
+            frame = _scan_together(files, schemas)
         return frame.with_columns(_screens(table, frame))
 
     def scan_parts(self, table: str) -> list[pl.LazyFrame]:
@@ -171,8 +172,11 @@ class Run:
         rejected steps left out, the probabilities screened). For a reader that takes the
         run a range of parts at a time: a query over `scan` with a filter makes polars read
         every part's footer again for each range, hundreds of parts on a large run."""
-        files, rejected = self._checked(table)
-        frames = [rejected.without(f, pl.scan_parquet(f, glob=False)) for f in files]
+        files, schemas, rejected = self._checked(table)
+        frames = [
+            rejected.without(f, _scan_together([f], [schema]))
+            for f, schema in zip(files, schemas, strict=True)
+        ]
         screens = _screens(table, frames[0])  # the parts' schemas are one (`check_parts`)
         return [frame.with_columns(screens) for frame in frames]
 
@@ -202,26 +206,26 @@ class Run:
             windows.append(pl.concat(together))
         return windows
 
-    def _checked(self, table: str) -> tuple[list[Path], Rejections]:
+    def _checked(self, table: str) -> tuple[list[Path], list[pl.Schema], Rejections]:
         """The parts of `table`, checked (`check_parts`, and a closed run's rows against its
-        manifest), and the steps every reader leaves out of them (none for other tables)."""
+        manifest), their schemas on disk, and the steps every reader leaves out of them
+        (none for other tables)."""
         files = self.parts(table)
         if not files:
             raise RunStoreError(f"{self.path / table}: table {table!r} has no parts")
-        self.check_parts(table, files)
+        schemas = self.check_parts(table, files)
         if table not in (STEPS, REQUESTS):
-            return files, Rejections()
+            return files, schemas, Rejections()
         if self.complete:
             key = tuple(map(part_key, files))
             if key not in _ROWS:
-                frame = pl.scan_parquet([str(f) for f in files], glob=False)
                 try:
-                    rows = frame.select(pl.len()).collect().item()
+                    rows = _scan_together(files, schemas).select(pl.len()).collect().item()
                 except READ_ERRORS as exc:
                     raise unreadable(self.path / table, exc) from exc
                 _remember(_ROWS, key, rows, _MAX_RUNS)
             self._check_rows(table, _ROWS[key])
-        return files, self.rejections()
+        return files, schemas, self.rejections()
 
     def rejections(self) -> Rejections:
         """The stored steps every reader leaves out, as the pipeline's gate would reject
@@ -232,14 +236,18 @@ class Run:
         key = (gamma, *map(part_key, [*steps, *requests.values()]))
         if key in _REJECTED:
             return _REJECTED[key]
-        self.check_parts(STEPS, steps)
-        self.check_parts(REQUESTS, list(requests.values()))
+        step_schemas = dict(zip(steps, self.check_parts(STEPS, steps), strict=True))
+        request_schemas = dict(
+            zip(requests.values(), self.check_parts(REQUESTS, list(requests.values())), strict=True)
+        )
+
+        def scan(parts: list[Path], schemas: dict[Path, pl.Schema]) -> pl.LazyFrame:
+            return _scan_together(parts, [schemas[p] for p in parts])
+
         try:
             screen = clean(
-                pl.scan_parquet([str(f) for f in steps], glob=False),
-                pl.scan_parquet([str(f) for f in requests.values()], glob=False)
-                if requests
-                else None,
+                scan(steps, step_schemas),
+                scan(list(requests.values()), request_schemas) if requests else None,
                 gamma,
             )
             if all(f.item() for f in pl.collect_all(screen)):
@@ -247,10 +255,8 @@ class Run:
             else:
                 found = pl.collect_all(
                     flush_rejections(
-                        pl.scan_parquet(f, glob=False),
-                        pl.scan_parquet(requests[f.name], glob=False)
-                        if f.name in requests
-                        else None,
+                        scan([f], step_schemas),
+                        scan([requests[f.name]], request_schemas) if f.name in requests else None,
                         gamma,
                         matrices=False,
                     )
@@ -274,20 +280,24 @@ class Run:
             return schema
         return {}
 
-    def check_parts(self, table: str, files: list[Path]) -> None:
-        """RunStoreError unless each part matches its checksum and has the table's schema."""
+    def check_parts(self, table: str, files: list[Path]) -> list[pl.Schema]:
+        """RunStoreError unless each part matches its checksum and has the table's schema
+        (in memory: `layout.py`); the parts' schemas on disk."""
         expected = self._expected_schema(table)
         keys = list(map(part_key, files))
         verify_parts([f for f, key in zip(files, keys, strict=True) if key not in _VERIFIED])
         first: pl.Schema | None = None
+        stored = []
         for f, key in zip(files, keys, strict=True):
-            schema = _VERIFIED.get(key)
-            if schema is None:
+            on_disk = _VERIFIED.get(key)
+            if on_disk is None:
                 check_part_bounds(f)  # what decoding it takes, before polars reads a byte
                 try:
-                    schema = pl.read_parquet_schema(f)
+                    on_disk = pl.read_parquet_schema(f)
                 except READ_ERRORS as exc:
                     raise unreadable(f, exc) from exc
+            stored.append(on_disk)
+            schema = in_memory_schema(on_disk)
             for name, dtype in expected.items():
                 if name in schema and schema[name] != dtype:
                     raise RunStoreError(f"{f}: column {name} is {schema[name]}, expected {dtype}")
@@ -299,7 +309,8 @@ class Run:
             elif schema != first:
                 raise RunStoreError(f"{f}: schema differs from {files[0].name}")
             if key not in _VERIFIED:
-                _remember(_VERIFIED, key, schema, _MAX_VERIFIED)
+                _remember(_VERIFIED, key, on_disk, _MAX_VERIFIED)
+        return stored
 
     def steps(self) -> pl.LazyFrame:
         return self.scan(STEPS)
@@ -322,7 +333,7 @@ class Run:
                 self.check_parts(REQUESTS, [req_path])
             try:
                 steps_df = pl.read_parquet(steps_path)
-                requests_df = pl.read_parquet(req_path) if req_path.is_file() else None
+                requests_df = in_memory(pl.read_parquet(req_path)) if req_path.is_file() else None
             except READ_ERRORS as exc:
                 raise unreadable(steps_path, exc) from exc
             if requests_df is None and steps_df["has_reqs"].any():
@@ -358,21 +369,41 @@ def _screens(table: str, frame: pl.LazyFrame) -> list[pl.Expr]:
     return within_probabilities(frame.collect_schema().names())
 
 
-def _scan_without(files: list[Path], rejected: Rejections) -> pl.LazyFrame:
+def _scan_together(files: list[Path], schemas: list[pl.Schema]) -> pl.LazyFrame:
+    """The parts `files` (checked, their schemas on disk `schemas`) as one frame in part
+    order, in memory's layout: the parts of one layout in one scan, those of another
+    (an older run's, resumed) in another."""
+    frames: list[pl.LazyFrame] = []
+    start = 0
+    for end in range(1, len(files) + 1):
+        if end == len(files) or schemas[end].names() != schemas[start].names():
+            scan = pl.scan_parquet([str(f) for f in files[start:end]], glob=False)
+            frames.append(in_memory(scan, schemas[start].names()))
+            start = end
+    return frames[0] if len(frames) == 1 else pl.concat(frames)
+
+
+def _scan_without(
+    files: list[Path], schemas: list[pl.Schema], rejected: Rejections
+) -> pl.LazyFrame:
     """The parts `files` as one frame in part order, less the steps `rejected` in each
     flush; the parts with none are scanned together, as `Run.scan` scans a clean table."""
     frames: list[pl.LazyFrame] = []
-    clean: list[str] = []
-    for f in files:
+    clean: list[int] = []
+
+    def scan(at: list[int]) -> pl.LazyFrame:
+        return _scan_together([files[i] for i in at], [schemas[i] for i in at])
+
+    for i, f in enumerate(files):
         if f.name in rejected.keys:
             if clean:
-                frames.append(pl.scan_parquet(clean, glob=False))
+                frames.append(scan(clean))
                 clean = []
-            frames.append(rejected.without(f, pl.scan_parquet(f, glob=False)))
+            frames.append(rejected.without(f, scan([i])))
         else:
-            clean.append(str(f))
+            clean.append(i)
     if clean:
-        frames.append(pl.scan_parquet(clean, glob=False))
+        frames.append(scan(clean))
     return pl.concat(frames)
 
 

@@ -49,7 +49,8 @@ def duckdb_views(run_dirs: list[Path]) -> str:
         )
         # The view name is one of the store's two table constants and every path is a
         # quoted SQL literal, so nothing a user passes can end the statement.
-        source = f"read_parquet([{globs}], filename = true)"
+        # by name: a resumed older run's parts hold the matrices as lists (`layout.py`)
+        source = f"read_parquet([{globs}], filename = true, union_by_name = true)"
         out.append(
             f"CREATE OR REPLACE VIEW {table} AS SELECT *, {_RUN_OF_PART} AS run "  # nosec B608
             f"FROM {source};"

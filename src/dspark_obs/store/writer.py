@@ -40,7 +40,8 @@ from ..outputs import prepare_dir, write_file
 from ..telemetry.batch import MATRIX_COLUMNS, REQUEST_COLUMNS, StepBatch
 from .checksums import CHECKSUMS, checksum_path, checksum_record, file_record, verify_parts
 from .errors import RunStoreError
-from .inventory import MANIFEST, RECORDS_REQUIRED, list_parts, part_name
+from .inventory import MANIFEST, list_parts, part_name
+from .layout import COMPRESSION, on_disk
 from .manifest import read_manifest
 from .reader import check_table_name
 from .tables import REQUESTS, STEPS, batches_to_frames
@@ -48,8 +49,10 @@ from .tables import REQUESTS, STEPS, batches_to_frames
 log = logging.getLogger(__name__)
 
 #: Version of the on-disk layout, recorded in run.json for future readers. From 2 on,
-#: every part has a checksum record (a resumed older run gets records for its parts).
-STORE_VERSION = RECORDS_REQUIRED
+#: every part has a checksum record (a resumed older run gets records for its parts); from
+#: 3 on, parts are written with a column a matrix position (`layout.py`; readers tell a
+#: part's layout from its columns, so a resumed older run may hold both).
+STORE_VERSION = 3
 #: Default flush interval: a part per this many steps, or once the oldest buffered step is
 #: this many seconds old. A crash loses at most what was buffered since the last part.
 FLUSH_STEPS = 2000
@@ -94,7 +97,7 @@ def publish_part(final: Path, df: pl.DataFrame) -> int:
             prepare_dir(d, "run directory's")  # a planted link is refused, not followed
             _fsync_dir(d.parent)
     buf = io.BytesIO()
-    df.write_parquet(buf, compression="zstd")
+    on_disk(df).write_parquet(buf, compression=COMPRESSION)
     data = buf.getbuffer()
     _write_atomic(record, lambda f: f.write(checksum_record(data)))
     _write_atomic(final, lambda f: f.write(data))
