@@ -64,10 +64,17 @@ __all__ = ["MANIFEST", "Run", "check_table_name", "list_parts", "open_run", "par
 #: holds while its key does: a write to the file moves its ctime, a replacement its inode.
 PartKey = tuple[str, int, int, int, int, int]
 
-#: Parts whose checksum, bounds and footer were checked, with their schema on disk: kept
-#: for the process, not per `Run`, since a command opens one run more than once (`summary` reads
+#: A part's schema on disk and in memory (`layout.py`), one pair for all parts alike.
+Schemas = tuple[pl.Schema, pl.Schema]
+#: Parts whose checksum, bounds and footer were checked, with their schemas: kept for the
+#: process, not per `Run`, since a command opens one run more than once (`summary` reads
 #: the table and then the trim cost, `report` each section) and each would pay again.
-_VERIFIED: dict[PartKey, pl.Schema] = {}
+_VERIFIED: dict[PartKey, Schemas] = {}
+#: The schemas found so far, each once: the parts of a table share one pair, so checking
+#: a table's parts against each other and against the table's columns is a comparison of
+#: identities once the first part is checked (hundreds of parts on a large run, checked at
+#: every read of the table).
+_SCHEMAS: dict[tuple[tuple[str, str], ...], Schemas] = {}
 #: Rows of a table's parts (held to the manifest), and the steps every reader leaves out
 #: (`validate.py`), by the keys of the parts they were counted or found in.
 _ROWS: dict[tuple[PartKey, ...], int] = {}
@@ -287,29 +294,27 @@ class Run:
         keys = list(map(part_key, files))
         verify_parts([f for f, key in zip(files, keys, strict=True) if key not in _VERIFIED])
         first: pl.Schema | None = None
+        fitting: list[pl.Schema] = []  # schemas that have the table's columns
         stored = []
         for f, key in zip(files, keys, strict=True):
-            on_disk = _VERIFIED.get(key)
-            if on_disk is None:
+            schemas = _VERIFIED.get(key)
+            if schemas is None:
                 check_part_bounds(f)  # what decoding it takes, before polars reads a byte
                 try:
-                    on_disk = pl.read_parquet_schema(f)
+                    schemas = _interned(pl.read_parquet_schema(f))
                 except READ_ERRORS as exc:
                     raise unreadable(f, exc) from exc
+            on_disk, schema = schemas
             stored.append(on_disk)
-            schema = in_memory_schema(on_disk)
-            for name, dtype in expected.items():
-                if name in schema and schema[name] != dtype:
-                    raise RunStoreError(f"{f}: column {name} is {schema[name]}, expected {dtype}")
-            missing = [n for n in expected if n not in schema and n not in OPTIONAL_STEP_COLUMNS]
-            if missing:
-                raise RunStoreError(f"{f}: not a {table!r} part, lacks columns {missing[:5]}")
+            if not any(schema is s for s in fitting):
+                _check_columns(f, table, schema, expected)
+                fitting.append(schema)
             if first is None:
                 first = schema
-            elif schema != first:
+            elif schema is not first and schema != first:
                 raise RunStoreError(f"{f}: schema differs from {files[0].name}")
             if key not in _VERIFIED:
-                _remember(_VERIFIED, key, on_disk, _MAX_VERIFIED)
+                _remember(_VERIFIED, key, schemas, _MAX_VERIFIED)
         return stored
 
     def steps(self) -> pl.LazyFrame:
@@ -369,6 +374,26 @@ def _screens(table: str, frame: pl.LazyFrame) -> list[pl.Expr]:
     return within_probabilities(frame.collect_schema().names())
 
 
+def _interned(on_disk: pl.Schema) -> Schemas:
+    """The one pair of schemas (`_SCHEMAS`) of a part whose schema on disk is `on_disk`."""
+    key = tuple((name, repr(dtype)) for name, dtype in on_disk.items())
+    if key not in _SCHEMAS:
+        _remember(_SCHEMAS, key, (on_disk, in_memory_schema(on_disk)), _MAX_RUNS)
+    return _SCHEMAS[key]
+
+
+def _check_columns(
+    f: Path, table: str, schema: pl.Schema, expected: dict[str, pl.DataType]
+) -> None:
+    """RunStoreError unless part `f`, of schema `schema` in memory, has `table`'s columns."""
+    for name, dtype in expected.items():
+        if name in schema and schema[name] != dtype:
+            raise RunStoreError(f"{f}: column {name} is {schema[name]}, expected {dtype}")
+    missing = [n for n in expected if n not in schema and n not in OPTIONAL_STEP_COLUMNS]
+    if missing:
+        raise RunStoreError(f"{f}: not a {table!r} part, lacks columns {missing[:5]}")
+
+
 def _scan_together(files: list[Path], schemas: list[pl.Schema]) -> pl.LazyFrame:
     """The parts `files` (checked, their schemas on disk `schemas`) as one frame in part
     order, in memory's layout: the parts of one layout in one scan, those of another
@@ -376,7 +401,9 @@ def _scan_together(files: list[Path], schemas: list[pl.Schema]) -> pl.LazyFrame:
     frames: list[pl.LazyFrame] = []
     start = 0
     for end in range(1, len(files) + 1):
-        if end == len(files) or schemas[end].names() != schemas[start].names():
+        if end == len(files) or (
+            schemas[end] is not schemas[start] and schemas[end].names() != schemas[start].names()
+        ):
             scan = pl.scan_parquet([str(f) for f in files[start:end]], glob=False)
             frames.append(in_memory(scan, schemas[start].names()))
             start = end
