@@ -14,7 +14,7 @@ encoding, a few hundred bytes a column) and the part is refused, by name, unless
   inflated bytes) stays within `max(MIN_DECODED_BYTES, MAX_INFLATION * its size)`.
 
 The writer's parts stay far inside every bound (a part is one flush, a few thousand steps;
-zstd inflates our columns a few times, not a hundred), so no honest run meets them.
+LZ4 and zstd inflate our columns a few times, not a hundred), so no honest run meets them.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ MAX_PART_ROWS = 1 << 26
 MAX_STRING_BYTES = 4096
 #: Largest page once inflated (polars writes pages of about a megabyte).
 MAX_PAGE_BYTES = 256 << 20
-#: What decoding a part may take in memory, at least and per byte of the part: zstd makes
-#: our columns a few times smaller; constant columns (rank, mode, gamma) much more, which the
+#: What decoding a part may take in memory, at least and per byte of the part: LZ4 (zstd in
+#: runs before `store_version` 3) makes our columns a few times smaller; constant columns (rank, mode, gamma) much more, which the
 #: floor covers for small parts.
 MIN_DECODED_BYTES = 256 << 20
 MAX_INFLATION = 64
