@@ -38,8 +38,8 @@ MAX_STRING_BYTES = 4096
 #: Largest page once inflated (polars writes pages of about a megabyte).
 MAX_PAGE_BYTES = 256 << 20
 #: What decoding a part may take in memory, at least and per byte of the part: LZ4 (zstd in
-#: runs before `store_version` 3) makes our columns a few times smaller; constant columns (rank, mode, gamma) much more, which the
-#: floor covers for small parts.
+#: runs before `store_version` 3) makes our columns a few times smaller; constant columns
+#: (rank, mode, gamma) much more, which the floor covers for small parts.
 MIN_DECODED_BYTES = 256 << 20
 MAX_INFLATION = 64
 #: The footer of a part of a few thousand steps is a few tens of kilobytes.
