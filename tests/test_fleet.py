@@ -9,6 +9,7 @@ agree exactly, ratios to 1e-9, the binned AUROC within its bins' tied pairs of t
 from __future__ import annotations
 
 import json
+import shutil
 
 import duckdb
 import numpy as np
@@ -17,7 +18,9 @@ import pytest
 
 from dspark_obs.analysis.summary import ENTRY_KEYS
 from dspark_obs.store import RunStoreError
+from dspark_obs.store.checksums import checksum_path, file_record
 from dspark_obs.store.fleet import expand_run_dirs, run_labels
+from dspark_obs.store.layout import in_memory
 
 from .conftest import cli
 from .fleet_reference import (
@@ -43,6 +46,23 @@ def _close(got: dict, want: dict, keys) -> None:
             assert got[k] == pytest.approx(want[k], abs=1e-9, rel=1e-12), k
         else:
             assert got[k] == want[k], k
+
+
+def _nested_close(got, want, where: str) -> None:
+    """`got` is `want`, floats to 1e-9 (the last bits of a fleet's float sums differ
+    between two runs of one command)."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and sorted(got) == sorted(want), where
+        for k in want:
+            _nested_close(got[k], want[k], f"{where}/{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            _nested_close(g, w, f"{where}/{i}")
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-12), where
+    else:
+        assert got == want, where
 
 
 def test_summary_of_two_runs_equals_their_union(fleet) -> None:
@@ -176,3 +196,39 @@ def test_a_directory_of_runs_is_each_of_its_runs(fleet, tmp_path) -> None:
     (tmp_path / "empty").mkdir()
     proc = cli("report", str(tmp_path / "empty"), "--out", str(tmp_path / "o"), check=False)
     assert proc.returncode == 2 and "nor a directory of runs" in proc.stderr, proc.stderr
+
+
+def test_a_fleet_of_both_matrix_layouts_reads_as_one(fleet, tmp_path) -> None:
+    """One run's `requests` parts rewritten as writers before `store_version` 3 wrote them
+    (each matrix one list column, zstd), with records of their new bytes: the commands and
+    DuckDB's views over the fleet give what they give over the fleet as written (to the
+    last bits of float sums, as between two runs of the same command)."""
+    root, runs = fleet
+    mixed = tmp_path / "fleet"
+    shutil.copytree(root, mixed)
+    parts = sorted((mixed / runs[0].name / "requests").glob("part-*.parquet"))
+    for part in parts:
+        in_memory(pl.read_parquet(part)).write_parquet(part, compression="zstd")
+        checksum_path(part).write_bytes(file_record(part))
+    assert "confidence" in pl.read_parquet_schema(parts[0])
+    other = next((mixed / runs[1].name / "requests").glob("part-*.parquet"))
+    assert "confidence_0" in pl.read_parquet_schema(other)
+
+    for command in ("summary", "calibration", "estimate"):
+        got, want = _json(command, str(mixed)), _json(command, str(root))
+        assert [r["node"] for r in got["runs"]] == [r["node"] for r in want["runs"]]
+        _nested_close(got["workloads"], want["workloads"], command)
+    script = cli("summary", "--sql", str(mixed)).stdout
+    con = duckdb.connect()
+    assert con.execute(script).fetchall() == (
+        duckdb.connect().execute(cli("summary", "--sql", str(root)).stdout).fetchall()
+    )
+    # the views hold each layout's columns, null in the other's rows (the rows that record
+    # a confidence counted in the fleet as written, where every part has the new layout)
+    flat, lists = (
+        pl.read_parquet(run / "requests" / "part-*.parquet")["confidence_0"].is_not_null().sum()
+        for run in (runs[1], runs[0])
+    )
+    assert flat > 0 and lists > 0
+    got = con.execute("SELECT count(confidence_0), count(confidence) FROM requests").fetchone()
+    assert got == (flat, lists)
