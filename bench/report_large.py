@@ -4,7 +4,7 @@ The large run is the reference runtime's own output repeated: one modest run
 (compact mode, cap-accept shadow, a concurrency sweep 1..256, ~49k
 request-steps) is recorded through the real `run` command, then its Parquet
 parts are tiled K times into a new run directory until it holds at least 10M
-request-steps (quick: ~200k). Each copy is its own part (zstd, same schema,
+request-steps (quick: ~200k). Each copy is its own part (same schema and layout,
 published with its checksum record as the run store does, so `report` verifies it),
 with `forward_ct` shifted by the base run's span, `rid` suffixed with `.k` and
 `resolved_at` (where >= 0) shifted in every table that has those columns; the

@@ -246,7 +246,7 @@ def test_a_name_longer_than_any_client_sends_rejects_its_step(honest, tmp_path):
 
 def test_a_ten_megabyte_name_refuses_its_part_before_decoding(honest, tmp_path):
     run = _copy(honest, tmp_path)
-    _long_rid(run, 10 << 20)  # zstd makes it a few kilobytes on disk
+    _long_rid(run, 10 << 20)  # compressed, a few kilobytes on disk
     assert (run / "requests" / PART).stat().st_size < 1 << 20
     message = (
         r"requests/part-000001\.parquet: malformed Parquet metadata: "
