@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from dspark_obs.analysis.summary import summarize_run_dir
 from dspark_obs.store import RunStoreError, open_run
-from dspark_obs.store.layout import in_memory
+from dspark_obs.store.layout import in_memory, on_disk
 from dspark_obs.store.part_bounds import (
     MAX_PART_ROWS,
     MAX_STRING_BYTES,
@@ -272,6 +272,36 @@ def test_a_column_of_the_wrong_type_is_refused_naming_the_part(honest, tmp_path)
     assert re.search(
         r"requests/part-000001\.parquet: column acc_len is Float64, expected Int64", proc.stderr
     )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (  # one position's column of another type: the matrix has no type
+            lambda df: on_disk(df).with_columns(pl.col("confidence_3").cast(pl.Int64)),
+            r"column confidence is Struct\(\{.*'confidence_3': Int64.*\}\), "
+            r"expected Array\(Float64",
+        ),
+        (  # a position short
+            lambda df: on_disk(df).drop("survival_6"),
+            r"column survival is Array\(Float64, shape=\(6,\)\), "
+            r"expected Array\(Float64, shape=\(7,\)\)",
+        ),
+    ],
+)
+def test_a_matrix_of_the_wrong_columns_is_refused_naming_the_part(
+    honest, tmp_path, change, message
+):
+    """A part of the new layout (a column a matrix position, `store/layout.py`) whose
+    columns make no matrix of the table's type and width."""
+    run = _copy(honest, tmp_path)
+    assert open_run(run).gamma == 7
+    _rewrite(run, "requests", change)
+    with pytest.raises(RunStoreError, match=rf"requests/part-000001\.parquet: {message}"):
+        open_run(run).requests()
+    proc = cli("summary", str(run), check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert re.search(message, proc.stderr), proc.stderr
 
 
 def test_a_dictionary_bomb_is_refused_before_decoding(honest, tmp_path):

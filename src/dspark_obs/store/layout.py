@@ -84,12 +84,18 @@ def in_memory(frame: Frame, names: Iterable[str] | None = None) -> Frame:
 
 
 def in_memory_schema(schema: pl.Schema) -> pl.Schema:
-    """The schema `in_memory` gives a part of this on-disk schema."""
+    """The schema `in_memory` gives a part of this on-disk schema. A matrix whose positions'
+    columns differ in type has none: it is given as the struct of its columns, which no
+    table's schema expects, so a reader refuses the part naming them."""
     widths = split_matrices(schema.names())
     if not widths:
         return schema
     flat = {position_column(m, j) for m, w in widths.items() for j in range(w)}
     out = {k: v for k, v in schema.items() if k not in flat}
     for m, w in widths.items():
-        out[m] = pl.Array(schema[position_column(m, 0)], w)
+        columns = {position_column(m, j): schema[position_column(m, j)] for j in range(w)}
+        if len(set(columns.values())) == 1:
+            out[m] = pl.Array(schema[position_column(m, 0)], w)
+        else:
+            out[m] = pl.Struct(columns)
     return pl.Schema(out)
