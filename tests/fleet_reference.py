@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pytest
 
 from dspark_obs.store.layout import in_memory
 
@@ -126,3 +127,19 @@ def blended_estimate(reqs: pl.DataFrame, walks: pl.DataFrame, gamma: int, keys: 
     )
     both = observed.join(walked, on=keys, how="full", coalesce=True).fill_null(0)
     return {tuple(r[k] for k in keys): r for r in both.iter_rows(named=True)}
+
+
+def assert_same(got, want, where: str = "") -> None:
+    """Equal structures, numbers to 1e-12 (relative, and absolute near zero)."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and set(got) == set(want), (where, set(got) ^ set(want))
+        for k in want:
+            assert_same(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_same(g, w, f"{where}[{i}]")
+    elif isinstance(want, float) and not isinstance(got, bool):
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-12, nan_ok=True), where
+    else:
+        assert got == want, where

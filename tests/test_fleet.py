@@ -24,6 +24,7 @@ from dspark_obs.store.layout import in_memory
 
 from .conftest import cli
 from .fleet_reference import (
+    assert_same,
     blended_estimate,
     labelled,
     posthoc_calibration,
@@ -46,23 +47,6 @@ def _close(got: dict, want: dict, keys) -> None:
             assert got[k] == pytest.approx(want[k], abs=1e-9, rel=1e-12), k
         else:
             assert got[k] == want[k], k
-
-
-def _nested_close(got, want, where: str) -> None:
-    """`got` is `want`, floats to 1e-9 (the last bits of a fleet's float sums differ
-    between two runs of one command)."""
-    if isinstance(want, dict):
-        assert isinstance(got, dict) and sorted(got) == sorted(want), where
-        for k in want:
-            _nested_close(got[k], want[k], f"{where}/{k}")
-    elif isinstance(want, list):
-        assert isinstance(got, list) and len(got) == len(want), where
-        for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            _nested_close(g, w, f"{where}/{i}")
-    elif isinstance(want, float):
-        assert got == pytest.approx(want, rel=1e-9, abs=1e-12), where
-    else:
-        assert got == want, where
 
 
 def test_summary_of_two_runs_equals_their_union(fleet) -> None:
@@ -217,7 +201,7 @@ def test_a_fleet_of_both_matrix_layouts_reads_as_one(fleet, tmp_path) -> None:
     for command in ("summary", "calibration", "estimate"):
         got, want = _json(command, str(mixed)), _json(command, str(root))
         assert [r["node"] for r in got["runs"]] == [r["node"] for r in want["runs"]]
-        _nested_close(got["workloads"], want["workloads"], command)
+        assert_same(got["workloads"], want["workloads"], command)
     script = cli("summary", "--sql", str(mixed)).stdout
     con = duckdb.connect()
     assert con.execute(script).fetchall() == (

@@ -34,6 +34,7 @@ from dspark_obs.strict_json import clean_json
 from dspark_obs.whatif.predict import whatif
 
 from .conftest import cli
+from .fleet_reference import assert_same
 
 ray = pytest.importorskip("ray", reason="the Ray engine needs dspark-obs[ray]")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -46,22 +47,6 @@ pytestmark = pytest.mark.slow
 #: The fleet nodes of the runs; each worker node declares one as its resource.
 NODES = ("node-a", "west-7", "east-3")
 BY = ("node", "rank")
-
-
-def assert_same(got, want, where: str = "") -> None:
-    """Equal structures, numbers to 1e-12 (relative, and absolute near zero)."""
-    if isinstance(want, dict):
-        assert isinstance(got, dict) and set(got) == set(want), (where, set(got) ^ set(want))
-        for k in want:
-            assert_same(got[k], want[k], f"{where}.{k}")
-    elif isinstance(want, list):
-        assert isinstance(got, list) and len(got) == len(want), where
-        for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            assert_same(g, w, f"{where}[{i}]")
-    elif isinstance(want, float) and not isinstance(got, bool):
-        assert got == pytest.approx(want, rel=1e-12, abs=1e-12, nan_ok=True), where
-    else:
-        assert got == want, where
 
 
 @pytest.fixture(scope="module")
