@@ -28,7 +28,7 @@ from dspark_obs.runtime.config import STS_WARMUP_STEPS, RuntimeConfig
 from dspark_obs.runtime.factory import make_runtime
 from dspark_obs.runtime.hashing import mix
 from dspark_obs.runtime.real import corpus
-from dspark_obs.runtime.real.model import round_logits
+from dspark_obs.runtime.real.model import SlotCache, round_logits
 from dspark_obs.runtime.real.session import RealSession
 from dspark_obs.runtime.real.shipped_sts import default_demo_config, shipped_sts
 from dspark_obs.runtime.real.timed_verify import timed_verify
@@ -158,9 +158,16 @@ def _plain_check(models, engine, batch, context, rows) -> int:
 
 
 def test_shadow_ceiling_is_the_accept_chain_of_a_plain_forward(weights):
-    """Prompts cut at the salt's offset, blocks drafted and judged again without the cache."""
+    """Prompts cut at the salt's offset, blocks drafted and judged again without the cache.
+
+    The run's cache holds its keys and values in float32 here, not in a CPU run's float16:
+    what is checked is the runtime's bookkeeping (drafts, shadow ceilings, distributions)
+    to float32 arithmetic, where a plain forward redrafts each block token for token.
+    `tests/test_real_models.py` checks the float16 cache against float32's."""
     engine = make_runtime(_config(weights, mode="compact", shadow="cap-accept"))
     models = load(weights, dtype=torch.float32)
+    session = engine.session
+    session.cache = SlotCache(session.models.target, len(session.cache.length), torch.float32)
     texts = {w: corpus.committed_heldout(w) for w in corpus.WORKLOADS}
     context: dict[str, list[int]] = {}
     checked = {"greedy": 0, "sampled": 0}

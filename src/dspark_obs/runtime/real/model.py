@@ -29,7 +29,8 @@ of device:
   multiple of `ROW_TILE` rows (BLAS takes other paths for a few rows: a row of a 3-row
   product differs in its last bits from the same row among 16). So every product of an
   incremental forward or a draft is padded to that many rows, and attention runs row by row
-  (`SlotCache`); `tests/test_real_models.py` checks the invariance on the machine it runs on.
+  (`SlotCache`, which holds the keys and values in float16: `cache_dtype`);
+  `tests/test_real_models.py` checks the invariance on the machine it runs on.
 """
 
 from __future__ import annotations
@@ -81,13 +82,19 @@ def tiled(n: int) -> int:
     return max(1, -(-n // ROW_TILE)) * ROW_TILE
 
 
-def _rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """Rotary position on `x [..., hd]` at integer positions `pos`, shaped as `x` without its
-    last dimension or broadcast to it."""
-    half = x.shape[-1] // 2
-    inv = 10000.0 ** (-torch.arange(half, dtype=torch.float64, device=x.device) / half)
+def _rotation(pos: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position's float64 `(cos, sin)` at integer positions `pos`, shaped as `pos`
+    with a last dimension of half a head: once a forward, since every layer rotates by them."""
+    half = head_dim // 2
+    inv = 10000.0 ** (-torch.arange(half, dtype=torch.float64, device=pos.device) / half)
     ang = pos.to(torch.float64)[..., None] * inv
-    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    return ang.cos(), ang.sin()
+
+
+def _rope(x: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """`x [..., hd]` rotated by `_rotation`'s angles (broadcast to `x`), in `x`'s dtype."""
+    cos, sin = (r.to(x.dtype) for r in rotation)
+    half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
@@ -103,20 +110,22 @@ class _Block(nn.Module):
         self.up = nn.Linear(width, 4 * width, bias=False)
         self.down = nn.Linear(4 * width, width, bias=False)
 
-    def qkv_heads(self, x: torch.Tensor, pos: torch.Tensor):
-        """Queries, keys and values `[B, H, T, hd]` of `x [B, T, C]` at positions `pos [B, T]`."""
+    def qkv_heads(self, x: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]):
+        """Queries, keys and values `[B, H, T, hd]` of `x [B, T, C]` rotated by `rotation`
+        (`_rotation` of positions `[B, 1, T]`)."""
         b, t, c = x.shape
         q, k, v = (
             z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
             for z in self.qkv(self.ln1(x)).split(c, dim=-1)
         )
-        return _rope(q, pos[:, None]), _rope(k, pos[:, None]), v
+        return _rope(q, rotation), _rope(k, rotation), v
 
-    def project(self, x: torch.Tensor, pos: torch.Tensor):
-        """Queries, keys and values `[N, H, hd]` of packed tokens `x [N, C]` at `pos [N]`."""
+    def project(self, x: torch.Tensor, rotation: tuple[torch.Tensor, torch.Tensor]):
+        """Queries, keys and values `[N, H, hd]` of packed tokens `x [N, C]` rotated by
+        `rotation` (`_rotation` of positions `[N, 1]`)."""
         n, c = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(n, 3, self.heads, c // self.heads).unbind(1)
-        return _rope(q, pos[:, None]), _rope(k, pos[:, None]), v
+        return _rope(q, rotation), _rope(k, rotation), v
 
     def finish(self, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
         """The residual stream after attention `att` (heads concatenated, `[..., C]`)."""
@@ -191,6 +200,20 @@ def _mapped(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(buf, dtype=dtype).view(shape)
 
 
+def cache_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a `SlotCache` holds the keys and values of modules of `dtype` in: float16
+    for float32 ones (a CPU run), their own otherwise.
+
+    Keys and values are most of a CPU run's memory (128 requests of a few hundred positions:
+    over 400 MB in float32). float16 halves them and keeps 11 significant bits, where
+    bfloat16 keeps 8; its range (65,504) is far above what these networks produce (their
+    largest key over the held-out texts is about 17, their largest value about 4); and the
+    conversion to float32 before the products is exact and the same on every machine, so a
+    row's numbers still depend on nothing else in the batch. Reading half the bytes, a CPU
+    run's attention takes no more time for the conversion."""
+    return torch.float16 if dtype == torch.float32 else dtype
+
+
 def make_cache(model: TargetLM, slots: int) -> KVCache:
     """`SlotCache` on a CPU, `RectangleCache` on an accelerator."""
     device = next(model.parameters()).device
@@ -211,17 +234,21 @@ class SlotCache(KVCache):
     sixth of a run's resident memory as free holes.
 
     Attention runs row by row over the row's own positions: a row's scores and sums depend
-    on nothing else in the batch, and no row reads another's padding.
+    on nothing else in the batch, and no row reads another's padding. Keys and values are
+    held in `held_as` (by default `cache_dtype`: float16 for a float32 run) and read back
+    into the modules' dtype.
     """
 
-    #: positions a new mapping reserves (8 MiB of address space at the shipped sizes: a
-    #: closed-loop request's whole context); a longer one moves to a mapping twice as long
+    #: positions a new mapping reserves (4 MiB of address space at the shipped sizes in
+    #: float16: a closed-loop request's whole context); a longer one moves to a mapping twice
+    #: as long
     RESERVE = 1024
 
-    def __init__(self, model: TargetLM, slots: int) -> None:
+    def __init__(self, model: TargetLM, slots: int, held_as: torch.dtype | None = None) -> None:
         super().__init__(model, slots)
         c = self.config
         self._shape = (c.layers, 2, c.heads, c.width // c.heads)
+        self.held_as = held_as or cache_dtype(self.dtype)
         self._store: list[torch.Tensor | None] = [None] * slots
         self._causal = torch.ones((0, 0), dtype=torch.bool)
         # the square root of attention's scale, applied to queries and keys apiece
@@ -233,7 +260,7 @@ class SlotCache(KVCache):
             return
         layers, kv, heads, hd = self._shape
         size = max(self.RESERVE, 1 << max(total - 1, 0).bit_length())
-        grown = _mapped((layers, kv, heads, size, hd), self.dtype)
+        grown = _mapped((layers, kv, heads, size, hd), self.held_as)
         if held:
             grown[:, :, :, :held] = store[:, :, :, :held]
         self._store[slot] = grown
@@ -269,10 +296,10 @@ class SlotCache(KVCache):
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """A row's attention is `scaled_dot_product_attention`'s own arithmetic on a CPU (its
         math path: queries and keys each scaled by the square root of the scale, their
-        product, the causal mask, softmax, the product with the values), bit for bit, with
-        less around it: keys are stored already scaled, so a call does not scale the whole
-        cache again, and only the forward's own columns are masked. Half the time of the
-        library call on a row of a few hundred positions."""
+        product, the causal mask, softmax, the product with the values) over the keys and
+        values as held, with less around it: keys are stored already scaled, so a call does
+        not scale the whole cache again, and only the forward's own columns are masked. Half
+        the time of the library call on a row of a few hundred positions."""
         n = int(self._offsets[-1])
         qs = q[:n] * self._scale
         kv = torch.stack((k[:n] * self._scale, v[:n]), dim=1)
@@ -281,10 +308,11 @@ class SlotCache(KVCache):
             store = self._store[slot][layer]
             total = held + hi - lo
             store[:, :, held:total] = kv[lo:hi].permute(1, 2, 0, 3)
-            att = torch.matmul(qs[lo:hi].transpose(0, 1), store[0, :, :total].transpose(1, 2))
+            keys, values = store[:, :, :total].to(self.dtype).unbind(0)
+            att = torch.matmul(qs[lo:hi].transpose(0, 1), keys.transpose(1, 2))
             if hi - lo > 1:
                 att[:, :, held:].masked_fill_(self._upper(hi - lo), float("-inf"))
-            out.append(torch.matmul(torch.softmax(att, -1), store[1, :, :total]).transpose(0, 1))
+            out.append(torch.matmul(torch.softmax(att, -1), values).transpose(0, 1))
         att = torch.cat(out).flatten(1)
         if len(q) > n:
             att = torch.cat([att, att.new_zeros((len(q) - n, att.shape[1]))])
@@ -387,10 +415,11 @@ class TargetLM(nn.Module):
     def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Full causal forward over `tokens [B, T]` from position 0: `(logits, hidden)`."""
         b, t = tokens.shape
-        pos = torch.arange(t, device=tokens.device).expand(b, t)
+        hd = self.config.width // self.config.heads
+        rotation = _rotation(torch.arange(t, device=tokens.device).expand(b, 1, t), hd)
         x = self.embed(tokens)
         for blk in self.blocks:
-            q, k, v = blk.qkv_heads(x, pos)
+            q, k, v = blk.qkv_heads(x, rotation)
             att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             x = blk.finish(x, att.transpose(1, 2).reshape(b, t, -1))
         h = self.ln_f(x)
@@ -403,9 +432,11 @@ class TargetLM(nn.Module):
         pos = cache.begin(slots, counts)
         if len(tokens) > len(pos):
             pos = torch.cat([pos, pos.new_zeros(len(tokens) - len(pos))])
+        hd = self.config.width // self.config.heads
+        rotation = _rotation(pos[:, None], hd)
         x = self.embed(tokens)
         for layer, blk in enumerate(self.blocks):
-            q, k, v = blk.project(x, pos)
+            q, k, v = blk.project(x, rotation)
             x = blk.finish(x, cache.attend(layer, q, k, v))
         cache.end()
         h = self.ln_f(x)
